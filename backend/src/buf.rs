@@ -1,0 +1,5 @@
+//! placeholder
+#[derive(Debug)]
+pub struct IoBuf;
+#[derive(Debug)]
+pub struct BufPool;

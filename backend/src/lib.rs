@@ -1,0 +1,119 @@
+//! Block backends behind one trait.
+//!
+//! A [`Backend`] is one exported block store (RAM, a file or block device, later an NVMe
+//! drive over VFIO). Each IO thread creates its own [`BackendQueue`] from it and drives
+//! that queue alone: submit requests, poll completions, no locks shared with other
+//! threads. Data moves in [`IoBuf`]s that the caller owns and lends to the request; the
+//! completion hands the buffer back, so the data path allocates nothing per I/O and a
+//! buffer is never touched by two parties at once (the io_uring ownership model).
+//!
+//! Errors on the I/O path are [`IoStatus`] values that the engine maps to NVMe status
+//! codes; a failing backend never panics.
+//!
+//! Not implemented here: metadata/protection information, zoned namespaces, the VFIO
+//! NVMe backend (a later issue).
+
+pub mod buf;
+pub mod file;
+pub mod ram;
+
+pub use buf::{BufPool, IoBuf};
+
+use std::sync::Arc;
+
+/// What a request asks the backend to do. Offsets and lengths are in logical blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Fill `buf[..nblocks * block_size]` from `lba`.
+    Read,
+    /// Store `buf[..nblocks * block_size]` at `lba`; with `fua` the data is durable when
+    /// the completion arrives.
+    Write { fua: bool },
+    /// Make every completed write durable.
+    Flush,
+    /// Zero `nblocks` from `lba` (no buffer).
+    WriteZeroes,
+    /// The host no longer needs `nblocks` from `lba`; reads of them return zeroes.
+    Deallocate,
+}
+
+/// One request. `tag` comes back unchanged in the completion.
+#[derive(Debug)]
+pub struct Request {
+    pub tag: u64,
+    pub op: Op,
+    pub lba: u64,
+    pub nblocks: u32,
+    /// Data buffer for Read/Write, at least `nblocks * block_size` bytes.
+    pub buf: Option<IoBuf>,
+}
+
+/// Why an I/O failed, in backend terms; the engine turns it into an NVMe status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoStatus {
+    Ok,
+    /// The device reported an error reading (EIO on read): Unrecovered Read Error.
+    ReadError,
+    /// The device reported an error writing or flushing: Write Fault.
+    WriteFault,
+    /// Request outside the device (should have been caught above): LBA Out of Range.
+    OutOfRange,
+    /// The backend cannot do this operation: Invalid Opcode/Field.
+    Unsupported,
+    /// The backend is gone or failed otherwise: Internal Error / Namespace Not Ready.
+    Unavailable,
+}
+
+#[derive(Debug)]
+pub struct Completion {
+    pub tag: u64,
+    pub status: IoStatus,
+    /// The buffer lent with the request, returned.
+    pub buf: Option<IoBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Open { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("io_uring setup failed: {0}")]
+    Uring(std::io::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Submission refused: the queue is full (try again after polling) or the queue is dead.
+#[derive(Debug)]
+pub enum SubmitError {
+    Full(Request),
+    Closed(Request),
+}
+
+/// One exported block store, shared by every IO thread (`Arc<dyn Backend>`).
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Logical block size in bytes (512 or 4096).
+    fn block_size(&self) -> u32;
+    /// Capacity in logical blocks.
+    fn num_blocks(&self) -> u64;
+    /// Whether writes may sit in a volatile cache until Flush (reported to hosts as VWC).
+    fn volatile_write_cache(&self) -> bool;
+    /// A short name for logs and metrics, e.g. `ram` or the file path.
+    fn describe(&self) -> String;
+    /// A queue for the calling thread, able to hold `depth` requests in flight.
+    fn create_queue(self: Arc<Self>, depth: u32) -> Result<Box<dyn BackendQueue>, Error>;
+    /// Make everything written so far durable (used at shutdown), synchronously.
+    fn flush_sync(&self) -> Result<(), Error>;
+}
+
+/// A per-thread queue. Not shared: one IO thread submits and polls.
+pub trait BackendQueue {
+    /// Queue a request; it is started no later than the next [`BackendQueue::poll`].
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError>;
+    /// Start queued work and collect finished requests into `out` (appended). Returns
+    /// how many completions were appended. Never blocks.
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize;
+    /// Requests submitted and not yet returned by `poll`.
+    fn in_flight(&self) -> usize;
+}

@@ -1,0 +1,1 @@
+//! A small NVMe/TCP host for tests and benchmarks (placeholder; being written).

@@ -1,0 +1,228 @@
+//! NVMe base and NVMe-oF spec types shared by every layer: the 64-byte submission queue
+//! entry, the 16-byte completion queue entry, status codes, SGL descriptors and opcodes.
+//!
+//! Field names follow the NVMe Base Specification 2.0 (Figures "Common Command Format",
+//! "Common Completion Queue Entry Layout", "SGL Descriptor Format") and NVMe over Fabrics
+//! 1.1. Every wire structure is `#[repr(C)]` with a compile-time size check and is
+//! converted to and from bytes with `zerocopy` (no `unsafe` in this crate).
+
+pub mod opcodes;
+pub mod status;
+
+pub use status::Status;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// Submission queue entry (NVMe Base 2.0, Figure 88 "Common Command Format").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub struct Sqe {
+    /// CDW0: OPC (7:0), FUSE (9:8), PSDT (15:14), CID (31:16).
+    pub cdw0: u32,
+    pub nsid: u32,
+    pub cdw2: u32,
+    pub cdw3: u32,
+    pub mptr: u64,
+    /// DPTR: SGL entry 1 (fabrics always use SGLs).
+    pub dptr: SglDescriptor,
+    pub cdw10: u32,
+    pub cdw11: u32,
+    pub cdw12: u32,
+    pub cdw13: u32,
+    pub cdw14: u32,
+    pub cdw15: u32,
+}
+const _: () = assert!(core::mem::size_of::<Sqe>() == 64);
+
+impl Sqe {
+    pub const SIZE: usize = 64;
+
+    pub fn opcode(&self) -> u8 {
+        self.cdw0 as u8
+    }
+    pub fn cid(&self) -> u16 {
+        (self.cdw0 >> 16) as u16
+    }
+    /// PSDT: 00b PRPs, 01b/10b SGLs.
+    pub fn psdt(&self) -> u8 {
+        ((self.cdw0 >> 14) & 3) as u8
+    }
+    pub fn fuse(&self) -> u8 {
+        ((self.cdw0 >> 8) & 3) as u8
+    }
+    pub fn set_opcode_cid(&mut self, opcode: u8, cid: u16) {
+        self.cdw0 = (self.cdw0 & 0x0000_ff00) | opcode as u32 | (cid as u32) << 16;
+    }
+    /// Fabrics commands (opcode 7Fh) carry FCTYPE in byte 4 (where NSID sits otherwise).
+    pub fn fctype(&self) -> u8 {
+        self.nsid as u8
+    }
+    pub fn is_fabrics(&self) -> bool {
+        self.opcode() == opcodes::FABRICS
+    }
+    /// Starting LBA of Read/Write/Compare/Write Zeroes (CDW10-11).
+    pub fn slba(&self) -> u64 {
+        self.cdw10 as u64 | (self.cdw11 as u64) << 32
+    }
+    /// Number of logical blocks, 0's based in CDW12 bits 15:0, returned 1-based.
+    pub fn nlb(&self) -> u32 {
+        (self.cdw12 & 0xffff) + 1
+    }
+    /// Force Unit Access (CDW12 bit 30) of Read/Write.
+    pub fn fua(&self) -> bool {
+        self.cdw12 & (1 << 30) != 0
+    }
+    pub fn from_bytes(b: &[u8]) -> Option<Sqe> {
+        Sqe::read_from_prefix(b).ok().map(|(s, _)| s)
+    }
+    /// Which way the command moves data, from the opcode's low two bits (NVMe Base 2.0
+    /// Figure 28; Fabrics commands use FCTYPE's the same way).
+    pub fn data_direction(&self) -> DataDirection {
+        let bits = if self.is_fabrics() { self.fctype() } else { self.opcode() } & 3;
+        match bits {
+            0 => DataDirection::None,
+            1 => DataDirection::HostToController,
+            2 => DataDirection::ControllerToHost,
+            _ => DataDirection::Bidirectional,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDirection {
+    None,
+    HostToController,
+    ControllerToHost,
+    Bidirectional,
+}
+
+/// Completion queue entry (NVMe Base 2.0, Figure 90).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub struct Cqe {
+    /// Command specific DW0.
+    pub dw0: u32,
+    pub dw1: u32,
+    pub sqhd: u16,
+    pub sqid: u16,
+    pub cid: u16,
+    /// Phase tag (bit 0) and Status Field (bits 15:1).
+    pub status: u16,
+}
+const _: () = assert!(core::mem::size_of::<Cqe>() == 16);
+
+impl Cqe {
+    pub const SIZE: usize = 16;
+
+    pub fn new(cid: u16, status: Status) -> Cqe {
+        Cqe { cid, status: status.to_field(), ..Default::default() }
+    }
+    pub fn success(cid: u16) -> Cqe {
+        Cqe::new(cid, Status::SUCCESS)
+    }
+    pub fn status(&self) -> Status {
+        Status::from_field(self.status)
+    }
+    pub fn from_bytes(b: &[u8]) -> Option<Cqe> {
+        Cqe::read_from_prefix(b).ok().map(|(c, _)| c)
+    }
+}
+
+/// SGL descriptor (NVMe Base 2.0, Figure 112). The last byte is the SGL identifier:
+/// type in bits 7:4, sub type in bits 3:0. For keyed data block descriptors (type 4) the
+/// length is 3 bytes (bytes 8-10) and the key 4 bytes (bytes 11-14).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub struct SglDescriptor {
+    pub addr: u64,
+    pub bytes: [u8; 7],
+    pub id: u8,
+}
+const _: () = assert!(core::mem::size_of::<SglDescriptor>() == 16);
+
+pub mod sgl {
+    //! SGL descriptor type and sub type values.
+    pub const TYPE_DATA_BLOCK: u8 = 0x0;
+    pub const TYPE_BIT_BUCKET: u8 = 0x1;
+    pub const TYPE_SEGMENT: u8 = 0x2;
+    pub const TYPE_LAST_SEGMENT: u8 = 0x3;
+    pub const TYPE_KEYED_DATA_BLOCK: u8 = 0x4;
+    pub const TYPE_TRANSPORT_DATA_BLOCK: u8 = 0x5;
+    pub const SUBTYPE_ADDRESS: u8 = 0x0;
+    pub const SUBTYPE_OFFSET: u8 = 0x1;
+    pub const SUBTYPE_TRANSPORT: u8 = 0xA;
+    pub const SUBTYPE_INVALIDATE_KEY: u8 = 0xF;
+}
+
+impl SglDescriptor {
+    pub fn sgl_type(&self) -> u8 {
+        self.id >> 4
+    }
+    pub fn subtype(&self) -> u8 {
+        self.id & 0xf
+    }
+    /// Length of an unkeyed descriptor (bytes 8-11).
+    pub fn length(&self) -> u32 {
+        u32::from_le_bytes([self.bytes[0], self.bytes[1], self.bytes[2], self.bytes[3]])
+    }
+    /// Length of a keyed data block descriptor (bytes 8-10).
+    pub fn keyed_length(&self) -> u32 {
+        u32::from_le_bytes([self.bytes[0], self.bytes[1], self.bytes[2], 0])
+    }
+    /// Key of a keyed data block descriptor (bytes 11-14).
+    pub fn key(&self) -> u32 {
+        u32::from_le_bytes([self.bytes[3], self.bytes[4], self.bytes[5], self.bytes[6]])
+    }
+    pub fn unkeyed(sgl_type: u8, subtype: u8, addr: u64, len: u32) -> SglDescriptor {
+        let l = len.to_le_bytes();
+        SglDescriptor { addr, bytes: [l[0], l[1], l[2], l[3], 0, 0, 0], id: sgl_type << 4 | subtype }
+    }
+    pub fn keyed(subtype: u8, addr: u64, len: u32, key: u32) -> SglDescriptor {
+        let l = len.to_le_bytes();
+        let k = key.to_le_bytes();
+        SglDescriptor {
+            addr,
+            bytes: [l[0], l[1], l[2], k[0], k[1], k[2], k[3]],
+            id: sgl::TYPE_KEYED_DATA_BLOCK << 4 | subtype,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn sqe_roundtrip(bytes in proptest::collection::vec(any::<u8>(), 64)) {
+            let sqe = Sqe::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(sqe.as_bytes(), &bytes[..]);
+        }
+        #[test]
+        fn cqe_roundtrip(bytes in proptest::collection::vec(any::<u8>(), 16)) {
+            let cqe = Cqe::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(cqe.as_bytes(), &bytes[..]);
+            prop_assert_eq!(Cqe::new(cqe.cid, cqe.status()).status(), cqe.status());
+        }
+        #[test]
+        fn keyed_sgl_fields(addr: u64, len in 0u32..(1 << 24), key: u32) {
+            let d = SglDescriptor::keyed(sgl::SUBTYPE_INVALIDATE_KEY, addr, len, key);
+            prop_assert_eq!((d.addr, d.keyed_length(), d.key()), (addr, len, key));
+            prop_assert_eq!((d.sgl_type(), d.subtype()), (4, 0xf));
+        }
+    }
+
+    #[test]
+    fn cdw0_fields() {
+        let mut s = Sqe::default();
+        s.set_opcode_cid(opcodes::io::WRITE, 0xbeef);
+        assert_eq!((s.opcode(), s.cid()), (0x01, 0xbeef));
+        assert_eq!(s.data_direction(), DataDirection::HostToController);
+        s.set_opcode_cid(opcodes::FABRICS, 1);
+        s.nsid = opcodes::fabrics::CONNECT as u32;
+        assert_eq!(s.data_direction(), DataDirection::HostToController);
+        s.nsid = opcodes::fabrics::PROPERTY_GET as u32;
+        assert_eq!(s.data_direction(), DataDirection::None);
+    }
+}

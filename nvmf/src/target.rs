@@ -1,0 +1,1 @@
+//! Subsystems and controllers (placeholder; being written).

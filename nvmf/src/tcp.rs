@@ -1,0 +1,1 @@
+//! NVMe/TCP transport (placeholder; being written).

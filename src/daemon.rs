@@ -1,0 +1,1 @@
+//! IO threads, acceptor and the application glue (placeholder; being written).
