@@ -5,6 +5,8 @@
 # `apt-get update` runs only when a package has no install candidate yet or the
 # backports source was just added.
 set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 log() { echo "[setup-host] $*" >&2; }
 
@@ -45,34 +47,6 @@ have_backports_source() {
     grep -rqsE '(^|[[:space:]])bookworm-backports([[:space:]]|$)' \
         /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null
 }
-debian_mirror() {
-    local f uri
-    # deb822 .sources: the stanza whose Suites include plain "bookworm".
-    for f in /etc/apt/sources.list.d/*.sources; do
-        [[ -f $f ]] || continue
-        uri=$(awk '
-            BEGIN { RS=""; FS="\n" }
-            {
-                uris=""; suites=""; en=1
-                for (i=1;i<=NF;i++) {
-                    if ($i ~ /^URIs:/)    { sub(/^URIs:[ \t]*/,"",$i); uris=$i }
-                    if ($i ~ /^Suites:/)  { sub(/^Suites:[ \t]*/,"",$i); suites=" " $i " " }
-                    if ($i ~ /^Enabled:[ \t]*no/) en=0
-                }
-                if (en && suites ~ / bookworm /) { split(uris,u," "); print u[1]; exit }
-            }' "$f")
-        [[ -n $uri ]] && { echo "$uri"; return; }
-    done
-    # one-line format
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-        [[ -f $f ]] || continue
-        uri=$(awk '$1=="deb" { for (i=2;i<=NF;i++) if ($i !~ /^\[/ && $i !~ /\]$/) { u=$i; s=$(i+1); break }
-                               if (s=="bookworm") { print u; exit } }' "$f")
-        [[ -n $uri ]] && { echo "$uri"; return; }
-    done
-    echo "http://deb.debian.org/debian"
-}
-
 need_update=0
 if ! have_backports_source; then
     mirror=$(debian_mirror)

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Boot a QEMU guest (TCG) with the real Linux NVMe-oF initiator and run interop scenarios.
+#
+#   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp
+#
+# Environment:
+#   NVMF_INTEROP_CACHE    cache dir (image, kernel, debs, run dirs); default <repo>/.cache/interop
+#   NVMF_TARGET_BIN       daemon binary to test; default <repo>/target/release/nvmf-target
+#   NVMF_INTEROP_TIMEOUT  overall limit for boot+scenarios in seconds (default: sum of the
+#                         scenarios' own limits + 120)
+#   NVMF_INTEROP_VERBOSE  1: stream the guest console while it runs
+#   NVMF_INTEROP_SKIP_SETUP 1: do not run setup-host.sh / build-image.sh
+#
+# Exit status: 0 only if every check passed, every requested scenario ran to its end and
+# the guest powered off by itself.
+set -uo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+log() { echo "[interop] $*" >&2; }
+
+DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp)
+DEFAULT_SCENARIO_TIMEOUT=300
+if [[ $# -gt 0 ]]; then SCENARIOS=("$@"); else SCENARIOS=("${DEFAULT_SCENARIOS[@]}"); fi
+for s in "${SCENARIOS[@]}"; do
+    s=${s%.sh}
+    [[ -f $INTEROP_DIR/scenarios/$s.sh ]] || { log "unknown scenario '$s' (see $INTEROP_DIR/scenarios/)"; exit 2; }
+done
+SCENARIOS=("${SCENARIOS[@]%.sh}")
+
+declare -A STAGE_S
+stage() { # stage NAME CMD...
+    local name=$1 t0=$SECONDS rc; shift
+    log "stage $name ..."
+    "$@"; rc=$?
+    STAGE_S[$name]=$((SECONDS - t0))
+    log "stage $name: ${STAGE_S[$name]} s (rc=$rc)"
+    return $rc
+}
+
+if [[ ${NVMF_INTEROP_SKIP_SETUP:-0} != 1 ]]; then
+    stage host-setup "$INTEROP_DIR/setup-host.sh" || { log "host setup failed"; exit 1; }
+    stage image-build "$INTEROP_DIR/build-image.sh" || { log "image build failed"; exit 1; }
+fi
+for f in rootfs.img vmlinuz initrd.img; do
+    [[ -f $CACHE_DIR/$f ]] || { log "missing $CACHE_DIR/$f: run build-image.sh"; exit 1; }
+done
+
+# --- the per-run share -------------------------------------------------------------------
+RUN_DIR=$CACHE_DIR/runs/$(date +%Y%m%d-%H%M%S)-$$
+SHARE=$RUN_DIR/share
+RES=$SHARE/results
+mkdir -p "$RES" "$SHARE/scenarios" "$SHARE/configs"
+cp "$INTEROP_DIR/guest/init.sh" "$SHARE/init.sh"
+cp "$INTEROP_DIR"/scenarios/*.sh "$SHARE/scenarios/"
+cp "$INTEROP_DIR"/configs/* "$SHARE/configs/" 2>/dev/null || true
+TARGET_BIN=${NVMF_TARGET_BIN:-$REPO_ROOT/target/release/nvmf-target}
+if [[ -x $TARGET_BIN ]]; then
+    cp "$TARGET_BIN" "$SHARE/nvmf-target"
+    log "daemon: $TARGET_BIN ($(stat -c '%y' "$TARGET_BIN" | cut -d. -f1))"
+else
+    log "daemon binary $TARGET_BIN not found: nvmft-* scenarios will fail"
+fi
+total_t=0
+for s in "${SCENARIOS[@]}"; do
+    t=$(sed -n 's/^# interop-timeout: *\([0-9][0-9]*\).*/\1/p' "$INTEROP_DIR/scenarios/$s.sh" | head -1)
+    total_t=$((total_t + ${t:-$DEFAULT_SCENARIO_TIMEOUT}))
+done
+OVERALL=${NVMF_INTEROP_TIMEOUT:-$((total_t + 120))}
+cat >"$SHARE/run.env" <<EOF
+SCENARIOS="${SCENARIOS[*]}"
+DEFAULT_TIMEOUT=$DEFAULT_SCENARIO_TIMEOUT
+EOF
+# Prune old runs (keep the last 10).
+ls -1d "$CACHE_DIR"/runs/*/ 2>/dev/null | head -n -10 | xargs -r rm -rf
+
+CONSOLE=$RUN_DIR/console.log
+: >"$CONSOLE"
+QEMU=(qemu-system-x86_64
+    -accel tcg,thread=multi -cpu max -machine q35 -m 4G -smp 2
+    -nodefaults -nic none -display none -no-reboot
+    -chardev "file,id=con0,path=$CONSOLE" -serial chardev:con0
+    -kernel "$CACHE_DIR/vmlinuz" -initrd "$CACHE_DIR/initrd.img"
+    -append "console=ttyS0 root=/dev/vda rw init=/sbin/interop-stub-init panic=-1 quiet"
+    -drive "file=$CACHE_DIR/rootfs.img,if=virtio,format=raw,snapshot=on"
+    -virtfs "local,path=$SHARE,mount_tag=host0,security_model=none"
+)
+log "run dir: $RUN_DIR"
+log "scenarios: ${SCENARIOS[*]} (overall limit ${OVERALL}s)"
+tail_pid=
+if [[ ${NVMF_INTEROP_VERBOSE:-0} == 1 ]]; then
+    tail -n +1 -f "$CONSOLE" >&2 & tail_pid=$!
+fi
+boot_t0=$SECONDS
+# TMPDIR: where snapshot=on puts its overlay.
+TMPDIR=$RUN_DIR timeout -k 5 "$OVERALL" "${QEMU[@]}" >"$RUN_DIR/qemu.out" 2>&1
+qemu_rc=$?
+STAGE_S[boot+scenarios]=$((SECONDS - boot_t0))
+[[ -n $tail_pid ]] && kill "$tail_pid" 2>/dev/null
+
+# --- verdict -------------------------------------------------------------------------------
+problems=()
+if [[ $qemu_rc -eq 124 || $qemu_rc -eq 137 ]]; then
+    problems+=("guest killed after the overall limit of ${OVERALL}s")
+elif [[ $qemu_rc -ne 0 ]]; then
+    problems+=("qemu exited $qemu_rc: $(tail -3 "$RUN_DIR/qemu.out" | tr '\n' ' ')")
+fi
+[[ -f $RES/init.started ]] || problems+=("guest init never started (see console)")
+[[ -f $RES/init.done ]] || problems+=("guest did not finish its run (died, hung or was killed)")
+for s in "${SCENARIOS[@]}"; do
+    [[ -f $RES/$s.rc ]] || problems+=("scenario $s did not run to its end")
+done
+
+echo
+echo "=== results (${SCENARIOS[*]}) ==="
+npass=0 nfail=0
+for s in "${SCENARIOS[@]}"; do
+    f=$RES/$s.results
+    [[ -f $f ]] || continue
+    grep -E '^(PASS|FAIL) ' "$f"
+    npass=$((npass + $(grep -c '^PASS ' "$f")))
+    nfail=$((nfail + $(grep -c '^FAIL ' "$f")))
+done
+echo
+echo "=== RESULT lines ==="
+for s in "${SCENARIOS[@]}"; do
+    [[ -f $RES/$s.results ]] && grep '^RESULT ' "$RES/$s.results"
+done
+echo
+echo "=== stage times ==="
+for st in host-setup image-build boot+scenarios; do
+    [[ -n ${STAGE_S[$st]:-} ]] && printf '  %-16s %4d s\n' "$st" "${STAGE_S[$st]}"
+done
+[[ -f $RES/init.started ]] && echo "  (guest reached init at $(sed 's/boot_s=//' "$RES/init.started") s of guest uptime)"
+
+if [[ $nfail -gt 0 || ${#problems[@]} -gt 0 ]]; then
+    echo
+    for p in "${problems[@]}"; do echo "PROBLEM: $p"; done
+    echo
+    echo "=== guest console (last 40 lines of $CONSOLE) ==="
+    tail -n 40 "$CONSOLE"
+    for s in "${SCENARIOS[@]}"; do
+        if [[ -f $RES/$s.results ]] && grep -q '^FAIL ' "$RES/$s.results" || [[ ! -f $RES/$s.rc ]]; then
+            [[ -f $RES/$s.log ]] && { echo; echo "=== $s scenario log (last 40 lines of $RES/$s.log) ==="; tail -n 40 "$RES/$s.log"; }
+        fi
+    done
+    for tl in "$RES"/*target*.log; do
+        [[ -f $tl ]] || continue
+        echo; echo "=== target log (last 40 lines of $tl) ==="; tail -n 40 "$tl"
+    done
+    [[ -f $RES/dmesg.log ]] && { echo; echo "=== guest dmesg (last 25 lines of $RES/dmesg.log) ==="; tail -n 25 "$RES/dmesg.log"; }
+fi
+echo
+echo "interop: $npass passed, $nfail failed"
+if [[ $nfail -gt 0 || ${#problems[@]} -gt 0 ]]; then
+    log "FAILED (run dir $RUN_DIR)"
+    exit 1
+fi
+log "OK (run dir $RUN_DIR)"
+exit 0
