@@ -6,6 +6,10 @@
 //! 1.1. Every wire structure is `#[repr(C)]` with a compile-time size check and is
 //! converted to and from bytes with `zerocopy` (no `unsafe` in this crate).
 
+pub mod fabrics;
+pub mod features;
+pub mod identify;
+pub mod log;
 pub mod opcodes;
 pub mod status;
 
@@ -15,7 +19,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Submission queue entry (NVMe Base 2.0, Figure 88 "Common Command Format").
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct Sqe {
     /// CDW0: OPC (7:0), FUSE (9:8), PSDT (15:14), CID (31:16).
     pub cdw0: u32,
@@ -78,7 +84,11 @@ impl Sqe {
     /// Which way the command moves data, from the opcode's low two bits (NVMe Base 2.0
     /// Figure 28; Fabrics commands use FCTYPE's the same way).
     pub fn data_direction(&self) -> DataDirection {
-        let bits = if self.is_fabrics() { self.fctype() } else { self.opcode() } & 3;
+        let bits = if self.is_fabrics() {
+            self.fctype()
+        } else {
+            self.opcode()
+        } & 3;
         match bits {
             0 => DataDirection::None,
             1 => DataDirection::HostToController,
@@ -98,7 +108,9 @@ pub enum DataDirection {
 
 /// Completion queue entry (NVMe Base 2.0, Figure 90).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct Cqe {
     /// Command specific DW0.
     pub dw0: u32,
@@ -115,7 +127,11 @@ impl Cqe {
     pub const SIZE: usize = 16;
 
     pub fn new(cid: u16, status: Status) -> Cqe {
-        Cqe { cid, status: status.to_field(), ..Default::default() }
+        Cqe {
+            cid,
+            status: status.to_field(),
+            ..Default::default()
+        }
     }
     pub fn success(cid: u16) -> Cqe {
         Cqe::new(cid, Status::SUCCESS)
@@ -132,7 +148,9 @@ impl Cqe {
 /// type in bits 7:4, sub type in bits 3:0. For keyed data block descriptors (type 4) the
 /// length is 3 bytes (bytes 8-10) and the key 4 bytes (bytes 11-14).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct SglDescriptor {
     pub addr: u64,
     pub bytes: [u8; 7],
@@ -175,7 +193,11 @@ impl SglDescriptor {
     }
     pub fn unkeyed(sgl_type: u8, subtype: u8, addr: u64, len: u32) -> SglDescriptor {
         let l = len.to_le_bytes();
-        SglDescriptor { addr, bytes: [l[0], l[1], l[2], l[3], 0, 0, 0], id: sgl_type << 4 | subtype }
+        SglDescriptor {
+            addr,
+            bytes: [l[0], l[1], l[2], l[3], 0, 0, 0],
+            id: sgl_type << 4 | subtype,
+        }
     }
     pub fn keyed(subtype: u8, addr: u64, len: u32, key: u32) -> SglDescriptor {
         let l = len.to_le_bytes();

@@ -1,0 +1,92 @@
+//! Get Features / Set Features (NVMe Base 2.0 section 5.15, 5.27): feature identifiers,
+//! command fields and the value layouts the target uses.
+//!
+//! Not implemented: saveable features (SV / SEL = saved), host memory buffer, timestamp,
+//! autonomous power state transitions, host behavior support, LBA range type.
+
+use super::Sqe;
+
+/// Feature identifiers (NVMe Base 2.0 Figure 317).
+pub mod fid {
+    pub const ARBITRATION: u8 = 0x01;
+    pub const POWER_MANAGEMENT: u8 = 0x02;
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
+    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
+    pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    pub const INTERRUPT_COALESCING: u8 = 0x08;
+    pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
+    pub const WRITE_ATOMICITY: u8 = 0x0a;
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
+    pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
+    pub const HOST_IDENTIFIER: u8 = 0x81;
+}
+
+/// Get Features SEL values.
+pub mod sel {
+    pub const CURRENT: u8 = 0;
+    pub const DEFAULT: u8 = 1;
+    pub const SAVED: u8 = 2;
+    pub const SUPPORTED_CAPABILITIES: u8 = 3;
+}
+
+/// Supported-capabilities bits returned for SEL = 3 (NVMe Base 2.0 Figure 195).
+pub mod capabilities {
+    pub const SAVEABLE: u32 = 1 << 0;
+    pub const NAMESPACE_SPECIFIC: u32 = 1 << 1;
+    pub const CHANGEABLE: u32 = 1 << 2;
+}
+
+/// Asynchronous Event Configuration bits (Figure 325).
+pub mod async_event_config {
+    pub const NS_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+    pub const DISCOVERY_LOG_CHANGE_NOTICES: u32 = 1 << 31;
+}
+
+/// The fields of Get Features / Set Features that select the feature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeatureCommand {
+    pub fid: u8,
+    /// Get Features: SEL (CDW10 bits 10:8).
+    pub sel: u8,
+    /// Set Features: Save (CDW10 bit 31).
+    pub sv: bool,
+    /// Feature specific value (CDW11).
+    pub value: u32,
+}
+
+impl FeatureCommand {
+    pub fn from_sqe(sqe: &Sqe) -> FeatureCommand {
+        FeatureCommand {
+            fid: sqe.cdw10 as u8,
+            sel: ((sqe.cdw10 >> 8) & 7) as u8,
+            sv: sqe.cdw10 & (1 << 31) != 0,
+            value: sqe.cdw11,
+        }
+    }
+    pub fn write_to(&self, sqe: &mut Sqe) {
+        sqe.cdw10 = self.fid as u32 | ((self.sel & 7) as u32) << 8 | (self.sv as u32) << 31;
+        sqe.cdw11 = self.value;
+    }
+}
+
+/// Number of Queues (Figure 322): NSQR/NSQA bits 15:0, NCQR/NCQA bits 31:16, 0's based.
+pub fn number_of_queues(nsq_0based: u16, ncq_0based: u16) -> u32 {
+    nsq_0based as u32 | (ncq_0based as u32) << 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn feature_command_roundtrip(fid: u8, sel in 0u8..8, sv: bool, value: u32) {
+            let f = FeatureCommand { fid, sel, sv, value };
+            let mut sqe = Sqe::default();
+            f.write_to(&mut sqe);
+            prop_assert_eq!(FeatureCommand::from_sqe(&sqe), f);
+        }
+    }
+}
