@@ -1,1 +1,0 @@
-//! NVMe/TCP transport (placeholder; being written).
