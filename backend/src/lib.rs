@@ -18,6 +18,8 @@ pub mod file;
 pub mod ram;
 
 pub use buf::{BufPool, IoBuf};
+pub use file::{FileBackend, FileOptions};
+pub use ram::RamBackend;
 
 use std::sync::Arc;
 
@@ -58,7 +60,9 @@ pub enum IoStatus {
     WriteFault,
     /// Request outside the device (should have been caught above): LBA Out of Range.
     OutOfRange,
-    /// The backend cannot do this operation: Invalid Opcode/Field.
+    /// The backend cannot do this operation, or the request is malformed (Read/Write
+    /// without a buffer, or one shorter than `nblocks * block_size`): Invalid
+    /// Opcode/Field.
     Unsupported,
     /// The backend is gone or failed otherwise: Internal Error / Namespace Not Ready.
     Unavailable,
@@ -75,7 +79,10 @@ pub struct Completion {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("io_uring setup failed: {0}")]

@@ -1,0 +1,264 @@
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use backend::{Backend, BackendQueue, FileBackend, FileOptions, IoStatus, Op};
+use common::*;
+
+fn temp_backend(
+    size: u64,
+    block_size: u32,
+    direct: Option<bool>,
+) -> (tempfile::TempDir, Arc<FileBackend>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns0.img");
+    let opts = FileOptions {
+        create_size: Some(size),
+        block_size: Some(block_size),
+        direct,
+    };
+    let be = FileBackend::open(&path, opts).unwrap();
+    (dir, be)
+}
+
+fn modes() -> Vec<Option<bool>> {
+    vec![Some(false), None]
+}
+
+#[test]
+fn two_queues_on_two_threads() {
+    for direct in modes() {
+        let (_d, be) = temp_backend(8 << 20, 4096, direct);
+        eprintln!("file backend direct={}", be.is_direct());
+        two_queues_two_threads(be);
+    }
+    let (_d, be) = temp_backend(1 << 20, 512, None);
+    two_queues_two_threads(be);
+}
+
+#[test]
+fn fua_flush_write_zeroes_deallocate() {
+    for direct in modes() {
+        let (_d, be) = temp_backend(16 << 20, 4096, direct);
+        fua_flush_zeroes_dealloc(be);
+    }
+}
+
+#[test]
+fn out_of_range_and_malformed() {
+    let (_d, be) = temp_backend(1 << 20, 4096, None);
+    bad_requests(be);
+}
+
+#[test]
+fn create_extends_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.img");
+    // Missing file without create_size: an open error naming the path.
+    let err = FileBackend::open(&path, FileOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("x.img"), "{err}");
+    let be = FileBackend::open(
+        &path,
+        FileOptions {
+            create_size: Some(1 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+    assert!(be.volatile_write_cache());
+    assert_eq!(be.num_blocks() * u64::from(be.block_size()), 1 << 20);
+    drop(be);
+    // Reopening with a larger create_size extends; a smaller one never truncates.
+    let be = FileBackend::open(
+        &path,
+        FileOptions {
+            create_size: Some(2 << 20),
+            block_size: Some(4096),
+            direct: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(be.num_blocks(), 512);
+    let be2 = FileBackend::open(
+        &path,
+        FileOptions {
+            create_size: Some(4096),
+            block_size: Some(4096),
+            direct: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(be2.num_blocks(), 512);
+    // Not a power of two, too small, not a file.
+    assert!(FileBackend::open(
+        &path,
+        FileOptions {
+            block_size: Some(1000),
+            ..Default::default()
+        }
+    )
+    .is_err());
+    assert!(FileBackend::open(
+        &path,
+        FileOptions {
+            block_size: Some(4 << 20),
+            ..Default::default()
+        }
+    )
+    .is_err());
+    assert!(FileBackend::open(dir.path(), FileOptions::default()).is_err());
+}
+
+/// A write acknowledged and then flushed is in the file for anyone who reads it after
+/// the backend is gone.
+#[test]
+fn flushed_write_is_in_the_file() {
+    for direct in modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("persist.img");
+        let be = FileBackend::open(
+            &path,
+            FileOptions {
+                create_size: Some(1 << 20),
+                block_size: Some(4096),
+                direct,
+            },
+        )
+        .unwrap();
+        let data: Vec<u8> = (0..3).flat_map(|l| pattern(l, 42, 4096)).collect();
+        {
+            let mut q = be.clone().create_queue(4).unwrap();
+            assert_eq!(write(&mut *q, 4096, 5, &data, false), IoStatus::Ok);
+            assert_eq!(write(&mut *q, 4096, 200, &data[..4096], true), IoStatus::Ok);
+            assert_eq!(run(&mut *q, Op::Flush, 0, 0, None).status, IoStatus::Ok);
+        }
+        be.flush_sync().unwrap();
+        drop(be);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 1 << 20);
+        assert_eq!(&bytes[5 * 4096..8 * 4096], &data[..]);
+        assert_eq!(&bytes[200 * 4096..201 * 4096], &data[..4096]);
+        assert!(bytes[..5 * 4096].iter().all(|&b| b == 0));
+    }
+}
+
+/// The file shrinks under the backend: reads past the new end fail with ReadError
+/// (after a short read for a straddling request) instead of spinning or panicking.
+#[test]
+fn file_truncated_underneath() {
+    for direct in modes() {
+        let (d, be) = temp_backend(1 << 20, 4096, direct);
+        let mut q = be.clone().create_queue(4).unwrap();
+        let data: Vec<u8> = (0..8).flat_map(|l| pattern(l, 3, 4096)).collect();
+        assert_eq!(write(&mut *q, 4096, 0, &data, false), IoStatus::Ok);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.path().join("ns0.img"))
+            .unwrap()
+            .set_len(4 * 4096)
+            .unwrap();
+        assert_eq!(read(&mut *q, 4096, 0, 4), &data[..4 * 4096]);
+        let c = run(&mut *q, Op::Read, 2, 4, Some(backend::IoBuf::new(4 * 4096)));
+        assert_eq!(c.status, IoStatus::ReadError);
+        let c = run(&mut *q, Op::Read, 100, 1, Some(backend::IoBuf::new(4096)));
+        assert_eq!(c.status, IoStatus::ReadError);
+        assert_eq!(q.in_flight(), 0);
+    }
+}
+
+/// Dropping a queue with I/O in flight waits for the kernel instead of freeing buffers
+/// it may still write.
+#[test]
+fn drop_with_io_in_flight() {
+    let (_d, be) = temp_backend(4 << 20, 4096, None);
+    let mut q = be.clone().create_queue(32).unwrap();
+    for i in 0..32u64 {
+        let op = if i % 2 == 0 {
+            Op::Read
+        } else {
+            Op::Write { fua: false }
+        };
+        let buf = backend::IoBuf::new(64 << 10);
+        q.submit(backend::Request {
+            tag: i,
+            op,
+            lba: i * 16,
+            nblocks: 16,
+            buf: Some(buf),
+        })
+        .unwrap();
+    }
+    let mut out = Vec::new();
+    q.poll(&mut out);
+    drop(q);
+}
+
+/// Block-device path, on a loop device over a temp file when this machine allows it.
+#[test]
+fn block_device_via_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("loop.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["--find", "--show", "--sector-size", "512"])
+        .arg(&img)
+        .output();
+    let dev = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        Ok(o) => {
+            eprintln!(
+                "SKIP block_device_via_loop: losetup failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIP block_device_via_loop: cannot run losetup: {e}");
+            return;
+        }
+    };
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+        }
+    }
+    let _guard = Detach(dev.clone());
+    eprintln!("block_device_via_loop: using {dev}");
+    let be = FileBackend::open(&dev, FileOptions::default()).unwrap();
+    assert!(be.is_block_device());
+    assert_eq!(be.block_size(), 512);
+    assert_eq!(be.num_blocks(), (32 << 20) / 512);
+    eprintln!("block_device_via_loop: direct={}", be.is_direct());
+    // A block size below the device's logical block size is refused.
+    assert!(FileBackend::open(
+        &dev,
+        FileOptions {
+            block_size: Some(256),
+            ..Default::default()
+        }
+    )
+    .is_err());
+    two_queues_two_threads(be.clone());
+    fua_flush_zeroes_dealloc(be.clone());
+    bad_requests(be.clone());
+    let be4k = FileBackend::open(
+        &dev,
+        FileOptions {
+            block_size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(be4k.num_blocks(), (32 << 20) / 4096);
+    fua_flush_zeroes_dealloc(be4k);
+    be.flush_sync().unwrap();
+}
+
+#[allow(dead_code)]
+fn assert_queue_object_safe(_: &dyn BackendQueue) {}
