@@ -1,1 +1,235 @@
-//! placeholder
+//! `sta`: the offload-engine contract, modelled on NVIDIA DOCA STA, and its engines.
+//!
+//! The contract (see `shared/doca-sta-api.md` for the C API it mirrors):
+//!
+//! - A main context, [`Sta`], knows the subsystems and the namespaces (each backed by a
+//!   [`backend::Backend`]) and creates one IO context per IO thread ([`Sta::io_create`],
+//!   like `doca_sta_set_max_sta_io` + `doca_sta_io_create`). Slow control work runs as
+//!   asynchronous tasks whose completion arrives through [`Sta::progress`]:
+//!   [`Sta::ns_remove`] (stop new I/O to the namespace, let in-flight I/O finish, destroy
+//!   every thread's backend queue for it, then report).
+//! - An IO context ([`soft::StaIo`] for the CPU engine) owns its QPs, its backend queues and
+//!   its buffer pool. The owning thread calls `progress()` in its loop and then drains
+//!   `poll_event()` (DOCA calls callbacks from `doca_pe_progress`; Rust returns events so
+//!   the application can submit tasks while handling them).
+//! - QP life: `qp_alloc` + `qp_accept_tcp` (DOCA: `qp_alloc` + `qp_accept` with an
+//!   `rdma_cm_id`). Once the application has answered a Fabrics Connect for an I/O queue it
+//!   binds the QP to its subsystem with `qp_add_subsystem` and `qp_connect_set_params`; from
+//!   then on the engine serves READ, WRITE, FLUSH, WRITE ZEROES, DATASET MANAGEMENT and
+//!   COMPARE to that subsystem's namespaces itself (the offloaded path) and never shows
+//!   them to the application.
+//! - Everything else on a QP reaches the application as [`Event::NonOffload`] with the
+//!   SQE, a payload buffer and whether the host's data is already in it. The application
+//!   answers with one of three tasks, as in DOCA: `rdma_read` (fetch the host's data into
+//!   the payload), `rdma_write_send` (send payload data, then the completion), `rdma_send`
+//!   (completion only). On TCP these are R2T/H2CData, C2HData + CapsuleResp, CapsuleResp.
+//! - `qp_disconnect` drains the QP's in-flight I/O and closes it; [`Event::TransportError`]
+//!   reports a QP the transport lost (peer closed, protocol error).
+//!
+//! Engines: [`soft`] runs the contract on host cores over TCP. The `doca` engine (DOCA STA
+//! on a BlueField-3 DPA) and RDMA for the soft engine are later work; they implement the
+//! same calls.
+
+pub mod soft;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use nvmf::spec::{Cqe, Sqe, Status};
+
+/// A subsystem known to the engine (index into the main context's table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SubsysId(pub u32);
+
+/// A QP of one IO context. Only meaningful on the thread that owns that context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpHandle {
+    pub(crate) idx: u32,
+    pub(crate) gen: u32,
+}
+
+impl QpHandle {
+    /// A stable number for logs and for the application's maps.
+    pub fn as_u64(self) -> u64 {
+        (self.gen as u64) << 32 | self.idx as u64
+    }
+}
+
+/// Identifies a non-offloaded command inside the engine (DOCA's
+/// `non_offload_user_data`): hand it back to the task that answers the command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CmdToken {
+    pub(crate) idx: u32,
+    pub(crate) gen: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    RdmaRead,
+    RdmaWriteSend,
+    RdmaSend,
+    QpDisconnect,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    #[error("no such QP")]
+    NoQp,
+    #[error("no such command")]
+    NoCommand,
+    #[error("the QP is closing")]
+    QpClosing,
+    #[error("the command is in the wrong state for this task")]
+    BadState,
+    #[error("data digest mismatch on host data")]
+    DataDigest,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportErrorKind {
+    /// The host closed the connection.
+    PeerClosed,
+    /// A socket error.
+    Io,
+    /// The host broke the NVMe/TCP protocol; the engine sent a C2HTermReq.
+    Protocol,
+}
+
+/// What an IO context reports from `progress()`.
+#[derive(Clone, Copy, Debug)]
+pub enum Event {
+    /// A capsule the engine did not offload. `payload_len` is the size of the command's
+    /// payload buffer (its data length from SGL1, bounded by the max I/O size); with
+    /// `payload_valid` the host's data is already in it (in-capsule data).
+    NonOffload {
+        qp: QpHandle,
+        qp_user: u64,
+        token: CmdToken,
+        sqe: Sqe,
+        payload_len: u32,
+        payload_valid: bool,
+    },
+    TaskDone {
+        kind: TaskKind,
+        qp: QpHandle,
+        user: u64,
+        result: Result<(), TaskError>,
+    },
+    TransportError {
+        qp: QpHandle,
+        qp_user: u64,
+        kind: TransportErrorKind,
+    },
+}
+
+/// What the main context reports from [`Sta::progress`].
+#[derive(Clone, Copy, Debug)]
+pub enum MainEvent {
+    /// An `ns_remove` task finished: no IO context serves the namespace any more and its
+    /// backend queues are gone.
+    NsRemoved { subsys: SubsysId, nsid: u32, user: u64 },
+}
+
+/// Engine limits (DOCA: `doca_sta_get_max_*`).
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    /// Largest data transfer of one command in bytes (MDTS).
+    pub max_io_size: u32,
+    /// Deepest I/O queue (MQES + 1).
+    pub max_queue_depth: u16,
+    /// In-capsule data accepted on I/O queues, in bytes.
+    pub max_incapsule_data: u32,
+    /// Largest H2CData PDU the engine accepts (NVMe/TCP MAXH2CDATA).
+    pub max_h2c_data: u32,
+}
+
+/// Per-(thread, namespace) I/O counters. One IO thread writes them; readers sum all
+/// threads at scrape time, so the data path never shares a cache line it writes.
+#[derive(Debug, Default)]
+pub struct NsCounters {
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other_cmds: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl NsCounters {
+    /// Single-writer increment: a plain load and store, no locked instruction.
+    #[inline]
+    pub(crate) fn bump(c: &AtomicU64, by: u64) {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+    }
+}
+
+/// A sum of [`NsCounters`] over threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsTotals {
+    pub read_cmds: u64,
+    pub write_cmds: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub other_cmds: u64,
+    pub errors: u64,
+}
+
+/// Per-IO-thread engine counters (for metrics).
+#[derive(Debug, Default)]
+pub struct ThreadCounters {
+    pub offloaded: AtomicU64,
+    pub non_offloaded: AtomicU64,
+    pub busy_polls: AtomicU64,
+    pub idle_polls: AtomicU64,
+    pub qps: AtomicU64,
+}
+
+#[derive(Default)]
+pub(crate) struct StatsRegistry {
+    ns: Mutex<Vec<(SubsysId, u32, Arc<NsCounters>)>>,
+    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+}
+
+impl StatsRegistry {
+    pub(crate) fn register_ns(&self, subsys: SubsysId, nsid: u32) -> Arc<NsCounters> {
+        let c = Arc::new(NsCounters::default());
+        self.ns.lock().unwrap_or_else(|e| e.into_inner()).push((subsys, nsid, c.clone()));
+        c
+    }
+    pub(crate) fn register_thread(&self) -> Arc<ThreadCounters> {
+        let c = Arc::new(ThreadCounters::default());
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(c.clone());
+        c
+    }
+}
+
+/// A read-only view of the engine's counters, cheap to clone into other threads.
+#[derive(Clone)]
+pub struct Stats(Arc<StatsRegistry>);
+
+impl Stats {
+    /// Sum of one namespace's counters over all IO threads (counters of a namespace
+    /// that was removed and re-added keep counting from where they were).
+    pub fn namespace(&self, subsys: SubsysId, nsid: u32) -> NsTotals {
+        let list = self.0.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = NsTotals::default();
+        for (s, n, c) in list.iter() {
+            if *s == subsys && *n == nsid {
+                let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                t.read_cmds += l(&c.read_cmds);
+                t.write_cmds += l(&c.write_cmds);
+                t.read_bytes += l(&c.read_bytes);
+                t.write_bytes += l(&c.write_bytes);
+                t.other_cmds += l(&c.other_cmds);
+                t.errors += l(&c.errors);
+            }
+        }
+        t
+    }
+    /// Per-thread engine counters, in thread creation order.
+    pub fn threads(&self) -> Vec<Arc<ThreadCounters>> {
+        self.0.threads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+pub use soft::{SoftConfig, Sta};

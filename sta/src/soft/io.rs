@@ -1,0 +1,1283 @@
+//! The soft engine's IO context: one per IO thread (DOCA: `struct doca_sta_io`).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend::{BackendQueue, BufPool, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
+use crossbeam_channel::{Receiver, Sender};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nvmf::spec::{opcodes, sgl, Cqe, Sqe, Status};
+use nvmf::tcp::{self, ControllerLimits, Digests, IcResp, Pdu, RxFramer};
+
+use super::tcp::{writev, RxBuf, RxResult, TxQueue, TxSeg};
+use super::{Ack, Ctrl, SoftConfig};
+use crate::{
+    CmdToken, Event, NsCounters, QpHandle, StatsRegistry, SubsysId, TaskError, TaskKind,
+    ThreadCounters, TransportErrorKind,
+};
+
+/// Admin and Fabrics commands may always carry this much in-capsule data on NVMe/TCP.
+const ADMIN_INCAPSULE: u32 = 8192;
+const MAX_CMDS: usize = 65535;
+const IOV_MAX: usize = 64;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum St {
+    Free,
+    /// Waiting for the host's data (H2CData after our R2T).
+    H2C,
+    /// Submitted to the backend.
+    Backend,
+    /// Handed to the application (non-offloaded), waiting for a task.
+    App,
+    /// Response queued on the socket; freed at its release marker.
+    Tx,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    NonOffload,
+    Read,
+    Write,
+    Flush,
+    WriteZeroes,
+    Dsm,
+    Compare,
+}
+
+struct Cmd {
+    gen: u32,
+    st: St,
+    kind: Kind,
+    qp: QpHandle,
+    sqe: Sqe,
+    buf: Option<IoBuf>,
+    buf2: Option<IoBuf>,
+    /// Transfer length in bytes (payload length for non-offloaded commands).
+    len: u32,
+    /// Host data received so far.
+    got: u32,
+    /// Backend requests outstanding.
+    pending: u16,
+    status: Status,
+    ns: u32,
+    user: u64,
+}
+
+impl Cmd {
+    fn free() -> Cmd {
+        Cmd {
+            gen: 0,
+            st: St::Free,
+            kind: Kind::NonOffload,
+            qp: QpHandle { idx: 0, gen: 0 },
+            sqe: Sqe::default(),
+            buf: None,
+            buf2: None,
+            len: 0,
+            got: 0,
+            pending: 0,
+            status: Status::SUCCESS,
+            ns: 0,
+            user: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Binding {
+    subsys: SubsysId,
+    qid: u16,
+    sqsize: u16,
+    sqflow_disabled: bool,
+}
+
+struct QpState {
+    sock: TcpStream,
+    user: u64,
+    tx: TxQueue,
+    digests: Digests,
+    hpda: u8,
+    binding: Option<Binding>,
+    qid: u16,
+    sq_count: u32,
+    /// Command slots this QP holds.
+    inflight: u32,
+    /// No more input is processed (peer gone, protocol error, or disconnecting).
+    rx_stopped: bool,
+    /// The transport error was reported to the application.
+    error_reported: bool,
+    /// `qp_disconnect` was called with this user data.
+    disconnect: Option<u64>,
+    tx_dirty: bool,
+}
+
+struct Qp {
+    rx: RxBuf,
+    framer: RxFramer,
+    st: QpState,
+}
+
+struct QpSlot {
+    gen: u32,
+    qp: Option<Qp>,
+}
+
+struct NsSlot {
+    shift: u32,
+    nblocks: u64,
+    q: Box<dyn BackendQueue>,
+    pending: VecDeque<Request>,
+    counters: Arc<NsCounters>,
+    inflight: u32,
+    removing: Option<u64>,
+}
+
+/// Everything but the QPs, so PDU handling can borrow a QP and the core side by side.
+struct Core {
+    cfg: SoftConfig,
+    cmds: Vec<Cmd>,
+    free_cmds: Vec<u32>,
+    pool: BufPool,
+    ns: Vec<Option<NsSlot>>,
+    ns_map: HashMap<(u32, u32), u32>,
+    events: VecDeque<Event>,
+    scratch: Vec<u8>,
+    completions: Vec<Completion>,
+    counters: Arc<ThreadCounters>,
+    stats: Arc<StatsRegistry>,
+}
+
+/// The soft engine's per-thread IO context.
+pub struct StaIo {
+    core: Core,
+    qps: Vec<QpSlot>,
+    free_qps: Vec<u32>,
+    epoll: Epoll,
+    ep_events: Vec<EpollEvent>,
+    ctrl: Receiver<Ctrl>,
+    ack: Sender<Ack>,
+    released: Vec<u32>,
+}
+
+fn qp_ref(qps: &mut [QpSlot], h: QpHandle) -> Option<&mut Qp> {
+    let s = qps.get_mut(h.idx as usize)?;
+    if s.gen != h.gen {
+        return None;
+    }
+    s.qp.as_mut()
+}
+
+impl StaIo {
+    pub(crate) fn new(
+        cfg: SoftConfig,
+        ctrl: Receiver<Ctrl>,
+        ack: Sender<Ack>,
+        stats: Arc<StatsRegistry>,
+    ) -> StaIo {
+        let counters = stats.register_thread();
+        let pool = BufPool::new(cfg.max_io_size.max(ADMIN_INCAPSULE) as usize, cfg.buffer_pool_bytes);
+        StaIo {
+            core: Core {
+                cfg,
+                cmds: Vec::new(),
+                free_cmds: Vec::new(),
+                pool,
+                ns: Vec::new(),
+                ns_map: HashMap::new(),
+                events: VecDeque::new(),
+                scratch: Vec::with_capacity(512),
+                completions: Vec::with_capacity(256),
+                counters,
+                stats,
+            },
+            qps: Vec::new(),
+            free_qps: Vec::new(),
+            epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll_create1"),
+            ep_events: vec![EpollEvent::empty(); 64],
+            ctrl,
+            ack,
+            released: Vec::with_capacity(64),
+        }
+    }
+
+    /// Number of live QPs (the acceptor balances threads by it).
+    pub fn qp_count(&self) -> usize {
+        self.qps.iter().filter(|s| s.qp.is_some()).count()
+    }
+
+    /// DOCA `qp_alloc` + `qp_accept`, for a TCP connection: the engine runs the
+    /// ICReq/ICResp exchange itself, then hands capsules up or serves them.
+    pub fn qp_accept_tcp(&mut self, sock: TcpStream, user: u64) -> std::io::Result<QpHandle> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let idx = match self.free_qps.pop() {
+            Some(i) => i,
+            None => {
+                self.qps.push(QpSlot { gen: 0, qp: None });
+                self.qps.len() as u32 - 1
+            }
+        };
+        let cfg = &self.core.cfg;
+        let limits = ControllerLimits {
+            max_h2c_data: cfg.max_h2c_data,
+            max_incapsule_data: cfg.max_incapsule_data.max(ADMIN_INCAPSULE),
+            cpda: 0,
+        };
+        let rx_cap = (cfg.max_h2c_data.max(cfg.max_incapsule_data) as usize + 4096) * 2;
+        if let Err(e) = self.epoll.add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64)) {
+            self.free_qps.push(idx);
+            return Err(e.into());
+        }
+        let slot = &mut self.qps[idx as usize];
+        slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
+        slot.qp = Some(Qp {
+            rx: RxBuf::new(rx_cap),
+            framer: RxFramer::new_controller(limits),
+            st: QpState {
+                sock,
+                user,
+                tx: TxQueue::default(),
+                digests: Digests { header: false, data: false },
+                hpda: 0,
+                binding: None,
+                qid: 0,
+                sq_count: 0,
+                inflight: 0,
+                rx_stopped: false,
+                error_reported: false,
+                disconnect: None,
+                tx_dirty: false,
+            },
+        });
+        NsCounters::bump(&self.core.counters.qps, 1);
+        Ok(QpHandle { idx, gen: slot.gen })
+    }
+
+    pub fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) {
+        if let Some(q) = qp_ref(&mut self.qps, qp) {
+            q.st.user = user;
+        }
+    }
+
+    /// DOCA `doca_sta_io_qp_add_subsystem`: binds an I/O queue (never an admin queue) to a
+    /// subsystem; from now on the engine serves its I/O commands to that subsystem's
+    /// namespaces.
+    pub fn qp_add_subsystem(&mut self, qp: QpHandle, subsys: SubsysId) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        let qid = q.st.qid;
+        let b = q.st.binding.get_or_insert(Binding {
+            subsys,
+            qid,
+            sqsize: 31,
+            sqflow_disabled: false,
+        });
+        b.subsys = subsys;
+        Ok(())
+    }
+
+    /// DOCA `doca_sta_io_qp_connect_set_sq_size`, plus what the TCP binding needs from
+    /// the Connect command: the queue id and whether SQ flow control is disabled (then a
+    /// successful read's C2HData carries the SUCCESS flag instead of a response capsule).
+    pub fn qp_connect_set_params(
+        &mut self,
+        qp: QpHandle,
+        qid: u16,
+        sqsize: u16,
+        sqflow_disabled: bool,
+    ) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        q.st.qid = qid;
+        if let Some(b) = q.st.binding.as_mut() {
+            b.qid = qid;
+            b.sqsize = sqsize;
+            b.sqflow_disabled = sqflow_disabled;
+        }
+        Ok(())
+    }
+
+    /// The next event, if any (call after `progress`).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.core.events.pop_front()
+    }
+
+    /// The payload buffer of a non-offloaded command.
+    pub fn payload(&mut self, token: CmdToken) -> Option<&mut [u8]> {
+        let c = self.core.cmd_mut(token)?;
+        let len = c.len as usize;
+        match c.buf.as_mut() {
+            Some(b) => Some(&mut b.as_mut_slice()[..len]),
+            None => Some(&mut []),
+        }
+    }
+
+    /// Whether the engine has work that needs another pass soon (I/O in flight, output
+    /// waiting, events to deliver).
+    pub fn busy(&self) -> bool {
+        !self.core.events.is_empty()
+            || self.core.ns.iter().flatten().any(|n| n.inflight > 0 || !n.pending.is_empty())
+            || self.qps.iter().any(|s| s.qp.as_ref().is_some_and(|q| q.st.tx_dirty))
+    }
+
+    /// One pass: control messages, sockets, backend completions, output. Waits up to
+    /// `max_wait` for socket input when there is nothing else to do. Returns whether
+    /// anything happened.
+    pub fn progress(&mut self, max_wait: Duration) -> bool {
+        let mut did = self.drain_ctrl();
+        let wait = if did || self.busy() { Duration::ZERO } else { max_wait };
+        let timeout = EpollTimeout::try_from(wait).unwrap_or(EpollTimeout::ZERO);
+        let n = self.epoll.wait(&mut self.ep_events, timeout).unwrap_or(0);
+        for i in 0..n {
+            let idx = self.ep_events[i].data() as u32;
+            did |= self.service_rx(idx);
+        }
+        did |= self.poll_backends();
+        did |= self.flush_all();
+        self.finish_disconnects();
+        let c = &self.core.counters;
+        NsCounters::bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
+        did
+    }
+
+    fn drain_ctrl(&mut self) -> bool {
+        let mut did = false;
+        while let Ok(m) = self.ctrl.try_recv() {
+            did = true;
+            match m {
+                Ctrl::NsAdd { subsys, nsid, backend } => {
+                    let bs = backend.block_size();
+                    let nblocks = backend.num_blocks();
+                    let desc = backend.describe();
+                    match backend.create_queue(self.core.cfg.backend_queue_depth) {
+                        Ok(q) => {
+                            let slot = NsSlot {
+                                shift: bs.trailing_zeros(),
+                                nblocks,
+                                q,
+                                pending: VecDeque::new(),
+                                counters: self.core.stats.register_ns(subsys, nsid),
+                                inflight: 0,
+                                removing: None,
+                            };
+                            let i = match self.core.ns.iter().position(|s| s.is_none()) {
+                                Some(i) => {
+                                    self.core.ns[i] = Some(slot);
+                                    i
+                                }
+                                None => {
+                                    self.core.ns.push(Some(slot));
+                                    self.core.ns.len() - 1
+                                }
+                            };
+                            self.core.ns_map.insert((subsys.0, nsid), i as u32);
+                        }
+                        Err(e) => tracing::error!(
+                            "namespace {nsid}: cannot create a backend queue on {desc}: {e}; \
+                             its I/O will fail on this thread"
+                        ),
+                    }
+                }
+                Ctrl::NsRemove { subsys, nsid, task } => {
+                    match self.core.ns_map.remove(&(subsys.0, nsid)) {
+                        Some(i) => {
+                            if let Some(s) = self.core.ns[i as usize].as_mut() {
+                                s.removing = Some(task);
+                            }
+                        }
+                        None => {
+                            let _ = self.ack.send(Ack::NsRemoved { task });
+                        }
+                    }
+                }
+            }
+        }
+        // Removed namespaces whose in-flight I/O is done: destroy the queue, acknowledge.
+        for slot in self.core.ns.iter_mut() {
+            if let Some(s) = slot {
+                if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
+                    *slot = None;
+                    let _ = self.ack.send(Ack::NsRemoved { task });
+                }
+            }
+        }
+        did
+    }
+
+    fn service_rx(&mut self, idx: u32) -> bool {
+        let Some(slot) = self.qps.get_mut(idx as usize) else { return false };
+        let gen = slot.gen;
+        let Some(qp) = slot.qp.as_mut() else { return false };
+        let h = QpHandle { idx, gen };
+        if qp.st.rx_stopped {
+            // Nothing more is read; drop the interest so a dead socket does not spin.
+            let _ = self.epoll.delete(&qp.st.sock);
+            return false;
+        }
+        let got = qp.rx.fill(&mut qp.st.sock);
+        let mut did = false;
+        // Parse whatever is complete, even when the peer closed after sending it.
+        loop {
+            if qp.st.rx_stopped {
+                break;
+            }
+            let Qp { rx, framer, st } = qp;
+            match framer.parse(rx.pending()) {
+                Ok(Some((pdu, used))) => {
+                    did = true;
+                    self.core.on_pdu(h, st, pdu);
+                    rx.head += used;
+                    if framer.digests() != st.digests {
+                        // ICReq negotiated digests: they apply to every later PDU.
+                        framer.set_digests(st.digests);
+                    }
+                }
+                Ok(None) => break,
+                Err(term) => {
+                    tracing::warn!(qp = h.as_u64(), "fatal NVMe/TCP error from host: {term}");
+                    if term.send_term_req {
+                        self.core.scratch.clear();
+                        tcp::encode_term_req(
+                            &mut self.core.scratch,
+                            true,
+                            term.fes,
+                            term.fei,
+                            term.offending_header(rx.pending()),
+                        );
+                        st.tx.push_small(&self.core.scratch);
+                        st.tx_dirty = true;
+                    }
+                    st.rx_stopped = true;
+                    self.core.transport_error(h, st, TransportErrorKind::Protocol);
+                    did = true;
+                    break;
+                }
+            }
+        }
+        match got {
+            RxResult::Read(n) => did |= n > 0,
+            RxResult::Closed | RxResult::Error => {
+                let kind = if matches!(got, RxResult::Closed) {
+                    TransportErrorKind::PeerClosed
+                } else {
+                    TransportErrorKind::Io
+                };
+                qp.st.rx_stopped = true;
+                self.core.transport_error(h, &mut qp.st, kind);
+                let _ = self.epoll.delete(&qp.st.sock);
+                did = true;
+            }
+        }
+        did
+    }
+
+    fn poll_backends(&mut self) -> bool {
+        let mut did = false;
+        for i in 0..self.core.ns.len() {
+            let Some(ns) = self.core.ns[i].as_mut() else { continue };
+            while let Some(req) = ns.pending.pop_front() {
+                match ns.q.submit(req) {
+                    Ok(()) => {}
+                    Err(SubmitError::Full(r)) => {
+                        ns.pending.push_front(r);
+                        break;
+                    }
+                    Err(SubmitError::Closed(r)) => {
+                        self.core.completions.push(Completion {
+                            tag: r.tag,
+                            status: IoStatus::Unavailable,
+                            buf: r.buf,
+                        });
+                    }
+                }
+            }
+            if ns.inflight > 0 {
+                ns.q.poll(&mut self.core.completions);
+            }
+            if self.core.completions.is_empty() {
+                continue;
+            }
+            did = true;
+            let mut comps = std::mem::take(&mut self.core.completions);
+            for c in comps.drain(..) {
+                self.core.on_backend_completion(&mut self.qps, i as u32, c);
+            }
+            self.core.completions = comps;
+        }
+        did
+    }
+
+    fn flush_all(&mut self) -> bool {
+        let mut did = false;
+        for i in 0..self.qps.len() {
+            let Some(qp) = self.qps[i].qp.as_mut() else { continue };
+            if !qp.st.tx_dirty {
+                continue;
+            }
+            did = true;
+            match flush_qp(&mut qp.st, &self.core.cmds, &mut self.released) {
+                Ok(()) => {}
+                Err(_) => {
+                    // Output impossible: drop what is queued, report once.
+                    let h = QpHandle { idx: i as u32, gen: self.qps[i].gen };
+                    let qp = self.qps[i].qp.as_mut().expect("checked above");
+                    discard_tx(&mut qp.st, &mut self.released);
+                    qp.st.rx_stopped = true;
+                    self.core.transport_error(h, &mut qp.st, TransportErrorKind::Io);
+                }
+            }
+            let qp = self.qps[i].qp.as_mut().expect("checked above");
+            qp.st.tx_dirty = !qp.st.tx.is_empty();
+            for c in self.released.drain(..) {
+                self.core.release(&mut qp.st, c);
+            }
+        }
+        did
+    }
+
+    /// Completes `qp_disconnect` tasks whose QP has nothing left in the backend.
+    fn finish_disconnects(&mut self) {
+        for i in 0..self.qps.len() {
+            let gen = self.qps[i].gen;
+            let Some(qp) = self.qps[i].qp.as_mut() else { continue };
+            let Some(user) = qp.st.disconnect else { continue };
+            let h = QpHandle { idx: i as u32, gen };
+            // Free every slot that is not owned by the backend.
+            for (ci, c) in self.core.cmds.iter_mut().enumerate() {
+                if c.st != St::Free && c.st != St::Backend && c.qp == h {
+                    self.core.free_cmds.push(ci as u32);
+                    free_cmd(c, &mut self.core.pool);
+                    qp.st.inflight -= 1;
+                }
+            }
+            if qp.st.inflight > 0 {
+                continue;
+            }
+            let _ = self.epoll.delete(&qp.st.sock);
+            let _ = qp.st.sock.shutdown(std::net::Shutdown::Both);
+            self.qps[i].qp = None;
+            self.free_qps.push(i as u32);
+            self.core.counters.qps.store(
+                self.core.counters.qps.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(1),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            self.core.events.push_back(Event::TaskDone {
+                kind: TaskKind::QpDisconnect,
+                qp: h,
+                user,
+                result: Ok(()),
+            });
+        }
+    }
+
+    /// DOCA `doca_sta_io_task_disconnect_alloc_init` + submit: stop taking input, let the
+    /// QP's in-flight backend I/O finish, drop its unsent output, close the socket, then
+    /// report `TaskDone { kind: QpDisconnect }`. The handle is dead afterwards (DOCA's
+    /// `qp_destroy` is folded in). Tokens of the QP's non-offloaded commands die with it.
+    pub fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        if q.st.disconnect.is_some() {
+            return Err(TaskError::QpClosing);
+        }
+        q.st.disconnect = Some(user);
+        q.st.rx_stopped = true;
+        // Flush what is already queued (e.g. a final response) best effort, then drop.
+        let _ = flush_qp(&mut q.st, &self.core.cmds, &mut self.released);
+        discard_tx(&mut q.st, &mut self.released);
+        for c in self.released.drain(..) {
+            self.core.release(&mut q.st, c);
+        }
+        q.st.tx_dirty = false;
+        Ok(())
+    }
+
+    fn app_cmd(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        if q.st.disconnect.is_some() {
+            return Err(TaskError::QpClosing);
+        }
+        let c = self.core.cmd_mut(token).ok_or(TaskError::NoCommand)?;
+        if c.qp != qp {
+            return Err(TaskError::NoCommand);
+        }
+        if c.st != St::App {
+            return Err(TaskError::BadState);
+        }
+        Ok(())
+    }
+
+    /// DOCA `rdma_read` task: fetch the host's data for a non-offloaded command into its
+    /// payload (TCP: R2T, then H2CData). `TaskDone { kind: RdmaRead }` follows.
+    pub fn rdma_read(&mut self, qp: QpHandle, token: CmdToken, user: u64) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        let c = &mut self.core.cmds[token.idx as usize];
+        c.user = user;
+        if c.got >= c.len {
+            self.core.events.push_back(Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                qp,
+                user,
+                result: Ok(()),
+            });
+            return Ok(());
+        }
+        c.st = St::H2C;
+        let (cid, len, got) = (c.sqe.cid(), c.len, c.got);
+        self.core.scratch.clear();
+        tcp::encode_r2t(&mut self.core.scratch, cid, token.idx as u16, got, len - got, q.st.digests);
+        q.st.tx.push_small(&self.core.scratch);
+        q.st.tx_dirty = true;
+        Ok(())
+    }
+
+    /// DOCA `rdma_write_send` task: send `data_len` bytes of the payload to the host
+    /// (TCP: C2HData), then the completion. `data_len` is clamped to the payload length.
+    pub fn rdma_write_send(
+        &mut self,
+        qp: QpHandle,
+        token: CmdToken,
+        cqe: &Cqe,
+        data_len: u32,
+        user: u64,
+    ) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        let len = data_len.min(self.core.cmds[token.idx as usize].len);
+        self.core.respond(&mut q.st, token.idx, *cqe, len);
+        self.core.events.push_back(Event::TaskDone {
+            kind: TaskKind::RdmaWriteSend,
+            qp,
+            user,
+            result: Ok(()),
+        });
+        Ok(())
+    }
+
+    /// DOCA `rdma_send` task: send the completion only.
+    pub fn rdma_send(
+        &mut self,
+        qp: QpHandle,
+        token: CmdToken,
+        cqe: &Cqe,
+        user: u64,
+    ) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        self.core.respond(&mut q.st, token.idx, *cqe, 0);
+        self.core.events.push_back(Event::TaskDone {
+            kind: TaskKind::RdmaSend,
+            qp,
+            user,
+            result: Ok(()),
+        });
+        Ok(())
+    }
+}
+
+/// One writev of as much queued output as fits in `IOV_MAX` slices; loops while the
+/// socket takes everything.
+fn flush_qp(st: &mut QpState, cmds: &[Cmd], released: &mut Vec<u32>) -> std::io::Result<()> {
+    loop {
+        let mut iov = [IoSlice::new(&[]); IOV_MAX];
+        let mut n = 0;
+        let mut total = 0;
+        let mut skip = st.tx.front_done;
+        for seg in st.tx.segs.iter() {
+            if n == IOV_MAX {
+                break;
+            }
+            let s: &[u8] = match seg {
+                TxSeg::Small { len, bytes } => &bytes[..*len as usize],
+                TxSeg::Data { cmd, off, len } => cmds
+                    .get(*cmd as usize)
+                    .and_then(|c| c.buf.as_ref())
+                    .map_or(&[][..], |b| &b.as_slice()[*off as usize..(*off + *len) as usize]),
+                TxSeg::Release { .. } => continue,
+            };
+            let s = &s[skip.min(s.len())..];
+            skip = 0;
+            if !s.is_empty() {
+                iov[n] = IoSlice::new(s);
+                n += 1;
+                total += s.len();
+            }
+        }
+        if n == 0 {
+            st.tx.advance(0, released);
+            return Ok(());
+        }
+        let w = writev(&mut st.sock, &iov[..n])?;
+        st.tx.advance(w, released);
+        if w < total || st.tx.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
+fn discard_tx(st: &mut QpState, released: &mut Vec<u32>) {
+    for seg in st.tx.segs.drain(..) {
+        if let TxSeg::Release { cmd } = seg {
+            released.push(cmd);
+        }
+    }
+    st.tx.front_done = 0;
+}
+
+fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
+    if let Some(b) = c.buf.take() {
+        pool.put(b);
+    }
+    if let Some(b) = c.buf2.take() {
+        pool.put(b);
+    }
+    c.st = St::Free;
+    c.gen = c.gen.wrapping_add(1);
+}
+
+fn is_offload_opcode(op: u8) -> Option<Kind> {
+    Some(match op {
+        opcodes::io::READ => Kind::Read,
+        opcodes::io::WRITE => Kind::Write,
+        opcodes::io::FLUSH => Kind::Flush,
+        opcodes::io::WRITE_ZEROES => Kind::WriteZeroes,
+        opcodes::io::DATASET_MANAGEMENT => Kind::Dsm,
+        opcodes::io::COMPARE => Kind::Compare,
+        _ => return None,
+    })
+}
+
+fn status_of(s: IoStatus) -> Status {
+    match s {
+        IoStatus::Ok => Status::SUCCESS,
+        IoStatus::ReadError => Status::UNRECOVERED_READ_ERROR,
+        IoStatus::WriteFault => Status::WRITE_FAULT,
+        IoStatus::OutOfRange => Status::LBA_OUT_OF_RANGE,
+        IoStatus::Unsupported => Status::INVALID_OPCODE,
+        IoStatus::Unavailable => Status::NAMESPACE_NOT_READY,
+    }
+}
+
+impl Core {
+    fn cmd_mut(&mut self, t: CmdToken) -> Option<&mut Cmd> {
+        let c = self.cmds.get_mut(t.idx as usize)?;
+        (c.gen == t.gen && c.st != St::Free).then_some(c)
+    }
+
+    fn alloc_cmd(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe) -> Option<u32> {
+        let idx = match self.free_cmds.pop() {
+            Some(i) => i,
+            None if self.cmds.len() < MAX_CMDS => {
+                self.cmds.push(Cmd::free());
+                self.cmds.len() as u32 - 1
+            }
+            None => return None,
+        };
+        let c = &mut self.cmds[idx as usize];
+        c.st = St::App;
+        c.kind = Kind::NonOffload;
+        c.qp = qp;
+        c.sqe = *sqe;
+        c.len = 0;
+        c.got = 0;
+        c.pending = 0;
+        c.status = Status::SUCCESS;
+        c.user = 0;
+        st.inflight += 1;
+        Some(idx)
+    }
+
+    fn release(&mut self, st: &mut QpState, idx: u32) {
+        if let Some(c) = self.cmds.get_mut(idx as usize) {
+            if c.st != St::Free {
+                free_cmd(c, &mut self.pool);
+                self.free_cmds.push(idx);
+                st.inflight = st.inflight.saturating_sub(1);
+            }
+        }
+    }
+
+    fn transport_error(&mut self, qp: QpHandle, st: &mut QpState, kind: TransportErrorKind) {
+        if !st.error_reported && st.disconnect.is_none() {
+            st.error_reported = true;
+            self.events.push_back(Event::TransportError { qp, qp_user: st.user, kind });
+        }
+    }
+
+    fn sqhd(st: &QpState) -> u16 {
+        let size = st.binding.map_or(32, |b| b.sqsize as u32 + 1);
+        (st.sq_count % size.max(1)) as u16
+    }
+
+    /// Queue the response to command `idx`: `data_len` bytes of its buffer as C2HData
+    /// (with SUCCESS when allowed), then the CapsuleResp, then the release marker.
+    fn respond(&mut self, st: &mut QpState, idx: u32, mut cqe: Cqe, data_len: u32) {
+        let c = &mut self.cmds[idx as usize];
+        c.st = St::Tx;
+        cqe.cid = c.sqe.cid();
+        cqe.sqid = st.qid;
+        cqe.sqhd = Self::sqhd(st);
+        let ok = cqe.status().is_success();
+        let success_flag =
+            ok && data_len > 0 && st.binding.is_some_and(|b| b.sqflow_disabled) && cqe.dw0 == 0;
+        if data_len > 0 {
+            self.scratch.clear();
+            tcp::encode_c2h_data_header(
+                &mut self.scratch,
+                cqe.cid,
+                0,
+                data_len,
+                true,
+                success_flag,
+                st.digests,
+                st.hpda,
+            );
+            st.tx.push_small(&self.scratch);
+            st.tx.segs.push_back(TxSeg::Data { cmd: idx, off: 0, len: data_len });
+            if st.digests.data {
+                let b = c.buf.as_ref().map_or(&[][..], |b| &b.as_slice()[..data_len as usize]);
+                st.tx.push_small(&tcp::data_digest(b).to_le_bytes());
+            }
+        }
+        if !success_flag {
+            self.scratch.clear();
+            tcp::encode_capsule_resp(&mut self.scratch, &cqe, st.digests);
+            st.tx.push_small(&self.scratch);
+        }
+        st.tx.segs.push_back(TxSeg::Release { cmd: idx });
+        st.tx_dirty = true;
+    }
+
+    /// Respond to a command that never got a slot (queue overrun by the host).
+    fn respond_without_slot(&mut self, st: &mut QpState, sqe: &Sqe, status: Status) {
+        let mut cqe = Cqe::new(sqe.cid(), status);
+        cqe.sqid = st.qid;
+        cqe.sqhd = Self::sqhd(st);
+        self.scratch.clear();
+        tcp::encode_capsule_resp(&mut self.scratch, &cqe, st.digests);
+        st.tx.push_small(&self.scratch);
+        st.tx_dirty = true;
+    }
+
+    fn fatal(&mut self, qp: QpHandle, st: &mut QpState, fes: u16, fei: u32, hdr: &[u8]) {
+        self.scratch.clear();
+        tcp::encode_term_req(&mut self.scratch, true, fes, fei, hdr);
+        st.tx.push_small(&self.scratch);
+        st.tx_dirty = true;
+        st.rx_stopped = true;
+        self.transport_error(qp, st, TransportErrorKind::Protocol);
+    }
+
+    fn on_pdu(&mut self, qp: QpHandle, st: &mut QpState, pdu: Pdu<'_>) {
+        match pdu {
+            Pdu::IcReq(ic) => {
+                let digests = ic.digests;
+                st.digests = digests;
+                st.hpda = ic.hpda;
+                self.scratch.clear();
+                tcp::encode_ic_resp(
+                    &mut self.scratch,
+                    &IcResp {
+                        pfv: 0,
+                        cpda: 0,
+                        digests,
+                        maxh2cdata: self.cfg.max_h2c_data,
+                    },
+                );
+                st.tx.push_small(&self.scratch);
+                st.tx_dirty = true;
+            }
+            Pdu::CapsuleCmd { sqe, data, data_digest_ok } => {
+                st.sq_count = st.sq_count.wrapping_add(1);
+                self.on_capsule(qp, st, &sqe, data, data_digest_ok);
+            }
+            Pdu::H2CData { cccid, ttag, datao, data, last: _, data_digest_ok } => {
+                self.on_h2c(qp, st, cccid, ttag, datao, data, data_digest_ok);
+            }
+            Pdu::H2CTermReq { fes, .. } => {
+                tracing::info!(qp = qp.as_u64(), fes, "host terminated the connection");
+                st.rx_stopped = true;
+                self.transport_error(qp, st, TransportErrorKind::PeerClosed);
+            }
+            _ => {
+                // The framer only yields host-to-controller PDUs in controller mode.
+                self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 0, &[]);
+            }
+        }
+    }
+
+    fn on_capsule(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe, data: &[u8], ddgst_ok: bool) {
+        let offload = match (st.binding, is_offload_opcode(sqe.opcode())) {
+            (Some(b), Some(kind)) => {
+                self.ns_map.get(&(b.subsys.0, sqe.nsid)).map(|&ns| (kind, ns))
+            }
+            _ => None,
+        };
+        let Some(idx) = self.alloc_cmd(qp, st, sqe) else {
+            self.respond_without_slot(st, sqe, Status::COMMAND_ID_CONFLICT.with_dnr(false));
+            return;
+        };
+        if !ddgst_ok {
+            self.respond(st, idx, Cqe::new(sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR), 0);
+            return;
+        }
+        match offload {
+            Some((kind, ns)) => {
+                NsCounters::bump(&self.counters.offloaded, 1);
+                self.start_offload(st, idx, kind, ns, data);
+            }
+            None => {
+                NsCounters::bump(&self.counters.non_offloaded, 1);
+                self.start_non_offload(qp, st, idx, data);
+            }
+        }
+    }
+
+    fn start_non_offload(&mut self, qp: QpHandle, st: &mut QpState, idx: u32, data: &[u8]) {
+        let sqe = self.cmds[idx as usize].sqe;
+        let d = sqe.dptr;
+        let len = match (d.sgl_type(), d.subtype()) {
+            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET)
+            | (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) => d.length(),
+            _ if data.is_empty() => 0,
+            _ => {
+                self.respond(st, idx, Cqe::new(sqe.cid(), Status::SGL_DESCRIPTOR_TYPE_INVALID), 0);
+                return;
+            }
+        };
+        let in_capsule = d.sgl_type() == sgl::TYPE_DATA_BLOCK && len > 0;
+        if in_capsule && (d.addr != 0 || data.len() as u32 != len) {
+            let s = if d.addr != 0 { Status::SGL_OFFSET_INVALID } else { Status::DATA_SGL_LENGTH_INVALID };
+            self.respond(st, idx, Cqe::new(sqe.cid(), s), 0);
+            return;
+        }
+        if len > self.cfg.max_io_size.max(ADMIN_INCAPSULE) {
+            self.respond(st, idx, Cqe::new(sqe.cid(), Status::INVALID_FIELD), 0);
+            return;
+        }
+        if len > 0 {
+            let Some(mut b) = self.pool.get(len as usize) else {
+                self.respond(st, idx, Cqe::new(sqe.cid(), Status::INTERNAL_ERROR), 0);
+                return;
+            };
+            b.as_mut_slice()[..len as usize].fill(0);
+            if in_capsule {
+                b.as_mut_slice()[..len as usize].copy_from_slice(data);
+            }
+            self.cmds[idx as usize].buf = Some(b);
+        }
+        let c = &mut self.cmds[idx as usize];
+        c.len = len;
+        c.got = if in_capsule { len } else { 0 };
+        c.st = St::App;
+        self.events.push_back(Event::NonOffload {
+            qp,
+            qp_user: st.user,
+            token: CmdToken { idx, gen: c.gen },
+            sqe,
+            payload_len: len,
+            payload_valid: in_capsule || len == 0,
+        });
+    }
+
+    fn fail(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        let c = &self.cmds[idx as usize];
+        if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
+            NsCounters::bump(&ns.counters.errors, 1);
+        }
+        let cid = c.sqe.cid();
+        self.respond(st, idx, Cqe::new(cid, status), 0);
+    }
+
+    fn start_offload(&mut self, st: &mut QpState, idx: u32, kind: Kind, ns_idx: u32, data: &[u8]) {
+        let sqe = self.cmds[idx as usize].sqe;
+        let Some(ns) = self.ns[ns_idx as usize].as_ref() else {
+            return self.fail(st, idx, Status::INVALID_NAMESPACE);
+        };
+        let (shift, nblocks) = (ns.shift, ns.nblocks);
+        {
+            let c = &mut self.cmds[idx as usize];
+            c.kind = kind;
+            c.ns = ns_idx;
+        }
+        let needs_range = matches!(kind, Kind::Read | Kind::Write | Kind::Compare | Kind::WriteZeroes);
+        if needs_range {
+            let end = sqe.slba().checked_add(sqe.nlb() as u64);
+            if end.is_none_or(|e| e > nblocks) {
+                return self.fail(st, idx, Status::LBA_OUT_OF_RANGE);
+            }
+        }
+        let len = match kind {
+            Kind::Read | Kind::Write | Kind::Compare => (sqe.nlb() as u64) << shift,
+            Kind::Dsm => ((sqe.cdw10 & 0xff) as u64 + 1) * 16,
+            _ => 0,
+        };
+        if len > self.cfg.max_io_size as u64 {
+            return self.fail(st, idx, Status::INVALID_FIELD);
+        }
+        let len = len as u32;
+        self.cmds[idx as usize].len = len;
+        if len == 0 {
+            return self.submit_offload(st, idx);
+        }
+        let d = sqe.dptr;
+        let in_capsule = match (d.sgl_type(), d.subtype()) {
+            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET) => true,
+            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) => false,
+            _ => return self.fail(st, idx, Status::SGL_DESCRIPTOR_TYPE_INVALID),
+        };
+        if d.length() < len {
+            return self.fail(st, idx, Status::DATA_SGL_LENGTH_INVALID);
+        }
+        let Some(mut b) = self.pool.get(len as usize) else {
+            return self.fail(st, idx, Status::INTERNAL_ERROR);
+        };
+        b.set_len(len as usize);
+        let host_to_ctrl = kind != Kind::Read;
+        if in_capsule {
+            if !host_to_ctrl || data.len() as u32 != d.length() || d.addr != 0 {
+                self.pool.put(b);
+                return self.fail(st, idx, Status::DATA_SGL_LENGTH_INVALID);
+            }
+            b.as_mut_slice()[..len as usize].copy_from_slice(&data[..len as usize]);
+            self.cmds[idx as usize].buf = Some(b);
+            self.cmds[idx as usize].got = len;
+            return self.submit_offload(st, idx);
+        }
+        self.cmds[idx as usize].buf = Some(b);
+        if host_to_ctrl {
+            let c = &mut self.cmds[idx as usize];
+            c.st = St::H2C;
+            self.scratch.clear();
+            tcp::encode_r2t(&mut self.scratch, sqe.cid(), idx as u16, 0, len, st.digests);
+            st.tx.push_small(&self.scratch);
+            st.tx_dirty = true;
+            return;
+        }
+        self.submit_offload(st, idx)
+    }
+
+    fn push_req(&mut self, ns_idx: u32, req: Request) {
+        if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.inflight += 1;
+            match ns.q.submit(req) {
+                Ok(()) => {}
+                Err(SubmitError::Full(r)) => ns.pending.push_back(r),
+                Err(SubmitError::Closed(r)) => self.completions.push(Completion {
+                    tag: r.tag,
+                    status: IoStatus::Unavailable,
+                    buf: r.buf,
+                }),
+            }
+        }
+    }
+
+    /// All host data is in: hand the command to the backend.
+    fn submit_offload(&mut self, st: &mut QpState, idx: u32) {
+        let c = &mut self.cmds[idx as usize];
+        let sqe = c.sqe;
+        let ns_idx = c.ns;
+        let tag = (c.gen as u64) << 32 | idx as u64;
+        c.st = St::Backend;
+        let (lba, nblocks) = (sqe.slba(), sqe.nlb());
+        match c.kind {
+            Kind::Read => {
+                let buf = c.buf.take();
+                c.pending = 1;
+                self.push_req(ns_idx, Request { tag, op: Op::Read, lba, nblocks, buf });
+            }
+            Kind::Write => {
+                let buf = c.buf.take();
+                c.pending = 1;
+                let op = Op::Write { fua: sqe.fua() };
+                self.push_req(ns_idx, Request { tag, op, lba, nblocks, buf });
+            }
+            Kind::Flush => {
+                c.pending = 1;
+                self.push_req(ns_idx, Request { tag, op: Op::Flush, lba: 0, nblocks: 0, buf: None });
+            }
+            Kind::WriteZeroes => {
+                c.pending = 1;
+                self.push_req(ns_idx, Request { tag, op: Op::WriteZeroes, lba, nblocks, buf: None });
+            }
+            Kind::Compare => {
+                let len = c.len as usize;
+                let Some(mut b) = self.pool.get(len) else {
+                    return self.fail(st, idx, Status::INTERNAL_ERROR);
+                };
+                b.set_len(len);
+                let c = &mut self.cmds[idx as usize];
+                c.pending = 1;
+                self.push_req(ns_idx, Request { tag, op: Op::Read, lba, nblocks, buf: Some(b) });
+            }
+            Kind::Dsm => {
+                // Deallocate (AD, CDW11 bit 2) every range; other attributes are hints.
+                let deallocate = sqe.cdw11 & (1 << 2) != 0;
+                let nr = (sqe.cdw10 & 0xff) as usize + 1;
+                let nblocks_ns = self.ns[ns_idx as usize].as_ref().map_or(0, |n| n.nblocks);
+                let mut ranges = [(0u64, 0u32); 256];
+                let mut n = 0;
+                if deallocate {
+                    let b = c.buf.as_ref().map_or(&[][..], |b| b.as_slice());
+                    for r in b.chunks_exact(16).take(nr) {
+                        let len = u32::from_le_bytes([r[4], r[5], r[6], r[7]]);
+                        let slba = u64::from_le_bytes(r[8..16].try_into().unwrap_or([0; 8]));
+                        if len == 0 {
+                            continue;
+                        }
+                        if slba.checked_add(len as u64).is_none_or(|e| e > nblocks_ns) {
+                            return self.fail(st, idx, Status::LBA_OUT_OF_RANGE);
+                        }
+                        ranges[n] = (slba, len);
+                        n += 1;
+                    }
+                }
+                if n == 0 {
+                    return self.complete_offload(st, idx, Status::SUCCESS);
+                }
+                self.cmds[idx as usize].pending = n as u16;
+                for &(lba, nblocks) in &ranges[..n] {
+                    let req = Request { tag, op: Op::Deallocate, lba, nblocks, buf: None };
+                    self.push_req(ns_idx, req);
+                }
+            }
+            Kind::NonOffload => self.fail(st, idx, Status::INTERNAL_ERROR),
+        }
+    }
+
+    fn complete_offload(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        let c = &self.cmds[idx as usize];
+        let (kind, len, cid) = (c.kind, c.len, c.sqe.cid());
+        if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
+            let k = &ns.counters;
+            if !status.is_success() {
+                NsCounters::bump(&k.errors, 1);
+            } else {
+                match kind {
+                    Kind::Read => {
+                        NsCounters::bump(&k.read_cmds, 1);
+                        NsCounters::bump(&k.read_bytes, len as u64);
+                    }
+                    Kind::Write => {
+                        NsCounters::bump(&k.write_cmds, 1);
+                        NsCounters::bump(&k.write_bytes, len as u64);
+                    }
+                    Kind::Compare => NsCounters::bump(&k.read_cmds, 1),
+                    _ => NsCounters::bump(&k.other_cmds, 1),
+                }
+            }
+        }
+        let data_len = if kind == Kind::Read && status.is_success() { len } else { 0 };
+        self.respond(st, idx, Cqe::new(cid, status), data_len);
+    }
+
+    fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
+        if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.inflight = ns.inflight.saturating_sub(1);
+        }
+        let idx = (comp.tag & 0xffff_ffff) as u32;
+        let gen = (comp.tag >> 32) as u32;
+        let Some(c) = self.cmds.get_mut(idx as usize) else { return };
+        if c.gen != gen || c.st != St::Backend {
+            // The QP went away while this was in flight (disconnect); only recycle.
+            if let Some(b) = comp.buf {
+                self.pool.put(b);
+            }
+            return;
+        }
+        match c.kind {
+            Kind::Compare => {
+                // buf holds the host's data, the completion returns what the media has.
+                if let Some(b) = comp.buf {
+                    if comp.status == IoStatus::Ok {
+                        let same = c.buf.as_ref().is_some_and(|h| {
+                            h.as_slice()[..c.len as usize] == b.as_slice()[..c.len as usize]
+                        });
+                        if !same {
+                            c.status = Status::COMPARE_FAILURE;
+                        }
+                    }
+                    self.pool.put(b);
+                }
+            }
+            _ => {
+                if c.buf.is_none() {
+                    c.buf = comp.buf;
+                } else if let Some(b) = comp.buf {
+                    self.pool.put(b);
+                }
+            }
+        }
+        if comp.status != IoStatus::Ok && c.status.is_success() {
+            c.status = status_of(comp.status);
+        }
+        c.pending = c.pending.saturating_sub(1);
+        if c.pending > 0 {
+            return;
+        }
+        let status = c.status;
+        let qh = c.qp;
+        match qp_ref(qps, qh) {
+            Some(q) if q.st.disconnect.is_none() => self.complete_offload(&mut q.st, idx, status),
+            Some(q) => {
+                // Disconnecting: nothing more goes out, just free the slot.
+                self.release(&mut q.st, idx);
+            }
+            None => {
+                let c = &mut self.cmds[idx as usize];
+                free_cmd(c, &mut self.pool);
+                self.free_cmds.push(idx);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_h2c(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        cccid: u16,
+        ttag: u16,
+        datao: u32,
+        data: &[u8],
+        ddgst_ok: bool,
+    ) {
+        let idx = ttag as u32;
+        let valid = self
+            .cmds
+            .get(idx as usize)
+            .is_some_and(|c| c.st == St::H2C && c.qp == qp && c.sqe.cid() == cccid);
+        if !valid {
+            // H2CData header: TTAG is at byte 10.
+            return self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 10, &[]);
+        }
+        let c = &mut self.cmds[idx as usize];
+        let end = datao as u64 + data.len() as u64;
+        if datao != c.got || end > c.len as u64 {
+            return self.fatal(qp, st, tcp::fes::DATA_TRANSFER_OUT_OF_RANGE, 12, &[]);
+        }
+        if let Some(b) = c.buf.as_mut() {
+            b.as_mut_slice()[datao as usize..end as usize].copy_from_slice(data);
+        }
+        if !ddgst_ok {
+            c.status = Status::TRANSIENT_TRANSPORT_ERROR;
+        }
+        c.got = end as u32;
+        if c.got < c.len {
+            return;
+        }
+        if c.kind == Kind::NonOffload {
+            c.st = St::App;
+            let result = if c.status.is_success() { Ok(()) } else { Err(TaskError::DataDigest) };
+            let user = c.user;
+            self.events.push_back(Event::TaskDone { kind: TaskKind::RdmaRead, qp, user, result });
+        } else if !c.status.is_success() {
+            let s = c.status;
+            self.fail(st, idx, s);
+        } else {
+            self.submit_offload(st, idx);
+        }
+    }
+}

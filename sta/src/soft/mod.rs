@@ -1,0 +1,234 @@
+//! The `soft` engine: the STA contract on host CPU cores, for NVMe/TCP.
+//!
+//! One [`StaIo`] per IO thread, run to completion by its thread: it polls its sockets
+//! (one `epoll_wait` per pass), parses PDUs in place with [`nvmf::tcp::RxFramer`], serves
+//! offloaded commands against the thread's own backend queues, and writes each QP's
+//! pending PDUs with one `writev` per pass (C2HData header, the data buffer, digest and
+//! CapsuleResp go out together). Command slots and data buffers come from per-thread
+//! pools, so the steady-state data path takes no lock and allocates nothing.
+//!
+//! Not implemented yet: RDMA QPs (the RDMA issue), more than one outstanding R2T per
+//! command, zero-copy receive into data buffers (H2CData is copied once from the socket
+//! buffer).
+
+mod io;
+mod tcp;
+
+pub use io::StaIo;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use backend::Backend;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
+use crate::{Caps, MainEvent, Stats, StatsRegistry, SubsysId};
+
+/// Settings of the soft engine.
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Largest data transfer of one command (bytes, a power of two, at least 4 KiB).
+    pub max_io_size: u32,
+    /// Deepest I/O queue the engine accepts.
+    pub max_queue_depth: u16,
+    /// In-capsule data for I/O queues (bytes). Admin queues always accept 8 KiB.
+    pub max_incapsule_data: u32,
+    /// MAXH2CDATA advertised in ICResp.
+    pub max_h2c_data: u32,
+    /// Cap on each thread's data-buffer pool (bytes).
+    pub buffer_pool_bytes: usize,
+    /// Backend queue depth created per (thread, namespace).
+    pub backend_queue_depth: u32,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            max_io_size: 128 * 1024,
+            max_queue_depth: 128,
+            max_incapsule_data: 8192,
+            max_h2c_data: 128 * 1024,
+            buffer_pool_bytes: 256 << 20,
+            backend_queue_depth: 256,
+        }
+    }
+}
+
+/// Control messages from the main context to IO contexts.
+pub(crate) enum Ctrl {
+    NsAdd { subsys: SubsysId, nsid: u32, backend: Arc<dyn Backend> },
+    NsRemove { subsys: SubsysId, nsid: u32, task: u64 },
+}
+
+/// Acknowledgements from IO contexts.
+pub(crate) enum Ack {
+    NsRemoved { task: u64 },
+}
+
+struct PendingRemove {
+    subsys: SubsysId,
+    nsid: u32,
+    user: u64,
+    waiting: usize,
+}
+
+/// The main context (DOCA: `struct doca_sta`).
+pub struct Sta {
+    cfg: SoftConfig,
+    subsystems: Vec<Option<String>>,
+    namespaces: Vec<(SubsysId, u32, Arc<dyn Backend>)>,
+    io_tx: Vec<Sender<Ctrl>>,
+    ack_tx: Sender<Ack>,
+    ack_rx: Receiver<Ack>,
+    removes: HashMap<u64, PendingRemove>,
+    next_task: u64,
+    stats: Arc<StatsRegistry>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StaError {
+    #[error("no such subsystem")]
+    NoSubsystem,
+    #[error("namespace {0} already exists in this subsystem")]
+    NsExists(u32),
+    #[error("no namespace {0} in this subsystem")]
+    NoNamespace(u32),
+    #[error("block size {0} is not supported")]
+    BlockSize(u32),
+}
+
+impl Sta {
+    pub fn new(cfg: SoftConfig) -> Sta {
+        let (ack_tx, ack_rx) = unbounded();
+        Sta {
+            cfg,
+            subsystems: Vec::new(),
+            namespaces: Vec::new(),
+            io_tx: Vec::new(),
+            ack_tx,
+            ack_rx,
+            removes: HashMap::new(),
+            next_task: 1,
+            stats: Arc::new(StatsRegistry::default()),
+        }
+    }
+
+    pub fn caps(&self) -> Caps {
+        Caps {
+            max_io_size: self.cfg.max_io_size,
+            max_queue_depth: self.cfg.max_queue_depth,
+            max_incapsule_data: self.cfg.max_incapsule_data,
+            max_h2c_data: self.cfg.max_h2c_data,
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats(self.stats.clone())
+    }
+
+    /// DOCA: `doca_sta_subsystem_create`.
+    pub fn subsystem_create(&mut self, nqn: &str) -> SubsysId {
+        if let Some(i) = self.subsystems.iter().position(|s| s.as_deref() == Some(nqn)) {
+            return SubsysId(i as u32);
+        }
+        self.subsystems.push(Some(nqn.to_string()));
+        SubsysId(self.subsystems.len() as u32 - 1)
+    }
+
+    pub fn subsystem_find(&self, nqn: &str) -> Option<SubsysId> {
+        self.subsystems
+            .iter()
+            .position(|s| s.as_deref() == Some(nqn))
+            .map(|i| SubsysId(i as u32))
+    }
+
+    /// DOCA: `doca_sta_subsystem_destroy`; only once it has no namespaces.
+    pub fn subsystem_destroy(&mut self, id: SubsysId) -> Result<(), StaError> {
+        if self.namespaces.iter().any(|(s, _, _)| *s == id) {
+            return Err(StaError::NsExists(0));
+        }
+        match self.subsystems.get_mut(id.0 as usize) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(StaError::NoSubsystem),
+        }
+    }
+
+    /// DOCA: `doca_sta_subsystem_add_ns`. Every IO context starts serving the namespace
+    /// from its own backend queue once it has processed the message (before any host can
+    /// learn of the namespace from the control path).
+    pub fn ns_add(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        backend: Arc<dyn Backend>,
+    ) -> Result<(), StaError> {
+        if !matches!(self.subsystems.get(subsys.0 as usize), Some(Some(_))) {
+            return Err(StaError::NoSubsystem);
+        }
+        let bs = backend.block_size();
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            return Err(StaError::BlockSize(bs));
+        }
+        if self.namespaces.iter().any(|(s, n, _)| *s == subsys && *n == nsid) {
+            return Err(StaError::NsExists(nsid));
+        }
+        for tx in &self.io_tx {
+            let _ = tx.send(Ctrl::NsAdd { subsys, nsid, backend: backend.clone() });
+        }
+        self.namespaces.push((subsys, nsid, backend));
+        Ok(())
+    }
+
+    /// DOCA: `doca_sta_subsystem_task_rm_ns_alloc_init` + submit. New I/O to the
+    /// namespace stops being offloaded at once; [`MainEvent::NsRemoved`] reports when
+    /// every IO context has finished its in-flight I/O and destroyed its backend queue.
+    pub fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), StaError> {
+        let pos = self
+            .namespaces
+            .iter()
+            .position(|(s, n, _)| *s == subsys && *n == nsid)
+            .ok_or(StaError::NoNamespace(nsid))?;
+        self.namespaces.swap_remove(pos);
+        let task = self.next_task;
+        self.next_task += 1;
+        let mut waiting = 0;
+        for tx in &self.io_tx {
+            if tx.send(Ctrl::NsRemove { subsys, nsid, task }).is_ok() {
+                waiting += 1;
+            }
+        }
+        self.removes.insert(task, PendingRemove { subsys, nsid, user, waiting });
+        Ok(())
+    }
+
+    /// DOCA: `doca_sta_io_create`. The returned context belongs to the thread it is moved
+    /// to; it already knows every namespace added so far.
+    pub fn io_create(&mut self) -> StaIo {
+        let (tx, rx) = unbounded();
+        for (s, n, b) in &self.namespaces {
+            let _ = tx.send(Ctrl::NsAdd { subsys: *s, nsid: *n, backend: b.clone() });
+        }
+        self.io_tx.push(tx);
+        StaIo::new(self.cfg.clone(), rx, self.ack_tx.clone(), self.stats.clone())
+    }
+
+    /// DOCA: `doca_pe_progress` on the main PE. Returns one finished task, if any.
+    pub fn progress(&mut self) -> Option<MainEvent> {
+        while let Ok(Ack::NsRemoved { task }) = self.ack_rx.try_recv() {
+            if let Some(p) = self.removes.get_mut(&task) {
+                p.waiting = p.waiting.saturating_sub(1);
+            }
+        }
+        let done = self.removes.iter().find(|(_, p)| p.waiting == 0).map(|(t, _)| *t)?;
+        let p = self.removes.remove(&done)?;
+        Some(MainEvent::NsRemoved { subsys: p.subsys, nsid: p.nsid, user: p.user })
+    }
+
+    /// Namespace removals still waiting for IO contexts.
+    pub fn pending_tasks(&self) -> usize {
+        self.removes.len()
+    }
+}
