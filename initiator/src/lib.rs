@@ -1,1 +1,984 @@
-//! A small NVMe/TCP host for tests and benchmarks (placeholder; being written).
+//! `nvmf-initiator`: a small blocking NVMe/TCP host over `std::net::TcpStream`, for
+//! integration tests and benchmarks of the target.
+//!
+//! One [`TcpHost`] is one NVMe/TCP connection, that is one queue (admin or I/O). It does
+//! the ICReq/ICResp exchange in [`TcpHost::connect`], then Fabrics Connect
+//! ([`TcpHost::connect_admin`], [`TcpHost::connect_io`]), and offers:
+//!
+//! - synchronous admin and I/O helpers (`identify`, `get_log_page`, `read`, `write`, ...);
+//! - a pipelined API for queue depth > 1: [`TcpHost::submit`] a [`Request`] (which owns
+//!   its buffer, so reusing the buffers returned by [`TcpHost::poll_completion`] makes the
+//!   I/O path allocation-free), answering R2Ts for any number of outstanding writes;
+//! - raw access for malformed-input tests: [`TcpHost::connect_raw`] (no ICReq),
+//!   [`TcpHost::send_raw`], [`TcpHost::recv_pdu`].
+//!
+//! Every socket read and write has a timeout ([`HostOptions::timeout`]), so a test never
+//! hangs. Received PDUs go through `nvmf::tcp::RxFramer` in its host role, so a target
+//! that sends malformed PDUs is caught ([`Error::Protocol`]).
+//!
+//! Not implemented: TLS, authentication, SQ flow-control checks (SQHD is ignored; the host
+//! keeps at most SQSIZE commands outstanding instead), asynchronous event requests are
+//! only available through the raw API. The host is single-threaded and blocking: while it
+//! writes a large H2CData it does not read, so it relies on the target to keep reading
+//! while it sends (which the spec's flow expects of a target anyway).
+
+use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
+use nvmf::spec::opcodes::{admin, io};
+use nvmf::spec::{sgl, Cqe, SglDescriptor, Sqe, Status};
+use nvmf::tcp::{self, Digests, HostLimits, IcReq, IcResp, Pdu, RxFramer, TermError};
+use std::collections::VecDeque;
+use std::io::{IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+#[cfg(test)]
+mod tests;
+
+/// Errors of the transport (NVMe statuses are not errors here except where a helper
+/// needs a successful result: [`Error::Status`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("timed out waiting for the target")]
+    Timeout,
+    #[error("connection closed by the target")]
+    Eof,
+    /// The target sent a malformed PDU; an H2CTermReq was sent (best effort).
+    #[error("malformed PDU from the target: {0}")]
+    Protocol(TermError),
+    /// The target sent C2HTermReq.
+    #[error("target terminated the connection: FES {fes:#x} FEI {fei}")]
+    Terminated { fes: u16, fei: u32 },
+    /// A well-formed PDU that makes no sense now (unknown CID, data out of range, ...).
+    #[error("unexpected from the target: {0}")]
+    Unexpected(String),
+    /// ICResp not acceptable (digests not granted, PFV).
+    #[error("ICResp rejected: {0}")]
+    IcResp(String),
+    /// A helper that needs success got this completion.
+    #[error("command failed: {0}")]
+    Status(Status, Cqe),
+    #[error("all {0} command slots are in use")]
+    QueueFull(usize),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Connection options.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// HPDA sent in ICReq (C2H data alignment `(hpda+1)*4`).
+    pub hpda: u8,
+    /// MAXR2T sent in ICReq (0's based).
+    pub maxr2t: u32,
+    /// Timeout of every socket read/write and of `enable_controller`.
+    pub timeout: Duration,
+    /// Largest C2HData accepted.
+    pub max_c2h_data: u32,
+    /// In-capsule data limit for I/O queues (the controller's IOCCSZ*16 - 64) if known; 0
+    /// sends every I/O-queue write's data (and the I/O queue Connect data) by R2T. The
+    /// admin queue always uses 8 KiB.
+    pub io_max_incapsule: u32,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        let hostid = default_hostid();
+        HostOptions {
+            hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_string(&hostid)),
+            hostid,
+            header_digest: false,
+            data_digest: false,
+            hpda: 0,
+            maxr2t: 15,
+            timeout: Duration::from_secs(10),
+            max_c2h_data: 1 << 20,
+            io_max_incapsule: 0,
+        }
+    }
+}
+
+fn default_hostid() -> [u8; 16] {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut id = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
+    id[6] = (id[6] & 0x0f) | 0x40; // version 4
+    id[8] = (id[8] & 0x3f) | 0x80; // variant
+    id
+}
+
+fn uuid_string(id: &[u8; 16]) -> String {
+    let h: Vec<String> = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Which way a command moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Xfer {
+    None,
+    /// `buf` is sent (in-capsule or by R2T/H2CData).
+    ToController,
+    /// `buf.len()` bytes are read into `buf`.
+    FromController,
+}
+
+/// A command for [`TcpHost::submit`]. The host fills in CID, PSDT and the SGL.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub sqe: Sqe,
+    pub xfer: Xfer,
+    pub buf: Vec<u8>,
+}
+
+impl Request {
+    pub fn new(sqe: Sqe, xfer: Xfer, buf: Vec<u8>) -> Request {
+        Request { sqe, xfer, buf }
+    }
+    /// Read `nlb` blocks into `buf` (whose length is the transfer length).
+    pub fn read(nsid: u32, slba: u64, nlb: u32, buf: Vec<u8>) -> Request {
+        Request::new(
+            rw_sqe(io::READ, nsid, slba, nlb, false),
+            Xfer::FromController,
+            buf,
+        )
+    }
+    /// Write `buf` as `nlb` blocks.
+    pub fn write(nsid: u32, slba: u64, nlb: u32, buf: Vec<u8>, fua: bool) -> Request {
+        Request::new(
+            rw_sqe(io::WRITE, nsid, slba, nlb, fua),
+            Xfer::ToController,
+            buf,
+        )
+    }
+}
+
+fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32, fua: bool) -> Sqe {
+    let mut sqe = Sqe::default();
+    sqe.set_opcode_cid(opcode, 0);
+    sqe.nsid = nsid;
+    sqe.cdw10 = slba as u32;
+    sqe.cdw11 = (slba >> 32) as u32;
+    sqe.cdw12 = (nlb.saturating_sub(1) & 0xffff) | if fua { 1 << 30 } else { 0 };
+    sqe
+}
+
+/// A finished command: its CQE and the request's buffer (read data, or the written data
+/// back for reuse).
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub cid: u16,
+    pub cqe: Cqe,
+    pub buf: Vec<u8>,
+}
+
+/// A received PDU, owned (for [`TcpHost::recv_pdu`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnedPdu {
+    IcResp(IcResp),
+    CapsuleResp(Cqe),
+    C2HData {
+        cccid: u16,
+        datao: u32,
+        data: Vec<u8>,
+        last: bool,
+        success: bool,
+        data_digest_ok: bool,
+    },
+    R2T {
+        cccid: u16,
+        ttag: u16,
+        r2to: u32,
+        r2tl: u32,
+    },
+    C2HTermReq {
+        fes: u16,
+        fei: u32,
+    },
+}
+
+impl OwnedPdu {
+    fn from_pdu(p: Pdu<'_>) -> OwnedPdu {
+        match p {
+            Pdu::IcResp(r) => OwnedPdu::IcResp(r),
+            Pdu::CapsuleResp { cqe } => OwnedPdu::CapsuleResp(cqe),
+            Pdu::C2HData {
+                cccid,
+                datao,
+                data,
+                last,
+                success,
+                data_digest_ok,
+            } => OwnedPdu::C2HData {
+                cccid,
+                datao,
+                data: data.to_vec(),
+                last,
+                success,
+                data_digest_ok,
+            },
+            Pdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => OwnedPdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            },
+            Pdu::C2HTermReq { fes, fei } => OwnedPdu::C2HTermReq { fes, fei },
+            // A host framer never yields controller-side PDUs.
+            Pdu::IcReq(_)
+            | Pdu::CapsuleCmd { .. }
+            | Pdu::H2CData { .. }
+            | Pdu::H2CTermReq { .. } => OwnedPdu::C2HTermReq { fes: 0, fei: 0 },
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    busy: bool,
+    xfer: Option<Xfer>,
+    buf: Vec<u8>,
+    digest_error: bool,
+}
+
+/// One NVMe/TCP connection (one queue), host side.
+pub struct TcpHost {
+    stream: TcpStream,
+    opts: HostOptions,
+    framer: RxFramer,
+    rx: Vec<u8>,
+    rx_start: usize,
+    rx_end: usize,
+    tx: Vec<u8>,
+    digests: Digests,
+    ic_resp: Option<IcResp>,
+    qid: Option<u16>,
+    max_incapsule: u32,
+    lba_size: u32,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    done: VecDeque<Completion>,
+    pool: Vec<Vec<u8>>,
+}
+
+const RX_BUF: usize = 256 * 1024;
+/// Slots before Connect says how deep the queue is (the admin queue's 32 entries).
+const INITIAL_SLOTS: usize = 31;
+
+impl TcpHost {
+    /// Connects and exchanges ICReq/ICResp; the connection is then ready for Connect.
+    pub fn connect(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
+        let mut h = TcpHost::connect_raw(addr, opts)?;
+        let req = IcReq {
+            pfv: 0,
+            hpda: h.opts.hpda,
+            digests: Digests {
+                header: h.opts.header_digest,
+                data: h.opts.data_digest,
+            },
+            maxr2t: h.opts.maxr2t,
+        };
+        h.tx.clear();
+        tcp::encode_ic_req(&mut h.tx, &req);
+        h.stream.write_all(&h.tx)?;
+        match h.recv_pdu()? {
+            OwnedPdu::IcResp(r) => {
+                if r.digests != req.digests {
+                    return Err(Error::IcResp(format!(
+                        "asked digests {:?}, got {:?}",
+                        req.digests, r.digests
+                    )));
+                }
+                Ok(h)
+            }
+            OwnedPdu::C2HTermReq { fes, fei } => Err(Error::Terminated { fes, fei }),
+            other => Err(Error::Unexpected(format!("{other:?} instead of ICResp"))),
+        }
+    }
+
+    /// Connects without sending ICReq: for tests that send their own (malformed) PDUs with
+    /// [`send_raw`](Self::send_raw). An ICResp received by [`recv_pdu`](Self::recv_pdu)
+    /// still sets up digests and CPDA.
+    pub fn connect_raw(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(opts.timeout))?;
+        stream.set_write_timeout(Some(opts.timeout))?;
+        let framer = RxFramer::new_host(HostLimits {
+            hpda: opts.hpda,
+            max_c2h_data: opts.max_c2h_data,
+        });
+        let mut h = TcpHost {
+            stream,
+            framer,
+            rx: vec![0; RX_BUF],
+            rx_start: 0,
+            rx_end: 0,
+            tx: Vec::with_capacity(256),
+            digests: Digests::NONE,
+            ic_resp: None,
+            qid: None,
+            max_incapsule: tcp::ADMIN_MAX_INCAPSULE_DATA,
+            lba_size: 512,
+            slots: Vec::new(),
+            free: Vec::new(),
+            done: VecDeque::new(),
+            pool: Vec::new(),
+            opts,
+        };
+        h.resize_slots(INITIAL_SLOTS);
+        Ok(h)
+    }
+
+    fn resize_slots(&mut self, n: usize) {
+        while self.slots.len() < n {
+            self.slots.push(Slot::default());
+            self.free.push((self.slots.len() - 1) as u16);
+        }
+        // Lowest CIDs first, for readable traces.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// The ICResp (after [`connect`](Self::connect)).
+    pub fn ic_resp(&self) -> Option<IcResp> {
+        self.ic_resp
+    }
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+    /// How many commands may be outstanding at once.
+    pub fn queue_depth(&self) -> usize {
+        self.slots.len()
+    }
+    /// Commands submitted and not yet returned by `poll_completion`.
+    pub fn outstanding(&self) -> usize {
+        self.slots.iter().filter(|s| s.busy).count() + self.done.len()
+    }
+    /// Logical block size used by `write`/`compare` to compute NLB (default 512).
+    pub fn set_lba_size(&mut self, n: u32) {
+        self.lba_size = n.max(1);
+    }
+    /// In-capsule data limit of this queue.
+    pub fn set_max_incapsule(&mut self, n: u32) {
+        self.max_incapsule = n;
+    }
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    // ---------------------------------------------------------------- raw access
+
+    /// Writes bytes as they are.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream.write_all(bytes).map_err(io_err)
+    }
+
+    /// Receives the next PDU (validated by the host framer), or `Eof`/`Timeout`.
+    pub fn recv_pdu(&mut self) -> Result<OwnedPdu> {
+        let p = self.next_pdu(|p, _| OwnedPdu::from_pdu(p))?;
+        if let OwnedPdu::IcResp(r) = p {
+            self.ic_resp = Some(r);
+            self.digests = r.digests;
+            self.framer.set_digests(r.digests);
+        }
+        Ok(p)
+    }
+
+    /// Parses the next PDU and hands it, with the slots, to `f`.
+    fn next_pdu<T>(&mut self, f: impl FnOnce(Pdu<'_>, &mut [Slot]) -> T) -> Result<T> {
+        loop {
+            let avail = &self.rx[self.rx_start..self.rx_end];
+            match self.framer.parse(avail) {
+                Ok(Some((pdu, n))) => {
+                    let t = f(pdu, &mut self.slots);
+                    self.rx_start += n;
+                    return Ok(t);
+                }
+                Ok(None) => {
+                    let need = self.framer.needed();
+                    self.fill(need)?;
+                }
+                Err(e) => {
+                    if e.send_term_req {
+                        self.tx.clear();
+                        tcp::encode_term_req(
+                            &mut self.tx,
+                            false,
+                            e.fes,
+                            e.fei,
+                            e.offending_header(avail),
+                        );
+                        let _ = self.stream.write_all(&self.tx);
+                    }
+                    return Err(Error::Protocol(e));
+                }
+            }
+        }
+    }
+
+    /// Reads until at least `need` unparsed bytes are buffered.
+    fn fill(&mut self, need: usize) -> Result<()> {
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
+        if self.rx_start + need > self.rx.len() {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+            if need > self.rx.len() {
+                self.rx.resize(need, 0);
+            }
+        }
+        while self.rx_end - self.rx_start < need {
+            match self.stream.read(&mut self.rx[self.rx_end..]) {
+                Ok(0) => return Err(Error::Eof),
+                Ok(n) => self.rx_end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- pipelined API
+
+    /// Sends a command without waiting; returns its CID. Write data goes in-capsule when
+    /// it fits this queue's limit, otherwise it is sent when the target asks (R2T).
+    pub fn submit(&mut self, req: Request) -> Result<u16> {
+        let Request { mut sqe, xfer, buf } = req;
+        let Some(cid) = self.free.pop() else {
+            return Err(Error::QueueFull(self.slots.len()));
+        };
+        let len = match xfer {
+            Xfer::None => 0,
+            _ => buf.len() as u32,
+        };
+        let in_capsule = xfer == Xfer::ToController && len > 0 && len <= self.max_incapsule;
+        sqe.set_opcode_cid(sqe.opcode(), cid);
+        sqe.cdw0 = (sqe.cdw0 & !(3 << 14)) | 1 << 14; // PSDT 01b: SGLs
+        sqe.dptr = if in_capsule {
+            SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, 0, len)
+        } else {
+            SglDescriptor::unkeyed(
+                sgl::TYPE_TRANSPORT_DATA_BLOCK,
+                sgl::SUBTYPE_TRANSPORT,
+                0,
+                len,
+            )
+        };
+        let cpda = self.ic_resp.map_or(0, |r| r.cpda);
+        self.tx.clear();
+        let data: &[u8] = if in_capsule { &buf } else { &[] };
+        tcp::encode_capsule_cmd_header(&mut self.tx, &sqe, data.len() as u32, self.digests, cpda);
+        let digest = tcp::data_digest(data).to_le_bytes();
+        let dd: &[u8] = if self.digests.data && !data.is_empty() {
+            &digest
+        } else {
+            &[]
+        };
+        let res = write_all_vectored(&mut self.stream, &[&self.tx, data, dd]);
+        let slot = &mut self.slots[cid as usize];
+        *slot = Slot {
+            busy: true,
+            xfer: Some(xfer),
+            buf,
+            digest_error: false,
+        };
+        res.map(|_| cid)
+    }
+
+    /// Waits for the next completion of any submitted command, answering R2Ts and taking
+    /// C2HData on the way.
+    pub fn poll_completion(&mut self) -> Result<Completion> {
+        if let Some(c) = self.done.pop_front() {
+            return Ok(c);
+        }
+        loop {
+            if let Some(c) = self.step()? {
+                return Ok(c);
+            }
+        }
+    }
+
+    /// Waits for command `cid`, queueing other completions for `poll_completion`.
+    pub fn wait(&mut self, cid: u16) -> Result<Completion> {
+        if let Some(i) = self.done.iter().position(|c| c.cid == cid) {
+            return Ok(self.done.remove(i).expect("index from position"));
+        }
+        loop {
+            if let Some(c) = self.step()? {
+                if c.cid == cid {
+                    return Ok(c);
+                }
+                self.done.push_back(c);
+            }
+        }
+    }
+
+    /// Handles one PDU; returns a completion if it finished a command.
+    fn step(&mut self) -> Result<Option<Completion>> {
+        enum Ev {
+            Done(u16, Cqe),
+            Nothing,
+            R2T {
+                cccid: u16,
+                ttag: u16,
+                r2to: u32,
+                r2tl: u32,
+            },
+            Err(Error),
+        }
+        let ev = self.next_pdu(|p, slots| match p {
+            Pdu::CapsuleResp { cqe } => Ev::Done(cqe.cid, cqe),
+            Pdu::C2HData {
+                cccid,
+                datao,
+                data,
+                last,
+                success,
+                data_digest_ok,
+            } => {
+                let Some(s) = slots.get_mut(cccid as usize).filter(|s| s.busy) else {
+                    return Ev::Err(Error::Unexpected(format!("C2HData for idle CID {cccid}")));
+                };
+                if s.xfer != Some(Xfer::FromController) {
+                    return Ev::Err(Error::Unexpected(format!(
+                        "C2HData for non-read CID {cccid}"
+                    )));
+                }
+                let end = datao as usize + data.len();
+                if end > s.buf.len() {
+                    return Ev::Err(Error::Unexpected(format!(
+                        "C2HData {datao}+{} beyond the {}-byte buffer of CID {cccid}",
+                        data.len(),
+                        s.buf.len()
+                    )));
+                }
+                s.buf[datao as usize..end].copy_from_slice(data);
+                s.digest_error |= !data_digest_ok;
+                if success && last {
+                    Ev::Done(cccid, Cqe::success(cccid))
+                } else {
+                    Ev::Nothing
+                }
+            }
+            Pdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => Ev::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            },
+            Pdu::C2HTermReq { fes, fei } => Ev::Err(Error::Terminated { fes, fei }),
+            other => Ev::Err(Error::Unexpected(format!("{other:?}"))),
+        })?;
+        match ev {
+            Ev::Nothing => Ok(None),
+            Ev::Err(e) => Err(e),
+            Ev::Done(cid, mut cqe) => {
+                let Some(s) = self.slots.get_mut(cid as usize).filter(|s| s.busy) else {
+                    return Err(Error::Unexpected(format!("completion for idle CID {cid}")));
+                };
+                if s.digest_error && cqe.status().is_success() {
+                    cqe.status = Status::DATA_TRANSFER_ERROR.to_field();
+                }
+                s.busy = false;
+                let buf = std::mem::take(&mut s.buf);
+                self.free.push(cid);
+                Ok(Some(Completion { cid, cqe, buf }))
+            }
+            Ev::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => {
+                self.answer_r2t(cccid, ttag, r2to, r2tl)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Sends the data an R2T asks for, as H2CData PDUs of at most MAXH2CDATA bytes.
+    fn answer_r2t(&mut self, cccid: u16, ttag: u16, r2to: u32, r2tl: u32) -> Result<()> {
+        let Some(s) = self.slots.get(cccid as usize).filter(|s| s.busy) else {
+            return Err(Error::Unexpected(format!("R2T for idle CID {cccid}")));
+        };
+        let end = r2to as u64 + r2tl as u64;
+        if s.xfer != Some(Xfer::ToController) || end > s.buf.len() as u64 || r2tl == 0 {
+            return Err(Error::Unexpected(format!(
+                "R2T {r2to}+{r2tl} for CID {cccid} with {} bytes to write",
+                s.buf.len()
+            )));
+        }
+        let (cpda, max) = self
+            .ic_resp
+            .map_or((0, tcp::MIN_MAXH2CDATA), |r| (r.cpda, r.maxh2cdata));
+        let mut off = r2to;
+        while off < end as u32 {
+            let n = max.min(end as u32 - off);
+            let last = off + n == end as u32;
+            self.tx.clear();
+            tcp::encode_h2c_data_header(
+                &mut self.tx,
+                cccid,
+                ttag,
+                off,
+                n,
+                last,
+                self.digests,
+                cpda,
+            );
+            let data = &self.slots[cccid as usize].buf[off as usize..(off + n) as usize];
+            let digest = tcp::data_digest(data).to_le_bytes();
+            let dd: &[u8] = if self.digests.data { &digest } else { &[] };
+            write_all_vectored(&mut self.stream, &[&self.tx, data, dd])?;
+            off += n;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- synchronous helpers
+
+    fn take_buf(&mut self) -> Vec<u8> {
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+
+    /// Runs one command to completion. `data_out` is sent, or `data_in_len` bytes are
+    /// read; returns the CQE (whatever its status) and the read data.
+    pub fn submit_admin_raw(
+        &mut self,
+        sqe: Sqe,
+        data_out: &[u8],
+        data_in_len: usize,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        let c = self.exec(sqe, data_out, data_in_len)?;
+        Ok((c.cqe, c.buf))
+    }
+
+    fn exec(&mut self, sqe: Sqe, data_out: &[u8], data_in_len: usize) -> Result<Completion> {
+        let mut buf = self.take_buf();
+        let xfer = if !data_out.is_empty() {
+            buf.extend_from_slice(data_out);
+            Xfer::ToController
+        } else if data_in_len > 0 {
+            buf.resize(data_in_len, 0);
+            Xfer::FromController
+        } else {
+            Xfer::None
+        };
+        let cid = self.submit(Request { sqe, xfer, buf })?;
+        self.wait(cid)
+    }
+
+    /// Like `exec` but a non-success status is an error; recycles the buffer.
+    fn exec_ok(&mut self, sqe: Sqe, data_out: &[u8]) -> Result<Cqe> {
+        let c = self.exec(sqe, data_out, 0)?;
+        self.pool.push(c.buf);
+        check(c.cqe)
+    }
+
+    fn exec_status(&mut self, sqe: Sqe, data_out: &[u8]) -> Result<Status> {
+        let c = self.exec(sqe, data_out, 0)?;
+        self.pool.push(c.buf);
+        Ok(c.cqe.status())
+    }
+
+    fn connect_queue(
+        &mut self,
+        subnqn: &str,
+        cntlid: u16,
+        qid: u16,
+        sqsize: u16,
+        kato_ms: u32,
+    ) -> Result<Cqe> {
+        let cmd = ConnectCommand {
+            recfmt: 0,
+            qid,
+            sqsize,
+            cattr: 0,
+            kato: kato_ms,
+        };
+        if qid != 0 {
+            // The I/O queue's in-capsule limit applies from its Connect on.
+            self.max_incapsule = self.opts.io_max_incapsule;
+        }
+        let data = ConnectData::new(self.opts.hostid, cntlid, subnqn, &self.opts.hostnqn);
+        let cqe = self.exec_ok(cmd.to_sqe(0), data.as_bytes())?;
+        self.qid = Some(qid);
+        // At most SQSIZE (0's based) + 1 - 1 commands fit in the queue.
+        self.resize_slots((sqsize as usize).max(1));
+        Ok(cqe)
+    }
+
+    /// Fabrics Connect of the admin queue (QID 0, SQSIZE 31, CNTLID FFFFh); returns the
+    /// controller ID.
+    pub fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> Result<u16> {
+        let cqe = self.connect_queue(subnqn, fabrics::CNTLID_DYNAMIC, 0, 31, kato_ms)?;
+        Ok(cqe.dw0 as u16)
+    }
+
+    /// Fabrics Connect of I/O queue `qid` to controller `cntlid` (SQSIZE 0's based).
+    pub fn connect_io(&mut self, subnqn: &str, cntlid: u16, qid: u16, sqsize: u16) -> Result<()> {
+        self.connect_queue(subnqn, cntlid, qid, sqsize, 0)
+            .map(|_| ())
+    }
+
+    /// Property Get; `eight` for 8-byte properties (CAP).
+    pub fn property_get(&mut self, offset: u32, eight: bool) -> Result<u64> {
+        let p = PropertyCommand {
+            attrib: eight as u8,
+            offset,
+            value: 0,
+        };
+        let cqe = self.exec_ok(p.to_sqe(0, false), &[])?;
+        Ok(cqe.dw0 as u64 | (cqe.dw1 as u64) << 32)
+    }
+
+    pub fn property_set(&mut self, offset: u32, value: u64, eight: bool) -> Result<()> {
+        let p = PropertyCommand {
+            attrib: eight as u8,
+            offset,
+            value,
+        };
+        self.exec_ok(p.to_sqe(0, true), &[]).map(|_| ())
+    }
+
+    /// CC.EN = 1 with IOSQES 6 and IOCQES 4, then waits for CSTS.RDY (CAP.TO, at most
+    /// the connection timeout).
+    pub fn enable_controller(&mut self) -> Result<()> {
+        let cap = self.property_get(fabrics::property::CAP, true)?;
+        let cc = fabrics::cc::EN | 6 << 16 | 4 << 20;
+        self.property_set(fabrics::property::CC, cc as u64, false)?;
+        let to = Duration::from_millis(((cap >> fabrics::cap::TO_SHIFT) & 0xff).max(1) * 500);
+        let deadline = Instant::now() + to.min(self.opts.timeout);
+        loop {
+            let csts = self.property_get(fabrics::property::CSTS, false)? as u32;
+            if csts & fabrics::csts::CFS != 0 {
+                return Err(Error::Unexpected("CSTS.CFS set while enabling".into()));
+            }
+            if csts & fabrics::csts::RDY != 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Identify (4096 bytes).
+    pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(admin::IDENTIFY, 0);
+        sqe.nsid = nsid;
+        sqe.cdw10 = cns as u32;
+        self.exec_in(sqe, 4096)
+    }
+
+    fn exec_in(&mut self, sqe: Sqe, len: usize) -> Result<Vec<u8>> {
+        let c = self.exec(sqe, &[], len)?;
+        check(c.cqe)?;
+        Ok(c.buf)
+    }
+
+    /// Get Log Page of `len` bytes (a multiple of 4) at byte `offset`.
+    pub fn get_log_page(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        offset: u64,
+        len: u32,
+        rae: bool,
+    ) -> Result<Vec<u8>> {
+        if len == 0 || !len.is_multiple_of(4) {
+            return Err(Error::InvalidArgument(
+                "log page length must be a non-zero multiple of 4",
+            ));
+        }
+        let numd = len / 4 - 1;
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(admin::GET_LOG_PAGE, 0);
+        sqe.nsid = nsid;
+        sqe.cdw10 = lid as u32 | (rae as u32) << 15 | (numd & 0xffff) << 16;
+        sqe.cdw11 = numd >> 16;
+        sqe.cdw12 = offset as u32;
+        sqe.cdw13 = (offset >> 32) as u32;
+        self.exec_in(sqe, len as usize)
+    }
+
+    /// Get Features; returns completion DW0.
+    pub fn get_features(&mut self, fid: u8, nsid: u32, cdw11: u32) -> Result<u32> {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(admin::GET_FEATURES, 0);
+        sqe.nsid = nsid;
+        sqe.cdw10 = fid as u32;
+        sqe.cdw11 = cdw11;
+        Ok(self.exec_ok(sqe, &[])?.dw0)
+    }
+
+    /// Set Features; returns completion DW0.
+    pub fn set_features(&mut self, fid: u8, nsid: u32, cdw11: u32, save: bool) -> Result<u32> {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(admin::SET_FEATURES, 0);
+        sqe.nsid = nsid;
+        sqe.cdw10 = fid as u32 | (save as u32) << 31;
+        sqe.cdw11 = cdw11;
+        Ok(self.exec_ok(sqe, &[])?.dw0)
+    }
+
+    pub fn keep_alive(&mut self) -> Result<()> {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(admin::KEEP_ALIVE, 0);
+        self.exec_ok(sqe, &[]).map(|_| ())
+    }
+
+    /// Read `nlb` blocks into `buf` (its length is the transfer length).
+    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, buf: &mut [u8]) -> Result<Status> {
+        let c = self.exec(rw_sqe(io::READ, nsid, slba, nlb, false), &[], buf.len())?;
+        buf.copy_from_slice(&c.buf);
+        self.pool.push(c.buf);
+        Ok(c.cqe.status())
+    }
+
+    fn nlb_of(&self, data: &[u8]) -> Result<u32> {
+        if data.is_empty() || !data.len().is_multiple_of(self.lba_size as usize) {
+            return Err(Error::InvalidArgument(
+                "data length is not a non-zero multiple of the LBA size",
+            ));
+        }
+        Ok((data.len() / self.lba_size as usize) as u32)
+    }
+
+    /// Write `data` (a multiple of the LBA size, see [`set_lba_size`](Self::set_lba_size)).
+    pub fn write(&mut self, nsid: u32, slba: u64, data: &[u8], fua: bool) -> Result<Status> {
+        let nlb = self.nlb_of(data)?;
+        self.exec_status(rw_sqe(io::WRITE, nsid, slba, nlb, fua), data)
+    }
+
+    pub fn compare(&mut self, nsid: u32, slba: u64, data: &[u8]) -> Result<Status> {
+        let nlb = self.nlb_of(data)?;
+        self.exec_status(rw_sqe(io::COMPARE, nsid, slba, nlb, false), data)
+    }
+
+    pub fn flush(&mut self, nsid: u32) -> Result<Status> {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(io::FLUSH, 0);
+        sqe.nsid = nsid;
+        self.exec_status(sqe, &[])
+    }
+
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<Status> {
+        self.exec_status(rw_sqe(io::WRITE_ZEROES, nsid, slba, nlb, false), &[])
+    }
+
+    /// Dataset Management with the Deallocate attribute for `(slba, nlb)` ranges (1..=256).
+    pub fn dsm_deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<Status> {
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(Error::InvalidArgument("DSM takes 1 to 256 ranges"));
+        }
+        let mut data = Vec::with_capacity(ranges.len() * 16);
+        for &(slba, nlb) in ranges {
+            data.extend_from_slice(&0u32.to_le_bytes()); // context attributes
+            data.extend_from_slice(&nlb.to_le_bytes());
+            data.extend_from_slice(&slba.to_le_bytes());
+        }
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(io::DATASET_MANAGEMENT, 0);
+        sqe.nsid = nsid;
+        sqe.cdw10 = ranges.len() as u32 - 1;
+        sqe.cdw11 = 1 << 2; // AD
+        self.exec_status(sqe, &data)
+    }
+
+    /// Closes both directions of the socket.
+    pub fn shutdown(&self) -> Result<()> {
+        self.stream
+            .shutdown(std::net::Shutdown::Both)
+            .map_err(Error::Io)
+    }
+}
+
+fn check(cqe: Cqe) -> Result<Cqe> {
+    let s = cqe.status();
+    if s.is_success() {
+        Ok(cqe)
+    } else {
+        Err(Error::Status(s, cqe))
+    }
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout,
+        _ => Error::Io(e),
+    }
+}
+
+/// `writev` until every part is out.
+fn write_all_vectored(w: &mut TcpStream, parts: &[&[u8]]) -> Result<()> {
+    let mut idx = 0;
+    let mut off = 0;
+    while idx < parts.len() {
+        if off == parts[idx].len() {
+            idx += 1;
+            off = 0;
+            continue;
+        }
+        let mut slices = [IoSlice::new(&[]); 4];
+        let mut n = 0;
+        slices[0] = IoSlice::new(&parts[idx][off..]);
+        for (i, p) in parts[idx + 1..].iter().take(3).enumerate() {
+            slices[i + 1] = IoSlice::new(p);
+            n = i + 1;
+        }
+        match w.write_vectored(&slices[..=n]) {
+            Ok(0) => return Err(Error::Eof),
+            Ok(mut written) => {
+                while written > 0 {
+                    let left = parts[idx].len() - off;
+                    if written < left {
+                        off += written;
+                        written = 0;
+                    } else {
+                        written -= left;
+                        idx += 1;
+                        off = 0;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    Ok(())
+}
