@@ -10,6 +10,8 @@
 #                         scenarios' own limits + 120)
 #   NVMF_INTEROP_VERBOSE  1: stream the guest console while it runs
 #   NVMF_INTEROP_SKIP_SETUP 1: do not run setup-host.sh / build-image.sh
+#   INTEROP_*             passed to the scenarios inside the guest, e.g.
+#                         INTEROP_PEER=kernel: run nvmft-tcp's checks against kernel nvmet
 #
 # Exit status: 0 only if every check passed, every requested scenario ran to its end and
 # the guest powered off by itself.
@@ -70,6 +72,9 @@ cat >"$SHARE/run.env" <<EOF
 SCENARIOS="${SCENARIOS[*]}"
 DEFAULT_TIMEOUT=$DEFAULT_SCENARIO_TIMEOUT
 EOF
+# Host variables named INTEROP_* reach the scenarios (e.g. INTEROP_PEER=kernel).
+while IFS= read -r v; do printf '%s=%q\n' "$v" "${!v}" >>"$SHARE/run.env"; done \
+    < <(compgen -v | grep '^INTEROP_' || true)
 # Prune old runs (keep the last 10).
 ls -1d "$CACHE_DIR"/runs/*/ 2>/dev/null | head -n -10 | xargs -r rm -rf
 

@@ -1,7 +1,8 @@
-#!/bin/sh
+#!/bin/bash
 # PID 1 of the interop guest (exec'd by the image's /sbin/interop-stub-init once the 9p
 # share is mounted at /mnt/host). Runs the scenarios listed in /mnt/host/run.env, each
 # under its own timeout, writes results to /mnt/host/results/, then powers off.
+[ -n "${BASH_VERSION:-}" ] || exec /bin/bash "$0" "$@"
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH HOME=/root TERM=dumb
 SHARE=/mnt/host
@@ -17,7 +18,7 @@ poweroff_now() {
 }
 trap poweroff_now EXIT
 
-. "$SHARE/run.env"     # SCENARIOS, DEFAULT_TIMEOUT
+set -a; . "$SHARE/run.env"; set +a     # SCENARIOS, DEFAULT_TIMEOUT, INTEROP_*
 say "up; kernel $(uname -r); scenarios: $SCENARIOS"
 echo "boot_s=$(cut -d' ' -f1 /proc/uptime)" >"$RES/init.started"
 
