@@ -1,0 +1,296 @@
+//! The daemon's configuration: one YAML file, parsed and checked before anything starts.
+//!
+//! Reading a config happens in three steps:
+//!
+//! 1. `serde-saphyr` deserializes the text into the `raw` types, which keep every value's
+//!    source location (`Spanned<T>`). Syntax and type errors stop here; `yaml_path` turns
+//!    their location into the field path (`subsystems[0].namespaces[1].nsid`).
+//! 2. `validate` checks the whole document (duplicate names, references, NQN syntax,
+//!    sizes, files on disk, ...) and reports *every* problem it finds, each pointing at the
+//!    offending value as `file:line:col: field: message`.
+//! 3. The result is a [`Config`] of plain values with every default resolved (serial,
+//!    model, namespace UUID/NGUID/EUI-64, subsystem listeners), so the daemon never has to
+//!    interpret the YAML again.
+//!
+//! What it does not do: apply the config (that is the daemon's job), decide whether an
+//! RDMA listener can be served on this host (the daemon does, at start-up), or check
+//! that a block device's size or logical block size fits the configured block size.
+
+mod raw;
+mod size;
+mod validate;
+mod yaml_path;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use size::parse_size;
+
+/// The file name reported in errors about the embedded default config.
+pub const EMBEDDED_DEFAULT_NAME: &str = "<embedded default>";
+
+/// The config used when no `--config` is given.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../etc/default.yaml");
+
+/// Most IO threads a config may ask for.
+pub const MAX_IO_THREADS: usize = 256;
+
+/// Model number reported by subsystems whose config does not set one.
+pub const DEFAULT_MODEL: &str = "nvmf-target";
+
+/// A checked configuration with every default resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// How many IO threads to run, and where.
+    pub threads: IoThreads,
+    pub listeners: Vec<ListenerConfig>,
+    pub backends: Vec<BackendConfig>,
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<SocketAddr>,
+    /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
+    pub source: String,
+}
+
+/// IO thread layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoThreads {
+    /// `io_threads: n`: n threads, not pinned (1..=256).
+    Count(usize),
+    /// `cpus: [..]`: one thread per listed CPU, pinned to it (distinct, 1..=256 of them).
+    Cpus(Vec<usize>),
+}
+
+impl IoThreads {
+    /// Number of IO threads.
+    pub fn count(&self) -> usize {
+        match self {
+            IoThreads::Count(n) => *n,
+            IoThreads::Cpus(cpus) => cpus.len(),
+        }
+    }
+}
+
+/// Fabrics transport of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    Tcp,
+    Rdma,
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
+        })
+    }
+}
+
+/// One listening address (`listeners[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    pub name: String,
+    pub transport: TransportKind,
+    pub address: IpAddr,
+    /// 1..=65535.
+    pub port: u16,
+}
+
+impl ListenerConfig {
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.address, self.port)
+    }
+}
+
+/// One block backend (`backends[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendConfig {
+    pub name: String,
+    pub kind: BackendKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Memory, zero-filled at start. `size` is a non-zero multiple of `block_size`.
+    Ram { size: u64, block_size: u32 },
+    /// A regular file or a block device.
+    File {
+        /// Relative paths in a config file are resolved against the file's directory.
+        path: PathBuf,
+        /// Create (or extend) a regular file to this size; `None` for block devices and
+        /// for existing files used at their current size. A multiple of the block size.
+        size: Option<u64>,
+        /// 512 or 4096; `None`: 512 for files, the device's logical block size for devices.
+        block_size: Option<u32>,
+        /// O_DIRECT preference; `None`: the backend decides.
+        direct: Option<bool>,
+    },
+}
+
+/// One NVM subsystem (`subsystems[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    /// Printable ASCII, 1..=20 bytes; derived from the NQN when not configured.
+    pub serial: String,
+    /// Printable ASCII, 1..=40 bytes; [`DEFAULT_MODEL`] when not configured.
+    pub model: String,
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect (in addition to any host when `allow_any_host`).
+    pub hosts: Vec<String>,
+    /// Names of the listeners this subsystem is reachable on; all listeners when the
+    /// config does not say.
+    pub listeners: Vec<String>,
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// One namespace of a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// 1..=0xFFFF_FFFE, unique in its subsystem.
+    pub nsid: u32,
+    /// Name of a backend in [`Config::backends`]; no backend serves two namespaces.
+    pub backend: String,
+    /// Configured, or UUID v5 of (subsystem NQN, nsid): stable across restarts.
+    pub uuid: [u8; 16],
+    /// Configured, or the bytes of `uuid`.
+    pub nguid: [u8; 16],
+    /// Configured, or derived from `uuid` (a locally administered EUI-64).
+    pub eui64: [u8; 8],
+}
+
+impl Config {
+    /// Reads and checks the config file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: source.clone(),
+            error,
+        })?;
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+        validate::parse(&text, &source, base)
+    }
+
+    /// Parses and checks config text; `source` names it in errors. Relative backend paths
+    /// are taken as they are (relative to the working directory).
+    pub fn parse(text: &str, source: &str) -> Result<Config, ConfigError> {
+        validate::parse(text, source, None)
+    }
+
+    /// The embedded default: one 1 GiB RAM namespace on TCP 127.0.0.1:4420.
+    pub fn embedded_default() -> Config {
+        Config::parse(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME)
+            .expect("the embedded default config is valid (tested)")
+    }
+
+    /// Number of namespaces over all subsystems.
+    pub fn namespace_count(&self) -> usize {
+        self.subsystems.iter().map(|s| s.namespaces.len()).sum()
+    }
+}
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{path}: cannot read config file: {error}")]
+    Read {
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
+    /// Syntax, type or semantic errors, in file order (one per line when displayed).
+    #[error("{}", DisplayDiagnostics(.0))]
+    Invalid(Vec<Diagnostic>),
+}
+
+impl ConfigError {
+    /// The located problems (empty for [`ConfigError::Read`]).
+    pub fn diagnostics(&self) -> &[Diagnostic] {
+        match self {
+            ConfigError::Invalid(diags) => diags,
+            ConfigError::Read { .. } => &[],
+        }
+    }
+}
+
+/// One problem in a config file, displayed as `file:line:col: field: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub source: String,
+    /// 1-based.
+    pub line: u64,
+    /// 1-based, in characters.
+    pub column: u64,
+    /// Path of the offending field, e.g. `subsystems[0].namespaces[1].backend`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.source, self.line, self.column, self.field, self.message
+        )
+    }
+}
+
+struct DisplayDiagnostics<'a>(&'a [Diagnostic]);
+
+impl fmt::Display for DisplayDiagnostics<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, diag) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{diag}")?;
+        }
+        Ok(())
+    }
+}
+
+/// UUID v5 namespace under which this daemon derives its identifiers.
+fn id_namespace() -> uuid::Uuid {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"nvmf-target.dev")
+}
+
+/// The namespace UUID used when the config does not set one: UUID v5 of the subsystem
+/// NQN and the nsid, so it is the same on every start and differs between namespaces.
+pub fn derive_namespace_uuid(subsystem_nqn: &str, nsid: u32) -> [u8; 16] {
+    let name = format!("{subsystem_nqn}/ns/{nsid}");
+    *uuid::Uuid::new_v5(&id_namespace(), name.as_bytes()).as_bytes()
+}
+
+/// The EUI-64 used when the config does not set one: hashed from the namespace UUID,
+/// marked locally administered (not an IEEE-assigned OUI) and unicast.
+pub fn derive_eui64(uuid: &[u8; 16]) -> [u8; 8] {
+    let name = format!("eui64/{}", uuid::Uuid::from_bytes(*uuid).hyphenated());
+    let hash = uuid::Uuid::new_v5(&id_namespace(), name.as_bytes());
+    let mut eui = [0u8; 8];
+    eui.copy_from_slice(&hash.as_bytes()[..8]);
+    eui[0] = (eui[0] | 0x02) & !0x01;
+    eui
+}
+
+/// The serial number used when the config does not set one: `NVMFT` and 15 hex digits
+/// hashed from the subsystem NQN (20 ASCII characters, the field's full width).
+pub fn derive_serial(subsystem_nqn: &str) -> String {
+    let name = format!("serial/{subsystem_nqn}");
+    let hash = uuid::Uuid::new_v5(&id_namespace(), name.as_bytes());
+    let hex = hash
+        .simple()
+        .encode_upper(&mut uuid::Uuid::encode_buffer())
+        .to_owned();
+    format!("NVMFT{}", &hex[..15])
+}
+
+#[cfg(test)]
+mod tests;

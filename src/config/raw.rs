@@ -1,0 +1,123 @@
+//! The config file as written: serde types that keep each value's source location.
+//!
+//! Everything is checked later (`validate`), so the types here accept more than is valid
+//! (`u64` ports, strings for addresses) and the checks can report all problems at once,
+//! with a location. Backends are one flat struct rather than a `type`-tagged enum because
+//! `Spanned` loses its location inside internally tagged enums.
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::TransportKind;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub io_threads: Option<Spanned<u64>>,
+    pub cpus: Option<Spanned<Vec<Spanned<u64>>>>,
+    #[serde(default)]
+    pub listeners: Vec<Spanned<RawListener>>,
+    #[serde(default)]
+    pub backends: Vec<Spanned<RawBackend>>,
+    #[serde(default)]
+    pub subsystems: Vec<Spanned<RawSubsystem>>,
+    pub metrics: Option<Spanned<RawMetrics>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub name: Spanned<String>,
+    pub transport: Spanned<TransportKind>,
+    pub address: Spanned<String>,
+    pub port: Spanned<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawBackendType {
+    Ram,
+    File,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub name: Spanned<String>,
+    #[serde(rename = "type")]
+    pub kind: Spanned<RawBackendType>,
+    pub size: Option<Spanned<RawSize>>,
+    pub block_size: Option<Spanned<u64>>,
+    pub path: Option<Spanned<String>>,
+    pub direct: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSubsystem {
+    pub nqn: Spanned<String>,
+    pub serial: Option<Spanned<String>>,
+    pub model: Option<Spanned<String>>,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<Spanned<String>>,
+    pub listeners: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub namespaces: Vec<Spanned<RawNamespace>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNamespace {
+    pub nsid: Spanned<u64>,
+    pub backend: Spanned<String>,
+    pub uuid: Option<Spanned<String>>,
+    pub nguid: Option<Spanned<String>>,
+    pub eui64: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    pub address: Spanned<String>,
+}
+
+/// A size as written: a plain integer (bytes) or text with a unit (`1GiB`), parsed by
+/// `size::parse_size` during validation so that a bad unit is one error among others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+
+        impl Visitor<'_> for SizeVisitor {
+            type Value = RawSize;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size in bytes, e.g. 1073741824 or 1GiB")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawSize, E> {
+                u64::try_from(v)
+                    .map(RawSize::Bytes)
+                    .map_err(|_| E::custom(format!("size must not be negative, got {v}")))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}

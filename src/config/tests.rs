@@ -1,0 +1,340 @@
+//! Unit tests of the config module; `tests/config.rs` covers each error through the
+//! binary's `--check-config`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::validate::check_nqn;
+use super::*;
+
+fn errors(yaml: &str) -> Vec<String> {
+    match Config::parse(yaml, "t.yaml") {
+        Ok(cfg) => panic!("expected errors, got {cfg:#?}"),
+        Err(err) => err.diagnostics().iter().map(ToString::to_string).collect(),
+    }
+}
+
+const MINIMAL: &str = "\
+listeners:
+  - {name: l, transport: tcp, address: '::', port: 4420}
+backends:
+  - {name: b, type: ram, size: 4M}
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    namespaces:
+      - {nsid: 7, backend: b}
+";
+
+#[test]
+fn embedded_default() {
+    let cfg = Config::embedded_default();
+    assert_eq!(cfg.source, "<embedded default>");
+    assert_eq!(cfg.threads, IoThreads::Count(1));
+    assert_eq!(
+        cfg.listeners,
+        vec![ListenerConfig {
+            name: "tcp0".into(),
+            transport: TransportKind::Tcp,
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 4420,
+        }]
+    );
+    assert_eq!(
+        cfg.backends,
+        vec![BackendConfig {
+            name: "ram0".into(),
+            kind: BackendKind::Ram {
+                size: 1 << 30,
+                block_size: 512
+            },
+        }]
+    );
+    let [s] = cfg.subsystems.as_slice() else {
+        panic!("one subsystem expected: {:?}", cfg.subsystems)
+    };
+    assert_eq!(s.nqn, "nqn.2026-11.dev.nvmf-target:default");
+    assert!(s.allow_any_host);
+    assert!(s.hosts.is_empty());
+    assert_eq!(s.listeners, ["tcp0"]);
+    assert_eq!(s.model, DEFAULT_MODEL);
+    assert_eq!(s.serial, derive_serial(&s.nqn));
+    assert_eq!(s.namespaces.len(), 1);
+    assert_eq!(s.namespaces[0].nsid, 1);
+    assert_eq!(s.namespaces[0].backend, "ram0");
+    assert_eq!(cfg.metrics, None);
+}
+
+#[test]
+fn example_parses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml");
+    let cfg = Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.source, path);
+    assert_eq!(cfg.threads, IoThreads::Count(2));
+    assert_eq!(cfg.listeners.len(), 2);
+    assert_eq!(cfg.listeners[1].address, "::1".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        cfg.backends[1].kind,
+        BackendKind::File {
+            path: "/var/lib/nvmf-target/disk0.img".into(),
+            size: Some(10 << 30),
+            block_size: Some(4096),
+            direct: Some(true),
+        }
+    );
+    let disk = &cfg.subsystems[0];
+    assert_eq!(disk.serial, "NVMFT0001");
+    assert!(!disk.allow_any_host);
+    assert_eq!(disk.hosts.len(), 2);
+    let ns = &disk.namespaces[0];
+    assert_eq!(
+        uuid::Uuid::from_bytes(ns.uuid).to_string(),
+        "5f1c6b2e-8d3a-4e6f-9b7c-2a1d0e4f3c5b"
+    );
+    assert_eq!(ns.nguid, ns.uuid);
+    assert_eq!(ns.eui64, [0x02, 0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6, 0x07]);
+    // The second subsystem does not name listeners: it gets all of them.
+    assert_eq!(cfg.subsystems[1].listeners, ["tcp0", "tcp6"]);
+    assert_eq!(cfg.metrics, Some(SocketAddr::from(([127, 0, 0, 1], 9100))));
+    assert_eq!(cfg.namespace_count(), 2);
+}
+
+#[test]
+fn derived_ids_are_stable() {
+    let a = Config::parse(MINIMAL, "a.yaml").unwrap();
+    let b = Config::parse(MINIMAL, "b.yaml").unwrap();
+    let (na, nb) = (
+        &a.subsystems[0].namespaces[0],
+        &b.subsystems[0].namespaces[0],
+    );
+    assert_eq!(na.uuid, nb.uuid);
+    assert_eq!(na.eui64, nb.eui64);
+    assert_eq!(
+        na.uuid,
+        derive_namespace_uuid("nqn.2026-11.dev.example:s", 7)
+    );
+    assert_eq!(na.nguid, na.uuid);
+    let u = uuid::Uuid::from_bytes(na.uuid);
+    assert_eq!(u.get_version_num(), 5);
+    // Pinned: changing the derivation would change every deployed namespace's UUID.
+    assert_eq!(
+        u,
+        uuid::Uuid::new_v5(
+            &uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"nvmf-target.dev"),
+            b"nqn.2026-11.dev.example:s/ns/7"
+        )
+    );
+    assert_eq!(na.eui64[0] & 0x03, 0x02, "locally administered, unicast");
+
+    let other_nsid = Config::parse(&MINIMAL.replace("nsid: 7", "nsid: 8"), "c.yaml").unwrap();
+    let nc = &other_nsid.subsystems[0].namespaces[0];
+    assert_ne!(nc.uuid, na.uuid);
+    assert_ne!(nc.eui64, na.eui64);
+    let other_nqn = Config::parse(&MINIMAL.replace(":s\n", ":t\n"), "d.yaml").unwrap();
+    assert_ne!(other_nqn.subsystems[0].namespaces[0].uuid, na.uuid);
+
+    let serial = derive_serial("nqn.2026-11.dev.example:s");
+    assert_eq!(serial.len(), 20);
+    assert!(serial.starts_with("NVMFT"));
+    assert_eq!(a.subsystems[0].serial, serial);
+    assert_ne!(derive_serial("nqn.2026-11.dev.example:t"), serial);
+}
+
+#[test]
+fn defaults() {
+    let cfg = Config::parse(MINIMAL, "m.yaml").unwrap();
+    assert_eq!(cfg.threads, IoThreads::Count(1));
+    assert_eq!(cfg.threads.count(), 1);
+    assert_eq!(
+        cfg.backends[0].kind,
+        BackendKind::Ram {
+            size: 4 << 20,
+            block_size: 512
+        }
+    );
+    assert!(!cfg.subsystems[0].allow_any_host);
+    assert_eq!(cfg.subsystems[0].model, "nvmf-target");
+}
+
+#[test]
+fn cpus() {
+    let cfg = Config::parse(&format!("cpus: [0]\n{MINIMAL}"), "c.yaml").unwrap();
+    assert_eq!(cfg.threads, IoThreads::Cpus(vec![0]));
+    assert_eq!(cfg.threads.count(), 1);
+    let errs = errors(&format!("cpus: [100000]\n{MINIMAL}"));
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("t.yaml:1:8: cpus[0]: CPU 100000 is not available to this process"),
+        "{errs:?}"
+    );
+    assert_eq!(
+        errors(&format!("cpus: []\n{MINIMAL}")),
+        ["t.yaml:1:7: cpus: must list at least one CPU"]
+    );
+}
+
+#[test]
+fn relative_file_path_is_relative_to_config_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("disk.img"), vec![0u8; 4096]).unwrap();
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        "{name: b, type: file, path: disk.img}",
+    );
+    let config_path = dir.path().join("nvmf.yaml");
+    std::fs::write(&config_path, yaml).unwrap();
+    let cfg = Config::load(&config_path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        cfg.backends[0].kind,
+        BackendKind::File {
+            path: dir.path().join("disk.img"),
+            size: None,
+            block_size: None,
+            direct: None,
+        }
+    );
+}
+
+#[test]
+fn existing_file_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        &format!("{{name: b, type: file, path: {}}}", empty.display()),
+    );
+    assert_eq!(
+        errors(&yaml),
+        [format!(
+            "t.yaml:4:33: backends[0].path: {} is empty; set size to extend it",
+            empty.display()
+        )]
+    );
+    std::fs::write(&empty, vec![0u8; 8192]).unwrap();
+    let yaml = yaml.replace(
+        &format!("{}}}", empty.display()),
+        &format!("{}, size: 4096}}", empty.display()),
+    );
+    assert_eq!(
+        errors(&yaml),
+        [format!(
+            "t.yaml:4:{}: backends[0].size: {} is already 8192 bytes, larger than size; files are never shrunk",
+            41 + empty.display().to_string().len(),
+            empty.display()
+        )]
+    );
+}
+
+#[test]
+fn ram_backend_rejects_file_fields() {
+    let yaml = MINIMAL.replace("size: 4M}", "size: 4M, path: /x, direct: true}");
+    assert_eq!(
+        errors(&yaml),
+        [
+            "t.yaml:4:42: backends[0].path: only valid for file backends",
+            "t.yaml:4:54: backends[0].direct: only valid for file backends",
+        ]
+    );
+}
+
+#[test]
+fn explicit_empty_listener_list() {
+    let yaml = MINIMAL.replace("    namespaces:", "    listeners: []\n    namespaces:");
+    assert_eq!(
+        errors(&yaml),
+        ["t.yaml:7:16: subsystems[0].listeners: names no listener; omit the field to use all listeners"]
+    );
+}
+
+#[test]
+fn rdma_listener_is_accepted() {
+    let cfg = Config::parse(
+        &MINIMAL.replace("transport: tcp", "transport: rdma"),
+        "r.yaml",
+    )
+    .unwrap();
+    assert_eq!(cfg.listeners[0].transport, TransportKind::Rdma);
+}
+
+#[test]
+fn errors_are_sorted_and_all_reported() {
+    let yaml = "\
+io_threads: 300
+listeners:
+  - {name: l, transport: tcp, address: 1.2.3, port: 0}
+backends:
+  - {name: b, type: ram, size: 1000, block_size: 4096}
+subsystems:
+  - nqn: nqn.bad
+    serial: \"\"
+    namespaces:
+      - {nsid: 1, backend: x}
+      - {nsid: 1, backend: b, nguid: \"00000000000000000000000000000000\"}
+";
+    assert_eq!(
+        errors(yaml),
+        [
+            "t.yaml:1:13: io_threads: must be 1..=256, got 300",
+            "t.yaml:3:40: listeners[0].address: invalid IP address \"1.2.3\": expected an IPv4 or IPv6 literal",
+            "t.yaml:3:53: listeners[0].port: port 0 is not allowed; use 1..=65535",
+            "t.yaml:5:32: backends[0].size: 1000 bytes is not a multiple of the block size (4096)",
+            "t.yaml:7:10: subsystems[0].nqn: invalid NQN \"nqn.bad\": expected a date yyyy-mm. after \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)",
+            "t.yaml:8:13: subsystems[0].serial: must not be empty",
+            "t.yaml:10:28: subsystems[0].namespaces[0].backend: unknown backend \"x\" (known: b)",
+            "t.yaml:11:16: subsystems[0].namespaces[1].nsid: duplicate nsid 1 (first: subsystems[0].namespaces[0] at line 10)",
+            "t.yaml:11:38: subsystems[0].namespaces[1].nguid: must not be all zeros (that means \"not reported\")",
+        ]
+    );
+}
+
+#[test]
+fn syntax_errors_have_a_field() {
+    assert_eq!(
+        errors("listeners: 5\n"),
+        ["t.yaml:1:12: listeners: expected sequence start"]
+    );
+    assert_eq!(
+        errors("- 1\n"),
+        ["t.yaml:1:1: <root>: expected mapping start"]
+    );
+}
+
+#[test]
+fn nqn_syntax() {
+    for good in [
+        "nqn.2014-08.org.nvmexpress:uuid:3f2504e0-4f89-11d3-9a0c-0305e82c3301",
+        "nqn.2026-11.dev.nvmf-target:disk0",
+        "nqn.1999-01.com.example:a:b:c",
+    ] {
+        assert_eq!(check_nqn(good), Ok(()), "{good}");
+    }
+    for bad in [
+        "",
+        "nqn.",
+        "nqn.2026-11.",
+        "nqn.2026-11.:x",
+        "nqn.2026-00.com.example:x",
+        "nqn.26-11.com.example:x",
+        "nqn.2026-11.com.example:",
+        "nqn.2026-11.-com.example:x",
+        "nqn.2026-11.com..example:x",
+        "nqn.2026-11.com.exämple:x",
+        "nqn.2014-08.org.nvmexpress:uuid:3f2504e04f8911d39a0c0305e82c3301",
+        "nqn.2014-08.org.nvmexpress.discovery",
+    ] {
+        assert!(check_nqn(bad).is_err(), "{bad:?} accepted");
+    }
+    let max = format!("nqn.2026-11.com.example:{}", "x".repeat(223 - 24));
+    assert_eq!(max.len(), 223);
+    assert_eq!(check_nqn(&max), Ok(()));
+    assert!(check_nqn(&format!("{max}x")).is_err());
+}
+
+#[test]
+fn error_display_is_one_line_per_problem() {
+    let err = Config::parse("io_threads: 0\n", "x.yaml").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "x.yaml:1:1: listeners: at least one listener is required\n\
+         x.yaml:1:13: io_threads: must be 1..=256, got 0"
+    );
+}
