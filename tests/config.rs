@@ -175,6 +175,14 @@ fn wrong_type() {
 }
 
 #[test]
+fn collection_instead_of_value() {
+    assert_error(
+        &edit(6, "4420", "[4420]"),
+        "6:11: listeners[0].port: expected a single value, found a sequence or mapping",
+    );
+}
+
+#[test]
 fn unknown_transport() {
     assert_error(
         &edit(4, "tcp", "udp"),

@@ -338,3 +338,35 @@ fn error_display_is_one_line_per_problem() {
          x.yaml:1:13: io_threads: must be 1..=256, got 0"
     );
 }
+
+#[test]
+fn truncated_and_odd_inputs_never_panic() {
+    let example = include_str!("../../etc/example.yaml");
+    let mut inputs: Vec<String> = (0..example.len())
+        .filter(|&i| example.is_char_boundary(i))
+        .map(|i| example[..i].to_owned())
+        .collect();
+    inputs.extend(
+        [
+            "",
+            "~",
+            "listeners:\n",
+            "listeners: ~\n",
+            "a: &x 1\nb: *x\n",
+            "io_threads: 99999999999999999999999\n",
+            "cpus: [18446744073709551615]\n",
+            "\t",
+            "listeners: [{name: a, transport: tcp, address: ::1, port: 1}]\nsubsystems: [{nqn: \"nqn.2026-11.é:x\"}]\n",
+        ]
+        .map(str::to_owned),
+    );
+    for input in &inputs {
+        if let Err(err) = Config::parse(input, "t.yaml") {
+            for diag in err.diagnostics() {
+                assert!(diag.line >= 1 && diag.column >= 1, "{diag} for {input:?}");
+                assert!(!diag.field.is_empty() && !diag.message.is_empty(), "{diag}");
+                assert!(!diag.to_string().contains('\n'), "{diag}");
+            }
+        }
+    }
+}

@@ -79,6 +79,14 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
             (path, "required field is missing".into())
         }
         E::InvalidScalar { ty, .. } => (index.node_at(line, column), expected_scalar(ty)),
+        // Said of numbers too, when a sequence or mapping stands where a value should be.
+        E::Unexpected {
+            expected: "string scalar",
+            ..
+        } => (
+            index.node_at(line, column),
+            "expected a single value, found a sequence or mapping".into(),
+        ),
         other => (
             index.node_at(line, column),
             UserMessageFormatter.format_message(other).into_owned(),
