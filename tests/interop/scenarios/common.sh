@@ -163,3 +163,20 @@ nvmet_down() {
 # Measure the kernel target over TCP in this boot (used for ratios). Sets KTCP_W_IOPS/KTCP_R_IOPS.
 KERNEL_NQN=nqn.2026-11.dev.nvmf-target:kernel-peer
 KERNEL_TCP_PORT=4430
+
+# --- Soft-RoCE on a guest-only dummy interface (rxe cannot use 127.0.0.1) --------------
+RXE_ADDR=198.18.0.1
+rxe_up() {
+    modprobe dummy numdummies=0 || return 1
+    ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy || return 1
+    ip addr replace "$RXE_ADDR/24" dev dummy0 && ip link set dummy0 up || return 1
+    modprobe rdma_rxe || return 1
+    rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev dummy0 || return 1
+    ulimit -l unlimited
+    wait_until 10 sh -c 'ibv_devices | grep -q rxe0'
+}
+rxe_down() {
+    rdma link delete rxe0 2>/dev/null
+    ip link del dummy0 2>/dev/null
+    true
+}
