@@ -2,6 +2,7 @@
 # Boot a QEMU guest (TCG) with the real Linux NVMe-oF initiator and run interop scenarios.
 #
 #   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp
+#   tests/interop/run.sh all               kernel-tcp kernel-rdma nvmft-tcp
 #
 # Environment:
 #   NVMF_INTEROP_CACHE    cache dir (image, kernel, debs, run dirs); default <repo>/.cache/interop
@@ -22,7 +23,10 @@ log() { echo "[interop] $*" >&2; }
 
 DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp)
 DEFAULT_SCENARIO_TIMEOUT=300
-if [[ $# -gt 0 ]]; then SCENARIOS=("$@"); else SCENARIOS=("${DEFAULT_SCENARIOS[@]}"); fi
+ALL_SCENARIOS=(kernel-tcp kernel-rdma nvmft-tcp)
+if [[ $# -eq 0 ]]; then SCENARIOS=("${DEFAULT_SCENARIOS[@]}")
+elif [[ $* == all ]]; then SCENARIOS=("${ALL_SCENARIOS[@]}")
+else SCENARIOS=("$@"); fi
 for s in "${SCENARIOS[@]}"; do
     s=${s%.sh}
     [[ -f $INTEROP_DIR/scenarios/$s.sh ]] || { log "unknown scenario '$s' (see $INTEROP_DIR/scenarios/)"; exit 2; }
@@ -155,7 +159,8 @@ if [[ $nfail -gt 0 || ${#problems[@]} -gt 0 ]]; then
     [[ -f $RES/dmesg.log ]] && { echo; echo "=== guest dmesg (last 25 lines of $RES/dmesg.log) ==="; tail -n 25 "$RES/dmesg.log"; }
 fi
 echo
-echo "interop: $npass passed, $nfail failed"
+# Problems (guest died, scenario missing its end) count as failures in the closing line.
+echo "interop: $npass passed, $((nfail + ${#problems[@]})) failed"
 if [[ $nfail -gt 0 || ${#problems[@]} -gt 0 ]]; then
     log "FAILED (run dir $RUN_DIR)"
     exit 1
