@@ -1,1 +1,0 @@
-//! Subsystems and controllers (placeholder; being written).

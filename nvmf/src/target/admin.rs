@@ -1,0 +1,573 @@
+//! Admin commands on an enabled controller's admin queue (NVMe Base 2.0 section 5):
+//! Identify, Get Log Page, Get/Set Features, Keep Alive, Asynchronous Event Request and
+//! Abort. Discovery controllers accept the subset NVMe-oF 1.1 section 5 requires
+//! (Identify Controller, the discovery and error logs, features 0Bh and 0Fh).
+
+use super::{
+    discovery, CounterSource, Features, NamespaceConfig, Reply, Subsystem, Target, TargetOptions,
+    AER_LIMIT, ERROR_LOG_ENTRIES, VERSION_1_4,
+};
+use crate::spec::features::{self, async_event_config, capabilities, fid, sel, FeatureCommand};
+use crate::spec::identify::{
+    cns, copy_space_padded, csi, ctrl as idc, IdentifyController, IdentifyControllerNvm,
+    IdentifyNamespace, IdentifyNamespaceIndependent, IdentifyNamespaceNvm, NamespaceList,
+    NsIdDescriptor, IDENTIFY_DATA_SIZE,
+};
+use crate::spec::log::{
+    aen, data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, GetLogPage, SmartLog,
+};
+use crate::spec::{fabrics, opcodes::admin as op, opcodes::io, Sqe, Status};
+use std::time::Instant;
+use zerocopy::IntoBytes;
+
+/// Broadcast namespace ID.
+const NSID_ALL: u32 = 0xffff_ffff;
+
+pub(super) fn execute(
+    t: &mut Target,
+    now: Instant,
+    cntlid: u16,
+    sqe: &Sqe,
+    data: &mut [u8],
+    counters: &dyn CounterSource,
+) -> Result<Reply, Status> {
+    let Target {
+        opts,
+        controllers,
+        subsystems,
+        listeners,
+        genctr,
+        started,
+        ..
+    } = t;
+    let ctrl = controllers
+        .get_mut(&cntlid)
+        .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
+    let subsys = subsystems.get(&ctrl.subnqn).ok_or(Status::INTERNAL_ERROR)?;
+    match sqe.opcode() {
+        op::IDENTIFY => identify(opts, ctrl, subsys, sqe, data),
+        op::GET_LOG_PAGE => {
+            let g = GetLogPage::from_sqe(sqe);
+            let page = match (ctrl.is_discovery, g.lid) {
+                (_, lid::ERROR_INFORMATION) => error_log(ctrl),
+                (true, lid::DISCOVERY) => {
+                    discovery::log_page(listeners, subsystems, *genctr, &ctrl.hostnqn)
+                }
+                (false, lid::SMART_HEALTH) => {
+                    let hours =
+                        started.map_or(0, |s| now.saturating_duration_since(s).as_secs() / 3600);
+                    smart_log(ctrl, subsys, sqe.nsid, counters, hours)?
+                }
+                (false, lid::FIRMWARE_SLOT) => firmware_slot_log(opts),
+                (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
+                (false, lid::COMMANDS_EFFECTS) => effects_log(),
+                _ => return Err(Status::INVALID_FIELD),
+            };
+            let reply = copy_log(&g, &page, data)?;
+            if !g.rae {
+                log_read(ctrl, g.lid);
+            }
+            Ok(reply)
+        }
+        op::GET_FEATURES => get_features(opts, ctrl, subsys, sqe, data),
+        op::SET_FEATURES => set_features(now, opts, ctrl, subsys, sqe),
+        op::KEEP_ALIVE => {
+            ctrl.restart_keep_alive(now, opts);
+            Reply::ok()
+        }
+        op::ASYNC_EVENT_REQUEST => {
+            if let Some(dw0) = ctrl.pending_events.pop_front() {
+                return Reply::dw0(dw0);
+            }
+            if ctrl.aers.len() >= AER_LIMIT {
+                return Err(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED);
+            }
+            ctrl.aers.push_back(sqe.cid());
+            Ok(Reply::Held)
+        }
+        // DW0 bit 0 set: the command was not aborted.
+        op::ABORT if !ctrl.is_discovery => Reply::dw0(1),
+        _ => Err(Status::INVALID_OPCODE),
+    }
+}
+
+/// The host read a log page without RAE: clear what reading clears, unmask its events.
+fn log_read(ctrl: &mut super::Controller, lid: u8) {
+    let dw0_of = |info, page| aen::dw0(aen::TYPE_NOTICE, info, page);
+    match lid {
+        lid::CHANGED_NS_LIST => {
+            ctrl.changed_ns.clear();
+            ctrl.changed_ns_overflow = false;
+            ctrl.masked_ns_attr = false;
+            let stale = dw0_of(aen::INFO_NS_ATTRIBUTE_CHANGED, lid::CHANGED_NS_LIST);
+            ctrl.pending_events.retain(|&e| e != stale);
+        }
+        lid::DISCOVERY => {
+            ctrl.masked_discovery = false;
+            let stale = dw0_of(aen::INFO_DISCOVERY_LOG_CHANGED, lid::DISCOVERY);
+            ctrl.pending_events.retain(|&e| e != stale);
+        }
+        _ => {}
+    }
+}
+
+/// Copies `page[LPO..]` into `data` for NUMD dwords, zero-filling past the page's end.
+fn copy_log(g: &GetLogPage, page: &[u8], data: &mut [u8]) -> Result<Reply, Status> {
+    if g.lpo & 3 != 0 || g.lpo > page.len() as u64 {
+        return Err(Status::INVALID_FIELD);
+    }
+    if g.len_bytes() > data.len() as u64 {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let len = g.len_bytes() as usize;
+    let start = g.lpo as usize;
+    let n = len.min(page.len() - start);
+    data[..n].copy_from_slice(&page[start..start + n]);
+    data[n..len].fill(0);
+    Reply::data(len)
+}
+
+fn error_log(ctrl: &super::Controller) -> Vec<u8> {
+    let mut page = vec![0u8; ERROR_LOG_ENTRIES * 64];
+    for (slot, e) in page.chunks_exact_mut(64).zip(&ctrl.error_log) {
+        slot.copy_from_slice(e.as_bytes());
+    }
+    page
+}
+
+fn smart_log(
+    ctrl: &super::Controller,
+    subsys: &Subsystem,
+    nsid: u32,
+    counters: &dyn CounterSource,
+    power_on_hours: u64,
+) -> Result<Vec<u8>, Status> {
+    let nsids: Vec<u32> = if nsid == 0 || nsid == NSID_ALL {
+        subsys.namespaces.keys().copied().collect()
+    } else if subsys.namespaces.contains_key(&nsid) {
+        vec![nsid]
+    } else {
+        return Err(Status::INVALID_NAMESPACE);
+    };
+    let mut sum = super::IoCounters::default();
+    for id in nsids {
+        let c = counters.namespace_counters(&subsys.cfg.nqn, id);
+        sum.read_cmds = sum.read_cmds.saturating_add(c.read_cmds);
+        sum.write_cmds = sum.write_cmds.saturating_add(c.write_cmds);
+        sum.read_bytes = sum.read_bytes.saturating_add(c.read_bytes);
+        sum.write_bytes = sum.write_bytes.saturating_add(c.write_bytes);
+        sum.errors = sum.errors.saturating_add(c.errors);
+    }
+    // No thermal sensor, spare or wear exists behind a software target: temperature is
+    // reported as 0 (not available), spare as 100 %, wear as 0 %.
+    let log = SmartLog {
+        available_spare: 100,
+        available_spare_threshold: 10,
+        data_units_read: data_units(sum.read_bytes).into(),
+        data_units_written: data_units(sum.write_bytes).into(),
+        host_read_commands: (sum.read_cmds as u128).into(),
+        host_write_commands: (sum.write_cmds as u128).into(),
+        power_on_hours: (power_on_hours as u128).into(),
+        media_errors: (sum.errors as u128).into(),
+        num_error_log_entries: (ctrl.error_count as u128).into(),
+        ..Default::default()
+    };
+    Ok(log.as_bytes().to_vec())
+}
+
+fn firmware_slot_log(opts: &TargetOptions) -> Vec<u8> {
+    let mut log = FirmwareSlotLog {
+        afi: 1,
+        ..Default::default()
+    };
+    copy_space_padded(&mut log.frs[0], &opts.firmware_revision);
+    log.as_bytes().to_vec()
+}
+
+fn changed_ns_log(ctrl: &super::Controller) -> Vec<u8> {
+    let list = if ctrl.changed_ns_overflow {
+        NamespaceList::from_ids([NSID_ALL])
+    } else {
+        NamespaceList::from_ids(ctrl.changed_ns.iter().copied())
+    };
+    list.as_bytes().to_vec()
+}
+
+fn effects_log() -> Vec<u8> {
+    let mut log = CommandEffectsLog::default();
+    for opc in [
+        op::GET_LOG_PAGE,
+        op::IDENTIFY,
+        op::ABORT,
+        op::SET_FEATURES,
+        op::GET_FEATURES,
+        op::ASYNC_EVENT_REQUEST,
+        op::KEEP_ALIVE,
+    ] {
+        log.acs[opc as usize] = effects::CSUPP.into();
+    }
+    for (opc, e) in [
+        (io::FLUSH, effects::CSUPP),
+        (io::WRITE, effects::CSUPP | effects::LBCC),
+        (io::READ, effects::CSUPP),
+        (io::COMPARE, effects::CSUPP),
+        (io::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
+        (io::DATASET_MANAGEMENT, effects::CSUPP | effects::LBCC),
+    ] {
+        log.iocs[opc as usize] = e.into();
+    }
+    log.as_bytes().to_vec()
+}
+
+/// Identify Controller as this target presents it.
+pub(super) fn identify_controller(
+    opts: &TargetOptions,
+    ctrl: &super::Controller,
+    subsys: &Subsystem,
+) -> IdentifyController {
+    let mut id = IdentifyController::default();
+    copy_space_padded(&mut id.sn, &subsys.cfg.serial);
+    copy_space_padded(&mut id.mn, &subsys.cfg.model);
+    copy_space_padded(&mut id.fr, &opts.firmware_revision);
+    fabrics::copy_nul_terminated(&mut id.subnqn, &subsys.cfg.nqn);
+    id.rab = 6;
+    id.mdts = opts.mdts;
+    id.cntlid = ctrl.cntlid.into();
+    id.ver = VERSION_1_4.into();
+    id.acl = 3;
+    id.aerl = (AER_LIMIT - 1) as u8;
+    id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
+    id.npss = 0;
+    id.sqes = 0x66;
+    id.cqes = 0x44;
+    // Keep Alive granularity in 100 ms units.
+    id.kas = 1.into();
+    id.sgls = (idc::SGLS_SUPPORTED | idc::SGLS_KEYED | idc::SGLS_OFFSET).into();
+    id.iorcsz = 1.into();
+    id.icdoff = 0.into();
+    id.fcatt = 0;
+    id.msdbd = 1;
+    // OFCS bit 0: Disconnect is supported.
+    id.ofcs = 1.into();
+    if ctrl.is_discovery {
+        id.cntrltype = idc::CNTRLTYPE_DISCOVERY;
+        id.oaes = idc::OAES_DISCOVERY_CHANGE.into();
+        id.lpa = idc::LPA_EXTENDED;
+        id.maxcmd = super::ADMIN_QUEUE_ENTRIES.into();
+        id.ioccsz = 4.into();
+    } else {
+        id.cntrltype = idc::CNTRLTYPE_IO;
+        id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL;
+        id.oaes = idc::OAES_NS_ATTR.into();
+        id.frmw = idc::FRMW_SLOT1_RO_ONE_SLOT;
+        id.lpa = idc::LPA_SMART_PER_NS | idc::LPA_CMD_EFFECTS | idc::LPA_EXTENDED;
+        id.maxcmd = opts.max_queue_depth.into();
+        id.nn = opts.max_namespaces.into();
+        id.oncs = (idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES).into();
+        id.vwc = idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
+        if subsys.has_volatile_cache() {
+            id.vwc |= idc::VWC_PRESENT;
+        }
+        id.ioccsz = ((64 + opts.ioccsz_bytes) / 16).into();
+    }
+    id
+}
+
+fn identify_namespace(ns: &NamespaceConfig) -> IdentifyNamespace {
+    let mut id = IdentifyNamespace {
+        nsze: ns.num_blocks.into(),
+        ncap: ns.num_blocks.into(),
+        nuse: ns.num_blocks.into(),
+        nlbaf: 0,
+        flbas: 0,
+        nmic: 1,
+        nguid: ns.nguid,
+        eui64: ns.eui64,
+        ..Default::default()
+    };
+    id.lbaf[0].lbads = ns.block_size.trailing_zeros() as u8;
+    id
+}
+
+/// The namespace `nsid` names, `None` if it is a valid but inactive ID.
+fn namespace<'a>(
+    opts: &TargetOptions,
+    subsys: &'a Subsystem,
+    nsid: u32,
+) -> Result<Option<&'a NamespaceConfig>, Status> {
+    if nsid == 0 || nsid > opts.max_namespaces {
+        return Err(Status::INVALID_NAMESPACE);
+    }
+    Ok(subsys.namespaces.get(&nsid))
+}
+
+fn identify(
+    opts: &TargetOptions,
+    ctrl: &super::Controller,
+    subsys: &Subsystem,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Result<Reply, Status> {
+    let cns = sqe.cdw10 as u8;
+    let cs = (sqe.cdw11 >> 24) as u8;
+    if data.len() < IDENTIFY_DATA_SIZE {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    if ctrl.is_discovery && cns != cns::CONTROLLER {
+        return Err(Status::INVALID_FIELD);
+    }
+    let nsid = sqe.nsid;
+    let zeros = || vec![0u8; IDENTIFY_DATA_SIZE];
+    let active_list = || {
+        if nsid >= 0xffff_fffe {
+            return Err(Status::INVALID_NAMESPACE);
+        }
+        let ids = subsys
+            .namespaces
+            .range(nsid.saturating_add(1)..)
+            .map(|(&id, _)| id);
+        Ok(NamespaceList::from_ids(ids).as_bytes().to_vec())
+    };
+    let page = match cns {
+        cns::CONTROLLER => identify_controller(opts, ctrl, subsys).as_bytes().to_vec(),
+        cns::NAMESPACE => match namespace(opts, subsys, nsid)? {
+            Some(ns) => identify_namespace(ns).as_bytes().to_vec(),
+            None => zeros(),
+        },
+        cns::ACTIVE_NS_LIST => active_list()?,
+        cns::CS_ACTIVE_NS_LIST if cs == csi::NVM => active_list()?,
+        cns::NS_ID_DESCRIPTORS => {
+            let ns = namespace(opts, subsys, nsid)?.ok_or(Status::INVALID_NAMESPACE)?;
+            let mut list = Vec::new();
+            if ns.eui64 != [0; 8] {
+                list.push(NsIdDescriptor::Eui64(ns.eui64));
+            }
+            if ns.nguid != [0; 16] {
+                list.push(NsIdDescriptor::Nguid(ns.nguid));
+            }
+            if ns.uuid != [0; 16] {
+                list.push(NsIdDescriptor::Uuid(ns.uuid));
+            }
+            list.push(NsIdDescriptor::Csi(csi::NVM));
+            NsIdDescriptor::encode_list(&list)
+        }
+        cns::CS_NAMESPACE if cs == csi::NVM => match namespace(opts, subsys, nsid)? {
+            Some(_) => IdentifyNamespaceNvm::default().as_bytes().to_vec(),
+            None => zeros(),
+        },
+        cns::CS_CONTROLLER if cs == csi::NVM => {
+            IdentifyControllerNvm::default().as_bytes().to_vec()
+        }
+        cns::CS_INDEPENDENT_NAMESPACE => match namespace(opts, subsys, nsid)? {
+            Some(_) => {
+                let id = IdentifyNamespaceIndependent {
+                    nmic: 1,
+                    nstat: 1,
+                    ..Default::default()
+                };
+                id.as_bytes().to_vec()
+            }
+            None => zeros(),
+        },
+        _ => return Err(Status::INVALID_FIELD),
+    };
+    data[..IDENTIFY_DATA_SIZE].copy_from_slice(&page);
+    Reply::data(IDENTIFY_DATA_SIZE)
+}
+
+/// Features a controller of this kind supports.
+fn feature_supported(is_discovery: bool, f: u8) -> bool {
+    if is_discovery {
+        return matches!(f, fid::ASYNC_EVENT_CONFIG | fid::KEEP_ALIVE_TIMER);
+    }
+    matches!(
+        f,
+        fid::ARBITRATION
+            | fid::POWER_MANAGEMENT
+            | fid::TEMPERATURE_THRESHOLD
+            | fid::ERROR_RECOVERY
+            | fid::VOLATILE_WRITE_CACHE
+            | fid::NUMBER_OF_QUEUES
+            | fid::INTERRUPT_COALESCING
+            | fid::INTERRUPT_VECTOR_CONFIG
+            | fid::WRITE_ATOMICITY
+            | fid::ASYNC_EVENT_CONFIG
+            | fid::KEEP_ALIVE_TIMER
+            | fid::HOST_IDENTIFIER
+    )
+}
+
+/// Asynchronous Event Configuration bits a controller of this kind implements.
+fn async_events_supported(is_discovery: bool) -> u32 {
+    if is_discovery {
+        async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
+    } else {
+        async_event_config::NS_ATTRIBUTE_NOTICES
+    }
+}
+
+/// Temperature Threshold: TMPSEL (19:16) must name the composite sensor; THSEL (21:20)
+/// picks over (0) or under (1). Returns whether it is the under threshold.
+fn temperature_select(cdw11: u32) -> Result<bool, Status> {
+    match ((cdw11 >> 16) & 0xf, (cdw11 >> 20) & 3) {
+        (0, 0) => Ok(false),
+        (0, 1) => Ok(true),
+        _ => Err(Status::INVALID_FIELD),
+    }
+}
+
+fn get_features(
+    opts: &TargetOptions,
+    ctrl: &super::Controller,
+    subsys: &Subsystem,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Result<Reply, Status> {
+    let f = FeatureCommand::from_sqe(sqe);
+    if !feature_supported(ctrl.is_discovery, f.fid) {
+        return Err(Status::INVALID_FIELD);
+    }
+    if f.fid == fid::VOLATILE_WRITE_CACHE && !subsys.has_volatile_cache() {
+        return Err(Status::INVALID_FIELD);
+    }
+    let defaults;
+    let feats = match f.sel {
+        sel::CURRENT => &ctrl.features,
+        // Nothing is saveable, so the saved value is the default.
+        sel::DEFAULT | sel::SAVED => {
+            defaults = Features::defaults(opts.max_io_queues);
+            &defaults
+        }
+        sel::SUPPORTED_CAPABILITIES => {
+            let caps = match f.fid {
+                fid::HOST_IDENTIFIER => 0,
+                _ => capabilities::CHANGEABLE,
+            };
+            return Reply::dw0(caps);
+        }
+        _ => return Err(Status::INVALID_FIELD),
+    };
+    let current = f.sel == sel::CURRENT;
+    let value = match f.fid {
+        fid::ARBITRATION => feats.arbitration,
+        fid::POWER_MANAGEMENT => feats.power_management,
+        fid::TEMPERATURE_THRESHOLD => {
+            if temperature_select(f.value)? {
+                feats.temperature_under as u32
+            } else {
+                feats.temperature_over as u32
+            }
+        }
+        fid::ERROR_RECOVERY => feats.error_recovery,
+        fid::VOLATILE_WRITE_CACHE => feats.volatile_write_cache as u32,
+        fid::NUMBER_OF_QUEUES => {
+            let n = feats.io_queues.saturating_sub(1);
+            features::number_of_queues(n, n)
+        }
+        fid::INTERRUPT_COALESCING => feats.interrupt_coalescing,
+        // IV as asked, Coalescing Disable clear.
+        fid::INTERRUPT_VECTOR_CONFIG => f.value & 0xffff,
+        fid::WRITE_ATOMICITY => feats.write_atomicity,
+        fid::ASYNC_EVENT_CONFIG => feats.async_event_config,
+        fid::KEEP_ALIVE_TIMER => {
+            if current {
+                ctrl.kato_ms
+            } else {
+                0
+            }
+        }
+        fid::HOST_IDENTIFIER => {
+            // Only the 128-bit form (EXHID) exists on fabrics.
+            if f.value & 1 == 0 {
+                return Err(Status::INVALID_FIELD);
+            }
+            if data.len() < 16 {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            data[..16].copy_from_slice(&ctrl.hostid);
+            return Reply::data(16);
+        }
+        _ => return Err(Status::INVALID_FIELD),
+    };
+    Reply::dw0(value)
+}
+
+fn set_features(
+    now: Instant,
+    opts: &TargetOptions,
+    ctrl: &mut super::Controller,
+    subsys: &Subsystem,
+    sqe: &Sqe,
+) -> Result<Reply, Status> {
+    let f = FeatureCommand::from_sqe(sqe);
+    if !feature_supported(ctrl.is_discovery, f.fid) {
+        return Err(Status::INVALID_FIELD);
+    }
+    if f.sv {
+        return Err(Status::FEATURE_ID_NOT_SAVEABLE);
+    }
+    let v = f.value;
+    let feats = &mut ctrl.features;
+    match f.fid {
+        fid::ARBITRATION => feats.arbitration = v,
+        fid::POWER_MANAGEMENT => {
+            // Power state 0 is the only one (NPSS = 0).
+            if v & 0x1f != 0 {
+                return Err(Status::INVALID_FIELD);
+            }
+            feats.power_management = v & 0xff;
+        }
+        fid::TEMPERATURE_THRESHOLD => {
+            if temperature_select(v)? {
+                feats.temperature_under = v as u16;
+            } else {
+                feats.temperature_over = v as u16;
+            }
+        }
+        fid::ERROR_RECOVERY => {
+            // DULBE (bit 16) needs deallocated-block errors, which are not reported.
+            if v & (1 << 16) != 0 {
+                return Err(Status::INVALID_FIELD);
+            }
+            feats.error_recovery = v & 0xffff;
+        }
+        fid::VOLATILE_WRITE_CACHE => {
+            if !subsys.has_volatile_cache() {
+                return Err(Status::INVALID_FIELD);
+            }
+            // Turning the cache off would promise durable writes, which the backends
+            // are not told to provide.
+            if v & 1 == 0 {
+                return Err(Status::FEATURE_NOT_CHANGEABLE);
+            }
+            feats.volatile_write_cache = true;
+        }
+        fid::NUMBER_OF_QUEUES => {
+            let (nsqr, ncqr) = (v as u16, (v >> 16) as u16);
+            if nsqr == 0xffff || ncqr == 0xffff {
+                return Err(Status::INVALID_FIELD);
+            }
+            if !ctrl.io_queues.is_empty() {
+                return Err(Status::COMMAND_SEQUENCE_ERROR);
+            }
+            let granted = (nsqr.min(ncqr) + 1).min(opts.max_io_queues).max(1);
+            feats.io_queues = granted;
+            let n = granted - 1;
+            return Reply::dw0(features::number_of_queues(n, n));
+        }
+        fid::INTERRUPT_COALESCING => feats.interrupt_coalescing = v & 0xffff,
+        fid::INTERRUPT_VECTOR_CONFIG => {}
+        fid::WRITE_ATOMICITY => feats.write_atomicity = v & 1,
+        fid::ASYNC_EVENT_CONFIG => {
+            feats.async_event_config = v & async_events_supported(ctrl.is_discovery)
+        }
+        fid::KEEP_ALIVE_TIMER => {
+            ctrl.kato_ms = v;
+            ctrl.restart_keep_alive(now, opts);
+        }
+        // The host identifier comes with Connect on fabrics.
+        fid::HOST_IDENTIFIER => return Err(Status::COMMAND_SEQUENCE_ERROR),
+        _ => return Err(Status::INVALID_FIELD),
+    }
+    Reply::ok()
+}

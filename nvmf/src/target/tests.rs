@@ -1,0 +1,1069 @@
+//! Whole conversations against [`Target`] with simulated time, the way the Linux host
+//! drives a controller: admin Connect, Property Set CC.EN, Identify, Set Features Number
+//! of Queues, I/O Connects, keep alive, AERs, discovery.
+
+use super::*;
+use crate::spec::fabrics::{ConnectCommand, ConnectData, PropertyCommand};
+use crate::spec::features::{fid, FeatureCommand};
+use crate::spec::identify::{
+    cns, IdentifyController, IdentifyNamespace, NamespaceList, NsIdDescriptor,
+};
+use crate::spec::log::{disc, lid, DiscoveryLogEntry, DiscoveryLogHeader, GetLogPage, SmartLog};
+use crate::spec::opcodes::{admin, io};
+use proptest::prelude::*;
+use std::net::{IpAddr, Ipv4Addr};
+use zerocopy::{FromBytes, IntoBytes};
+
+const SUB1: &str = "nqn.2024-01.io.example:sub1";
+const SUB2: &str = "nqn.2024-01.io.example:sub2";
+const HOST1: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002";
+const HOSTID1: [u8; 16] = [1; 16];
+/// CC as the Linux host writes it: EN, IOSQES 6, IOCQES 4.
+const CC_ENABLE: u64 = 0x0046_0001;
+
+fn tcp() -> ListenerInfo {
+    ListenerInfo {
+        transport: Transport::Tcp,
+        addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        port: 4420,
+    }
+}
+fn rdma() -> ListenerInfo {
+    ListenerInfo {
+        transport: Transport::Rdma,
+        addr: "fd00::1".parse().unwrap(),
+        port: 4421,
+    }
+}
+
+fn ns(nsid: u32) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        block_size: 4096,
+        num_blocks: 1 << 20,
+        uuid: [nsid as u8; 16],
+        nguid: [0x10 + nsid as u8; 16],
+        eui64: [0x20 + nsid as u8; 8],
+        volatile_write_cache: true,
+    }
+}
+
+fn subsystem(nqn: &str, hosts: &[&str]) -> SubsystemConfig {
+    SubsystemConfig {
+        nqn: nqn.to_string(),
+        serial: "SN0001".to_string(),
+        model: "nvmf-target test".to_string(),
+        allow_any_host: hosts.is_empty(),
+        hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        listeners: None,
+    }
+}
+
+/// A target with one TCP listener and SUB1 (HOST1 only, namespace 1).
+fn target() -> Target {
+    let mut t = Target::new(TargetOptions::default());
+    t.add_listener(tcp());
+    t.add_subsystem(subsystem(SUB1, &[HOST1])).unwrap();
+    t.add_namespace(SUB1, ns(1)).unwrap();
+    t
+}
+
+fn connect_sqe(qid: u16, sqsize: u16, kato: u32) -> Sqe {
+    ConnectCommand {
+        recfmt: 0,
+        qid,
+        sqsize,
+        cattr: 0,
+        kato,
+    }
+    .to_sqe(0x10 + qid)
+}
+
+fn connect_data(cntlid: u16, subnqn: &str, hostnqn: &str) -> Vec<u8> {
+    ConnectData::new(HOSTID1, cntlid, subnqn, hostnqn)
+        .as_bytes()
+        .to_vec()
+}
+
+struct Conv {
+    t: Target,
+    now: Instant,
+    admin: QueueRef,
+    cid: u16,
+}
+
+impl Conv {
+    /// Admin Connect with KATO 5 s.
+    fn connect(t: Target, subnqn: &str, hostnqn: &str) -> Conv {
+        let mut c = Conv {
+            t,
+            now: Instant::now(),
+            admin: QueueRef { cntlid: 0, qid: 0 },
+            cid: 0,
+        };
+        let (cqe, ok) = c.t.connect(
+            c.now,
+            100,
+            &connect_sqe(0, 31, 5000),
+            &connect_data(0xffff, subnqn, hostnqn),
+        );
+        assert_eq!(cqe.status(), Status::SUCCESS);
+        let ok = ok.unwrap();
+        assert_eq!(cqe.dw0, ok.cntlid as u32);
+        c.admin = ok.queue();
+        c
+    }
+    fn enabled(t: Target, subnqn: &str, hostnqn: &str) -> Conv {
+        let mut c = Conv::connect(t, subnqn, hostnqn);
+        let (cqe, _) = c.property_set(CC_ENABLE);
+        assert!(cqe.status().is_success());
+        assert_eq!(c.property_get(fabrics::property::CSTS, false).dw0 & 1, 1);
+        c
+    }
+    fn exec_on(&mut self, q: QueueRef, mut sqe: Sqe, data: &mut [u8]) -> Outcome {
+        self.cid = self.cid.wrapping_add(1);
+        sqe.set_opcode_cid(sqe.opcode(), self.cid);
+        self.t.execute(self.now, q, &sqe, data, &NoCounters)
+    }
+    /// Runs an admin command with an 8 KiB buffer; panics if it is held.
+    fn admin(&mut self, sqe: Sqe) -> (Cqe, Vec<u8>) {
+        let mut buf = vec![0u8; 8192];
+        match self.exec_on(self.admin, sqe, &mut buf) {
+            Outcome::Complete { cqe, data_len } => {
+                assert_eq!(cqe.cid, self.cid);
+                buf.truncate(data_len as usize);
+                (cqe, buf)
+            }
+            Outcome::Deferred => panic!("held"),
+        }
+    }
+    fn property_set(&mut self, value: u64) -> (Cqe, Vec<u8>) {
+        let p = PropertyCommand {
+            attrib: 0,
+            offset: fabrics::property::CC,
+            value,
+        };
+        self.admin(p.to_sqe(0, true))
+    }
+    fn property_get(&mut self, offset: u32, eight: bool) -> Cqe {
+        let p = PropertyCommand {
+            attrib: eight as u8,
+            offset,
+            value: 0,
+        };
+        self.admin(p.to_sqe(0, false)).0
+    }
+    fn io_connect(&mut self, qid: u16, key: QueueKey) -> (Cqe, Option<ConnectOk>) {
+        let data = connect_data(self.admin.cntlid, SUB1, HOST1);
+        self.t
+            .connect(self.now, key, &connect_sqe(qid, 127, 0), &data)
+    }
+}
+
+fn admin_sqe(opcode: u8, nsid: u32) -> Sqe {
+    let mut s = Sqe {
+        nsid,
+        ..Default::default()
+    };
+    s.set_opcode_cid(opcode, 0);
+    s
+}
+fn identify(cns: u8, nsid: u32, csi: u8) -> Sqe {
+    Sqe {
+        cdw10: cns as u32,
+        cdw11: (csi as u32) << 24,
+        ..admin_sqe(admin::IDENTIFY, nsid)
+    }
+}
+fn get_log(lid: u8, len: u32, lpo: u64, rae: bool, nsid: u32) -> Sqe {
+    let mut s = admin_sqe(admin::GET_LOG_PAGE, nsid);
+    GetLogPage {
+        lid,
+        numd: len / 4 - 1,
+        lpo,
+        rae,
+        ..Default::default()
+    }
+    .write_to(&mut s);
+    s
+}
+fn set_features(f: u8, value: u32) -> Sqe {
+    let mut s = admin_sqe(admin::SET_FEATURES, 0);
+    FeatureCommand {
+        fid: f,
+        value,
+        ..Default::default()
+    }
+    .write_to(&mut s);
+    s
+}
+fn get_features(f: u8, sel: u8, value: u32) -> Sqe {
+    let mut s = admin_sqe(admin::GET_FEATURES, 0);
+    FeatureCommand {
+        fid: f,
+        sel,
+        value,
+        ..Default::default()
+    }
+    .write_to(&mut s);
+    s
+}
+
+#[test]
+fn linux_host_connect_sequence() {
+    let mut c = Conv::connect(target(), SUB1, HOST1);
+    let q = c.admin;
+    assert_eq!(c.t.subsystem_of(q.cntlid), Some(SUB1));
+    // Before CC.EN only Fabrics commands work.
+    assert_eq!(
+        c.admin(identify(cns::CONTROLLER, 0, 0)).0.status(),
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    assert_eq!(
+        c.io_connect(1, 201).0.status(),
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    let cap = c.property_get(fabrics::property::CAP, true);
+    let cap = cap.dw0 as u64 | (cap.dw1 as u64) << 32;
+    assert_eq!(cap & 0xffff, 127, "MQES");
+    assert_ne!(cap & fabrics::cap::CQR, 0);
+    assert_ne!(cap & fabrics::cap::CSS_NVM, 0);
+    assert_eq!(
+        c.property_get(fabrics::property::VS, false).dw0,
+        0x0001_0400
+    );
+    // A 4-byte read of CAP is refused.
+    assert_eq!(
+        c.property_get(fabrics::property::CAP, false).status(),
+        Status::INVALID_FIELD
+    );
+    c.property_set(CC_ENABLE);
+    assert_eq!(c.property_get(fabrics::property::CSTS, false).dw0, 1);
+    assert_eq!(
+        c.property_get(fabrics::property::CC, false).dw0,
+        CC_ENABLE as u32
+    );
+
+    let (cqe, data) = c.admin(identify(cns::CONTROLLER, 0, 0));
+    assert!(cqe.status().is_success());
+    let id = IdentifyController::read_from_bytes(&data).unwrap();
+    assert_eq!(id.cntlid.get(), q.cntlid);
+    assert_eq!(id.cntrltype, 1);
+    assert_eq!(&id.sn[..8], b"SN0001  ");
+    assert_eq!(fabrics::nul_terminated_str(&id.subnqn), Some(SUB1));
+    assert_eq!(id.ioccsz.get(), (64 + 8192) / 16);
+    assert_eq!(id.iorcsz.get(), 1);
+    assert_eq!((id.sqes, id.cqes, id.msdbd, id.mdts), (0x66, 0x44, 1, 5));
+    assert_eq!(id.vwc, 0b101);
+    assert_ne!(id.kas.get(), 0);
+    assert_ne!(id.sgls.get() & (1 << 20), 0);
+    assert_ne!(id.oaes.get() & (1 << 8), 0);
+    assert_eq!(id.nn.get(), 1024);
+
+    // Number of Queues: ask for 4 (0's based 3), get 4.
+    let (cqe, _) = c.admin(set_features(fid::NUMBER_OF_QUEUES, 3 | 3 << 16));
+    assert_eq!(cqe.dw0, 3 | 3 << 16);
+    for qid in 1..=4 {
+        let (cqe, ok) = c.io_connect(qid, 200 + qid as u64);
+        assert!(cqe.status().is_success(), "qid {qid}: {}", cqe.status());
+        assert_eq!(
+            ok.unwrap().queue(),
+            QueueRef {
+                cntlid: q.cntlid,
+                qid
+            }
+        );
+    }
+    let (cqe, _) = c.io_connect(5, 205);
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS);
+    assert_eq!(cqe.dw0, 42, "IPO = QID in the SQE");
+    assert_eq!(
+        c.io_connect(1, 206).0.status(),
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    // Too late to change the queue count.
+    let (cqe, _) = c.admin(set_features(fid::NUMBER_OF_QUEUES, 7 | 7 << 16));
+    assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+
+    // Namespaces.
+    let (_, data) = c.admin(identify(cns::ACTIVE_NS_LIST, 0, 0));
+    assert_eq!(
+        NamespaceList::read_from_bytes(&data).unwrap().to_ids(),
+        vec![1]
+    );
+    let (_, data) = c.admin(identify(cns::NAMESPACE, 1, 0));
+    let idns = IdentifyNamespace::read_from_bytes(&data).unwrap();
+    assert_eq!(idns.nsze.get(), 1 << 20);
+    assert_eq!(idns.lbaf[0].lbads, 12);
+    assert_eq!(idns.nguid, [0x11; 16]);
+    let (_, data) = c.admin(identify(cns::NS_ID_DESCRIPTORS, 1, 0));
+    let descs = NsIdDescriptor::decode_list(&data).unwrap();
+    assert!(descs.contains(&NsIdDescriptor::Uuid([1; 16])));
+    // Inactive NSID: zeros; out of range: Invalid Namespace.
+    let (cqe, data) = c.admin(identify(cns::NAMESPACE, 7, 0));
+    assert!(cqe.status().is_success() && data.iter().all(|&b| b == 0));
+    assert_eq!(
+        c.admin(identify(cns::NAMESPACE, 0, 0)).0.status(),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        c.admin(identify(0x55, 0, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert!(c
+        .admin(identify(cns::CS_CONTROLLER, 0, 0))
+        .0
+        .status()
+        .is_success());
+    assert_eq!(
+        c.admin(identify(cns::CS_CONTROLLER, 0, 2)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert!(c
+        .admin(identify(cns::CS_INDEPENDENT_NAMESPACE, 1, 0))
+        .0
+        .status()
+        .is_success());
+    assert!(c
+        .admin(identify(cns::CS_NAMESPACE, 1, 0))
+        .0
+        .status()
+        .is_success());
+    assert!(c
+        .admin(identify(cns::CS_ACTIVE_NS_LIST, 0, 0))
+        .0
+        .status()
+        .is_success());
+
+    // Host identifier, keep alive, abort, unknown opcode.
+    let (cqe, data) = c.admin(get_features(fid::HOST_IDENTIFIER, 0, 1));
+    assert!(cqe.status().is_success());
+    assert_eq!(data, HOSTID1);
+    assert!(c
+        .admin(admin_sqe(admin::KEEP_ALIVE, 0))
+        .0
+        .status()
+        .is_success());
+    assert_eq!(c.admin(admin_sqe(admin::ABORT, 0)).0.dw0 & 1, 1);
+    assert_eq!(
+        c.admin(admin_sqe(admin::FORMAT_NVM, 1)).0.status(),
+        Status::INVALID_OPCODE
+    );
+
+    // Closing the admin queue takes the I/O queues down.
+    let actions = c.t.queue_closed(q, 100);
+    assert_eq!(actions.len(), 4);
+    assert!(actions
+        .iter()
+        .all(|a| matches!(a, Action::Disconnect { queue, .. } if queue.qid != 0)));
+    assert_eq!(c.t.subsystem_of(q.cntlid), None);
+}
+
+#[test]
+fn keep_alive_expiry_tears_down_all_queues() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let start = c.now;
+    assert_eq!(
+        c.t.next_timeout(),
+        Some(start + Duration::from_millis(5000))
+    );
+    c.io_connect(1, 201);
+    c.io_connect(2, 202);
+    c.now = start + Duration::from_secs(3);
+    c.admin(admin_sqe(admin::KEEP_ALIVE, 0));
+    let deadline = c.now + Duration::from_millis(5000);
+    assert_eq!(c.t.next_timeout(), Some(deadline));
+    assert!(c
+        .t
+        .poll_timeouts(deadline - Duration::from_millis(1))
+        .is_empty());
+    let mut actions = c.t.poll_timeouts(deadline + Duration::from_millis(1));
+    actions.sort_by_key(|a| match a {
+        Action::Disconnect { queue, .. } => queue.qid,
+        _ => u16::MAX,
+    });
+    let cntlid = c.admin.cntlid;
+    assert_eq!(
+        actions,
+        vec![
+            Action::Disconnect {
+                queue: QueueRef { cntlid, qid: 0 },
+                key: 100
+            },
+            Action::Disconnect {
+                queue: QueueRef { cntlid, qid: 1 },
+                key: 201
+            },
+            Action::Disconnect {
+                queue: QueueRef { cntlid, qid: 2 },
+                key: 202
+            },
+        ]
+    );
+    assert_eq!(c.t.next_timeout(), None);
+    // The transport's late reports are harmless.
+    assert!(c
+        .t
+        .queue_closed(QueueRef { cntlid, qid: 0 }, 100)
+        .is_empty());
+    let (cqe, _) = c.admin(admin_sqe(admin::KEEP_ALIVE, 0));
+    assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+}
+
+#[test]
+fn kato_zero_disables_the_timer_and_set_features_restarts_it() {
+    let mut t = target();
+    let now = Instant::now();
+    let (_, ok) = t.connect(
+        now,
+        1,
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    assert!(ok.is_some());
+    assert_eq!(t.next_timeout(), None);
+    let mut c = Conv {
+        t,
+        now,
+        admin: ok.unwrap().queue(),
+        cid: 0,
+    };
+    c.property_set(CC_ENABLE);
+    c.admin(set_features(fid::KEEP_ALIVE_TIMER, 1000));
+    assert_eq!(
+        c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
+        1000
+    );
+    assert_eq!(c.t.next_timeout(), Some(now + Duration::from_secs(1)));
+}
+
+#[test]
+fn aer_completes_on_namespace_add() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    let mut buf = [0u8; 0];
+    assert_eq!(
+        c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf),
+        Outcome::Deferred
+    );
+    let aer_cid = c.cid;
+    c.t.add_namespace(SUB1, ns(2)).unwrap();
+    let actions = c.t.take_actions();
+    assert_eq!(actions.len(), 1);
+    let Action::CompleteHeld { queue, key, cqe } = actions[0] else {
+        panic!("{actions:?}")
+    };
+    assert_eq!((queue, key, cqe.cid), (c.admin, 100, aer_cid));
+    assert_eq!(cqe.dw0, 0x04_00_02, "notice, NS attribute changed, log 04h");
+    // Masked until the log is read: no AER pending, and this one is not queued.
+    c.t.add_namespace(SUB1, ns(3)).unwrap();
+    assert!(c.t.take_actions().is_empty());
+    // RAE keeps it masked and the list intact.
+    let (_, data) = c.admin(get_log(lid::CHANGED_NS_LIST, 4096, 0, true, 0xffff_ffff));
+    assert_eq!(
+        NamespaceList::read_from_bytes(&data).unwrap().to_ids(),
+        vec![2, 3]
+    );
+    let (_, data) = c.admin(get_log(lid::CHANGED_NS_LIST, 4096, 0, false, 0xffff_ffff));
+    assert_eq!(
+        NamespaceList::read_from_bytes(&data).unwrap().to_ids(),
+        vec![2, 3]
+    );
+    let (_, data) = c.admin(get_log(lid::CHANGED_NS_LIST, 4096, 0, false, 0xffff_ffff));
+    assert!(NamespaceList::read_from_bytes(&data)
+        .unwrap()
+        .to_ids()
+        .is_empty());
+    // Unmasked: an event with no AER outstanding waits for the next AER.
+    c.t.remove_namespace(SUB1, 3).unwrap();
+    assert!(c.t.take_actions().is_empty());
+    match c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf) {
+        Outcome::Complete { cqe, .. } => assert_eq!(cqe.dw0, 0x04_00_02),
+        o => panic!("{o:?}"),
+    }
+    // AERL + 1 = 4 held, the fifth is refused.
+    for _ in 0..4 {
+        assert_eq!(
+            c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf),
+            Outcome::Deferred
+        );
+    }
+    match c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf) {
+        Outcome::Complete { cqe, .. } => {
+            assert_eq!(cqe.status(), Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED)
+        }
+        o => panic!("{o:?}"),
+    }
+    // CC.EN = 0 drops the held AERs: nothing completes them later.
+    c.property_set(0);
+    assert_eq!(c.property_get(fabrics::property::CSTS, false).dw0, 0);
+    c.t.add_namespace(SUB1, ns(5)).unwrap();
+    assert!(c.t.take_actions().is_empty());
+}
+
+#[test]
+fn reset_and_shutdown_disconnect_io_queues() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.io_connect(1, 201);
+    c.property_set(0);
+    assert_eq!(
+        c.t.take_actions(),
+        vec![Action::Disconnect {
+            queue: QueueRef {
+                cntlid: c.admin.cntlid,
+                qid: 1
+            },
+            key: 201
+        }]
+    );
+    c.property_set(CC_ENABLE);
+    c.io_connect(1, 211);
+    // Shutdown (SHN = 01b).
+    c.property_set(CC_ENABLE | 1 << 14);
+    assert_eq!(c.t.take_actions().len(), 1);
+    assert_eq!(
+        c.property_get(fabrics::property::CSTS, false).dw0 & 0xc,
+        0x8
+    );
+    // Bad CC (MPS 1) sets CFS instead of RDY.
+    c.property_set(0);
+    c.property_set(CC_ENABLE | 1 << 7);
+    assert_eq!(c.property_get(fabrics::property::CSTS, false).dw0, 2);
+}
+
+#[test]
+fn io_queue_commands_by_queue_type() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let (_, ok) = c.io_connect(1, 201);
+    let ioq = ok.unwrap().queue();
+    let mut buf = vec![0u8; 4096];
+    let status = |o: Outcome| match o {
+        Outcome::Complete { cqe, .. } => cqe.status(),
+        Outcome::Deferred => panic!("held"),
+    };
+    // A WRITE opcode on the admin queue is Create I/O SQ: not on fabrics.
+    assert_eq!(
+        c.admin(admin_sqe(io::WRITE, 1)).0.status(),
+        Status::INVALID_OPCODE
+    );
+    // Identify's opcode on an I/O queue is not an I/O command.
+    assert_eq!(
+        status(c.exec_on(ioq, identify(1, 0, 0), &mut buf)),
+        Status::INVALID_OPCODE
+    );
+    assert_eq!(
+        status(c.exec_on(ioq, admin_sqe(io::READ, 9), &mut buf)),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        status(c.exec_on(ioq, admin_sqe(io::FLUSH, 0xffff_ffff), &mut buf)),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        status(c.exec_on(ioq, admin_sqe(io::READ, 1), &mut buf)),
+        Status::NAMESPACE_NOT_READY
+    );
+    assert_eq!(
+        status(c.exec_on(ioq, admin_sqe(0x7e, 1), &mut buf)),
+        Status::INVALID_OPCODE
+    );
+    // Property Get is an admin-queue command.
+    let p = PropertyCommand {
+        attrib: 0,
+        offset: 0x14,
+        value: 0,
+    }
+    .to_sqe(0, false);
+    assert_eq!(status(c.exec_on(ioq, p, &mut buf)), Status::INVALID_OPCODE);
+    // Errors land in the error log, newest first.
+    let (_, data) = c.admin(get_log(lid::ERROR_INFORMATION, 128, 0, false, 0));
+    let e = crate::spec::log::ErrorInformationEntry::read_from_bytes(&data[..64]).unwrap();
+    assert_eq!(e.status.get() >> 1, Status::INVALID_OPCODE.to_field() >> 1);
+    assert_eq!(e.sqid.get(), 1);
+    // Disconnect on the I/O queue: success, then the transport closes it.
+    let mut d = Sqe {
+        nsid: opcodes::fabrics::DISCONNECT as u32,
+        ..Default::default()
+    };
+    d.set_opcode_cid(opcodes::FABRICS, 0);
+    assert_eq!(status(c.exec_on(ioq, d, &mut buf)), Status::SUCCESS);
+    assert_eq!(
+        c.t.take_actions(),
+        vec![Action::Disconnect {
+            queue: ioq,
+            key: 201
+        }]
+    );
+    assert!(c.t.queue_closed(ioq, 201).is_empty());
+    assert!(c.io_connect(1, 202).0.status().is_success());
+}
+
+#[test]
+fn connect_rejections() {
+    let mut t = target();
+    let now = Instant::now();
+    let admin = connect_sqe(0, 31, 5000);
+    let mut go = |sqe: &Sqe, data: &[u8]| {
+        let (cqe, ok) = t.connect(now, 1, sqe, data);
+        assert!(ok.is_none());
+        (cqe.status(), cqe.dw0)
+    };
+    let invalid = Status::CONNECT_INVALID_PARAMETERS;
+    // Host not on the allow list: Connect Invalid Host, IPO = HOSTNQN in the data.
+    assert_eq!(
+        go(&admin, &connect_data(0xffff, SUB1, HOST2)),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    assert_eq!(
+        go(&admin, &connect_data(0xffff, SUB2, HOST1)),
+        (invalid, 1 << 16 | 256)
+    );
+    // Garbage NQNs.
+    let mut d = connect_data(0xffff, SUB1, HOST1);
+    d[256..512].fill(b'a');
+    assert_eq!(go(&admin, &d), (invalid, 1 << 16 | 256));
+    assert_eq!(
+        go(
+            &admin,
+            &connect_data(0xffff, SUB1, "iqn.2000-01.com.example:x")
+        ),
+        (invalid, 1 << 16 | 512)
+    );
+    let mut d = connect_data(0xffff, SUB1, HOST1);
+    d[520] = 0xff;
+    assert_eq!(go(&admin, &d), (invalid, 1 << 16 | 512));
+    // Static controller IDs, admin queue size, format, short data.
+    assert_eq!(
+        go(&admin, &connect_data(1, SUB1, HOST1)),
+        (invalid, 1 << 16 | 16)
+    );
+    assert_eq!(
+        go(&connect_sqe(0, 15, 0), &connect_data(0xffff, SUB1, HOST1)),
+        (invalid, 44)
+    );
+    let mut bad = connect_sqe(0, 31, 0);
+    bad.cdw10 |= 1;
+    assert_eq!(
+        go(&bad, &connect_data(0xffff, SUB1, HOST1)).0,
+        Status::CONNECT_INCOMPATIBLE_FORMAT
+    );
+    assert_eq!(go(&admin, &[0u8; 100]).0, Status::DATA_SGL_LENGTH_INVALID);
+    // Not a Connect at all.
+    assert_eq!(
+        go(&identify(1, 0, 0), &connect_data(0xffff, SUB1, HOST1)).0,
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    // I/O queue for a controller that does not exist / on the discovery subsystem.
+    assert_eq!(
+        go(&connect_sqe(1, 31, 0), &connect_data(7, SUB1, HOST1)),
+        (invalid, 1 << 16 | 16)
+    );
+    assert_eq!(
+        go(
+            &connect_sqe(1, 31, 0),
+            &connect_data(7, DISCOVERY_NQN, HOST1)
+        ),
+        (invalid, 42)
+    );
+
+    // An I/O Connect from another host, or with another host ID, is refused.
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.t.set_hosts(SUB1, true, vec![]);
+    let cntlid = c.admin.cntlid;
+    let (cqe, _) = c.t.connect(
+        c.now,
+        5,
+        &connect_sqe(1, 31, 0),
+        &connect_data(cntlid, SUB1, HOST2),
+    );
+    assert_eq!((cqe.status(), cqe.dw0), (invalid, 1 << 16 | 16));
+    let other = ConnectData::new([9; 16], cntlid, SUB1, HOST1);
+    let (cqe, _) =
+        c.t.connect(c.now, 5, &connect_sqe(1, 31, 0), other.as_bytes());
+    assert_eq!((cqe.status(), cqe.dw0), (invalid, 1 << 16));
+    // SQSIZE 0 and above MQES.
+    let (cqe, _) = c.t.connect(
+        c.now,
+        5,
+        &connect_sqe(1, 0, 0),
+        &connect_data(cntlid, SUB1, HOST1),
+    );
+    assert_eq!((cqe.status(), cqe.dw0), (invalid, 44));
+    let (cqe, _) = c.t.connect(
+        c.now,
+        5,
+        &connect_sqe(1, 128, 0),
+        &connect_data(cntlid, SUB1, HOST1),
+    );
+    assert_eq!((cqe.status(), cqe.dw0), (invalid, 44));
+    // Taking HOST1 off the list disconnects its controller.
+    let actions = c.t.set_hosts(SUB1, false, vec![HOST2.to_string()]);
+    assert_eq!(
+        actions,
+        vec![Action::Disconnect {
+            queue: c.admin,
+            key: 100
+        }]
+    );
+}
+
+fn discovery_log(c: &mut Conv) -> (DiscoveryLogHeader, Vec<DiscoveryLogEntry>) {
+    let (cqe, data) = c.admin(get_log(lid::DISCOVERY, 1024, 0, false, 0));
+    assert!(cqe.status().is_success());
+    let h = DiscoveryLogHeader::read_from_bytes(&data).unwrap();
+    let n = h.numrec.get() as u32;
+    let mut entries = Vec::new();
+    if n > 0 {
+        // Linux reads the entries from offset 1024 once it knows NUMREC.
+        let (cqe, data) = c.admin(get_log(lid::DISCOVERY, 1024 * n, 1024, false, 0));
+        assert!(cqe.status().is_success());
+        entries = data
+            .chunks(1024)
+            .map(|e| DiscoveryLogEntry::read_from_bytes(e).unwrap())
+            .collect();
+    }
+    (h, entries)
+}
+
+#[test]
+fn discovery_log_paging_filtering_and_genctr() {
+    let mut t = target();
+    t.add_listener(rdma());
+    t.add_subsystem(SubsystemConfig {
+        listeners: Some(vec![tcp()]),
+        ..subsystem(SUB2, &[])
+    })
+    .unwrap();
+    let mut c2 = Conv::enabled(t, DISCOVERY_NQN, HOST2);
+    let (_, data) = c2.admin(identify(cns::CONTROLLER, 0, 0));
+    let id = IdentifyController::read_from_bytes(&data).unwrap();
+    assert_eq!(id.cntrltype, 2);
+    assert_ne!(id.oaes.get() & (1 << 31), 0);
+    assert_eq!(fabrics::nul_terminated_str(&id.subnqn), Some(DISCOVERY_NQN));
+    assert_eq!(
+        c2.admin(identify(cns::ACTIVE_NS_LIST, 0, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(
+        c2.admin(get_log(lid::SMART_HEALTH, 512, 0, false, 0))
+            .0
+            .status(),
+        Status::INVALID_FIELD
+    );
+
+    // HOST2 sees SUB2 on TCP only, plus the discovery subsystem on both listeners.
+    let (h, e) = discovery_log(&mut c2);
+    assert_eq!(h.numrec.get(), 3);
+    assert_eq!(e[0].subtype, disc::SUBTYPE_NVME);
+    assert_eq!(fabrics::nul_terminated_str(&e[0].subnqn), Some(SUB2));
+    assert_eq!(
+        (e[0].trtype, e[0].adrfam, e[0].portid.get()),
+        (disc::TRTYPE_TCP, disc::ADRFAM_IPV4, 1)
+    );
+    assert_eq!(&e[0].trsvcid[..5], b"4420 ");
+    assert_eq!(&e[0].traddr[..9], b"10.0.0.1 ");
+    assert_eq!((e[0].cntlid.get(), e[0].asqsz.get()), (0xffff, 32));
+    assert_eq!(e[1].subtype, disc::SUBTYPE_CURRENT_DISCOVERY);
+    assert_eq!(e[2].subtype, disc::SUBTYPE_CURRENT_DISCOVERY);
+    assert_eq!(
+        (e[2].trtype, e[2].adrfam),
+        (disc::TRTYPE_RDMA, disc::ADRFAM_IPV6)
+    );
+    assert_eq!(
+        &e[2].tsas[..3],
+        &[1, 1, 1],
+        "QPTYPE connected, PRTYPE none, CMS rdma_cm"
+    );
+    assert_ne!(e[2].eflags.get() & disc::EFLAGS_EPCSD, 0);
+    // Reads past the end are refused, unaligned offsets too; short reads work.
+    assert_eq!(
+        c2.admin(get_log(lid::DISCOVERY, 4, 8192, false, 0))
+            .0
+            .status(),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(
+        c2.admin(get_log(lid::DISCOVERY, 4, 2, false, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+    let (cqe, data) = c2.admin(get_log(lid::DISCOVERY, 16, 0, false, 0));
+    assert!(cqe.status().is_success());
+    assert_eq!(data.len(), 16);
+    assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), 3);
+
+    // HOST1, allowed on SUB1 too, sees it on both listeners.
+    let Conv { t, .. } = c2;
+    let mut c1 = Conv::enabled(t, DISCOVERY_NQN, HOST1);
+    let (h1, e1) = discovery_log(&mut c1);
+    assert_eq!(h1.numrec.get(), 5);
+    assert_eq!(h1.genctr, h.genctr);
+    assert_eq!(fabrics::nul_terminated_str(&e1[0].subnqn), Some(SUB1));
+
+    // Discovery log change notices, once enabled.
+    c1.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 31));
+    let mut buf = [0u8; 0];
+    assert_eq!(
+        c1.exec_on(c1.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf),
+        Outcome::Deferred
+    );
+    let g0 = h1.genctr.get();
+    c1.t.remove_listener(&rdma());
+    let actions = c1.t.take_actions();
+    assert!(matches!(actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.dw0 == 0x70_f0_02));
+    let (h1, e1) = discovery_log(&mut c1);
+    assert!(h1.genctr.get() > g0);
+    assert_eq!(e1.len(), 3);
+    let g1 = h1.genctr.get();
+    c1.t.set_hosts(SUB1, false, vec![HOST2.to_string()]);
+    let (h1, e1) = discovery_log(&mut c1);
+    assert!(h1.genctr.get() > g1);
+    assert_eq!(e1.len(), 2);
+}
+
+struct Counters;
+impl CounterSource for Counters {
+    fn namespace_counters(&self, subnqn: &str, nsid: u32) -> IoCounters {
+        assert_eq!(subnqn, SUB1);
+        IoCounters {
+            read_cmds: 10 * nsid as u64,
+            write_cmds: 1,
+            read_bytes: 512 * 1000 * nsid as u64,
+            write_bytes: 1,
+            errors: 2,
+        }
+    }
+}
+
+#[test]
+fn smart_log_sums_counters() {
+    let mut t = target();
+    t.add_namespace(SUB1, ns(2)).unwrap();
+    let mut c = Conv::enabled(t, SUB1, HOST1);
+    let mut buf = vec![0u8; 512];
+    let mut read = |c: &mut Conv, nsid| {
+        let o = c.t.execute(
+            c.now,
+            c.admin,
+            &get_log(lid::SMART_HEALTH, 512, 0, false, nsid),
+            &mut buf,
+            &Counters,
+        );
+        assert!(
+            matches!(o, Outcome::Complete { cqe, data_len: 512 } if cqe.status().is_success()),
+            "{o:?}"
+        );
+        SmartLog::read_from_bytes(&buf).unwrap()
+    };
+    let all = read(&mut c, 0xffff_ffff);
+    assert_eq!(all.host_read_commands.get(), 30);
+    assert_eq!(all.data_units_read.get(), 3);
+    assert_eq!(all.data_units_written.get(), 1, "2 bytes, rounded up");
+    assert_eq!(all.media_errors.get(), 4);
+    let one = read(&mut c, 2);
+    assert_eq!(one.host_read_commands.get(), 20);
+    assert_eq!(one.data_units_read.get(), 2);
+    let (cqe, _) = c.admin(get_log(lid::SMART_HEALTH, 512, 0, false, 9));
+    assert_eq!(cqe.status(), Status::INVALID_NAMESPACE);
+    // Firmware slot and effects logs; an unknown log.
+    let (_, data) = c.admin(get_log(lid::FIRMWARE_SLOT, 512, 0, false, 0));
+    assert_eq!(data[0], 1);
+    let (_, data) = c.admin(get_log(lid::COMMANDS_EFFECTS, 4096, 0, false, 0));
+    assert_eq!(data[4 * admin::IDENTIFY as usize], 1);
+    assert_eq!(data[1024 + 4 * io::WRITE as usize], 3);
+    assert_eq!(
+        c.admin(get_log(0x42, 512, 0, false, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+}
+
+#[test]
+fn features_round_trip() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    for (f, v) in [
+        (fid::ARBITRATION, 3u32),
+        (fid::TEMPERATURE_THRESHOLD, 350),
+        (fid::ERROR_RECOVERY, 20),
+        (fid::INTERRUPT_COALESCING, 0x0102),
+        (fid::WRITE_ATOMICITY, 1),
+        (fid::ASYNC_EVENT_CONFIG, 1 << 8),
+    ] {
+        assert!(
+            c.admin(set_features(f, v)).0.status().is_success(),
+            "set {f:#x}"
+        );
+        assert_eq!(c.admin(get_features(f, 0, 0)).0.dw0, v, "get {f:#x}");
+    }
+    assert_eq!(
+        c.admin(get_features(fid::TEMPERATURE_THRESHOLD, 1, 0))
+            .0
+            .dw0,
+        343
+    );
+    assert_eq!(
+        c.admin(get_features(fid::VOLATILE_WRITE_CACHE, 0, 0)).0.dw0,
+        1
+    );
+    assert_eq!(
+        c.admin(set_features(fid::VOLATILE_WRITE_CACHE, 0))
+            .0
+            .status(),
+        Status::FEATURE_NOT_CHANGEABLE
+    );
+    assert_eq!(
+        c.admin(set_features(fid::POWER_MANAGEMENT, 1)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(
+        c.admin(set_features(fid::HOST_IDENTIFIER, 1)).0.status(),
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    assert_eq!(
+        c.admin(get_features(fid::HOST_IDENTIFIER, 0, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(
+        c.admin(set_features(0x7d, 0)).0.status(),
+        Status::INVALID_FIELD
+    );
+    assert_eq!(
+        c.admin(get_features(fid::ARBITRATION, 3, 0)).0.dw0,
+        4,
+        "changeable"
+    );
+    let mut sv = set_features(fid::ARBITRATION, 0);
+    sv.cdw10 |= 1 << 31;
+    assert_eq!(c.admin(sv).0.status(), Status::FEATURE_ID_NOT_SAVEABLE);
+    // A subsystem without a volatile cache: feature 06h is Invalid Field.
+    let mut t = Target::new(TargetOptions::default());
+    t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+    t.add_namespace(
+        SUB2,
+        NamespaceConfig {
+            volatile_write_cache: false,
+            ..ns(1)
+        },
+    )
+    .unwrap();
+    let mut c = Conv::enabled(t, SUB2, HOST1);
+    assert_eq!(
+        c.admin(get_features(fid::VOLATILE_WRITE_CACHE, 0, 0))
+            .0
+            .status(),
+        Status::INVALID_FIELD
+    );
+}
+
+#[test]
+fn config_errors() {
+    let mut t = target();
+    assert!(matches!(
+        t.add_subsystem(subsystem(SUB1, &[])),
+        Err(TargetError::DuplicateSubsystem(_))
+    ));
+    assert!(matches!(
+        t.add_subsystem(subsystem("bogus", &[])),
+        Err(TargetError::InvalidNqn(_))
+    ));
+    assert_eq!(
+        t.add_subsystem(subsystem(DISCOVERY_NQN, &[])),
+        Err(TargetError::DiscoverySubsystem)
+    );
+    assert_eq!(
+        t.add_namespace(SUB1, ns(1)),
+        Err(TargetError::DuplicateNamespace(1))
+    );
+    assert!(t
+        .add_namespace(
+            SUB1,
+            NamespaceConfig {
+                block_size: 1000,
+                ..ns(4)
+            }
+        )
+        .is_err());
+    assert!(t.add_namespace(SUB1, ns(0)).is_err());
+    assert_eq!(
+        t.add_namespace(DISCOVERY_NQN, ns(1)),
+        Err(TargetError::DiscoverySubsystem)
+    );
+    assert_eq!(
+        t.remove_namespace(SUB1, 9),
+        Err(TargetError::UnknownNamespace(9))
+    );
+    assert!(t.remove_subsystem(DISCOVERY_NQN).is_empty());
+    let c = Conv::enabled(t, SUB1, HOST1);
+    let Conv { mut t, admin, .. } = c;
+    assert_eq!(
+        t.remove_subsystem(SUB1),
+        vec![Action::Disconnect {
+            queue: admin,
+            key: 100
+        }]
+    );
+}
+
+fn arb_sqe() -> impl Strategy<Value = Sqe> {
+    let opcode = prop_oneof![
+        Just(opcodes::FABRICS),
+        Just(admin::IDENTIFY),
+        Just(admin::GET_LOG_PAGE),
+        Just(admin::SET_FEATURES),
+        Just(admin::GET_FEATURES),
+        Just(admin::ASYNC_EVENT_REQUEST),
+        any::<u8>()
+    ];
+    (opcode, proptest::collection::vec(any::<u8>(), 64), 0u32..3).prop_map(|(op, bytes, small)| {
+        let mut s = Sqe::from_bytes(&bytes).unwrap();
+        s.set_opcode_cid(op, s.cid());
+        if small > 0 {
+            // Keep some NSIDs and lengths in the interesting range.
+            s.nsid %= 4;
+            s.cdw10 = (s.cdw10 & 0x00ff_ffff) | ((s.cdw10 >> 24) % 4) << 16;
+            s.cdw11 &= 0xff00_00ff;
+            s.cdw12 = (s.cdw12 % 4096) & !3;
+            s.cdw13 = 0;
+        }
+        s
+    })
+}
+
+proptest! {
+    #[test]
+    fn random_capsules_never_panic(
+        sqes in proptest::collection::vec((arb_sqe(), 0u16..3, 0usize..6000, any::<bool>()), 1..40),
+        connect_bytes in proptest::collection::vec(any::<u8>(), 0..1100),
+    ) {
+        let mut t = target();
+        t.add_listener(rdma());
+        let mut c = Conv::enabled(t, SUB1, HOST1);
+        c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+        c.io_connect(1, 201);
+        let _ = c.t.connect(c.now, 9, &arb_sqe_fixed(&connect_bytes), &connect_bytes);
+        for (i, (sqe, qid, len, add_ns)) in sqes.into_iter().enumerate() {
+            c.now += Duration::from_millis(100);
+            let mut data = vec![0u8; len];
+            let q = QueueRef { cntlid: c.admin.cntlid, qid };
+            match c.t.execute(c.now, q, &sqe, &mut data, &Counters) {
+                Outcome::Complete { data_len, .. } => prop_assert!(data_len as usize <= data.len()),
+                Outcome::Deferred => {}
+            }
+            let _ = c.t.connect(c.now, 50 + i as u64, &sqe, &data);
+            if add_ns {
+                let _ = c.t.add_namespace(SUB1, ns(2 + i as u32));
+            }
+            let _ = c.t.take_actions();
+            let _ = c.t.poll_timeouts(c.now);
+        }
+    }
+}
+
+fn arb_sqe_fixed(bytes: &[u8]) -> Sqe {
+    let mut b = [0u8; 64];
+    let n = bytes.len().min(64);
+    b[..n].copy_from_slice(&bytes[..n]);
+    let mut s = Sqe::from_bytes(&b).unwrap();
+    s.set_opcode_cid(opcodes::FABRICS, 1);
+    s.nsid = opcodes::fabrics::CONNECT as u32;
+    s
+}
