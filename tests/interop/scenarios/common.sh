@@ -33,7 +33,8 @@ check_fails() {
     echo "\$ $* (must fail)"
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out"
-    if [ $rc -ne 0 ]; then pass "$name"; else fail "$name" "command succeeded but must fail"; fi
+    if [ $rc -eq 124 ]; then fail "$name" "timed out (a hang is not a refusal)"
+    elif [ $rc -ne 0 ]; then pass "$name"; else fail "$name" "command succeeded but must fail"; fi
 }
 # expect NAME ACTUAL EXPECTED
 expect() {

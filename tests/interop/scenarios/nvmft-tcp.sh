@@ -81,6 +81,9 @@ start_target() {
 stop_target() {
     [ -n "$TGT_PID" ] || return 0
     if [ "$PEER" = kernel ]; then kpeer_down; pass "$1"; TGT_PID=; return; fi
+    if ! kill -0 "$TGT_PID" 2>/dev/null; then
+        wait "$TGT_PID"; fail "$1" "daemon had already exited (rc=$?) before SIGTERM"; TGT_PID=; return
+    fi
     kill -CONT "$TGT_PID" 2>/dev/null
     kill -TERM "$TGT_PID" 2>/dev/null
     local end=$((SECONDS + 15)) rc
@@ -105,7 +108,7 @@ trap cleanup EXIT
 
 connect_main() { # extra nvme-connect args...
     echo "\$ nvme connect -t tcp -a $ADDR -s $PORT -n $NQN $*"
-    nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" "$@" 2>&1 &&
+    timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" "$@" 2>&1 &&
         wait_ns "$NQN" 1 30 && wait_ns "$NQN" 2 10
 }
 ns_uuid() { nvme ns-descs "$1" -o json 2>/dev/null | jq -r '."ns-descs"[]? | select(.type=="uuid") | .uuid' | head -1; }
@@ -134,7 +137,7 @@ else
 fi
 
 # --- discovery ---
-out=$(nvme discover -t tcp -a "$ADDR" -s "$PORT" 2>&1); rc=$?; echo "$out"
+out=$(timeout 60 nvme discover -t tcp -a "$ADDR" -s "$PORT" 2>&1); rc=$?; echo "$out"
 if [ $rc -eq 0 ] && echo "$out" | grep -q "subnqn: *$NQN\$"; then pass discover
 else fail discover "rc=$rc; $NQN not in the discovery log: $(echo "$out" | tail -2)"; fi
 if echo "$out" | grep -q "subnqn: *$RNQN\$"; then
@@ -271,7 +274,7 @@ fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 
 # --- connect-all through the discovery controller ---
-out=$(nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1); rc=$?; echo "$out"
+out=$(timeout 60 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1); rc=$?; echo "$out"
 if [ $rc -eq 0 ] && wait_ns "$NQN" 1 30; then pass connect-all
 else fail connect-all "rc=$rc, namespaces of $NQN: $(ns_dev "$NQN" 1)"; fi
 if [ -n "$(ctrls_for_nqn "$RNQN")" ]; then fail connect-all-skips-restricted "connected to $RNQN"
@@ -280,18 +283,18 @@ nvme disconnect -n "$NQN" >/dev/null 2>&1; nvme disconnect -n "$RNQN" >/dev/null
 wait_until 10 nqn_gone "$NQN"
 
 # --- host access control ---
-out=$(nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$OTHER_NQN" --hostid="$OTHER_ID" 2>&1); echo "$out"
+out=$(timeout 60 nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$OTHER_NQN" --hostid="$OTHER_ID" 2>&1); echo "$out"
 if echo "$out" | grep -q "subnqn: *$RNQN\$"; then fail discover-unknown-host-hidden "$RNQN listed for $OTHER_NQN"
 else pass discover-unknown-host-hidden; fi
-out=$(nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$ALLOWED_NQN" --hostid="$ALLOWED_ID" 2>&1); echo "$out"
+out=$(timeout 60 nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn="$ALLOWED_NQN" --hostid="$ALLOWED_ID" 2>&1); echo "$out"
 if echo "$out" | grep -q "subnqn: *$RNQN\$"; then pass discover-allowed-host-sees
 else fail discover-allowed-host-sees "$RNQN not listed for its allowed host"; fi
-check_fails connect-unknown-host-refused nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$RNQN" \
+check_fails connect-unknown-host-refused timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$RNQN" \
     --hostnqn="$OTHER_NQN" --hostid="$OTHER_ID"
 sleep 1
 if [ -n "$(ctrls_for_nqn "$RNQN")" ]; then fail unknown-host-no-controller "a controller for $RNQN exists"
 else pass unknown-host-no-controller; fi
-if check connect-allowed-host nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$RNQN" \
+if check connect-allowed-host timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$RNQN" \
         --hostnqn="$ALLOWED_NQN" --hostid="$ALLOWED_ID"; then
     if wait_ns "$RNQN" 1 20 && dev_io_ok "$(ns_dev "$RNQN" 1)"; then pass allowed-host-io
     else fail allowed-host-io "no namespace / I/O failed on $RNQN"; fi
@@ -340,7 +343,7 @@ KR=$(sed -n 's/.*kernel_tcp_randread_iops=\([0-9]*\).*/\1/p' "$LOGDIR/kernel-tcp
 if [ -z "$KR" ]; then
     note "kernel-tcp did not run in this boot: measuring the kernel target here"
     if nvmet_up "$KERNEL_NQN" tcp "$ADDR" "$KERNEL_TCP_PORT" 30 256 &&
-       nvme connect -t tcp -a "$ADDR" -s "$KERNEL_TCP_PORT" -n "$KERNEL_NQN" && wait_ns "$KERNEL_NQN" 1 20; then
+       timeout 60 nvme connect -t tcp -a "$ADDR" -s "$KERNEL_TCP_PORT" -n "$KERNEL_NQN" && wait_ns "$KERNEL_NQN" 1 20; then
         fio_rw_verify kernel-peer "$(ns_dev "$KERNEL_NQN" 1)" 64M
         KR=$FIO_R_IOPS
     fi
