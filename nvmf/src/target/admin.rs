@@ -550,9 +550,9 @@ fn set_features(
             if !ctrl.io_queues.is_empty() {
                 return Err(Status::COMMAND_SEQUENCE_ERROR);
             }
-            let granted = (nsqr.min(ncqr) + 1).min(opts.max_io_queues).max(1);
+            let granted = (nsqr.min(ncqr) + 1).min(opts.max_io_queues);
             feats.io_queues = granted;
-            let n = granted - 1;
+            let n = granted.saturating_sub(1);
             return Reply::dw0(features::number_of_queues(n, n));
         }
         fid::INTERRUPT_COALESCING => feats.interrupt_coalescing = v & 0xffff,

@@ -190,7 +190,8 @@ impl ConnectOk {
     }
 }
 
-/// The answer to a capsule given to [`Target::execute`].
+/// The answer to a capsule given to [`Target::execute`]. The CQE carries CID, SQID,
+/// status and DW0/DW1; SQHD is left 0 for the transport to fill (it owns the SQ head).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Send this CQE; if `data_len > 0`, first send `data[..data_len]` to the host.
