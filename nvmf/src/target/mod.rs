@@ -713,7 +713,10 @@ impl Target {
             if cntlid != fabrics::CNTLID_DYNAMIC {
                 return Err(ConnectError::data(invalid, data_off::CNTLID));
             }
-            if cmd.sqsize < ADMIN_QUEUE_ENTRIES - 1 || cmd.sqsize >= ADMIN_QUEUE_ENTRIES {
+            // At least the 32 entries the spec requires; more (up to MQES) is tolerated
+            // for hosts that size the admin queue like an I/O queue.
+            let max = (ADMIN_QUEUE_ENTRIES - 1).max(self.opts.max_queue_depth.saturating_sub(1));
+            if cmd.sqsize < ADMIN_QUEUE_ENTRIES - 1 || cmd.sqsize > max {
                 return Err(ConnectError::sqe(sqe_off::SQSIZE));
             }
             let cntlid = self

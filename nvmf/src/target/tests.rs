@@ -642,6 +642,10 @@ fn connect_rejections() {
         go(&connect_sqe(0, 15, 0), &connect_data(0xffff, SUB1, HOST1)),
         (invalid, 44)
     );
+    assert_eq!(
+        go(&connect_sqe(0, 128, 0), &connect_data(0xffff, SUB1, HOST1)),
+        (invalid, 44)
+    );
     let mut bad = connect_sqe(0, 31, 0);
     bad.cdw10 |= 1;
     assert_eq!(
