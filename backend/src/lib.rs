@@ -31,7 +31,7 @@ pub enum Op {
     /// Store `buf[..nblocks * block_size]` at `lba`; with `fua` the data is durable when
     /// the completion arrives.
     Write { fua: bool },
-    /// Make every completed write durable.
+    /// Make every completed write durable. `lba` and `nblocks` are ignored.
     Flush,
     /// Zero `nblocks` from `lba` (no buffer).
     WriteZeroes,
@@ -40,13 +40,22 @@ pub enum Op {
 }
 
 /// One request. `tag` comes back unchanged in the completion.
+///
+/// A request the backend can check up front (range, buffer) is still accepted by
+/// `submit` and fails in its completion: `lba + nblocks` past the end (or overflowing)
+/// gives [`IoStatus::OutOfRange`], a missing or short buffer [`IoStatus::Unsupported`].
+/// `nblocks == 0` completes `Ok` without I/O (NVMe's NLB is 0-based, so the engine never
+/// sends it).
 #[derive(Debug)]
 pub struct Request {
     pub tag: u64,
     pub op: Op,
     pub lba: u64,
     pub nblocks: u32,
-    /// Data buffer for Read/Write, at least `nblocks * block_size` bytes.
+    /// Data buffer for Read/Write. Write stores the first `nblocks * block_size` bytes of
+    /// `buf.as_slice()` (so `len()` must cover them). Read needs `capacity()` to cover
+    /// them and, on success, sets `len()` to exactly `nblocks * block_size`. Any other
+    /// op returns the buffer untouched.
     pub buf: Option<IoBuf>,
 }
 
@@ -114,9 +123,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn flush_sync(&self) -> Result<(), Error>;
 }
 
-/// A per-thread queue. Not shared: one IO thread submits and polls.
+/// A per-thread queue. Not shared: one IO thread creates it, submits and polls (it is
+/// not `Send`: the file queue's io_uring is bound to its creating thread).
+///
+/// Dropping a queue with requests in flight waits for the kernel to finish with their
+/// buffers (never frees memory the kernel may still write) and discards their
+/// completions; drain it first to get them.
 pub trait BackendQueue {
     /// Queue a request; it is started no later than the next [`BackendQueue::poll`].
+    /// Returns `Full` (with the request) when `in_flight()` has reached the depth.
     fn submit(&mut self, req: Request) -> Result<(), SubmitError>;
     /// Start queued work and collect finished requests into `out` (appended). Returns
     /// how many completions were appended. Never blocks.

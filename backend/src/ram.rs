@@ -73,7 +73,7 @@ impl RamBackend {
                 "ram: block size {block_size} is not a power of two in 512..=65536"
             )));
         }
-        if size_bytes == 0 || size_bytes % u64::from(block_size) != 0 {
+        if size_bytes == 0 || size_bytes & (u64::from(block_size) - 1) != 0 {
             return Err(Error::Invalid(format!(
                 "ram: size {size_bytes} is not a non-zero multiple of the block size {block_size}"
             )));
