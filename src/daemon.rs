@@ -1,1 +1,677 @@
-//! IO threads, acceptor and the application glue (placeholder; being written).
+//! The running daemon: backends, the engine, IO threads, the acceptor, signals.
+//!
+//! Threads (DESIGN.md, "Threads and ownership"):
+//! - the main thread owns the listeners, the engine's main context and the signals; it
+//!   hands each accepted connection to the IO thread with the fewest QPs and runs the
+//!   keep-alive timers;
+//! - each IO thread owns one engine IO context and runs it to completion. It answers the
+//!   capsules the engine hands up (Fabrics Connect, admin commands, unusual I/O) through
+//!   the shared `nvmf::target::Target`, which only this slow path locks.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use backend::Backend;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nvmf::spec::{opcodes, Cqe, DataDirection, Sqe, Status};
+use nvmf::target::{
+    Action, CounterSource, IoCounters, ListenerInfo, NamespaceConfig, Outcome, QueueRef,
+    SubsystemConfig, Target, TargetOptions, Transport,
+};
+use sta::soft::StaIo;
+use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
+
+use crate::config::{BackendKind, Config, IoThreads, TransportKind};
+
+/// How long a graceful stop waits for IO threads to drain before giving up on them.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the main thread and other IO threads send to an IO thread.
+enum ThreadMsg {
+    Conn(TcpStream, SocketAddr),
+    Action(Action),
+    Stop,
+}
+
+/// State every IO thread and the main thread share. Only the non-offloaded path locks it.
+struct Shared {
+    target: Mutex<Target>,
+    subsys_ids: Mutex<HashMap<String, SubsysId>>,
+    stats: sta::Stats,
+    threads: Vec<Sender<ThreadMsg>>,
+    qp_counts: Vec<AtomicUsize>,
+}
+
+impl Shared {
+    fn target(&self) -> MutexGuard<'_, Target> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Send actions to the IO threads that own the queues they concern.
+    fn route(&self, actions: Vec<Action>) {
+        for a in actions {
+            let key = match &a {
+                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
+            };
+            if let Some(tx) = self.threads.get(thread_of(key)) {
+                let _ = tx.send(ThreadMsg::Action(a));
+            }
+        }
+    }
+}
+
+/// A queue key names the IO thread (top byte) and the QP on it.
+fn queue_key(thread: usize, qp: QpHandle) -> u64 {
+    (thread as u64) << 56 | (qp.as_u64() & ((1 << 56) - 1))
+}
+fn thread_of(key: u64) -> usize {
+    (key >> 56) as usize
+}
+
+struct Counters<'a>(&'a Shared);
+
+impl CounterSource for Counters<'_> {
+    fn namespace_counters(&self, subnqn: &str, nsid: u32) -> IoCounters {
+        let id = self
+            .0
+            .subsys_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(subnqn)
+            .copied();
+        let Some(id) = id else {
+            return IoCounters::default();
+        };
+        let t = self.0.stats.namespace(id, nsid);
+        IoCounters {
+            read_cmds: t.read_cmds,
+            write_cmds: t.write_cmds,
+            read_bytes: t.read_bytes,
+            write_bytes: t.write_bytes,
+            errors: t.errors,
+        }
+    }
+}
+
+fn open_backend(b: &crate::config::BackendConfig) -> anyhow::Result<Arc<dyn Backend>> {
+    Ok(match &b.kind {
+        BackendKind::Ram { size, block_size } => backend::ram::RamBackend::new(*size, *block_size)
+            .with_context(|| format!("backend {}: RAM", b.name))?,
+        BackendKind::File {
+            path,
+            size,
+            block_size,
+            direct,
+        } => backend::file::FileBackend::open(
+            path,
+            backend::file::FileOptions {
+                create_size: *size,
+                block_size: *block_size,
+                direct: *direct,
+            },
+        )
+        .with_context(|| format!("backend {}: {}", b.name, path.display()))?,
+    })
+}
+
+pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let source = config_path.map_or_else(
+        || "<embedded default>".to_string(),
+        |p| p.display().to_string(),
+    );
+    tracing::info!(
+        "nvmf-target {} starting with {source}",
+        env!("CARGO_PKG_VERSION")
+    );
+
+    // Signals first, so every thread spawned later inherits the blocked mask and only the
+    // signalfd sees them.
+    let mut mask = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        mask.add(s);
+    }
+    mask.thread_block().context("blocking signals")?;
+    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .context("signalfd")?;
+
+    let soft = SoftConfig::default();
+    let mut sta = Sta::new(soft);
+    let caps = sta.caps();
+    let mut target = Target::new(TargetOptions {
+        max_queue_depth: caps.max_queue_depth,
+        max_io_queues: 64,
+        mdts: (caps.max_io_size / 4096).trailing_zeros() as u8,
+        ioccsz_bytes: caps.max_incapsule_data,
+        max_namespaces: 1024,
+        kato_default_ms: 120_000,
+        firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+    });
+
+    // Listeners.
+    let mut listeners = Vec::new();
+    let mut listener_infos = HashMap::new();
+    for l in &cfg.listeners {
+        let info = ListenerInfo {
+            transport: match l.transport {
+                TransportKind::Tcp => Transport::Tcp,
+                TransportKind::Rdma => Transport::Rdma,
+            },
+            addr: l.address,
+            port: l.port,
+        };
+        if matches!(l.transport, TransportKind::Rdma) {
+            bail!(
+                "listener {}: NVMe/RDMA is not available in this build yet (TCP only); \
+                 remove the rdma listener or use transport: tcp",
+                l.name
+            );
+        }
+        let addr = SocketAddr::new(l.address, l.port);
+        let sock =
+            TcpListener::bind(addr).with_context(|| format!("listener {}: bind {addr}", l.name))?;
+        sock.set_nonblocking(true)?;
+        tracing::info!("listening on {addr} (nvme/tcp, listener {})", l.name);
+        listener_infos.insert(l.name.clone(), info.clone());
+        target.add_listener(info);
+        listeners.push(sock);
+    }
+
+    // Backends, subsystems, namespaces.
+    let mut backends = HashMap::new();
+    for b in &cfg.backends {
+        let be = open_backend(b)?;
+        tracing::info!(
+            "backend {}: {} ({} blocks of {} bytes)",
+            b.name,
+            be.describe(),
+            be.num_blocks(),
+            be.block_size()
+        );
+        backends.insert(b.name.clone(), be);
+    }
+    let mut subsys_ids = HashMap::new();
+    for s in &cfg.subsystems {
+        let ls = if s.listeners.is_empty() {
+            None
+        } else {
+            Some(
+                s.listeners
+                    .iter()
+                    .filter_map(|n| listener_infos.get(n).cloned())
+                    .collect(),
+            )
+        };
+        target
+            .add_subsystem(SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                listeners: ls,
+            })
+            .map_err(|e| anyhow::anyhow!("subsystem {}: {e}", s.nqn))?;
+        let id = sta.subsystem_create(&s.nqn);
+        subsys_ids.insert(s.nqn.clone(), id);
+        for ns in &s.namespaces {
+            let be = backends
+                .get(&ns.backend)
+                .with_context(|| format!("namespace {}: no backend {}", ns.nsid, ns.backend))?
+                .clone();
+            sta.ns_add(id, ns.nsid, be.clone())
+                .map_err(|e| anyhow::anyhow!("subsystem {} namespace {}: {e}", s.nqn, ns.nsid))?;
+            target
+                .add_namespace(
+                    &s.nqn,
+                    NamespaceConfig {
+                        nsid: ns.nsid,
+                        block_size: be.block_size(),
+                        num_blocks: be.num_blocks(),
+                        uuid: ns.uuid,
+                        nguid: ns.nguid,
+                        eui64: ns.eui64,
+                        volatile_write_cache: be.volatile_write_cache(),
+                    },
+                )
+                .map_err(|e| anyhow::anyhow!("subsystem {} namespace {}: {e}", s.nqn, ns.nsid))?;
+            tracing::info!(
+                "subsystem {} namespace {} on backend {}",
+                s.nqn,
+                ns.nsid,
+                ns.backend
+            );
+        }
+    }
+
+    // IO threads.
+    let (count, cpus) = match &cfg.threads {
+        IoThreads::Count(n) => (*n, None),
+        IoThreads::Cpus(list) => (list.len(), Some(list.clone())),
+    };
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..count {
+        let (tx, rx) = unbounded();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    let shared = Arc::new(Shared {
+        target: Mutex::new(target),
+        subsys_ids: Mutex::new(subsys_ids),
+        stats: sta.stats(),
+        threads: senders,
+        qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
+    });
+    let alive = Arc::new(AtomicUsize::new(count));
+    let mut handles: Vec<JoinHandle<()>> = Vec::new();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let io = sta.io_create();
+        let shared = shared.clone();
+        let cpu = cpus.as_ref().map(|c| c[i]);
+        let alive = alive.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("nvmft-io{i}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    let mut set = nix::sched::CpuSet::new();
+                    if set.set(cpu).is_ok() {
+                        if let Err(e) =
+                            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                        {
+                            tracing::warn!("io thread {i}: cannot pin to cpu {cpu}: {e}");
+                        }
+                    }
+                }
+                match io.start() {
+                    Ok(io) => IoThread::new(i, io, shared, rx).run(),
+                    Err(e) => {
+                        tracing::error!("io thread {i}: cannot start its engine context: {e}")
+                    }
+                }
+                alive.fetch_sub(1, Ordering::SeqCst);
+            })
+            .context("spawning an IO thread")?;
+        handles.push(h);
+    }
+    tracing::info!(
+        "ready: {} listener(s), {count} IO thread(s)",
+        listeners.len()
+    );
+
+    // Main loop: accept, signals, timers, engine main context.
+    let mut next_timer = Instant::now();
+    let stop_reason;
+    loop {
+        let mut fds: Vec<PollFd> = listeners
+            .iter()
+            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+            .collect();
+        fds.push(PollFd::new(sfd.as_fd(), PollFlags::POLLIN));
+        let _ = nix::poll::poll(&mut fds, PollTimeout::from(100u16));
+        drop(fds);
+        if let Ok(Some(si)) = sfd.read_signal() {
+            match Signal::try_from(si.ssi_signo as i32) {
+                Ok(Signal::SIGHUP) => {
+                    tracing::warn!(
+                        "SIGHUP: live reload is not implemented yet; configuration unchanged"
+                    );
+                }
+                Ok(s) => {
+                    stop_reason = format!("{s:?}");
+                    break;
+                }
+                Err(_) => {}
+            }
+        }
+        for l in &listeners {
+            loop {
+                match l.accept() {
+                    Ok((sock, peer)) => {
+                        let t = (0..count)
+                            .min_by_key(|&t| shared.qp_counts[t].load(Ordering::Relaxed))
+                            .unwrap_or(0);
+                        shared.qp_counts[t].fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!("connection from {peer} to io thread {t}");
+                        let _ = shared.threads[t].send(ThreadMsg::Conn(sock, peer));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        if now >= next_timer {
+            next_timer = now + Duration::from_millis(100);
+            let actions = shared.target().poll_timeouts(now);
+            for a in &actions {
+                if let Action::Disconnect { queue, .. } = a {
+                    tracing::info!(
+                        "keep-alive expired: controller {} queue {} torn down",
+                        queue.cntlid,
+                        queue.qid
+                    );
+                }
+            }
+            shared.route(actions);
+        }
+        while sta.progress().is_some() {}
+        if alive.load(Ordering::SeqCst) < count {
+            stop_reason = "an IO thread exited".to_string();
+            break;
+        }
+    }
+
+    // Graceful stop: no new connections, drain every QP, flush backends.
+    tracing::info!("stopping ({stop_reason}): closing listeners, draining IO threads");
+    drop(listeners);
+    for tx in &shared.threads {
+        let _ = tx.send(ThreadMsg::Stop);
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while alive.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stuck = alive.load(Ordering::SeqCst);
+    if stuck > 0 {
+        tracing::error!(
+            "{stuck} IO thread(s) did not drain within {STOP_TIMEOUT:?}; exiting anyway"
+        );
+    } else {
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+    let mut failed = false;
+    for (name, b) in &backends {
+        if let Err(e) = b.flush_sync() {
+            tracing::error!("backend {name}: flush at shutdown failed: {e}");
+            failed = true;
+        }
+    }
+    tracing::info!("stopped");
+    if failed {
+        bail!("some backends could not be flushed");
+    }
+    Ok(())
+}
+
+/// A command waiting for the host's data (rdma_read) before it can run.
+struct Waiting {
+    qp: QpHandle,
+    token: CmdToken,
+    sqe: Sqe,
+}
+
+#[derive(Default)]
+struct QpApp {
+    queue: Option<QueueRef>,
+    /// The target was told this queue is gone.
+    closed: bool,
+}
+
+struct IoThread {
+    index: usize,
+    io: StaIo,
+    shared: Arc<Shared>,
+    rx: Receiver<ThreadMsg>,
+    qps: HashMap<QpHandle, QpApp>,
+    /// Asynchronous Event Requests held by the target, by (cntlid, cid).
+    held: HashMap<(u16, u16), (QpHandle, CmdToken)>,
+    waiting: HashMap<u64, Waiting>,
+    next_wait: u64,
+    stopping: bool,
+}
+
+impl IoThread {
+    fn new(index: usize, io: StaIo, shared: Arc<Shared>, rx: Receiver<ThreadMsg>) -> IoThread {
+        IoThread {
+            index,
+            io,
+            shared,
+            rx,
+            qps: HashMap::new(),
+            held: HashMap::new(),
+            waiting: HashMap::new(),
+            next_wait: 1,
+            stopping: false,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            while let Ok(m) = self.rx.try_recv() {
+                self.on_msg(m);
+            }
+            self.io.progress(Duration::from_millis(1));
+            while let Some(ev) = self.io.poll_event() {
+                self.on_event(ev);
+            }
+            self.shared.qp_counts[self.index].store(self.qps.len(), Ordering::Relaxed);
+            if self.stopping && self.qps.is_empty() && !self.io.busy() {
+                return;
+            }
+        }
+    }
+
+    fn on_msg(&mut self, m: ThreadMsg) {
+        match m {
+            ThreadMsg::Conn(sock, peer) => {
+                if self.stopping {
+                    return;
+                }
+                match self.io.qp_accept_tcp(sock, 0) {
+                    Ok(qp) => {
+                        tracing::debug!(qp = qp.as_u64(), "io{}: accepted {peer}", self.index);
+                        self.qps.insert(qp, QpApp::default());
+                    }
+                    Err(e) => {
+                        tracing::warn!("io{}: cannot take connection from {peer}: {e}", self.index)
+                    }
+                }
+            }
+            ThreadMsg::Action(a) => self.on_action(a),
+            ThreadMsg::Stop => {
+                self.stopping = true;
+                let qps: Vec<QpHandle> = self.qps.keys().copied().collect();
+                for qp in qps {
+                    self.close_queue(qp);
+                    let _ = self.io.qp_disconnect(qp, 0);
+                }
+            }
+        }
+    }
+
+    fn on_action(&mut self, a: Action) {
+        match a {
+            Action::CompleteHeld { queue, key: _, cqe } => {
+                if let Some((qp, token)) = self.held.remove(&(queue.cntlid, cqe.cid)) {
+                    let _ = self.io.rdma_send(qp, token, &cqe, 0);
+                }
+            }
+            Action::Disconnect { queue, key } => {
+                let Some(qp) = self.qps.iter().find_map(|(h, a)| {
+                    (queue_key(self.index, *h) == key || a.queue == Some(queue)).then_some(*h)
+                }) else {
+                    return;
+                };
+                if let Some(a) = self.qps.get_mut(&qp) {
+                    a.closed = true;
+                }
+                self.held.retain(|_, (h, _)| *h != qp);
+                let _ = self.io.qp_disconnect(qp, 0);
+            }
+        }
+    }
+
+    /// Tell the target a queue is gone (once), and route what follows from it.
+    fn close_queue(&mut self, qp: QpHandle) {
+        let Some(app) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        if app.closed {
+            return;
+        }
+        app.closed = true;
+        self.held.retain(|_, (h, _)| *h != qp);
+        if let Some(q) = app.queue {
+            let actions = self
+                .shared
+                .target()
+                .queue_closed(q, queue_key(self.index, qp));
+            self.route_or_apply(actions);
+        }
+    }
+
+    fn route_or_apply(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            let key = match &a {
+                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
+            };
+            if thread_of(key) == self.index {
+                self.on_action(a);
+            } else {
+                self.shared.route(vec![a]);
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::NonOffload {
+                qp,
+                token,
+                sqe,
+                payload_len: _,
+                payload_valid,
+                ..
+            } => {
+                let h2c = matches!(sqe.data_direction(), DataDirection::HostToController);
+                if h2c && !payload_valid {
+                    let id = self.next_wait;
+                    self.next_wait += 1;
+                    self.waiting.insert(id, Waiting { qp, token, sqe });
+                    if self.io.rdma_read(qp, token, id).is_err() {
+                        self.waiting.remove(&id);
+                    }
+                } else {
+                    self.execute(qp, token, &sqe);
+                }
+            }
+            Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                user,
+                result,
+                ..
+            } => {
+                if let Some(w) = self.waiting.remove(&user) {
+                    match result {
+                        Ok(()) => self.execute(w.qp, w.token, &w.sqe),
+                        Err(_) => {
+                            let cqe = Cqe::new(w.sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR);
+                            let _ = self.io.rdma_send(w.qp, w.token, &cqe, 0);
+                        }
+                    }
+                }
+            }
+            Event::TaskDone {
+                kind: TaskKind::QpDisconnect,
+                qp,
+                ..
+            } => {
+                self.close_queue(qp);
+                self.qps.remove(&qp);
+                self.waiting.retain(|_, w| w.qp != qp);
+            }
+            Event::TaskDone { .. } => {}
+            Event::TransportError { qp, kind, .. } => {
+                tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
+                self.close_queue(qp);
+                let _ = self.io.qp_disconnect(qp, 0);
+            }
+        }
+    }
+
+    /// Answer one non-offloaded command whose host data (if any) is in its payload.
+    fn execute(&mut self, qp: QpHandle, token: CmdToken, sqe: &Sqe) {
+        let now = Instant::now();
+        let key = queue_key(self.index, qp);
+        let shared = self.shared.clone();
+        let Some(payload) = self.io.payload(token) else {
+            return;
+        };
+        if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
+            let (cqe, ok) = shared.target().connect(now, key, sqe, payload);
+            if let Some(ok) = ok {
+                let queue = QueueRef {
+                    cntlid: ok.cntlid,
+                    qid: ok.qid,
+                };
+                if let Some(a) = self.qps.get_mut(&qp) {
+                    a.queue = Some(queue);
+                }
+                if ok.qid > 0 {
+                    let id = shared
+                        .subsys_ids
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&ok.subnqn)
+                        .copied();
+                    if let Some(id) = id {
+                        let _ = self.io.qp_add_subsystem(qp, id);
+                    }
+                }
+                let _ = self.io.qp_connect_set_params(
+                    qp,
+                    ok.qid,
+                    ok.sqsize,
+                    ok.disable_sq_flow_control,
+                );
+                tracing::info!(
+                    "io{}: controller {} queue {} connected to {}",
+                    self.index,
+                    ok.cntlid,
+                    ok.qid,
+                    ok.subnqn
+                );
+            }
+            let _ = self.io.rdma_send(qp, token, &cqe, 0);
+            let actions = shared.target().take_actions();
+            self.route_or_apply(actions);
+            return;
+        }
+        let Some(queue) = self.qps.get(&qp).and_then(|a| a.queue) else {
+            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_SEQUENCE_ERROR);
+            let _ = self.io.rdma_send(qp, token, &cqe, 0);
+            return;
+        };
+        let (outcome, actions) = {
+            let mut t = shared.target();
+            let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
+            (o, t.take_actions())
+        };
+        match outcome {
+            Outcome::Complete { cqe, data_len } if data_len > 0 => {
+                let _ = self.io.rdma_write_send(qp, token, &cqe, data_len, 0);
+            }
+            Outcome::Complete { cqe, .. } => {
+                let _ = self.io.rdma_send(qp, token, &cqe, 0);
+            }
+            Outcome::Deferred => {
+                self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
+            }
+        }
+        self.route_or_apply(actions);
+    }
+}

@@ -127,7 +127,11 @@ pub enum Event {
 pub enum MainEvent {
     /// An `ns_remove` task finished: no IO context serves the namespace any more and its
     /// backend queues are gone.
-    NsRemoved { subsys: SubsysId, nsid: u32, user: u64 },
+    NsRemoved {
+        subsys: SubsysId,
+        nsid: u32,
+        user: u64,
+    },
 }
 
 /// Engine limits (DOCA: `doca_sta_get_max_*`).
@@ -159,7 +163,10 @@ impl NsCounters {
     /// Single-writer increment: a plain load and store, no locked instruction.
     #[inline]
     pub(crate) fn bump(c: &AtomicU64, by: u64) {
-        c.store(c.load(Ordering::Relaxed).wrapping_add(by), Ordering::Relaxed);
+        c.store(
+            c.load(Ordering::Relaxed).wrapping_add(by),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -193,12 +200,18 @@ pub(crate) struct StatsRegistry {
 impl StatsRegistry {
     pub(crate) fn register_ns(&self, subsys: SubsysId, nsid: u32) -> Arc<NsCounters> {
         let c = Arc::new(NsCounters::default());
-        self.ns.lock().unwrap_or_else(|e| e.into_inner()).push((subsys, nsid, c.clone()));
+        self.ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((subsys, nsid, c.clone()));
         c
     }
     pub(crate) fn register_thread(&self) -> Arc<ThreadCounters> {
         let c = Arc::new(ThreadCounters::default());
-        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(c.clone());
+        self.threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(c.clone());
         c
     }
 }
@@ -228,8 +241,12 @@ impl Stats {
     }
     /// Per-thread engine counters, in thread creation order.
     pub fn threads(&self) -> Vec<Arc<ThreadCounters>> {
-        self.0.threads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
-pub use soft::{SoftConfig, Sta};
+pub use soft::{SoftConfig, Sta, StaIoSeed};

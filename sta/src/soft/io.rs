@@ -177,10 +177,14 @@ impl StaIo {
         ctrl: Receiver<Ctrl>,
         ack: Sender<Ack>,
         stats: Arc<StatsRegistry>,
-    ) -> StaIo {
+    ) -> std::io::Result<StaIo> {
         let counters = stats.register_thread();
-        let pool = BufPool::new(cfg.max_io_size.max(ADMIN_INCAPSULE) as usize, cfg.buffer_pool_bytes);
-        StaIo {
+        let pool = BufPool::new(
+            cfg.max_io_size.max(ADMIN_INCAPSULE) as usize,
+            cfg.buffer_pool_bytes,
+        );
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        Ok(StaIo {
             core: Core {
                 cfg,
                 cmds: Vec::new(),
@@ -196,12 +200,12 @@ impl StaIo {
             },
             qps: Vec::new(),
             free_qps: Vec::new(),
-            epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll_create1"),
+            epoll,
             ep_events: vec![EpollEvent::empty(); 64],
             ctrl,
             ack,
             released: Vec::with_capacity(64),
-        }
+        })
     }
 
     /// Number of live QPs (the acceptor balances threads by it).
@@ -228,7 +232,10 @@ impl StaIo {
             cpda: 0,
         };
         let rx_cap = (cfg.max_h2c_data.max(cfg.max_incapsule_data) as usize + 4096) * 2;
-        if let Err(e) = self.epoll.add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64)) {
+        if let Err(e) = self
+            .epoll
+            .add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64))
+        {
             self.free_qps.push(idx);
             return Err(e.into());
         }
@@ -241,7 +248,10 @@ impl StaIo {
                 sock,
                 user,
                 tx: TxQueue::default(),
-                digests: Digests { header: false, data: false },
+                digests: Digests {
+                    header: false,
+                    data: false,
+                },
                 hpda: 0,
                 binding: None,
                 qid: 0,
@@ -318,8 +328,16 @@ impl StaIo {
     /// waiting, events to deliver).
     pub fn busy(&self) -> bool {
         !self.core.events.is_empty()
-            || self.core.ns.iter().flatten().any(|n| n.inflight > 0 || !n.pending.is_empty())
-            || self.qps.iter().any(|s| s.qp.as_ref().is_some_and(|q| q.st.tx_dirty))
+            || self
+                .core
+                .ns
+                .iter()
+                .flatten()
+                .any(|n| n.inflight > 0 || !n.pending.is_empty())
+            || self
+                .qps
+                .iter()
+                .any(|s| s.qp.as_ref().is_some_and(|q| q.st.tx_dirty))
     }
 
     /// One pass: control messages, sockets, backend completions, output. Waits up to
@@ -327,7 +345,11 @@ impl StaIo {
     /// anything happened.
     pub fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
-        let wait = if did || self.busy() { Duration::ZERO } else { max_wait };
+        let wait = if did || self.busy() {
+            Duration::ZERO
+        } else {
+            max_wait
+        };
         let timeout = EpollTimeout::try_from(wait).unwrap_or(EpollTimeout::ZERO);
         let n = self.epoll.wait(&mut self.ep_events, timeout).unwrap_or(0);
         for i in 0..n {
@@ -347,7 +369,11 @@ impl StaIo {
         while let Ok(m) = self.ctrl.try_recv() {
             did = true;
             match m {
-                Ctrl::NsAdd { subsys, nsid, backend } => {
+                Ctrl::NsAdd {
+                    subsys,
+                    nsid,
+                    backend,
+                } => {
                     let bs = backend.block_size();
                     let nblocks = backend.num_blocks();
                     let desc = backend.describe();
@@ -407,9 +433,13 @@ impl StaIo {
     }
 
     fn service_rx(&mut self, idx: u32) -> bool {
-        let Some(slot) = self.qps.get_mut(idx as usize) else { return false };
+        let Some(slot) = self.qps.get_mut(idx as usize) else {
+            return false;
+        };
         let gen = slot.gen;
-        let Some(qp) = slot.qp.as_mut() else { return false };
+        let Some(qp) = slot.qp.as_mut() else {
+            return false;
+        };
         let h = QpHandle { idx, gen };
         if qp.st.rx_stopped {
             // Nothing more is read; drop the interest so a dead socket does not spin.
@@ -450,7 +480,8 @@ impl StaIo {
                         st.tx_dirty = true;
                     }
                     st.rx_stopped = true;
-                    self.core.transport_error(h, st, TransportErrorKind::Protocol);
+                    self.core
+                        .transport_error(h, st, TransportErrorKind::Protocol);
                     did = true;
                     break;
                 }
@@ -476,7 +507,9 @@ impl StaIo {
     fn poll_backends(&mut self) -> bool {
         let mut did = false;
         for i in 0..self.core.ns.len() {
-            let Some(ns) = self.core.ns[i].as_mut() else { continue };
+            let Some(ns) = self.core.ns[i].as_mut() else {
+                continue;
+            };
             while let Some(req) = ns.pending.pop_front() {
                 match ns.q.submit(req) {
                     Ok(()) => {}
@@ -512,7 +545,9 @@ impl StaIo {
     fn flush_all(&mut self) -> bool {
         let mut did = false;
         for i in 0..self.qps.len() {
-            let Some(qp) = self.qps[i].qp.as_mut() else { continue };
+            let Some(qp) = self.qps[i].qp.as_mut() else {
+                continue;
+            };
             if !qp.st.tx_dirty {
                 continue;
             }
@@ -521,11 +556,15 @@ impl StaIo {
                 Ok(()) => {}
                 Err(_) => {
                     // Output impossible: drop what is queued, report once.
-                    let h = QpHandle { idx: i as u32, gen: self.qps[i].gen };
+                    let h = QpHandle {
+                        idx: i as u32,
+                        gen: self.qps[i].gen,
+                    };
                     let qp = self.qps[i].qp.as_mut().expect("checked above");
                     discard_tx(&mut qp.st, &mut self.released);
                     qp.st.rx_stopped = true;
-                    self.core.transport_error(h, &mut qp.st, TransportErrorKind::Io);
+                    self.core
+                        .transport_error(h, &mut qp.st, TransportErrorKind::Io);
                 }
             }
             let qp = self.qps[i].qp.as_mut().expect("checked above");
@@ -541,8 +580,12 @@ impl StaIo {
     fn finish_disconnects(&mut self) {
         for i in 0..self.qps.len() {
             let gen = self.qps[i].gen;
-            let Some(qp) = self.qps[i].qp.as_mut() else { continue };
-            let Some(user) = qp.st.disconnect else { continue };
+            let Some(qp) = self.qps[i].qp.as_mut() else {
+                continue;
+            };
+            let Some(user) = qp.st.disconnect else {
+                continue;
+            };
             let h = QpHandle { idx: i as u32, gen };
             // Free every slot that is not owned by the backend.
             for (ci, c) in self.core.cmds.iter_mut().enumerate() {
@@ -560,7 +603,11 @@ impl StaIo {
             self.qps[i].qp = None;
             self.free_qps.push(i as u32);
             self.core.counters.qps.store(
-                self.core.counters.qps.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(1),
+                self.core
+                    .counters
+                    .qps
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .saturating_sub(1),
                 std::sync::atomic::Ordering::Relaxed,
             );
             self.core.events.push_back(Event::TaskDone {
@@ -627,7 +674,14 @@ impl StaIo {
         c.st = St::H2C;
         let (cid, len, got) = (c.sqe.cid(), c.len, c.got);
         self.core.scratch.clear();
-        tcp::encode_r2t(&mut self.core.scratch, cid, token.idx as u16, got, len - got, q.st.digests);
+        tcp::encode_r2t(
+            &mut self.core.scratch,
+            cid,
+            token.idx as u16,
+            got,
+            len - got,
+            q.st.digests,
+        );
         q.st.tx.push_small(&self.core.scratch);
         q.st.tx_dirty = true;
         Ok(())
@@ -694,7 +748,9 @@ fn flush_qp(st: &mut QpState, cmds: &[Cmd], released: &mut Vec<u32>) -> std::io:
                 TxSeg::Data { cmd, off, len } => cmds
                     .get(*cmd as usize)
                     .and_then(|c| c.buf.as_ref())
-                    .map_or(&[][..], |b| &b.as_slice()[*off as usize..(*off + *len) as usize]),
+                    .map_or(&[][..], |b| {
+                        &b.as_slice()[*off as usize..(*off + *len) as usize]
+                    }),
                 TxSeg::Release { .. } => continue,
             };
             let s = &s[skip.min(s.len())..];
@@ -802,7 +858,11 @@ impl Core {
     fn transport_error(&mut self, qp: QpHandle, st: &mut QpState, kind: TransportErrorKind) {
         if !st.error_reported && st.disconnect.is_none() {
             st.error_reported = true;
-            self.events.push_back(Event::TransportError { qp, qp_user: st.user, kind });
+            self.events.push_back(Event::TransportError {
+                qp,
+                qp_user: st.user,
+                kind,
+            });
         }
     }
 
@@ -835,9 +895,16 @@ impl Core {
                 st.hpda,
             );
             st.tx.push_small(&self.scratch);
-            st.tx.segs.push_back(TxSeg::Data { cmd: idx, off: 0, len: data_len });
+            st.tx.segs.push_back(TxSeg::Data {
+                cmd: idx,
+                off: 0,
+                len: data_len,
+            });
             if st.digests.data {
-                let b = c.buf.as_ref().map_or(&[][..], |b| &b.as_slice()[..data_len as usize]);
+                let b = c
+                    .buf
+                    .as_ref()
+                    .map_or(&[][..], |b| &b.as_slice()[..data_len as usize]);
                 st.tx.push_small(&tcp::data_digest(b).to_le_bytes());
             }
         }
@@ -889,11 +956,22 @@ impl Core {
                 st.tx.push_small(&self.scratch);
                 st.tx_dirty = true;
             }
-            Pdu::CapsuleCmd { sqe, data, data_digest_ok } => {
+            Pdu::CapsuleCmd {
+                sqe,
+                data,
+                data_digest_ok,
+            } => {
                 st.sq_count = st.sq_count.wrapping_add(1);
                 self.on_capsule(qp, st, &sqe, data, data_digest_ok);
             }
-            Pdu::H2CData { cccid, ttag, datao, data, last: _, data_digest_ok } => {
+            Pdu::H2CData {
+                cccid,
+                ttag,
+                datao,
+                data,
+                last: _,
+                data_digest_ok,
+            } => {
                 self.on_h2c(qp, st, cccid, ttag, datao, data, data_digest_ok);
             }
             Pdu::H2CTermReq { fes, .. } => {
@@ -908,11 +986,19 @@ impl Core {
         }
     }
 
-    fn on_capsule(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe, data: &[u8], ddgst_ok: bool) {
+    fn on_capsule(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        sqe: &Sqe,
+        data: &[u8],
+        ddgst_ok: bool,
+    ) {
         let offload = match (st.binding, is_offload_opcode(sqe.opcode())) {
-            (Some(b), Some(kind)) => {
-                self.ns_map.get(&(b.subsys.0, sqe.nsid)).map(|&ns| (kind, ns))
-            }
+            (Some(b), Some(kind)) => self
+                .ns_map
+                .get(&(b.subsys.0, sqe.nsid))
+                .map(|&ns| (kind, ns)),
             _ => None,
         };
         let Some(idx) = self.alloc_cmd(qp, st, sqe) else {
@@ -920,7 +1006,12 @@ impl Core {
             return;
         };
         if !ddgst_ok {
-            self.respond(st, idx, Cqe::new(sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR), 0);
+            self.respond(
+                st,
+                idx,
+                Cqe::new(sqe.cid(), Status::TRANSIENT_TRANSPORT_ERROR),
+                0,
+            );
             return;
         }
         match offload {
@@ -943,13 +1034,22 @@ impl Core {
             | (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) => d.length(),
             _ if data.is_empty() => 0,
             _ => {
-                self.respond(st, idx, Cqe::new(sqe.cid(), Status::SGL_DESCRIPTOR_TYPE_INVALID), 0);
+                self.respond(
+                    st,
+                    idx,
+                    Cqe::new(sqe.cid(), Status::SGL_DESCRIPTOR_TYPE_INVALID),
+                    0,
+                );
                 return;
             }
         };
         let in_capsule = d.sgl_type() == sgl::TYPE_DATA_BLOCK && len > 0;
         if in_capsule && (d.addr != 0 || data.len() as u32 != len) {
-            let s = if d.addr != 0 { Status::SGL_OFFSET_INVALID } else { Status::DATA_SGL_LENGTH_INVALID };
+            let s = if d.addr != 0 {
+                Status::SGL_OFFSET_INVALID
+            } else {
+                Status::DATA_SGL_LENGTH_INVALID
+            };
             self.respond(st, idx, Cqe::new(sqe.cid(), s), 0);
             return;
         }
@@ -1002,7 +1102,10 @@ impl Core {
             c.kind = kind;
             c.ns = ns_idx;
         }
-        let needs_range = matches!(kind, Kind::Read | Kind::Write | Kind::Compare | Kind::WriteZeroes);
+        let needs_range = matches!(
+            kind,
+            Kind::Read | Kind::Write | Kind::Compare | Kind::WriteZeroes
+        );
         if needs_range {
             let end = sqe.slba().checked_add(sqe.nlb() as u64);
             if end.is_none_or(|e| e > nblocks) {
@@ -1086,21 +1189,57 @@ impl Core {
             Kind::Read => {
                 let buf = c.buf.take();
                 c.pending = 1;
-                self.push_req(ns_idx, Request { tag, op: Op::Read, lba, nblocks, buf });
+                self.push_req(
+                    ns_idx,
+                    Request {
+                        tag,
+                        op: Op::Read,
+                        lba,
+                        nblocks,
+                        buf,
+                    },
+                );
             }
             Kind::Write => {
                 let buf = c.buf.take();
                 c.pending = 1;
                 let op = Op::Write { fua: sqe.fua() };
-                self.push_req(ns_idx, Request { tag, op, lba, nblocks, buf });
+                self.push_req(
+                    ns_idx,
+                    Request {
+                        tag,
+                        op,
+                        lba,
+                        nblocks,
+                        buf,
+                    },
+                );
             }
             Kind::Flush => {
                 c.pending = 1;
-                self.push_req(ns_idx, Request { tag, op: Op::Flush, lba: 0, nblocks: 0, buf: None });
+                self.push_req(
+                    ns_idx,
+                    Request {
+                        tag,
+                        op: Op::Flush,
+                        lba: 0,
+                        nblocks: 0,
+                        buf: None,
+                    },
+                );
             }
             Kind::WriteZeroes => {
                 c.pending = 1;
-                self.push_req(ns_idx, Request { tag, op: Op::WriteZeroes, lba, nblocks, buf: None });
+                self.push_req(
+                    ns_idx,
+                    Request {
+                        tag,
+                        op: Op::WriteZeroes,
+                        lba,
+                        nblocks,
+                        buf: None,
+                    },
+                );
             }
             Kind::Compare => {
                 let len = c.len as usize;
@@ -1110,7 +1249,16 @@ impl Core {
                 b.set_len(len);
                 let c = &mut self.cmds[idx as usize];
                 c.pending = 1;
-                self.push_req(ns_idx, Request { tag, op: Op::Read, lba, nblocks, buf: Some(b) });
+                self.push_req(
+                    ns_idx,
+                    Request {
+                        tag,
+                        op: Op::Read,
+                        lba,
+                        nblocks,
+                        buf: Some(b),
+                    },
+                );
             }
             Kind::Dsm => {
                 // Deallocate (AD, CDW11 bit 2) every range; other attributes are hints.
@@ -1139,7 +1287,13 @@ impl Core {
                 }
                 self.cmds[idx as usize].pending = n as u16;
                 for &(lba, nblocks) in &ranges[..n] {
-                    let req = Request { tag, op: Op::Deallocate, lba, nblocks, buf: None };
+                    let req = Request {
+                        tag,
+                        op: Op::Deallocate,
+                        lba,
+                        nblocks,
+                        buf: None,
+                    };
                     self.push_req(ns_idx, req);
                 }
             }
@@ -1169,7 +1323,11 @@ impl Core {
                 }
             }
         }
-        let data_len = if kind == Kind::Read && status.is_success() { len } else { 0 };
+        let data_len = if kind == Kind::Read && status.is_success() {
+            len
+        } else {
+            0
+        };
         self.respond(st, idx, Cqe::new(cid, status), data_len);
     }
 
@@ -1179,7 +1337,9 @@ impl Core {
         }
         let idx = (comp.tag & 0xffff_ffff) as u32;
         let gen = (comp.tag >> 32) as u32;
-        let Some(c) = self.cmds.get_mut(idx as usize) else { return };
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
         if c.gen != gen || c.st != St::Backend {
             // The QP went away while this was in flight (disconnect); only recycle.
             if let Some(b) = comp.buf {
@@ -1270,9 +1430,18 @@ impl Core {
         }
         if c.kind == Kind::NonOffload {
             c.st = St::App;
-            let result = if c.status.is_success() { Ok(()) } else { Err(TaskError::DataDigest) };
+            let result = if c.status.is_success() {
+                Ok(())
+            } else {
+                Err(TaskError::DataDigest)
+            };
             let user = c.user;
-            self.events.push_back(Event::TaskDone { kind: TaskKind::RdmaRead, qp, user, result });
+            self.events.push_back(Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                qp,
+                user,
+                result,
+            });
         } else if !c.status.is_success() {
             let s = c.status;
             self.fail(st, idx, s);

@@ -54,10 +54,34 @@ impl Default for SoftConfig {
     }
 }
 
+/// An IO context not started yet: `Send`, so it can be moved to its thread.
+pub struct StaIoSeed {
+    cfg: SoftConfig,
+    rx: Receiver<Ctrl>,
+    ack: Sender<Ack>,
+    stats: Arc<StatsRegistry>,
+}
+
+impl StaIoSeed {
+    /// Build the IO context on the thread that will own it (DOCA: connect the IO context
+    /// to that thread's progress engine and start it).
+    pub fn start(self) -> std::io::Result<StaIo> {
+        StaIo::new(self.cfg, self.rx, self.ack, self.stats)
+    }
+}
+
 /// Control messages from the main context to IO contexts.
 pub(crate) enum Ctrl {
-    NsAdd { subsys: SubsysId, nsid: u32, backend: Arc<dyn Backend> },
-    NsRemove { subsys: SubsysId, nsid: u32, task: u64 },
+    NsAdd {
+        subsys: SubsysId,
+        nsid: u32,
+        backend: Arc<dyn Backend>,
+    },
+    NsRemove {
+        subsys: SubsysId,
+        nsid: u32,
+        task: u64,
+    },
 }
 
 /// Acknowledgements from IO contexts.
@@ -128,7 +152,11 @@ impl Sta {
 
     /// DOCA: `doca_sta_subsystem_create`.
     pub fn subsystem_create(&mut self, nqn: &str) -> SubsysId {
-        if let Some(i) = self.subsystems.iter().position(|s| s.as_deref() == Some(nqn)) {
+        if let Some(i) = self
+            .subsystems
+            .iter()
+            .position(|s| s.as_deref() == Some(nqn))
+        {
             return SubsysId(i as u32);
         }
         self.subsystems.push(Some(nqn.to_string()));
@@ -172,11 +200,19 @@ impl Sta {
         if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
             return Err(StaError::BlockSize(bs));
         }
-        if self.namespaces.iter().any(|(s, n, _)| *s == subsys && *n == nsid) {
+        if self
+            .namespaces
+            .iter()
+            .any(|(s, n, _)| *s == subsys && *n == nsid)
+        {
             return Err(StaError::NsExists(nsid));
         }
         for tx in &self.io_tx {
-            let _ = tx.send(Ctrl::NsAdd { subsys, nsid, backend: backend.clone() });
+            let _ = tx.send(Ctrl::NsAdd {
+                subsys,
+                nsid,
+                backend: backend.clone(),
+            });
         }
         self.namespaces.push((subsys, nsid, backend));
         Ok(())
@@ -200,19 +236,38 @@ impl Sta {
                 waiting += 1;
             }
         }
-        self.removes.insert(task, PendingRemove { subsys, nsid, user, waiting });
+        self.removes.insert(
+            task,
+            PendingRemove {
+                subsys,
+                nsid,
+                user,
+                waiting,
+            },
+        );
         Ok(())
     }
 
-    /// DOCA: `doca_sta_io_create`. The returned context belongs to the thread it is moved
-    /// to; it already knows every namespace added so far.
-    pub fn io_create(&mut self) -> StaIo {
+    /// DOCA: `doca_sta_io_create`. Returns the seed of an IO context: move it to its IO
+    /// thread and call [`StaIoSeed::start`] there (the context's buffer pool and backend
+    /// queues belong to that thread and never leave it). It will know every namespace
+    /// added so far.
+    pub fn io_create(&mut self) -> StaIoSeed {
         let (tx, rx) = unbounded();
         for (s, n, b) in &self.namespaces {
-            let _ = tx.send(Ctrl::NsAdd { subsys: *s, nsid: *n, backend: b.clone() });
+            let _ = tx.send(Ctrl::NsAdd {
+                subsys: *s,
+                nsid: *n,
+                backend: b.clone(),
+            });
         }
         self.io_tx.push(tx);
-        StaIo::new(self.cfg.clone(), rx, self.ack_tx.clone(), self.stats.clone())
+        StaIoSeed {
+            cfg: self.cfg.clone(),
+            rx,
+            ack: self.ack_tx.clone(),
+            stats: self.stats.clone(),
+        }
     }
 
     /// DOCA: `doca_pe_progress` on the main PE. Returns one finished task, if any.
@@ -222,9 +277,17 @@ impl Sta {
                 p.waiting = p.waiting.saturating_sub(1);
             }
         }
-        let done = self.removes.iter().find(|(_, p)| p.waiting == 0).map(|(t, _)| *t)?;
+        let done = self
+            .removes
+            .iter()
+            .find(|(_, p)| p.waiting == 0)
+            .map(|(t, _)| *t)?;
         let p = self.removes.remove(&done)?;
-        Some(MainEvent::NsRemoved { subsys: p.subsys, nsid: p.nsid, user: p.user })
+        Some(MainEvent::NsRemoved {
+            subsys: p.subsys,
+            nsid: p.nsid,
+            user: p.user,
+        })
     }
 
     /// Namespace removals still waiting for IO contexts.

@@ -20,7 +20,11 @@ pub(crate) enum RxResult {
 
 impl RxBuf {
     pub fn new(cap: usize) -> RxBuf {
-        RxBuf { buf: vec![0u8; cap].into_boxed_slice(), head: 0, tail: 0 }
+        RxBuf {
+            buf: vec![0u8; cap].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+        }
     }
 
     pub fn pending(&self) -> &[u8] {
@@ -40,14 +44,26 @@ impl RxBuf {
         let mut total = 0;
         while self.tail < self.buf.len() {
             match sock.read(&mut self.buf[self.tail..]) {
-                Ok(0) => return if total > 0 { RxResult::Read(total) } else { RxResult::Closed },
+                Ok(0) => {
+                    return if total > 0 {
+                        RxResult::Read(total)
+                    } else {
+                        RxResult::Closed
+                    }
+                }
                 Ok(n) => {
                     self.tail += n;
                     total += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return if total > 0 { RxResult::Read(total) } else { RxResult::Error },
+                Err(_) => {
+                    return if total > 0 {
+                        RxResult::Read(total)
+                    } else {
+                        RxResult::Error
+                    }
+                }
             }
         }
         RxResult::Read(total)
@@ -79,7 +95,10 @@ impl TxQueue {
         for chunk in bytes.chunks(SMALL_MAX) {
             let mut b = [0u8; SMALL_MAX];
             b[..chunk.len()].copy_from_slice(chunk);
-            self.segs.push_back(TxSeg::Small { len: chunk.len() as u8, bytes: b });
+            self.segs.push_back(TxSeg::Small {
+                len: chunk.len() as u8,
+                bytes: b,
+            });
         }
     }
 
