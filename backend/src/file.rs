@@ -292,6 +292,14 @@ impl FileBackend {
         self.block_device
     }
 
+    /// Stops using fallocate, as if the filesystem supported neither mode: Deallocate and
+    /// Write Zeroes then write zeroes. For tests of that fallback.
+    #[doc(hidden)]
+    pub fn disable_fallocate(&self) {
+        self.punch_ok.store(false, Ordering::Relaxed);
+        self.zero_range_ok.store(false, Ordering::Relaxed);
+    }
+
     /// Fallback steps for Deallocate / Write Zeroes, in order of preference.
     fn zero_step(&self, dealloc: bool, after: Option<i32>) -> Step {
         let order = if dealloc {

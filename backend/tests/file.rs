@@ -111,6 +111,52 @@ fn create_extends_and_reports() {
     assert!(FileBackend::open(dir.path(), FileOptions::default()).is_err());
 }
 
+/// Deallocate / Write Zeroes when the filesystem has no usable fallocate mode: plain
+/// writes from the zero buffer, in chunks, for ranges larger than that buffer.
+#[test]
+fn zero_write_fallback() {
+    for direct in modes() {
+        let (_d, be) = temp_backend(32 << 20, 4096, direct);
+        be.disable_fallocate();
+        fua_flush_zeroes_dealloc(be.clone());
+        let mut q = be.clone().create_queue(4).unwrap();
+        let data: Vec<u8> = (0..4096).flat_map(|l| pattern(l, 5, 4096)).collect();
+        assert_eq!(write(&mut *q, 4096, 1000, &data, false), IoStatus::Ok);
+        assert_eq!(
+            run(&mut *q, Op::WriteZeroes, 1001, 4094, None).status,
+            IoStatus::Ok
+        );
+        let got = read(&mut *q, 4096, 1000, 4096);
+        assert_eq!(&got[..4096], &data[..4096]);
+        assert!(got[4096..4095 * 4096].iter().all(|&b| b == 0));
+        assert_eq!(&got[4095 * 4096..], &data[4095 * 4096..]);
+    }
+}
+
+/// The same checks on tmpfs (/dev/shm), whose fallocate and O_DIRECT support differ
+/// from ext4's.
+#[test]
+fn on_tmpfs() {
+    let shm = std::path::Path::new("/dev/shm");
+    let Ok(dir) = tempfile::tempdir_in(shm) else {
+        eprintln!("SKIP on_tmpfs: no writable /dev/shm");
+        return;
+    };
+    for direct in modes() {
+        let path = dir.path().join(format!("ns-{direct:?}.img"));
+        let opts = FileOptions {
+            create_size: Some(16 << 20),
+            block_size: Some(4096),
+            direct,
+        };
+        let be = FileBackend::open(&path, opts).unwrap();
+        eprintln!("tmpfs: direct={}", be.is_direct());
+        two_queues_two_threads(be.clone());
+        fua_flush_zeroes_dealloc(be.clone());
+        bad_requests(be);
+    }
+}
+
 /// A write acknowledged and then flushed is in the file for anyone who reads it after
 /// the backend is gone.
 #[test]
