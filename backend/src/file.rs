@@ -773,3 +773,51 @@ impl Drop for FileQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        let w = Op::Write { fua: false };
+        assert_eq!(status_for_errno(Op::Read, libc::EIO), IoStatus::ReadError);
+        assert_eq!(status_for_errno(w, libc::EIO), IoStatus::WriteFault);
+        assert_eq!(status_for_errno(Op::Flush, libc::EIO), IoStatus::WriteFault);
+        assert_eq!(status_for_errno(w, libc::ENOSPC), IoStatus::WriteFault);
+        assert_eq!(
+            status_for_errno(Op::Read, libc::ENOSPC),
+            IoStatus::Unavailable
+        );
+        assert_eq!(
+            status_for_errno(Op::Deallocate, libc::EOPNOTSUPP),
+            IoStatus::Unsupported
+        );
+        assert_eq!(
+            status_for_errno(Op::Read, libc::EBADF),
+            IoStatus::Unavailable
+        );
+        assert_eq!(status_for_errno(w, libc::EINVAL), IoStatus::Unavailable);
+    }
+
+    #[test]
+    fn fallback_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = FileOptions {
+            create_size: Some(1 << 20),
+            ..Default::default()
+        };
+        let be = FileBackend::open(dir.path().join("f"), opts).unwrap();
+        assert_eq!(be.zero_step(true, None), Step::Fallocate(PUNCH));
+        assert_eq!(be.zero_step(false, None), Step::Fallocate(ZERO_RANGE));
+        assert_eq!(be.zero_step(true, Some(PUNCH)), Step::Fallocate(ZERO_RANGE));
+        assert_eq!(
+            be.zero_step(false, Some(ZERO_RANGE)),
+            Step::Fallocate(PUNCH)
+        );
+        assert_eq!(be.zero_step(false, Some(PUNCH)), Step::WriteZeroBuf);
+        be.mark_unsupported(ZERO_RANGE);
+        assert_eq!(be.zero_step(false, None), Step::Fallocate(PUNCH));
+        assert_eq!(be.zero_step(true, Some(PUNCH)), Step::WriteZeroBuf);
+    }
+}
