@@ -35,6 +35,11 @@ use crate::config::{BackendKind, Config, IoThreads, TransportKind};
 /// How long a graceful stop waits for IO threads to drain before giving up on them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An IO thread keeps polling without sleeping this long after its last work.
+const SPIN_WINDOW: Duration = Duration::from_millis(2);
+/// Longest sleep of an idle IO thread (messages from other threads wait at most this).
+const IDLE_WAIT: Duration = Duration::from_millis(5);
+
 /// What the main thread and other IO threads send to an IO thread.
 enum ThreadMsg {
     Conn(TcpStream, SocketAddr),
@@ -450,13 +455,25 @@ impl IoThread {
     }
 
     fn run(mut self) {
+        let mut last_work = Instant::now();
         loop {
             while let Ok(m) = self.rx.try_recv() {
                 self.on_msg(m);
             }
-            self.io.progress(Duration::from_millis(1));
+            // Busy-poll while work came recently (no wake-up latency under load), block in
+            // epoll once idle so an idle daemon costs no CPU.
+            let wait = if last_work.elapsed() < SPIN_WINDOW {
+                Duration::ZERO
+            } else {
+                IDLE_WAIT
+            };
+            let mut did = self.io.progress(wait);
             while let Some(ev) = self.io.poll_event() {
+                did = true;
                 self.on_event(ev);
+            }
+            if did {
+                last_work = Instant::now();
             }
             self.shared.qp_counts[self.index].store(self.qps.len(), Ordering::Relaxed);
             if self.stopping && self.qps.is_empty() && !self.io.busy() {

@@ -104,7 +104,13 @@ impl Status {
 
 impl core::fmt::Display for Status {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "sct {:#x} sc {:#04x}{}", self.sct, self.sc, if self.dnr { " dnr" } else { "" })
+        write!(
+            f,
+            "sct {:#x} sc {:#04x}{}",
+            self.sct,
+            self.sc,
+            if self.dnr { " dnr" } else { "" }
+        )
     }
 }
 
@@ -113,7 +119,11 @@ mod tests {
     use super::*;
     #[test]
     fn field_roundtrip() {
-        for s in [Status::LBA_OUT_OF_RANGE, Status::CONNECT_INVALID_HOST, Status::SUCCESS] {
+        for s in [
+            Status::LBA_OUT_OF_RANGE,
+            Status::CONNECT_INVALID_HOST,
+            Status::SUCCESS,
+        ] {
             assert_eq!(Status::from_field(s.to_field()), s);
         }
         // Invalid Namespace with DNR, as the kernel decodes it: 0x400b.
