@@ -144,6 +144,23 @@ if echo "$out" | grep -q "subnqn: *$RNQN\$"; then
     fail discover-hides-restricted "$RNQN listed for a host not in its hosts list"
 else pass discover-hides-restricted; fi
 
+# Raw discovery log: no entry may say "secure channel required" (TREQ bits 1:0 = 01b)
+# while this daemon has no TLS; libnvme then adds "tls" to every connect-all connect.
+if timeout 60 nvme discover -t tcp -a "$ADDR" -s "$PORT" --raw=/tmp/disc.bin >/dev/null 2>&1 && [ -s /tmp/disc.bin ]; then
+    nrec=$(od -An -tu8 -j8 -N8 /tmp/disc.bin | tr -d ' ')
+    bad=""
+    for i in $(seq 0 $((nrec - 1))); do
+        off=$((1024 + i * 1024))
+        treq=$(od -An -tu1 -j$((off + 3)) -N1 /tmp/disc.bin | tr -d ' ')
+        note "discovery entry $i: subtype $(od -An -tu1 -j$((off + 2)) -N1 /tmp/disc.bin | tr -d ' ') treq $treq"
+        [ $((treq & 3)) -eq 1 ] && bad="$bad entry$i:treq=$treq"
+    done
+    if [ -z "$bad" ]; then pass discover-treq-no-tls-required
+    else fail discover-treq-no-tls-required "TREQ says secure channel required (bits 1:0 = 01b) but sectype is none:$bad"; fi
+else
+    fail discover-treq-no-tls-required "nvme discover --raw failed"
+fi
+
 # --- connect, inventory ---
 if connect_main --nr-io-queues=2; then pass connect
 else fail connect "no controller/namespaces for $NQN after nvme connect"; exit 1; fi
@@ -274,9 +291,10 @@ fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 
 # --- connect-all through the discovery controller ---
-out=$(timeout 60 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1); rc=$?; echo "$out"
+# nvme-cli 2.3 exits 0 even when every connect failed: judge by the namespaces; -v shows libnvme's connect strings.
+out=$(timeout 60 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" -v 2>&1); rc=$?; echo "$out"
 if [ $rc -eq 0 ] && wait_ns "$NQN" 1 30; then pass connect-all
-else fail connect-all "rc=$rc, namespaces of $NQN: $(ns_dev "$NQN" 1)"; fi
+else fail connect-all "rc=$rc, no namespace of $NQN; $(echo "$out" | grep -E "connect ctrl, 'nqn=$NQN|Failed|failed" | head -2)"; fi
 if [ -n "$(ctrls_for_nqn "$RNQN")" ]; then fail connect-all-skips-restricted "connected to $RNQN"
 else pass connect-all-skips-restricted; fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1; nvme disconnect -n "$RNQN" >/dev/null 2>&1
