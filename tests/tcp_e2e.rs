@@ -1100,3 +1100,250 @@ fn sigint_and_idle_sigterm_exit_zero() {
     assert_serves(&mut d);
     d.stop();
 }
+
+// ============================================================================ more probes
+
+/// A corrupted data digest fails just that command (Transient Transport Error), leaves
+/// the blocks alone, and the connection goes on.
+#[test]
+fn data_digest_error_fails_the_command_only() {
+    let _w = watchdog("ddgst_error", secs(60));
+    let mut d = Daemon::start_default();
+    let opts = HostOptions {
+        io_max_incapsule: IO_INCAPSULE,
+        header_digest: true,
+        data_digest: true,
+        ..host_opts()
+    };
+    let mut c = controller(&d, 1, &opts);
+    let q = &mut c.io[0];
+    let old = pattern(1, 4096);
+    assert_ok(q.write(1, 64, &old, false).expect("write"), "write");
+
+    // In-capsule write with a bad data digest.
+    let mut sqe = raw_sqe(opcodes::io::WRITE, 1);
+    sqe.cdw10 = 64;
+    sqe.cdw12 = 7;
+    sqe.set_opcode_cid(opcodes::io::WRITE, 30);
+    sqe.cdw0 |= 1 << 14;
+    sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(
+        nvmf::spec::sgl::TYPE_DATA_BLOCK,
+        nvmf::spec::sgl::SUBTYPE_OFFSET,
+        0,
+        4096,
+    );
+    let new = pattern(2, 4096);
+    let mut pdu = Vec::new();
+    tcp::encode_capsule_cmd(&mut pdu, &sqe, &new, Digests::BOTH, 0);
+    let n = pdu.len();
+    pdu[n - 1] ^= 0xff;
+    q.send_raw(&pdu).expect("send");
+    match q.recv_pdu().expect("answer to a capsule with a bad data digest") {
+        OwnedPdu::CapsuleResp(cqe) => {
+            assert_eq!(cqe.cid, 30);
+            assert_status(
+                cqe.status(),
+                Status::TRANSIENT_TRANSPORT_ERROR,
+                "in-capsule data with a bad data digest",
+            );
+        }
+        other => panic!("expected a CapsuleResp, got {other:?}"),
+    }
+    let mut back = vec![0u8; 4096];
+    assert_ok(q.read(1, 64, 8, &mut back).expect("read"), "read after digest error");
+    assert!(back == old, "a write with a bad data digest changed the blocks");
+    assert_serves(&mut d);
+}
+
+/// C2HData honours the host's HPDA (the host framer checks the alignment).
+#[test]
+fn io_across_queues_with_hpda() {
+    let _w = watchdog("io_hpda", secs(120));
+    io_across_queues(HostOptions {
+        io_max_incapsule: IO_INCAPSULE,
+        hpda: 7,
+        data_digest: true,
+        ..host_opts()
+    });
+}
+
+/// SGL length disagreeing with NLB: Data SGL Length Invalid, not a short/long transfer.
+#[test]
+fn sgl_shorter_than_transfer() {
+    let _w = watchdog("sgl_short", secs(60));
+    let mut d = Daemon::start_default();
+    let opts = HostOptions {
+        io_max_incapsule: IO_INCAPSULE,
+        ..host_opts()
+    };
+    let mut c = controller(&d, 1, &opts);
+    let q = &mut c.io[0];
+    // Read of 8 blocks into a 2 KiB SGL.
+    let cid = q.submit(Request::read(1, 0, 8, vec![0; 2048])).expect("submit");
+    let cpl = q.wait(cid).expect("completion");
+    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "read, SGL 2 KiB, NLB 8");
+    // Write of 8 blocks with 2 KiB in-capsule, and with 16 KiB... of which 64 KiB by R2T.
+    let cid = q.submit(Request::write(1, 0, 8, vec![1; 2048], false)).expect("submit");
+    let cpl = q.wait(cid).expect("completion");
+    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "write in-capsule, SGL 2 KiB, NLB 8");
+    let cid = q.submit(Request::write(1, 0, 256, vec![1; 65536], false)).expect("submit");
+    let cpl = q.wait(cid).expect("completion");
+    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "write by R2T, SGL 64 KiB, NLB 256");
+    assert_serves(&mut d);
+}
+
+/// Hosts that vanish in the middle of a write (after the R2T, after part of the data)
+/// leave nothing behind: the daemon serves others and still stops within seconds.
+#[test]
+fn abandoned_transfers_then_graceful_stop() {
+    let _w = watchdog("abandoned", secs(60));
+    let mut d = Daemon::start_default();
+    for partial in [false, true] {
+        let mut c = controller(&d, 2, &raw_opts());
+        for q in c.io.iter_mut() {
+            for k in 0..4u64 {
+                q.submit(Request::write(1, k * 256, 256, pattern(k, 131072), false))
+                    .expect("submit");
+            }
+            // Take the first R2T and, optionally, send half of its data.
+            if let OwnedPdu::R2T { cccid, ttag, r2to, .. } = q.recv_pdu().expect("R2T") {
+                if partial {
+                    let mut pdu = Vec::new();
+                    tcp::encode_h2c_data(&mut pdu, cccid, ttag, r2to, &[7u8; 65536], false, Digests::NONE, 0);
+                    q.send_raw(&pdu).expect("send");
+                }
+            } else {
+                panic!("expected an R2T");
+            }
+        }
+        // Also a half-sent capsule on the admin queue.
+        let pdu = identify_capsule(Digests::NONE, &[]);
+        c.admin.send_raw(&pdu[..30]).expect("send");
+        drop(c);
+        assert_serves(&mut d);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    match d.stop_within(secs(5)) {
+        Ok(st) => assert!(st.success(), "exit status {st} after abandoned transfers"),
+        Err(_) => panic!("no exit within 5 s of SIGTERM after abandoned transfers; log:\n{}", d.log()),
+    }
+}
+
+/// CC.SHN completes a shutdown (CSTS.SHST); CC.EN=0 resets (CSTS.RDY=0); enabling again
+/// works.
+#[test]
+fn controller_shutdown_and_reset() {
+    let _w = watchdog("shutdown_reset", secs(60));
+    let mut d = Daemon::start_default();
+    let wait_csts = |h: &mut TcpHost, mask: u64, want: u64, what: &str| {
+        let deadline = Instant::now() + secs(5);
+        loop {
+            let csts = h.property_get(0x1c, false).expect("CSTS");
+            if csts & mask == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: CSTS {csts:#x}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let (mut h, _) = admin(&d, SUBNQN, &host_opts());
+    let cc = h.property_get(0x14, false).expect("CC");
+    h.property_set(0x14, cc | 1 << 14, false).expect("CC.SHN=01b");
+    wait_csts(&mut h, 0b1100, 0b1000, "shutdown processing complete");
+
+    let (mut h, _) = admin(&d, SUBNQN, &host_opts());
+    let cc = h.property_get(0x14, false).expect("CC");
+    h.property_set(0x14, cc & !1, false).expect("CC.EN=0");
+    wait_csts(&mut h, 1, 0, "CSTS.RDY after CC.EN=0");
+    let s = err_status(h.identify(1, 0), "Identify while disabled");
+    assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Identify after reset");
+    h.enable_controller().expect("enable again");
+    h.identify(1, 0).expect("Identify after re-enable");
+    assert_serves(&mut d);
+}
+
+/// More admin error paths: unknown log page, offset past a log, unknown CNS, unknown
+/// feature, Number of Queues after I/O queues exist, 65536 queues, AER limit.
+#[test]
+fn admin_error_statuses() {
+    let _w = watchdog("admin_errors", secs(60));
+    let mut d = Daemon::start_default();
+    let opts = host_opts();
+    let (mut h, cntlid) = admin(&d, SUBNQN, &opts);
+
+    let s = err_status(h.get_log_page(0x55, 0, 0, 512, false), "Get Log Page LID 55h");
+    assert_status(s, Status::INVALID_LOG_PAGE, "Get Log Page of an unknown LID");
+    let s = err_status(
+        h.get_log_page(0x02, 0xffff_ffff, 4096, 4, false),
+        "SMART log at offset 4096",
+    );
+    assert_status(s, Status::INVALID_FIELD, "Get Log Page offset past the log");
+    let s = err_status(h.identify(0x1f, 0), "Identify CNS 1Fh");
+    assert_status(s, Status::INVALID_FIELD, "Identify with an unsupported CNS");
+    let s = err_status(h.get_features(0x55, 0, 0), "Get Features FID 55h");
+    assert_status(s, Status::INVALID_FIELD, "Get Features of an unknown FID");
+    let s = err_status(h.set_features(0x07, 0, 0xffff_ffff, false), "65536 queues");
+    assert_status(s, Status::INVALID_FIELD, "Number of Queues 65536");
+
+    let granted = request_queues(&mut h, 2);
+    assert!(granted >= 2);
+    let _q = io_queue(&d, SUBNQN, cntlid, 1, &opts);
+    let s = err_status(h.set_features(0x07, 0, 0x0003_0003, false), "Number of Queues after I/O queue");
+    assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Number of Queues after an I/O queue exists");
+    // Get Features still reports the grant.
+    let dw0 = h.get_features(0x07, 0, 0).expect("Get Features Number of Queues");
+    assert_eq!((dw0 & 0xffff) as u16 + 1, granted, "NSQA from Get Features");
+
+    // AERs are held; one more than AERL+1 is refused; other commands still run.
+    let id = h.identify(1, 0).expect("Identify");
+    let aerl = id[259] as usize + 1;
+    let mut held = Vec::new();
+    for _ in 0..aerl {
+        held.push(
+            h.submit(Request::new(raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0), nvmf_initiator::Xfer::None, Vec::new()))
+                .expect("submit AER"),
+        );
+    }
+    h.keep_alive().expect("Keep Alive with AERs outstanding");
+    let extra = h
+        .submit(Request::new(raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0), nvmf_initiator::Xfer::None, Vec::new()))
+        .expect("submit AER");
+    let cpl = h.wait(extra).expect("the extra AER completes");
+    assert_status(
+        cpl.cqe.status(),
+        Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED,
+        &format!("AER number {} (AERL+1 = {aerl})", aerl + 1),
+    );
+    h.identify(0, 1).expect("Identify Namespace with AERs outstanding");
+    assert_eq!(h.outstanding(), aerl, "held AERs completed early");
+    assert_serves(&mut d);
+}
+
+#[test]
+fn io_connect_sqsize_limits() {
+    let _w = watchdog("sqsize", secs(60));
+    let mut d = Daemon::start_default();
+    let opts = host_opts();
+    let (mut a, cntlid) = admin(&d, SUBNQN, &opts);
+    request_queues(&mut a, 3);
+    let mqes = (a.property_get(0x00, true).expect("CAP") & 0xffff) as u16;
+    let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
+    let s = err_status(h.connect_io(SUBNQN, cntlid, 1, 0), "SQSIZE 0");
+    assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect with SQSIZE 0");
+    if mqes < u16::MAX {
+        let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
+        let s = err_status(h.connect_io(SUBNQN, cntlid, 1, mqes + 1), "SQSIZE MQES+1");
+        assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect with SQSIZE > MQES");
+    }
+    // SQSIZE = MQES works, and that many commands can be outstanding.
+    let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
+    h.connect_io(SUBNQN, cntlid, 2, mqes).expect("I/O Connect with SQSIZE = MQES");
+    let n = h.queue_depth().min(1024);
+    let reqs: Vec<Request> = (0..n as u64)
+        .map(|k| Request::read(1, k * 8, 8, vec![0; 4096]))
+        .collect();
+    for (k, cpl) in run_pipelined(&mut h, reqs, n).iter().enumerate() {
+        assert_ok(cpl.cqe.status(), &format!("read {k} of {n} outstanding"));
+    }
+    assert_serves(&mut d);
+}
