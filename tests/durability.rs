@@ -53,12 +53,21 @@ fn write_regions(c: &mut Ctrl, regions: &[u64], seed: u64, fua: bool) -> Vec<Wri
         let size = sizes[(i + seed as usize) % sizes.len()];
         let slba = r * REGION / 512;
         let data = pattern(seed * 10_000 + r, size);
-        per_queue[i % 2].push(Request::write(1, slba, (size / 512) as u32, data.clone(), fua));
+        per_queue[i % 2].push(Request::write(
+            1,
+            slba,
+            (size / 512) as u32,
+            data.clone(),
+            fua,
+        ));
         out.push(Written { slba, data });
     }
     for (qi, reqs) in per_queue.into_iter().enumerate() {
         for (k, cpl) in run_pipelined(&mut c.io[qi], reqs, 8).iter().enumerate() {
-            assert_ok(cpl.cqe.status(), &format!("write {k} on queue {qi} (fua {fua})"));
+            assert_ok(
+                cpl.cqe.status(),
+                &format!("write {k} on queue {qi} (fua {fua})"),
+            );
         }
     }
     out
@@ -113,7 +122,12 @@ fn acknowledged_writes_survive_kill9() {
     drop(c);
     d.restart();
     let mut expected2 = newer;
-    expected2.extend(expected.iter().filter(|w| w.slba * 512 / REGION >= 40).cloned());
+    expected2.extend(
+        expected
+            .iter()
+            .filter(|w| w.slba * 512 / REGION >= 40)
+            .cloned(),
+    );
     verify(&d, &expected2, "after kill -9 (round 2)");
     d.stop();
 }
@@ -129,7 +143,10 @@ fn acknowledged_writes_survive_sigterm() {
     // Some single-block writes at the very end of the namespace too.
     let last = 64 * 1024 * 1024 / 512 - 1;
     let data = pattern(99, 512);
-    assert_ok(c.io[1].write(1, last, &data, false).expect("write"), "write last LBA");
+    assert_ok(
+        c.io[1].write(1, last, &data, false).expect("write"),
+        "write last LBA",
+    );
     expected.push(Written { slba: last, data });
     drop(c);
     d.stop();

@@ -39,9 +39,15 @@ fn discovery_log(d: &Daemon, opts: &HostOptions) -> Vec<DiscEntry> {
     let (mut h, _) = admin(d, DISCOVERY_NQN, opts);
     let id = h.identify(1, 0).expect("Identify Controller (discovery)");
     assert_eq!(id[111], 2, "CNTRLTYPE of the discovery controller");
-    assert_eq!(cstr(&id[768..1024]), DISCOVERY_NQN, "SUBNQN of the discovery controller");
+    assert_eq!(
+        cstr(&id[768..1024]),
+        DISCOVERY_NQN,
+        "SUBNQN of the discovery controller"
+    );
 
-    let hdr = h.get_log_page(0x70, 0, 0, 1024, false).expect("discovery log header");
+    let hdr = h
+        .get_log_page(0x70, 0, 0, 1024, false)
+        .expect("discovery log header");
     let genctr = le64(&hdr, 0);
     let numrec = le64(&hdr, 8);
     assert_eq!(le16(&hdr, 16), 0, "RECFMT");
@@ -49,8 +55,14 @@ fn discovery_log(d: &Daemon, opts: &HostOptions) -> Vec<DiscEntry> {
     let body = h
         .get_log_page(0x70, 0, 1024, 1024 * numrec as u32, false)
         .expect("discovery log entries");
-    let hdr2 = h.get_log_page(0x70, 0, 0, 1024, false).expect("discovery log header again");
-    assert_eq!(le64(&hdr2, 0), genctr, "GENCTR changed without a configuration change");
+    let hdr2 = h
+        .get_log_page(0x70, 0, 0, 1024, false)
+        .expect("discovery log header again");
+    assert_eq!(
+        le64(&hdr2, 0),
+        genctr,
+        "GENCTR changed without a configuration change"
+    );
     body.chunks(1024)
         .map(|e| DiscEntry {
             trtype: e[0],
@@ -102,10 +114,15 @@ fn host_not_in_allow_list_is_rejected_and_hidden() {
 
     let stranger = host_opts();
     let mut h = TcpHost::connect(d.addr(), stranger.clone()).expect("ICReq");
-    let s = err_status(h.connect_admin(RESTRICTED_NQN, 0), "Connect from a stranger");
+    let s = err_status(
+        h.connect_admin(RESTRICTED_NQN, 0),
+        "Connect from a stranger",
+    );
     assert_eq!(code(s), (1, 0x84), "Connect Invalid Host expected, got {s}");
     assert!(
-        !discovery_log(&d, &stranger).iter().any(|e| e.subnqn == RESTRICTED_NQN),
+        !discovery_log(&d, &stranger)
+            .iter()
+            .any(|e| e.subnqn == RESTRICTED_NQN),
         "restricted subsystem visible to a stranger"
     );
 
@@ -114,7 +131,8 @@ fn host_not_in_allow_list_is_rejected_and_hidden() {
         ..host_opts()
     };
     let (mut h, _) = admin(&d, RESTRICTED_NQN, &friend);
-    h.identify(1, 0).expect("Identify on the restricted subsystem by the allowed host");
+    h.identify(1, 0)
+        .expect("Identify on the restricted subsystem by the allowed host");
     let log = discovery_log(&d, &friend);
     let e = log
         .iter()
@@ -156,11 +174,18 @@ fn admin_identify_features_and_log_pages() {
     assert_eq!(le32(&id, 1796), 1, "IORCSZ");
     let sgls = le32(&id, 536);
     assert_eq!(sgls & 3, 1, "SGLS bits 1:0 (SGLs supported), got {sgls:#x}");
-    assert!(sgls & (1 << 20) != 0, "SGLS offset-addressed data blocks, got {sgls:#x}");
+    assert!(
+        sgls & (1 << 20) != 0,
+        "SGLS offset-addressed data blocks, got {sgls:#x}"
+    );
     assert_eq!(id[111], 1, "CNTRLTYPE I/O controller");
     assert!(le32(&id, 516) >= 2, "NN");
     let oncs = le16(&id, 520);
-    assert_eq!(oncs & 0b1101, 0b1101, "ONCS compare, DSM, write zeroes: {oncs:#x}");
+    assert_eq!(
+        oncs & 0b1101,
+        0b1101,
+        "ONCS compare, DSM, write zeroes: {oncs:#x}"
+    );
     assert_eq!(id[512], 0x66, "SQES");
     assert_eq!(id[513], 0x44, "CQES");
     let fr = id[64..72].to_vec();
@@ -177,14 +202,21 @@ fn admin_identify_features_and_log_pages() {
     }
     // An inactive NSID: zeroes (or Invalid Namespace); never a crash.
     match h.identify(0, 7) {
-        Ok(b) => assert!(b.iter().all(|&x| x == 0), "Identify of inactive nsid 7 not zero"),
+        Ok(b) => assert!(
+            b.iter().all(|&x| x == 0),
+            "Identify of inactive nsid 7 not zero"
+        ),
         Err(Error::Status(s, _)) => assert_status(s, Status::INVALID_NAMESPACE, "inactive"),
         Err(e) => panic!("Identify nsid 7: {e}"),
     }
 
     // Active namespace list.
     let list = h.identify(2, 0).expect("Active NS list");
-    let ids: Vec<u32> = list.chunks(4).map(|c| le32(c, 0)).take_while(|&n| n != 0).collect();
+    let ids: Vec<u32> = list
+        .chunks(4)
+        .map(|c| le32(c, 0))
+        .take_while(|&n| n != 0)
+        .collect();
     assert_eq!(ids, vec![1, 2], "active namespace list");
 
     // Namespace identification descriptors: a non-zero UUID for each namespace.
@@ -197,15 +229,25 @@ fn admin_identify_features_and_log_pages() {
     assert!(granted >= 2, "granted {granted} I/O queues");
 
     // Log pages: error information, SMART, firmware slot, commands supported and effects.
-    h.get_log_page(0x01, 0, 0, 64, false).expect("Error Information log");
-    let smart = h.get_log_page(0x02, 0xffff_ffff, 0, 512, false).expect("SMART log");
+    h.get_log_page(0x01, 0, 0, 64, false)
+        .expect("Error Information log");
+    let smart = h
+        .get_log_page(0x02, 0xffff_ffff, 0, 512, false)
+        .expect("SMART log");
     assert!(smart[3] <= 100, "available spare");
-    let fw = h.get_log_page(0x03, 0, 0, 512, false).expect("Firmware Slot log");
+    let fw = h
+        .get_log_page(0x03, 0, 0, 512, false)
+        .expect("Firmware Slot log");
     assert_eq!(fw[0] & 7, 1, "AFI active slot 1");
     assert_eq!(&fw[8..16], &fr[..], "FRS1 equals Identify FR");
-    let fx = h.get_log_page(0x05, 0, 0, 4096, false).expect("Commands Supported and Effects log");
+    let fx = h
+        .get_log_page(0x05, 0, 0, 4096, false)
+        .expect("Commands Supported and Effects log");
     for opc in [0x02u8, 0x06, 0x09, 0x0a, 0x18] {
-        assert!(le32(&fx, 4 * opc as usize) & 1 != 0, "admin opcode {opc:#x} not CSUPP");
+        assert!(
+            le32(&fx, 4 * opc as usize) & 1 != 0,
+            "admin opcode {opc:#x} not CSUPP"
+        );
     }
     for opc in [0x00u8, 0x01, 0x02, 0x05, 0x08, 0x09] {
         assert!(
@@ -263,13 +305,28 @@ fn commands_before_enable_are_command_sequence_errors() {
     let mut h = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
     h.connect_admin(SUBNQN, 0).expect("Connect");
     // Fabrics commands work while disabled.
-    h.property_get(0x00, true).expect("Property Get CAP before CC.EN");
+    h.property_get(0x00, true)
+        .expect("Property Get CAP before CC.EN");
     let s = err_status(h.identify(1, 0), "Identify before CC.EN");
     assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Identify before CC.EN");
-    let s = err_status(h.get_log_page(0x02, 0xffff_ffff, 0, 512, false), "Get Log Page before CC.EN");
-    assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Get Log Page before CC.EN");
-    let s = err_status(h.set_features(0x07, 0, 0x0001_0001, false), "Set Features before CC.EN");
-    assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Set Features before CC.EN");
+    let s = err_status(
+        h.get_log_page(0x02, 0xffff_ffff, 0, 512, false),
+        "Get Log Page before CC.EN",
+    );
+    assert_status(
+        s,
+        Status::COMMAND_SEQUENCE_ERROR,
+        "Get Log Page before CC.EN",
+    );
+    let s = err_status(
+        h.set_features(0x07, 0, 0x0001_0001, false),
+        "Set Features before CC.EN",
+    );
+    assert_status(
+        s,
+        Status::COMMAND_SEQUENCE_ERROR,
+        "Set Features before CC.EN",
+    );
     // And after enabling, the same commands work on the same queue.
     h.enable_controller().expect("enable");
     h.identify(1, 0).expect("Identify after CC.EN");
@@ -282,21 +339,42 @@ fn admin_queue_interprets_opcodes_as_admin_commands() {
     let mut d = Daemon::start_default();
     let (mut h, _) = admin(&d, SUBNQN, &host_opts());
     // 03h is neither an admin command nor valid on fabrics (it is no I/O command either).
-    let (cqe, _) = h.submit_admin_raw(raw_sqe(0x03, 1), &[], 0).expect("opcode 03h");
-    assert_status(cqe.status(), Status::INVALID_OPCODE, "opcode 03h on the admin queue");
+    let (cqe, _) = h
+        .submit_admin_raw(raw_sqe(0x03, 1), &[], 0)
+        .expect("opcode 03h");
+    assert_status(
+        cqe.status(),
+        Status::INVALID_OPCODE,
+        "opcode 03h on the admin queue",
+    );
     // 01h (WRITE on an I/O queue) is Create I/O SQ here, prohibited on fabrics.
-    let (cqe, _) = h.submit_admin_raw(raw_sqe(0x01, 0), &[], 0).expect("opcode 01h");
-    assert_status(cqe.status(), Status::INVALID_OPCODE, "Create I/O SQ on fabrics");
+    let (cqe, _) = h
+        .submit_admin_raw(raw_sqe(0x01, 0), &[], 0)
+        .expect("opcode 01h");
+    assert_status(
+        cqe.status(),
+        Status::INVALID_OPCODE,
+        "Create I/O SQ on fabrics",
+    );
     // 02h (READ on an I/O queue) is Get Log Page here.
     let mut sqe = raw_sqe(opcodes::admin::GET_LOG_PAGE, 0xffff_ffff);
     sqe.cdw10 = 0x02 | (512 / 4 - 1) << 16;
     let (cqe, data) = h.submit_admin_raw(sqe, &[], 512).expect("opcode 02h");
-    assert_ok(cqe.status(), "opcode 02h (Get Log Page SMART) on the admin queue");
+    assert_ok(
+        cqe.status(),
+        "opcode 02h (Get Log Page SMART) on the admin queue",
+    );
     assert_eq!(data.len(), 512);
     // Admin opcodes on an I/O queue: Identify (06h) is not an I/O command.
     let mut c = controller(&d, 1, &host_opts());
-    let (cqe, _) = c.io[0].submit_admin_raw(raw_sqe(0x06, 1), &[], 0).expect("06h on I/O");
-    assert_status(cqe.status(), Status::INVALID_OPCODE, "opcode 06h on an I/O queue");
+    let (cqe, _) = c.io[0]
+        .submit_admin_raw(raw_sqe(0x06, 1), &[], 0)
+        .expect("06h on I/O");
+    assert_status(
+        cqe.status(),
+        Status::INVALID_OPCODE,
+        "opcode 06h on an I/O queue",
+    );
     assert_serves(&mut d);
 }
 
@@ -308,7 +386,9 @@ fn raw_sqe(opcode: u8, nsid: u32) -> Sqe {
 }
 
 fn smart_counts(h: &mut TcpHost) -> [u128; 4] {
-    let s = h.get_log_page(0x02, 0xffff_ffff, 0, 512, false).expect("SMART log");
+    let s = h
+        .get_log_page(0x02, 0xffff_ffff, 0, 512, false)
+        .expect("SMART log");
     // Data units read/written, host read/write commands.
     [le128(&s, 32), le128(&s, 48), le128(&s, 64), le128(&s, 80)]
 }
@@ -341,8 +421,14 @@ fn smart_counters_move_after_io() {
     assert_eq!(after[3] - before[3], 10, "host write commands moved by");
     assert_eq!(after[2] - before[2], 7, "host read commands moved by");
     // 640 KiB written = 1280 units of 512 bytes = 2 (thousands, rounded up).
-    assert!(after[1] > before[1], "data units written did not move: {before:?} -> {after:?}");
-    assert!(after[0] > before[0], "data units read did not move: {before:?} -> {after:?}");
+    assert!(
+        after[1] > before[1],
+        "data units written did not move: {before:?} -> {after:?}"
+    );
+    assert!(
+        after[0] > before[0],
+        "data units read did not move: {before:?} -> {after:?}"
+    );
 }
 
 // ============================================================================ I/O data path
@@ -350,10 +436,20 @@ fn smart_counters_move_after_io() {
 /// Transfer sizes for a namespace with `bs`-byte blocks: 512 B..128 KiB (MDTS),
 /// straddling the 8 KiB in-capsule limit.
 fn sizes(bs: u32) -> Vec<usize> {
-    let mut v: Vec<usize> = [512, 1024, 4096, 8192 - 512, 8192, 8192 + 512, 12288, 65536, 131072]
-        .into_iter()
-        .filter(|s| s % bs as usize == 0)
-        .collect();
+    let mut v: Vec<usize> = [
+        512,
+        1024,
+        4096,
+        8192 - 512,
+        8192,
+        8192 + 512,
+        12288,
+        65536,
+        131072,
+    ]
+    .into_iter()
+    .filter(|s| s % bs as usize == 0)
+    .collect();
     v.dedup();
     v
 }
@@ -379,7 +475,10 @@ fn io_across_queues(opts: HostOptions) {
                 let s = c.io[i]
                     .write(nsid, slba, &data, false)
                     .unwrap_or_else(|e| panic!("ns {nsid} write {size} B on queue {i}: {e}"));
-                assert_ok(s, &format!("ns {nsid} write {size} B at LBA {slba} on queue {i}"));
+                assert_ok(
+                    s,
+                    &format!("ns {nsid} write {size} B at LBA {slba} on queue {i}"),
+                );
                 written.push((i, slba, data));
             }
         }
@@ -390,7 +489,10 @@ fn io_across_queues(opts: HostOptions) {
             let s = c.io[j]
                 .read(nsid, *slba, nlb, &mut back)
                 .unwrap_or_else(|e| panic!("ns {nsid} read {} B on queue {j}: {e}", data.len()));
-            assert_ok(s, &format!("ns {nsid} read {} B at LBA {slba} on queue {j}", data.len()));
+            assert_ok(
+                s,
+                &format!("ns {nsid} read {} B at LBA {slba} on queue {j}", data.len()),
+            );
             assert!(
                 back == *data,
                 "ns {nsid}: {} B at LBA {slba} written on queue {i} read back different on queue {j} \
@@ -405,10 +507,16 @@ fn io_across_queues(opts: HostOptions) {
         let nlb = (size / bs as usize) as u32;
         for round in 0..n {
             let data = pattern(0xabc0 + round as u64 + nsid as u64 * 100, size);
-            assert_ok(c.io[round].write(nsid, slba, &data, false).expect("write"), "write");
+            assert_ok(
+                c.io[round].write(nsid, slba, &data, false).expect("write"),
+                "write",
+            );
             for j in 0..n {
                 let mut back = vec![0u8; size];
-                assert_ok(c.io[j].read(nsid, slba, nlb, &mut back).expect("read"), "read");
+                assert_ok(
+                    c.io[j].read(nsid, slba, nlb, &mut back).expect("read"),
+                    "read",
+                );
                 assert!(
                     back == data,
                     "ns {nsid}: queue {j} does not see the write of queue {round} at LBA {slba}"
@@ -429,18 +537,32 @@ fn io_across_queues(opts: HostOptions) {
             .collect();
         let expect: Vec<Vec<u8>> = reqs.iter().map(|r| r.buf.clone()).collect();
         for (k, cpl) in run_pipelined(q, reqs, 16).iter().enumerate() {
-            assert_ok(cpl.cqe.status(), &format!("pipelined write {k} on queue {qi}"));
+            assert_ok(
+                cpl.cqe.status(),
+                &format!("pipelined write {k} on queue {qi}"),
+            );
         }
         let reqs: Vec<Request> = expect
             .iter()
             .enumerate()
             .map(|(k, e)| {
-                Request::read(1, base + k as u64 * 256, (e.len() / 512) as u32, vec![0; e.len()])
+                Request::read(
+                    1,
+                    base + k as u64 * 256,
+                    (e.len() / 512) as u32,
+                    vec![0; e.len()],
+                )
             })
             .collect();
         for (k, cpl) in run_pipelined(q, reqs, 16).iter().enumerate() {
-            assert_ok(cpl.cqe.status(), &format!("pipelined read {k} on queue {qi}"));
-            assert!(cpl.buf == expect[k], "pipelined read {k} on queue {qi} differs");
+            assert_ok(
+                cpl.cqe.status(),
+                &format!("pipelined read {k} on queue {qi}"),
+            );
+            assert!(
+                cpl.buf == expect[k],
+                "pipelined read {k} on queue {qi} differs"
+            );
         }
     }
 }
@@ -509,51 +631,99 @@ fn fua_flush_write_zeroes_deallocate_compare() {
 
         // FUA write, then FLUSH.
         let data = pattern(11 + nsid as u64, len);
-        assert_ok(q0.write(nsid, lba(MIB), &data, true).expect("FUA write"), "FUA write");
-        assert_ok(q1.read(nsid, lba(MIB), nlb, &mut back).expect("read"), "read");
+        assert_ok(
+            q0.write(nsid, lba(MIB), &data, true).expect("FUA write"),
+            "FUA write",
+        );
+        assert_ok(
+            q1.read(nsid, lba(MIB), nlb, &mut back).expect("read"),
+            "read",
+        );
         assert!(back == data, "ns {nsid}: FUA write read back different");
         assert_ok(q0.flush(nsid).expect("flush"), &format!("FLUSH ns {nsid}"));
-        assert_ok(q1.flush(nsid).expect("flush"), &format!("FLUSH ns {nsid} (queue 2)"));
+        assert_ok(
+            q1.flush(nsid).expect("flush"),
+            &format!("FLUSH ns {nsid} (queue 2)"),
+        );
 
         // Write Zeroes in the middle of a pattern.
         let data = pattern(21 + nsid as u64, len);
-        assert_ok(q0.write(nsid, lba(2 * MIB), &data, false).expect("write"), "write");
+        assert_ok(
+            q0.write(nsid, lba(2 * MIB), &data, false).expect("write"),
+            "write",
+        );
         let z0 = lba(2 * MIB) + nlb as u64 / 4;
         let zn = nlb / 2;
         assert_ok(
             q1.write_zeroes(nsid, z0, zn).expect("write zeroes"),
             &format!("WRITE ZEROES ns {nsid}"),
         );
-        assert_ok(q0.read(nsid, lba(2 * MIB), nlb, &mut back).expect("read"), "read");
+        assert_ok(
+            q0.read(nsid, lba(2 * MIB), nlb, &mut back).expect("read"),
+            "read",
+        );
         let (zs, ze) = (len / 4, len / 4 + zn as usize * bs as usize);
-        assert!(back[zs..ze].iter().all(|&x| x == 0), "ns {nsid}: write zeroes not zero");
-        assert!(back[..zs] == data[..zs] && back[ze..] == data[ze..], "ns {nsid}: write zeroes spilled");
+        assert!(
+            back[zs..ze].iter().all(|&x| x == 0),
+            "ns {nsid}: write zeroes not zero"
+        );
+        assert!(
+            back[..zs] == data[..zs] && back[ze..] == data[ze..],
+            "ns {nsid}: write zeroes spilled"
+        );
 
         // Dataset Management: deallocate two ranges.
         let data = pattern(31 + nsid as u64, len);
-        assert_ok(q0.write(nsid, lba(3 * MIB), &data, false).expect("write"), "write");
+        assert_ok(
+            q0.write(nsid, lba(3 * MIB), &data, false).expect("write"),
+            "write",
+        );
         let r1 = (lba(3 * MIB), nlb / 4);
         let r2 = (lba(3 * MIB) + 3 * nlb as u64 / 4, nlb / 4);
         assert_ok(
             q1.dsm_deallocate(nsid, &[r1, r2]).expect("dsm"),
             &format!("DSM deallocate ns {nsid}"),
         );
-        assert_ok(q0.read(nsid, lba(3 * MIB), nlb, &mut back).expect("read"), "read");
+        assert_ok(
+            q0.read(nsid, lba(3 * MIB), nlb, &mut back).expect("read"),
+            "read",
+        );
         let q = len / 4;
-        assert!(back[..q].iter().all(|&x| x == 0), "ns {nsid}: deallocated range 1 not zero");
-        assert!(back[3 * q..].iter().all(|&x| x == 0), "ns {nsid}: deallocated range 2 not zero");
-        assert!(back[q..3 * q] == data[q..3 * q], "ns {nsid}: deallocate touched other blocks");
+        assert!(
+            back[..q].iter().all(|&x| x == 0),
+            "ns {nsid}: deallocated range 1 not zero"
+        );
+        assert!(
+            back[3 * q..].iter().all(|&x| x == 0),
+            "ns {nsid}: deallocated range 2 not zero"
+        );
+        assert!(
+            back[q..3 * q] == data[q..3 * q],
+            "ns {nsid}: deallocate touched other blocks"
+        );
 
         // Compare: success, then a one-byte difference.
         let data = pattern(41 + nsid as u64, len);
-        assert_ok(q0.write(nsid, lba(4 * MIB), &data, false).expect("write"), "write");
-        assert_ok(q1.compare(nsid, lba(4 * MIB), &data).expect("compare"), "COMPARE equal");
+        assert_ok(
+            q0.write(nsid, lba(4 * MIB), &data, false).expect("write"),
+            "write",
+        );
+        assert_ok(
+            q1.compare(nsid, lba(4 * MIB), &data).expect("compare"),
+            "COMPARE equal",
+        );
         let mut other = data.clone();
         other[len - 100] ^= 0x40;
         let s = q1.compare(nsid, lba(4 * MIB), &other).expect("compare");
-        assert_status(s, Status::COMPARE_FAILURE, &format!("COMPARE different, ns {nsid}"));
+        assert_status(
+            s,
+            Status::COMPARE_FAILURE,
+            &format!("COMPARE different, ns {nsid}"),
+        );
         // Small compare (in-capsule) too.
-        let s = q0.compare(nsid, lba(4 * MIB), &data[..bs as usize]).expect("compare");
+        let s = q0
+            .compare(nsid, lba(4 * MIB), &data[..bs as usize])
+            .expect("compare");
         assert_ok(s, "COMPARE one block");
     }
 }
@@ -578,42 +748,77 @@ fn io_error_statuses() {
     let s = q.read(2, nsze2 - 1, 2, &mut buf4).expect("read");
     assert_status(s, Status::LBA_OUT_OF_RANGE, "read over the end of ns 2");
     let s = q.write_zeroes(2, nsze2, 1).expect("write zeroes");
-    assert_status(s, Status::LBA_OUT_OF_RANGE, "write zeroes past the end of ns 2");
+    assert_status(
+        s,
+        Status::LBA_OUT_OF_RANGE,
+        "write zeroes past the end of ns 2",
+    );
     let s = q.read(1, u64::MAX - 1, 4, &mut buf4[..2048]).expect("read");
-    assert_status(s, Status::LBA_OUT_OF_RANGE, "read with SLBA near 2^64 (overflow)");
+    assert_status(
+        s,
+        Status::LBA_OUT_OF_RANGE,
+        "read with SLBA near 2^64 (overflow)",
+    );
     q.set_lba_size(512);
 
     // Transfers beyond MDTS (128 KiB): 257 blocks of 512 bytes, and 33 blocks of 4 KiB.
     let mut big = vec![0u8; 257 * 512];
     let s = q.read(1, 0, 257, &mut big).expect("read beyond MDTS");
-    assert_status(s, Status::INVALID_FIELD, "read of 257 x 512 B (beyond MDTS)");
+    assert_status(
+        s,
+        Status::INVALID_FIELD,
+        "read of 257 x 512 B (beyond MDTS)",
+    );
     let s = q.write(1, 0, &big, false).expect("write beyond MDTS");
-    assert_status(s, Status::INVALID_FIELD, "write of 257 x 512 B (beyond MDTS)");
+    assert_status(
+        s,
+        Status::INVALID_FIELD,
+        "write of 257 x 512 B (beyond MDTS)",
+    );
     let mut big4 = vec![0u8; 33 * 4096];
     let s = q.read(2, 0, 33, &mut big4).expect("read beyond MDTS");
     assert_status(s, Status::INVALID_FIELD, "read of 33 x 4 KiB (beyond MDTS)");
     // Exactly MDTS is fine.
     let mut max = vec![0u8; 256 * 512];
-    assert_ok(q.read(1, 0, 256, &mut max).expect("read"), "read of exactly MDTS");
+    assert_ok(
+        q.read(1, 0, 256, &mut max).expect("read"),
+        "read of exactly MDTS",
+    );
 
     // Bad NSIDs.
     for nsid in [0u32, 3, 99, 0xffff_ffff] {
         let s = q.read(nsid, 0, 1, &mut buf[..512]).expect("read");
-        assert_status(s, Status::INVALID_NAMESPACE, &format!("read from nsid {nsid:#x}"));
+        assert_status(
+            s,
+            Status::INVALID_NAMESPACE,
+            &format!("read from nsid {nsid:#x}"),
+        );
     }
     let s = q.write(99, 0, &buf[..512], false).expect("write");
     assert_status(s, Status::INVALID_NAMESPACE, "write to nsid 99");
 
     // Unknown I/O opcodes.
     for opc in [0x03u8, 0x7e, 0x83] {
-        let (cqe, _) = q.submit_admin_raw(raw_sqe(opc, 1), &[], 0).expect("unknown opcode");
-        assert_status(cqe.status(), Status::INVALID_OPCODE, &format!("I/O opcode {opc:#x}"));
+        let (cqe, _) = q
+            .submit_admin_raw(raw_sqe(opc, 1), &[], 0)
+            .expect("unknown opcode");
+        assert_status(
+            cqe.status(),
+            Status::INVALID_OPCODE,
+            &format!("I/O opcode {opc:#x}"),
+        );
     }
     // The queue still works.
     let data = pattern(5, 4096);
-    assert_ok(q.write(1, 8, &data, false).expect("write"), "write after errors");
+    assert_ok(
+        q.write(1, 8, &data, false).expect("write"),
+        "write after errors",
+    );
     let mut back = vec![0u8; 4096];
-    assert_ok(q.read(1, 8, 8, &mut back).expect("read"), "read after errors");
+    assert_ok(
+        q.read(1, 8, 8, &mut back).expect("read"),
+        "read after errors",
+    );
     assert!(back == data);
     assert_serves(&mut d);
 }
@@ -634,7 +839,11 @@ fn io_connect_with_invalid_parameters() {
         h.connect_io(SUBNQN, cntlid.wrapping_add(100), 1, 31),
         "I/O Connect to an unknown CNTLID",
     );
-    assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect to an unknown CNTLID");
+    assert_status(
+        s,
+        Status::CONNECT_INVALID_PARAMETERS,
+        "I/O Connect to an unknown CNTLID",
+    );
 
     // QID beyond the granted number of queues.
     let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
@@ -642,7 +851,11 @@ fn io_connect_with_invalid_parameters() {
         h.connect_io(SUBNQN, cntlid, granted + 1, 31),
         "I/O Connect beyond the granted queues",
     );
-    assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect with QID granted+1");
+    assert_status(
+        s,
+        Status::CONNECT_INVALID_PARAMETERS,
+        "I/O Connect with QID granted+1",
+    );
 
     // The same QID twice.
     let _q1 = io_queue(&d, SUBNQN, cntlid, 1, &opts);
@@ -674,7 +887,9 @@ fn raw_connect(d: &Daemon, subnqn: &[u8], hostnqn: &[u8]) -> Status {
         kato: 0,
     };
     let mut h = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
-    let (cqe, _) = h.submit_admin_raw(cmd.to_sqe(0), &data, 0).expect("Connect capsule answered");
+    let (cqe, _) = h
+        .submit_admin_raw(cmd.to_sqe(0), &data, 0)
+        .expect("Connect capsule answered");
     cqe.status()
 }
 
@@ -685,27 +900,58 @@ fn connect_with_garbage_nqns_fails_cleanly() {
     let host = b"nqn.2014-08.org.nvmexpress:uuid:0b5c1d2e-3f40-4152-8364-a5b6c7d8e9f1";
     let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
         ("SUBNQN not NUL-terminated", vec![b'a'; 256], host.to_vec()),
-        ("SUBNQN of 256 non-NUL bytes starting like ours", {
-            let mut v = SUBNQN.as_bytes().to_vec();
-            v.resize(256, b'x');
-            v
-        }, host.to_vec()),
-        ("SUBNQN with a wrong prefix", b"nqx.2026-11.dev.nvmf-target:e2e".to_vec(), host.to_vec()),
+        (
+            "SUBNQN of 256 non-NUL bytes starting like ours",
+            {
+                let mut v = SUBNQN.as_bytes().to_vec();
+                v.resize(256, b'x');
+                v
+            },
+            host.to_vec(),
+        ),
+        (
+            "SUBNQN with a wrong prefix",
+            b"nqx.2026-11.dev.nvmf-target:e2e".to_vec(),
+            host.to_vec(),
+        ),
         ("SUBNQN empty", vec![], host.to_vec()),
-        ("SUBNQN not UTF-8", vec![b'n', b'q', b'n', b'.', 0xff, 0xfe, b':', b'x'], host.to_vec()),
-        ("unknown SUBNQN", b"nqn.2026-11.dev.nvmf-target:nope".to_vec(), host.to_vec()),
-        ("HOSTNQN not NUL-terminated", SUBNQN.as_bytes().to_vec(), vec![b'h'; 256]),
-        ("HOSTNQN with a wrong prefix", SUBNQN.as_bytes().to_vec(), b"host:1".to_vec()),
+        (
+            "SUBNQN not UTF-8",
+            vec![b'n', b'q', b'n', b'.', 0xff, 0xfe, b':', b'x'],
+            host.to_vec(),
+        ),
+        (
+            "unknown SUBNQN",
+            b"nqn.2026-11.dev.nvmf-target:nope".to_vec(),
+            host.to_vec(),
+        ),
+        (
+            "HOSTNQN not NUL-terminated",
+            SUBNQN.as_bytes().to_vec(),
+            vec![b'h'; 256],
+        ),
+        (
+            "HOSTNQN with a wrong prefix",
+            SUBNQN.as_bytes().to_vec(),
+            b"host:1".to_vec(),
+        ),
         ("HOSTNQN empty", SUBNQN.as_bytes().to_vec(), vec![]),
     ];
     for (what, sub, hostnqn) in cases {
         let s = raw_connect(&d, &sub, &hostnqn);
         assert!(!s.is_success(), "Connect with {what}: succeeded");
-        assert!(d.is_running(), "daemon died on Connect with {what}; log:\n{}", d.log());
+        assert!(
+            d.is_running(),
+            "daemon died on Connect with {what}; log:\n{}",
+            d.log()
+        );
     }
     // Discovery NQN spelled wrong is not the discovery controller either.
     let s = raw_connect(&d, b"nqn.2014-08.org.nvmexpress.discovery.", host);
-    assert!(!s.is_success(), "Connect to a misspelled discovery NQN succeeded");
+    assert!(
+        !s.is_success(),
+        "Connect to a misspelled discovery NQN succeeded"
+    );
     assert_serves(&mut d);
 }
 
@@ -734,7 +980,8 @@ fn keep_alive_expiry_closes_the_association() {
         b.keep_alive().expect("Keep Alive on the live controller");
         std::thread::sleep(Duration::from_millis(250));
     }
-    b.identify(1, 0).expect("the controller that sent Keep Alives still works");
+    b.identify(1, 0)
+        .expect("the controller that sent Keep Alives still works");
 
     // Closed by the target, or failed: both are fine; an answer with success or no
     // answer at all is not.
@@ -746,9 +993,15 @@ fn keep_alive_expiry_closes_the_association() {
         Err(Error::Timeout) => panic!("{what}: no answer and no close after KATO expiry"),
         Err(e) => panic!("{what}: unexpected {e}"),
     };
-    expired(a.keep_alive().map(|_| Status::SUCCESS), "admin queue of the silent controller");
+    expired(
+        a.keep_alive().map(|_| Status::SUCCESS),
+        "admin queue of the silent controller",
+    );
     let mut buf = vec![0u8; 512];
-    expired(a_io.read(1, 0, 1, &mut buf), "I/O queue of the silent controller");
+    expired(
+        a_io.read(1, 0, 1, &mut buf),
+        "I/O queue of the silent controller",
+    );
     assert_serves(&mut d);
 }
 
@@ -815,7 +1068,9 @@ fn malformed_truncated_pdu_then_close() {
     let mut h = ic_done(&d, Digests::NONE);
     let pdu = identify_capsule(Digests::NONE, &[]);
     h.send_raw(&pdu[..40]).expect("send");
-    h.stream().shutdown(std::net::Shutdown::Write).expect("shutdown");
+    h.stream()
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
     expect_closed(&mut h, "truncated CapsuleCmd then FIN");
     drop(h);
     // Half an ICReq, then close.
@@ -823,7 +1078,9 @@ fn malformed_truncated_pdu_then_close() {
     let mut ic = Vec::new();
     tcp::encode_ic_req(&mut ic, &IcReq::default());
     h.send_raw(&ic[..60]).expect("send");
-    h.stream().shutdown(std::net::Shutdown::Write).expect("shutdown");
+    h.stream()
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
     expect_closed(&mut h, "truncated ICReq then FIN");
     drop(h);
     // Just a few bytes of a common header, then reset.
@@ -842,7 +1099,12 @@ fn malformed_bad_pdu_type() {
         let mut pdu = identify_capsule(Digests::NONE, &[]);
         pdu[0] = ty;
         h.send_raw(&pdu).expect("send");
-        expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(0), &format!("PDU type {ty:#x}"));
+        expect_term_req(
+            &mut h,
+            tcp::fes::INVALID_HEADER_FIELD,
+            Some(0),
+            &format!("PDU type {ty:#x}"),
+        );
     }
     assert_serves(&mut d);
 }
@@ -856,7 +1118,12 @@ fn malformed_bad_hlen() {
         let mut pdu = identify_capsule(Digests::NONE, &[]);
         pdu[2] = hlen;
         h.send_raw(&pdu).expect("send");
-        expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(2), &format!("HLEN {hlen}"));
+        expect_term_req(
+            &mut h,
+            tcp::fes::INVALID_HEADER_FIELD,
+            Some(2),
+            &format!("HLEN {hlen}"),
+        );
     }
     assert_serves(&mut d);
 }
@@ -871,7 +1138,12 @@ fn malformed_plen_shorter_than_header() {
     let mut pdu = identify_capsule(Digests::NONE, &[]);
     pdu[4..8].copy_from_slice(&70u32.to_le_bytes());
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(4), "PLEN 70 < HLEN");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(4),
+        "PLEN 70 < HLEN",
+    );
     assert_serves(&mut d);
 }
 
@@ -892,7 +1164,12 @@ fn malformed_bad_plen_and_pdo() {
     let mut pdu = identify_capsule(Digests::NONE, &[0u8; 64]);
     pdu[3] = 200;
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(3), "PDO 200 > PLEN");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(3),
+        "PDO 200 > PLEN",
+    );
 
     // In-capsule data over the limit: the header alone announces 1 MiB.
     let mut h = ic_done(&d, Digests::NONE);
@@ -917,11 +1194,21 @@ fn malformed_h2c_data_with_unknown_ttag() {
     let mut pdu = Vec::new();
     tcp::encode_h2c_data(&mut pdu, 0, 0x1234, 0, &[0u8; 512], true, Digests::NONE, 0);
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(10), "H2CData, no command");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(10),
+        "H2CData, no command",
+    );
 
     let (mut h, _) = admin(&d, SUBNQN, &raw_opts());
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(10), "H2CData on the admin queue");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(10),
+        "H2CData on the admin queue",
+    );
 
     let mut a = controller(&d, 1, &raw_opts());
     let q = &mut a.io[0];
@@ -930,16 +1217,35 @@ fn malformed_h2c_data_with_unknown_ttag() {
         .submit(Request::write(1, 0, 64, pattern(1, 32768), false))
         .expect("submit");
     match q.recv_pdu().expect("R2T") {
-        OwnedPdu::R2T { cccid, ttag, r2to, r2tl } => {
+        OwnedPdu::R2T {
+            cccid,
+            ttag,
+            r2to,
+            r2tl,
+        } => {
             assert_eq!((cccid, r2to, r2tl), (cid, 0, 32768), "R2T fields");
             let mut pdu = Vec::new();
             let bad = ttag.wrapping_add(1);
-            tcp::encode_h2c_data(&mut pdu, cid, bad, 0, &pattern(1, 32768), true, Digests::NONE, 0);
+            tcp::encode_h2c_data(
+                &mut pdu,
+                cid,
+                bad,
+                0,
+                &pattern(1, 32768),
+                true,
+                Digests::NONE,
+                0,
+            );
             q.send_raw(&pdu).expect("send");
         }
         other => panic!("expected R2T, got {other:?}"),
     }
-    expect_term_req(q, tcp::fes::INVALID_HEADER_FIELD, Some(10), "H2CData with a wrong TTAG");
+    expect_term_req(
+        q,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(10),
+        "H2CData with a wrong TTAG",
+    );
     assert_serves(&mut d);
 }
 
@@ -957,13 +1263,23 @@ fn malformed_bad_header_digest() {
     assert_eq!(pdu.len(), 76);
     pdu[73] ^= 0x01;
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::HEADER_DIGEST_ERROR, None, "bad header digest");
+    expect_term_req(
+        &mut h,
+        tcp::fes::HEADER_DIGEST_ERROR,
+        None,
+        "bad header digest",
+    );
     // Digest flag missing although negotiated.
     let mut h = ic_done(&d, dg);
     let mut pdu = identify_capsule(Digests::NONE, &[]);
     pdu[1] = 0;
     h.send_raw(&pdu).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(1), "HDGSTF missing");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(1),
+        "HDGSTF missing",
+    );
     assert_serves(&mut d);
 }
 
@@ -979,11 +1295,22 @@ fn malformed_second_icreq() {
     // And after Connect.
     let (mut h, _) = admin(&d, SUBNQN, &raw_opts());
     h.send_raw(&ic).expect("send");
-    expect_term_req(&mut h, tcp::fes::PDU_SEQUENCE_ERROR, None, "ICReq after Connect");
+    expect_term_req(
+        &mut h,
+        tcp::fes::PDU_SEQUENCE_ERROR,
+        None,
+        "ICReq after Connect",
+    );
     // A CapsuleCmd before ICReq is a sequence error too.
     let mut h = TcpHost::connect_raw(d.addr(), raw_opts()).expect("connect");
-    h.send_raw(&identify_capsule(Digests::NONE, &[])).expect("send");
-    expect_term_req(&mut h, tcp::fes::PDU_SEQUENCE_ERROR, None, "CapsuleCmd before ICReq");
+    h.send_raw(&identify_capsule(Digests::NONE, &[]))
+        .expect("send");
+    expect_term_req(
+        &mut h,
+        tcp::fes::PDU_SEQUENCE_ERROR,
+        None,
+        "CapsuleCmd before ICReq",
+    );
     assert_serves(&mut d);
 }
 
@@ -1001,14 +1328,24 @@ fn malformed_icreq_pfv_1() {
         },
     );
     h.send_raw(&ic).expect("send");
-    expect_term_req(&mut h, tcp::fes::UNSUPPORTED_PARAMETER, Some(8), "ICReq PFV 1");
+    expect_term_req(
+        &mut h,
+        tcp::fes::UNSUPPORTED_PARAMETER,
+        Some(8),
+        "ICReq PFV 1",
+    );
     // HPDA beyond 31.
     let mut h = TcpHost::connect_raw(d.addr(), raw_opts()).expect("connect");
     let mut ic = Vec::new();
     tcp::encode_ic_req(&mut ic, &IcReq::default());
     ic[10] = 32;
     h.send_raw(&ic).expect("send");
-    expect_term_req(&mut h, tcp::fes::INVALID_HEADER_FIELD, Some(10), "ICReq HPDA 32");
+    expect_term_req(
+        &mut h,
+        tcp::fes::INVALID_HEADER_FIELD,
+        Some(10),
+        "ICReq HPDA 32",
+    );
     assert_serves(&mut d);
 }
 
@@ -1085,8 +1422,14 @@ fn sigterm_with_io_in_flight_exits_zero() {
         t.join().expect("I/O thread");
     }
     match st {
-        Ok(st) => assert!(st.success(), "exit status {st} on SIGTERM with I/O in flight"),
-        Err(_) => panic!("no exit within 5 s of SIGTERM with I/O in flight; log:\n{}", d.log()),
+        Ok(st) => assert!(
+            st.success(),
+            "exit status {st} on SIGTERM with I/O in flight"
+        ),
+        Err(_) => panic!(
+            "no exit within 5 s of SIGTERM with I/O in flight; log:\n{}",
+            d.log()
+        ),
     }
     eprintln!("stopped in {took:?} with I/O in flight");
 }
@@ -1145,7 +1488,10 @@ fn data_digest_error_fails_the_command_only() {
     let n = pdu.len();
     pdu[n - 1] ^= 0xff;
     q.send_raw(&pdu).expect("send");
-    match q.recv_pdu().expect("answer to a capsule with a bad data digest") {
+    match q
+        .recv_pdu()
+        .expect("answer to a capsule with a bad data digest")
+    {
         OwnedPdu::CapsuleResp(cqe) => {
             assert_eq!(cqe.cid, 30);
             assert_status(
@@ -1157,8 +1503,14 @@ fn data_digest_error_fails_the_command_only() {
         other => panic!("expected a CapsuleResp, got {other:?}"),
     }
     let mut back = vec![0u8; 4096];
-    assert_ok(q.read(1, 64, 8, &mut back).expect("read"), "read after digest error");
-    assert!(back == old, "a write with a bad data digest changed the blocks");
+    assert_ok(
+        q.read(1, 64, 8, &mut back).expect("read"),
+        "read after digest error",
+    );
+    assert!(
+        back == old,
+        "a write with a bad data digest changed the blocks"
+    );
     assert_serves(&mut d);
 }
 
@@ -1186,16 +1538,34 @@ fn sgl_shorter_than_transfer() {
     let mut c = controller(&d, 1, &opts);
     let q = &mut c.io[0];
     // Read of 8 blocks into a 2 KiB SGL.
-    let cid = q.submit(Request::read(1, 0, 8, vec![0; 2048])).expect("submit");
+    let cid = q
+        .submit(Request::read(1, 0, 8, vec![0; 2048]))
+        .expect("submit");
     let cpl = q.wait(cid).expect("completion");
-    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "read, SGL 2 KiB, NLB 8");
+    assert_status(
+        cpl.cqe.status(),
+        Status::DATA_SGL_LENGTH_INVALID,
+        "read, SGL 2 KiB, NLB 8",
+    );
     // Write of 8 blocks with 2 KiB in-capsule, and with 16 KiB... of which 64 KiB by R2T.
-    let cid = q.submit(Request::write(1, 0, 8, vec![1; 2048], false)).expect("submit");
+    let cid = q
+        .submit(Request::write(1, 0, 8, vec![1; 2048], false))
+        .expect("submit");
     let cpl = q.wait(cid).expect("completion");
-    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "write in-capsule, SGL 2 KiB, NLB 8");
-    let cid = q.submit(Request::write(1, 0, 256, vec![1; 65536], false)).expect("submit");
+    assert_status(
+        cpl.cqe.status(),
+        Status::DATA_SGL_LENGTH_INVALID,
+        "write in-capsule, SGL 2 KiB, NLB 8",
+    );
+    let cid = q
+        .submit(Request::write(1, 0, 256, vec![1; 65536], false))
+        .expect("submit");
     let cpl = q.wait(cid).expect("completion");
-    assert_status(cpl.cqe.status(), Status::DATA_SGL_LENGTH_INVALID, "write by R2T, SGL 64 KiB, NLB 256");
+    assert_status(
+        cpl.cqe.status(),
+        Status::DATA_SGL_LENGTH_INVALID,
+        "write by R2T, SGL 64 KiB, NLB 256",
+    );
     assert_serves(&mut d);
 }
 
@@ -1213,10 +1583,22 @@ fn abandoned_transfers_then_graceful_stop() {
                     .expect("submit");
             }
             // Take the first R2T and, optionally, send half of its data.
-            if let OwnedPdu::R2T { cccid, ttag, r2to, .. } = q.recv_pdu().expect("R2T") {
+            if let OwnedPdu::R2T {
+                cccid, ttag, r2to, ..
+            } = q.recv_pdu().expect("R2T")
+            {
                 if partial {
                     let mut pdu = Vec::new();
-                    tcp::encode_h2c_data(&mut pdu, cccid, ttag, r2to, &[7u8; 65536], false, Digests::NONE, 0);
+                    tcp::encode_h2c_data(
+                        &mut pdu,
+                        cccid,
+                        ttag,
+                        r2to,
+                        &[7u8; 65536],
+                        false,
+                        Digests::NONE,
+                        0,
+                    );
                     q.send_raw(&pdu).expect("send");
                 }
             } else {
@@ -1232,7 +1614,10 @@ fn abandoned_transfers_then_graceful_stop() {
     std::thread::sleep(Duration::from_millis(200));
     match d.stop_within(secs(5)) {
         Ok(st) => assert!(st.success(), "exit status {st} after abandoned transfers"),
-        Err(_) => panic!("no exit within 5 s of SIGTERM after abandoned transfers; log:\n{}", d.log()),
+        Err(_) => panic!(
+            "no exit within 5 s of SIGTERM after abandoned transfers; log:\n{}",
+            d.log()
+        ),
     }
 }
 
@@ -1255,7 +1640,8 @@ fn controller_shutdown_and_reset() {
     };
     let (mut h, _) = admin(&d, SUBNQN, &host_opts());
     let cc = h.property_get(0x14, false).expect("CC");
-    h.property_set(0x14, cc | 1 << 14, false).expect("CC.SHN=01b");
+    h.property_set(0x14, cc | 1 << 14, false)
+        .expect("CC.SHN=01b");
     wait_csts(&mut h, 0b1100, 0b1000, "shutdown processing complete");
 
     let (mut h, _) = admin(&d, SUBNQN, &host_opts());
@@ -1276,8 +1662,15 @@ fn get_log_page_of_unknown_lid_is_invalid_log_page() {
     let _w = watchdog("unknown_lid", secs(60));
     let mut d = Daemon::start_default();
     let (mut h, _) = admin(&d, SUBNQN, &host_opts());
-    let s = err_status(h.get_log_page(0x55, 0, 0, 512, false), "Get Log Page LID 55h");
-    assert_status(s, Status::INVALID_LOG_PAGE, "Get Log Page of an unknown LID");
+    let s = err_status(
+        h.get_log_page(0x55, 0, 0, 512, false),
+        "Get Log Page LID 55h",
+    );
+    assert_status(
+        s,
+        Status::INVALID_LOG_PAGE,
+        "Get Log Page of an unknown LID",
+    );
     assert_serves(&mut d);
 }
 
@@ -1304,10 +1697,19 @@ fn admin_error_statuses() {
     let granted = request_queues(&mut h, 2);
     assert!(granted >= 2);
     let _q = io_queue(&d, SUBNQN, cntlid, 1, &opts);
-    let s = err_status(h.set_features(0x07, 0, 0x0003_0003, false), "Number of Queues after I/O queue");
-    assert_status(s, Status::COMMAND_SEQUENCE_ERROR, "Number of Queues after an I/O queue exists");
+    let s = err_status(
+        h.set_features(0x07, 0, 0x0003_0003, false),
+        "Number of Queues after I/O queue",
+    );
+    assert_status(
+        s,
+        Status::COMMAND_SEQUENCE_ERROR,
+        "Number of Queues after an I/O queue exists",
+    );
     // Get Features still reports the grant.
-    let dw0 = h.get_features(0x07, 0, 0).expect("Get Features Number of Queues");
+    let dw0 = h
+        .get_features(0x07, 0, 0)
+        .expect("Get Features Number of Queues");
     assert_eq!((dw0 & 0xffff) as u16 + 1, granted, "NSQA from Get Features");
 
     // AERs are held; one more than AERL+1 is refused; other commands still run.
@@ -1316,13 +1718,21 @@ fn admin_error_statuses() {
     let mut held = Vec::new();
     for _ in 0..aerl {
         held.push(
-            h.submit(Request::new(raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0), nvmf_initiator::Xfer::None, Vec::new()))
-                .expect("submit AER"),
+            h.submit(Request::new(
+                raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0),
+                nvmf_initiator::Xfer::None,
+                Vec::new(),
+            ))
+            .expect("submit AER"),
         );
     }
     h.keep_alive().expect("Keep Alive with AERs outstanding");
     let extra = h
-        .submit(Request::new(raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0), nvmf_initiator::Xfer::None, Vec::new()))
+        .submit(Request::new(
+            raw_sqe(opcodes::admin::ASYNC_EVENT_REQUEST, 0),
+            nvmf_initiator::Xfer::None,
+            Vec::new(),
+        ))
         .expect("submit AER");
     let cpl = h.wait(extra).expect("the extra AER completes");
     assert_status(
@@ -1330,7 +1740,8 @@ fn admin_error_statuses() {
         Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED,
         &format!("AER number {} (AERL+1 = {aerl})", aerl + 1),
     );
-    h.identify(0, 1).expect("Identify Namespace with AERs outstanding");
+    h.identify(0, 1)
+        .expect("Identify Namespace with AERs outstanding");
     assert_eq!(h.outstanding(), aerl, "held AERs completed early");
     assert_serves(&mut d);
 }
@@ -1345,15 +1756,24 @@ fn io_connect_sqsize_limits() {
     let mqes = (a.property_get(0x00, true).expect("CAP") & 0xffff) as u16;
     let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
     let s = err_status(h.connect_io(SUBNQN, cntlid, 1, 0), "SQSIZE 0");
-    assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect with SQSIZE 0");
+    assert_status(
+        s,
+        Status::CONNECT_INVALID_PARAMETERS,
+        "I/O Connect with SQSIZE 0",
+    );
     if mqes < u16::MAX {
         let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
         let s = err_status(h.connect_io(SUBNQN, cntlid, 1, mqes + 1), "SQSIZE MQES+1");
-        assert_status(s, Status::CONNECT_INVALID_PARAMETERS, "I/O Connect with SQSIZE > MQES");
+        assert_status(
+            s,
+            Status::CONNECT_INVALID_PARAMETERS,
+            "I/O Connect with SQSIZE > MQES",
+        );
     }
     // SQSIZE = MQES works, and that many commands can be outstanding.
     let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
-    h.connect_io(SUBNQN, cntlid, 2, mqes).expect("I/O Connect with SQSIZE = MQES");
+    h.connect_io(SUBNQN, cntlid, 2, mqes)
+        .expect("I/O Connect with SQSIZE = MQES");
     let n = h.queue_depth().min(1024);
     let reqs: Vec<Request> = (0..n as u64)
         .map(|k| Request::read(1, k * 8, 8, vec![0; 4096]))

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use nvmf_initiator::{Error, HostOptions, TcpHost};
 use nvmf::spec::Status;
+use nvmf_initiator::{Error, HostOptions, TcpHost};
 
 pub const SUBNQN: &str = "nqn.2026-11.dev.nvmf-target:e2e";
 /// A subsystem only [`ALLOWED_HOST`] may connect to.
@@ -152,12 +152,19 @@ impl Daemon {
             .stderr(Stdio::from(log))
             .spawn()
             .expect("spawn nvmf-target");
-        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).push(child.id());
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child.id());
         self.child = Some(child);
 
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.forget_child();
                 return Err(format!("(exited early: {st})\n{}", self.log()));
             }
@@ -231,7 +238,10 @@ impl Daemon {
         let st = self.stop_within(STOP_TIMEOUT);
         match st {
             Ok(st) if st.success() => {}
-            Ok(st) => panic!("nvmf-target exited with {st} on SIGTERM; log:\n{}", self.log()),
+            Ok(st) => panic!(
+                "nvmf-target exited with {st} on SIGTERM; log:\n{}",
+                self.log()
+            ),
             Err(waited) => panic!(
                 "nvmf-target did not exit within {waited:?} of SIGTERM (killed); log:\n{}",
                 self.log()
@@ -246,7 +256,11 @@ impl Daemon {
 
     /// Sends `sig`, then waits up to `limit` for the exit; on timeout SIGKILLs and returns
     /// `Err(limit)`.
-    pub fn signal_and_wait(&mut self, sig: Signal, limit: Duration) -> Result<ExitStatus, Duration> {
+    pub fn signal_and_wait(
+        &mut self,
+        sig: Signal,
+        limit: Duration,
+    ) -> Result<ExitStatus, Duration> {
         let Some(child) = self.child.as_mut() else {
             panic!("signal {sig}: not running")
         };
@@ -391,7 +405,9 @@ pub fn controller(d: &Daemon, n: u16, opts: &HostOptions) -> Ctrl {
     let (mut admin, cntlid) = admin(d, SUBNQN, opts);
     let granted = request_queues(&mut admin, n);
     assert!(granted >= n, "asked for {n} I/O queues, granted {granted}");
-    let io = (1..=n).map(|q| io_queue(d, SUBNQN, cntlid, q, opts)).collect();
+    let io = (1..=n)
+        .map(|q| io_queue(d, SUBNQN, cntlid, q, opts))
+        .collect();
     Ctrl { admin, cntlid, io }
 }
 
@@ -400,7 +416,10 @@ pub fn assert_serves(d: &mut Daemon) {
     assert!(d.is_running(), "the daemon exited; log:\n{}", d.log());
     let opts = host_opts();
     let mut c = controller(d, 1, &opts);
-    let id = c.admin.identify(1, 0).expect("Identify Controller on a fresh connection");
+    let id = c
+        .admin
+        .identify(1, 0)
+        .expect("Identify Controller on a fresh connection");
     assert_eq!(u16::from_le_bytes([id[78], id[79]]), c.cntlid);
     let q = &mut c.io[0];
     let data = pattern(0xfeed, 4096);
@@ -438,11 +457,7 @@ pub fn assert_ok(s: Status, what: &str) {
 
 #[track_caller]
 pub fn assert_status(s: Status, want: Status, what: &str) {
-    assert_eq!(
-        code(s),
-        code(want),
-        "{what}: expected {want}, got {s}"
-    );
+    assert_eq!(code(s), code(want), "{what}: expected {want}, got {s}");
 }
 
 /// The status of a helper's `Error::Status`, or a panic naming what went wrong.
@@ -492,17 +507,25 @@ pub fn run_pipelined(
     loop {
         while inflight < depth {
             let Some((i, r)) = it.next() else { break };
-            let cid = q.submit(r).unwrap_or_else(|e| panic!("submit request {i}: {e}"));
+            let cid = q
+                .submit(r)
+                .unwrap_or_else(|e| panic!("submit request {i}: {e}"));
             by_cid.insert(cid, i);
             inflight += 1;
         }
         if inflight == 0 {
             break;
         }
-        let c = q.poll_completion().expect("completion of a pipelined request");
-        let i = by_cid.remove(&c.cid).expect("completion for a CID we submitted");
+        let c = q
+            .poll_completion()
+            .expect("completion of a pipelined request");
+        let i = by_cid
+            .remove(&c.cid)
+            .expect("completion for a CID we submitted");
         out[i] = Some(c);
         inflight -= 1;
     }
-    out.into_iter().map(|c| c.expect("every request completed")).collect()
+    out.into_iter()
+        .map(|c| c.expect("every request completed"))
+        .collect()
 }
