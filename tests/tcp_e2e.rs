@@ -1783,3 +1783,83 @@ fn io_connect_sqsize_limits() {
     }
     assert_serves(&mut d);
 }
+
+fn open_fds(d: &Daemon) -> usize {
+    let pid = d.pid().expect("running");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .count()
+}
+
+/// Connections that come and go (clean, abandoned, malformed) leave no file descriptor
+/// (no QP) behind, and every admin Connect gets its own CNTLID.
+#[test]
+fn connections_do_not_leak() {
+    let _w = watchdog("leak", secs(120));
+    let mut d = Daemon::start_default();
+    // Warm up both IO threads, then measure.
+    for _ in 0..4 {
+        drop(controller(&d, 2, &host_opts()));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = open_fds(&d);
+    let mut ids = std::collections::HashSet::new();
+    for k in 0..60u64 {
+        match k % 4 {
+            0 => {
+                let mut c = controller(&d, 2, &host_opts());
+                assert!(ids.insert(c.cntlid), "CNTLID {} handed out twice", c.cntlid);
+                let mut b = vec![0u8; 4096];
+                assert_ok(c.io[1].read(1, k, 8, &mut b).expect("read"), "read");
+            }
+            1 => {
+                let mut c = controller(&d, 1, &raw_opts());
+                c.io[0]
+                    .submit(Request::write(1, 0, 256, vec![0; 131072], false))
+                    .expect("submit");
+                let _ = c.io[0].recv_pdu();
+            }
+            2 => {
+                let mut h = ic_done(&d, Digests::NONE);
+                h.send_raw(&[0xee; 72]).expect("send");
+                let _ = h.recv_pdu();
+            }
+            _ => {
+                let _ = TcpHost::connect_raw(d.addr(), raw_opts()).expect("connect");
+            }
+        }
+    }
+    let deadline = Instant::now() + secs(5);
+    let after = loop {
+        let n = open_fds(&d);
+        if n <= before || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        after <= before,
+        "daemon file descriptors grew from {before} to {after} after 60 connections closed"
+    );
+    assert_serves(&mut d);
+}
+
+/// The discovery controller has no I/O queues.
+#[test]
+fn io_connect_to_discovery_is_refused() {
+    let _w = watchdog("disc_io", secs(60));
+    let mut d = Daemon::start_default();
+    let opts = host_opts();
+    let (_a, cntlid) = admin(&d, DISCOVERY_NQN, &opts);
+    let mut h = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
+    let s = err_status(
+        h.connect_io(DISCOVERY_NQN, cntlid, 1, 31),
+        "I/O Connect to the discovery controller",
+    );
+    assert_status(
+        s,
+        Status::CONNECT_INVALID_PARAMETERS,
+        "I/O Connect to the discovery controller",
+    );
+    assert_serves(&mut d);
+}
