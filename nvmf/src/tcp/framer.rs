@@ -216,6 +216,12 @@ impl RxFramer {
             return Err(fail(fes::INVALID_HEADER_FIELD, FEI_HLEN));
         }
 
+        // A PDU shorter than its own header is wrong in PLEN, whatever PDO says (a
+        // data-less capsule legitimately carries PDO 0, so PDO cannot be blamed).
+        if plen < full_hlen {
+            return Err(fail(fes::INVALID_HEADER_FIELD, FEI_PLEN));
+        }
+
         // PDO.
         let pdo = ch.pdo as usize;
         if !carries_data || !has_data {
