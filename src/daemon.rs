@@ -30,7 +30,8 @@ use nvmf::target::{
 use sta::soft::StaIo;
 use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
 
-use crate::config::{BackendKind, Config, IoThreads, TransportKind};
+use crate::config::{BackendKind, Config, IoThreads, ListenerConfig, TransportKind};
+use crate::reload::{diff, ConfigDiff};
 
 /// How long a graceful stop waits for IO threads to drain before giving up on them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,8 +129,251 @@ fn open_backend(b: &crate::config::BackendConfig) -> anyhow::Result<Arc<dyn Back
     })
 }
 
+/// What the main thread owns: the engine's main context, backends, listeners and the
+/// configuration they were built from.
+struct Runtime {
+    cfg: Config,
+    sta: Sta,
+    shared: Arc<Shared>,
+    backends: HashMap<String, Arc<dyn Backend>>,
+    listeners: Vec<(String, TcpListener, ListenerInfo)>,
+}
+
+fn listener_info(l: &ListenerConfig) -> ListenerInfo {
+    ListenerInfo {
+        transport: match l.transport {
+            TransportKind::Tcp => Transport::Tcp,
+            TransportKind::Rdma => Transport::Rdma,
+        },
+        addr: l.address,
+        port: l.port,
+    }
+}
+
+impl Runtime {
+    /// Apply a configuration change (DESIGN: the main thread owns config). Start-up is the
+    /// change from an empty configuration. Steps run in the order `reload` documents:
+    /// removals first, then additions. Errors are collected, not fatal: the rest of the
+    /// change is still applied, and the caller decides what an error means.
+    fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut err = |e: String| {
+            tracing::error!("{e}");
+            errors.push(e);
+        };
+        let shared = self.shared.clone();
+        let id_of = |nqn: &str| {
+            shared
+                .subsys_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(nqn)
+                .copied()
+        };
+
+        for (nqn, nsid) in &d.namespaces_removed {
+            // Hosts learn first (Namespace Attribute Changed), then the engine stops
+            // serving it: new I/O reaches the target, which answers Invalid Namespace.
+            if let Err(e) = shared.target().remove_namespace(nqn, *nsid) {
+                err(format!("subsystem {nqn}: removing namespace {nsid}: {e}"));
+            }
+            let actions = shared.target().take_actions();
+            shared.route(actions);
+            if let Some(id) = id_of(nqn) {
+                if let Err(e) = self.sta.ns_remove(id, *nsid, 0) {
+                    err(format!(
+                        "subsystem {nqn}: engine: removing namespace {nsid}: {e}"
+                    ));
+                }
+            }
+            tracing::info!("subsystem {nqn}: namespace {nsid} removed");
+        }
+        for nqn in &d.subsystems_removed {
+            let actions = shared.target().remove_subsystem(nqn);
+            shared.route(actions);
+            if let Some(id) = shared
+                .subsys_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(nqn)
+            {
+                if let Err(e) = self.sta.subsystem_destroy(id) {
+                    err(format!("subsystem {nqn}: engine: {e}"));
+                }
+            }
+            tracing::info!("subsystem {nqn} removed");
+        }
+        for name in &d.backends_removed {
+            // The engine holds its own reference until every queue on it is gone.
+            self.backends.remove(name);
+            tracing::info!("backend {name} released");
+        }
+        for l in &d.listeners_removed {
+            if let Some(i) = self.listeners.iter().position(|(n, _, _)| *n == l.name) {
+                let (_, sock, info) = self.listeners.remove(i);
+                drop(sock);
+                shared.target().remove_listener(&info);
+                tracing::info!("listener {} closed", l.name);
+            }
+        }
+        for l in &d.listeners_added {
+            if matches!(l.transport, TransportKind::Rdma) {
+                err(format!(
+                    "listener {}: NVMe/RDMA is not available in this build yet (TCP only); \
+                     remove the rdma listener or use transport: tcp",
+                    l.name
+                ));
+                continue;
+            }
+            let addr = SocketAddr::new(l.address, l.port);
+            match TcpListener::bind(addr).and_then(|s| s.set_nonblocking(true).map(|_| s)) {
+                Ok(sock) => {
+                    let info = listener_info(l);
+                    shared.target().add_listener(info.clone());
+                    self.listeners.push((l.name.clone(), sock, info));
+                    tracing::info!("listening on {addr} (nvme/tcp, listener {})", l.name);
+                }
+                Err(e) => err(format!("listener {}: bind {addr}: {e}", l.name)),
+            }
+        }
+        for b in &d.backends_added {
+            match open_backend(b) {
+                Ok(be) => {
+                    tracing::info!(
+                        "backend {}: {} ({} blocks of {} bytes)",
+                        b.name,
+                        be.describe(),
+                        be.num_blocks(),
+                        be.block_size()
+                    );
+                    self.backends.insert(b.name.clone(), be);
+                }
+                Err(e) => err(format!("{e:#}")),
+            }
+        }
+        for s in &d.subsystems_added {
+            let infos: Vec<ListenerInfo> = s
+                .listeners
+                .iter()
+                .filter_map(|n| {
+                    new.listeners
+                        .iter()
+                        .find(|l| l.name == *n)
+                        .map(listener_info)
+                })
+                .collect();
+            let r = shared.target().add_subsystem(SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                listeners: if s.listeners.is_empty() {
+                    None
+                } else {
+                    Some(infos)
+                },
+            });
+            match r {
+                Ok(()) => {
+                    let id = self.sta.subsystem_create(&s.nqn);
+                    shared
+                        .subsys_ids
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(s.nqn.clone(), id);
+                    tracing::info!("subsystem {} added", s.nqn);
+                }
+                Err(e) => err(format!("subsystem {}: {e}", s.nqn)),
+            }
+        }
+        for (nqn, ns) in &d.namespaces_added {
+            let (Some(be), Some(id)) = (self.backends.get(&ns.backend).cloned(), id_of(nqn)) else {
+                err(format!(
+                    "subsystem {nqn} namespace {}: backend {} or subsystem unavailable",
+                    ns.nsid, ns.backend
+                ));
+                continue;
+            };
+            // The engine serves it before any host can learn of it.
+            if let Err(e) = self.sta.ns_add(id, ns.nsid, be.clone()) {
+                err(format!(
+                    "subsystem {nqn} namespace {}: engine: {e}",
+                    ns.nsid
+                ));
+                continue;
+            }
+            let r = shared.target().add_namespace(
+                nqn,
+                NamespaceConfig {
+                    nsid: ns.nsid,
+                    block_size: be.block_size(),
+                    num_blocks: be.num_blocks(),
+                    uuid: ns.uuid,
+                    nguid: ns.nguid,
+                    eui64: ns.eui64,
+                    volatile_write_cache: be.volatile_write_cache(),
+                },
+            );
+            match r {
+                Ok(()) => tracing::info!(
+                    "subsystem {nqn}: namespace {} on backend {}",
+                    ns.nsid,
+                    ns.backend
+                ),
+                Err(e) => {
+                    err(format!("subsystem {nqn} namespace {}: {e}", ns.nsid));
+                    let _ = self.sta.ns_remove(id, ns.nsid, 0);
+                }
+            }
+            let actions = shared.target().take_actions();
+            shared.route(actions);
+        }
+        for (nqn, any, hosts) in &d.hosts_changed {
+            let actions = shared.target().set_hosts(nqn, *any, hosts.clone());
+            shared.route(actions);
+            tracing::info!("subsystem {nqn}: host access updated");
+        }
+        for line in &d.restart_required {
+            tracing::warn!("needs a restart to take effect: {line}");
+        }
+        errors
+    }
+
+    /// SIGHUP: re-read the file, validate it, apply the difference.
+    fn reload(&mut self, path: Option<&std::path::Path>) {
+        let Some(path) = path else {
+            tracing::warn!("SIGHUP: running on the embedded default, there is no file to re-read");
+            return;
+        };
+        tracing::info!("SIGHUP: reloading {}", path.display());
+        let new = match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("reload rejected, configuration unchanged: {e}");
+                return;
+            }
+        };
+        let d = diff(&self.cfg, &new);
+        if d.is_empty() {
+            tracing::info!("reload: no changes");
+            return;
+        }
+        for line in d.summary() {
+            tracing::info!("reload: {line}");
+        }
+        let errors = self.apply(&d, &new);
+        if errors.is_empty() {
+            tracing::info!("reload applied");
+        } else {
+            tracing::error!("reload applied with {} error(s); see above", errors.len());
+        }
+        self.cfg = new;
+    }
+}
+
 pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Result<()> {
-    let source = config_path.map_or_else(
+    let source = config_path.as_ref().map_or_else(
         || "<embedded default>".to_string(),
         |p| p.display().to_string(),
     );
@@ -148,10 +392,9 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .context("signalfd")?;
 
-    let soft = SoftConfig::default();
-    let mut sta = Sta::new(soft);
+    let mut sta = Sta::new(SoftConfig::default());
     let caps = sta.caps();
-    let mut target = Target::new(TargetOptions {
+    let target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
         max_io_queues: 64,
         mdts: (caps.max_io_size / 4096).trailing_zeros() as u8,
@@ -160,102 +403,6 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
     });
-
-    // Listeners.
-    let mut listeners = Vec::new();
-    let mut listener_infos = HashMap::new();
-    for l in &cfg.listeners {
-        let info = ListenerInfo {
-            transport: match l.transport {
-                TransportKind::Tcp => Transport::Tcp,
-                TransportKind::Rdma => Transport::Rdma,
-            },
-            addr: l.address,
-            port: l.port,
-        };
-        if matches!(l.transport, TransportKind::Rdma) {
-            bail!(
-                "listener {}: NVMe/RDMA is not available in this build yet (TCP only); \
-                 remove the rdma listener or use transport: tcp",
-                l.name
-            );
-        }
-        let addr = SocketAddr::new(l.address, l.port);
-        let sock =
-            TcpListener::bind(addr).with_context(|| format!("listener {}: bind {addr}", l.name))?;
-        sock.set_nonblocking(true)?;
-        tracing::info!("listening on {addr} (nvme/tcp, listener {})", l.name);
-        listener_infos.insert(l.name.clone(), info.clone());
-        target.add_listener(info);
-        listeners.push(sock);
-    }
-
-    // Backends, subsystems, namespaces.
-    let mut backends = HashMap::new();
-    for b in &cfg.backends {
-        let be = open_backend(b)?;
-        tracing::info!(
-            "backend {}: {} ({} blocks of {} bytes)",
-            b.name,
-            be.describe(),
-            be.num_blocks(),
-            be.block_size()
-        );
-        backends.insert(b.name.clone(), be);
-    }
-    let mut subsys_ids = HashMap::new();
-    for s in &cfg.subsystems {
-        let ls = if s.listeners.is_empty() {
-            None
-        } else {
-            Some(
-                s.listeners
-                    .iter()
-                    .filter_map(|n| listener_infos.get(n).cloned())
-                    .collect(),
-            )
-        };
-        target
-            .add_subsystem(SubsystemConfig {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone(),
-                model: s.model.clone(),
-                allow_any_host: s.allow_any_host,
-                hosts: s.hosts.clone(),
-                listeners: ls,
-            })
-            .map_err(|e| anyhow::anyhow!("subsystem {}: {e}", s.nqn))?;
-        let id = sta.subsystem_create(&s.nqn);
-        subsys_ids.insert(s.nqn.clone(), id);
-        for ns in &s.namespaces {
-            let be = backends
-                .get(&ns.backend)
-                .with_context(|| format!("namespace {}: no backend {}", ns.nsid, ns.backend))?
-                .clone();
-            sta.ns_add(id, ns.nsid, be.clone())
-                .map_err(|e| anyhow::anyhow!("subsystem {} namespace {}: {e}", s.nqn, ns.nsid))?;
-            target
-                .add_namespace(
-                    &s.nqn,
-                    NamespaceConfig {
-                        nsid: ns.nsid,
-                        block_size: be.block_size(),
-                        num_blocks: be.num_blocks(),
-                        uuid: ns.uuid,
-                        nguid: ns.nguid,
-                        eui64: ns.eui64,
-                        volatile_write_cache: be.volatile_write_cache(),
-                    },
-                )
-                .map_err(|e| anyhow::anyhow!("subsystem {} namespace {}: {e}", s.nqn, ns.nsid))?;
-            tracing::info!(
-                "subsystem {} namespace {} on backend {}",
-                s.nqn,
-                ns.nsid,
-                ns.backend
-            );
-        }
-    }
 
     // IO threads.
     let (count, cpus) = match &cfg.threads {
@@ -271,7 +418,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     }
     let shared = Arc::new(Shared {
         target: Mutex::new(target),
-        subsys_ids: Mutex::new(subsys_ids),
+        subsys_ids: Mutex::new(HashMap::new()),
         stats: sta.stats(),
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
@@ -307,29 +454,53 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
             .context("spawning an IO thread")?;
         handles.push(h);
     }
+
+    // Start-up is the change from nothing to the configuration; at start-up any error
+    // is fatal.
+    let empty = Config {
+        threads: cfg.threads.clone(),
+        listeners: Vec::new(),
+        backends: Vec::new(),
+        subsystems: Vec::new(),
+        metrics: cfg.metrics,
+        source: cfg.source.clone(),
+    };
+    let mut rt = Runtime {
+        cfg: empty,
+        sta,
+        shared: shared.clone(),
+        backends: HashMap::new(),
+        listeners: Vec::new(),
+    };
+    let d = diff(&rt.cfg, &cfg);
+    let errors = rt.apply(&d, &cfg);
+    if let Some(first) = errors.first() {
+        for tx in &shared.threads {
+            let _ = tx.send(ThreadMsg::Stop);
+        }
+        bail!("{first}");
+    }
+    rt.cfg = cfg;
     tracing::info!(
         "ready: {} listener(s), {count} IO thread(s)",
-        listeners.len()
+        rt.listeners.len()
     );
 
     // Main loop: accept, signals, timers, engine main context.
     let mut next_timer = Instant::now();
     let stop_reason;
     loop {
-        let mut fds: Vec<PollFd> = listeners
+        let mut fds: Vec<PollFd> = rt
+            .listeners
             .iter()
-            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+            .map(|(_, l, _)| PollFd::new(l.as_fd(), PollFlags::POLLIN))
             .collect();
         fds.push(PollFd::new(sfd.as_fd(), PollFlags::POLLIN));
         let _ = nix::poll::poll(&mut fds, PollTimeout::from(100u16));
         drop(fds);
         if let Ok(Some(si)) = sfd.read_signal() {
             match Signal::try_from(si.ssi_signo as i32) {
-                Ok(Signal::SIGHUP) => {
-                    tracing::warn!(
-                        "SIGHUP: live reload is not implemented yet; configuration unchanged"
-                    );
-                }
+                Ok(Signal::SIGHUP) => rt.reload(config_path.as_deref()),
                 Ok(s) => {
                     stop_reason = format!("{s:?}");
                     break;
@@ -337,7 +508,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
                 Err(_) => {}
             }
         }
-        for l in &listeners {
+        for (_, l, _) in &rt.listeners {
             loop {
                 match l.accept() {
                     Ok((sock, peer)) => {
@@ -371,7 +542,13 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
             }
             shared.route(actions);
         }
-        while sta.progress().is_some() {}
+        while let Some(ev) = rt.sta.progress() {
+            let sta::MainEvent::NsRemoved { subsys, nsid, .. } = ev;
+            tracing::info!(
+                "engine: namespace {nsid} of subsystem {} drained and detached",
+                subsys.0
+            );
+        }
         if alive.load(Ordering::SeqCst) < count {
             stop_reason = "an IO thread exited".to_string();
             break;
@@ -380,7 +557,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
 
     // Graceful stop: no new connections, drain every QP, flush backends.
     tracing::info!("stopping ({stop_reason}): closing listeners, draining IO threads");
-    drop(listeners);
+    rt.listeners.clear();
     for tx in &shared.threads {
         let _ = tx.send(ThreadMsg::Stop);
     }
@@ -399,7 +576,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         }
     }
     let mut failed = false;
-    for (name, b) in &backends {
+    for (name, b) in &rt.backends {
         if let Err(e) = b.flush_sync() {
             tracing::error!("backend {name}: flush at shutdown failed: {e}");
             failed = true;

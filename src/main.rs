@@ -6,8 +6,6 @@
 
 mod config;
 mod daemon;
-// Used by the daemon's SIGHUP handler; until that lands only the tests call it.
-#[allow(dead_code)]
 mod reload;
 
 use std::path::PathBuf;

@@ -1,0 +1,181 @@
+//! Live reload (SIGHUP) end to end: namespaces appear and disappear under connected
+//! hosts, which get the Namespace Attribute Changed event and the Changed Namespace
+//! List; an invalid file changes nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use nvmf::spec::{opcodes, Sqe, Status};
+use nvmf_initiator::{Request, TcpHost, Xfer};
+
+const ONE_NS: &str = "\
+io_threads: 2
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 64MiB, block_size: 512}
+  - {name: ram2, type: ram, size: 16MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    namespaces:
+      - {nsid: 1, backend: ram0}
+";
+
+fn write_config(d: &Daemon, text: &str) {
+    let text = text
+        .replace("{port}", &d.port().to_string())
+        .replace("{dir}", &d.dir().display().to_string());
+    std::fs::write(d.dir().join("nvmf-target.yaml"), text).expect("rewrite config");
+}
+
+fn submit_aer(admin: &mut TcpHost) -> u16 {
+    let mut sqe = Sqe::default();
+    sqe.set_opcode_cid(opcodes::admin::ASYNC_EVENT_REQUEST, 0);
+    admin
+        .submit(Request::new(sqe, Xfer::None, Vec::new()))
+        .expect("submit AER")
+}
+
+/// Waits for the log to contain `what` (the daemon logs each reload step).
+fn wait_log(d: &Daemon, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log().contains(what) {
+        assert!(
+            Instant::now() < deadline,
+            "log never said {what:?}:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn active_nsids(admin: &mut TcpHost) -> Vec<u32> {
+    let list = admin
+        .identify(2, 0)
+        .expect("Identify active namespace list");
+    list.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&n| n != 0)
+        .collect()
+}
+
+#[test]
+fn reload_adds_and_removes_a_namespace_under_a_connected_host() {
+    let _w = watchdog("reload_adds_and_removes", Duration::from_secs(60));
+    let mut d = Daemon::start(ONE_NS);
+    let opts = host_opts();
+    let mut c = controller(&d, 1, &opts);
+    assert_eq!(active_nsids(&mut c.admin), vec![1]);
+    // Enable Namespace Attribute Notices (Async Event Configuration bit 8), as the Linux
+    // host does after connecting.
+    c.admin
+        .set_features(0x0b, 0, 1 << 8, false)
+        .expect("Set Features: Async Event Config");
+
+    // Add namespace 2: the held AER completes with Namespace Attribute Changed (type 2
+    // notice, info 00h, log page 04h), the changed list names 2, and the existing I/O
+    // queue serves it without reconnecting.
+    let aer = submit_aer(&mut c.admin);
+    write_config(
+        &d,
+        &ONE_NS.replace(
+            "      - {nsid: 1, backend: ram0}\n",
+            "      - {nsid: 1, backend: ram0}\n      - {nsid: 2, backend: ram2}\n",
+        ),
+    );
+    d.signal(Signal::SIGHUP);
+    let done = c
+        .admin
+        .poll_completion()
+        .expect("AER completion after adding a namespace");
+    assert_eq!(done.cid, aer);
+    assert_ok(done.cqe.status(), "AER");
+    assert_eq!(
+        done.cqe.dw0, 0x0004_0002,
+        "AER dw0: notice / NS attribute changed / log 04h"
+    );
+    let changed = c
+        .admin
+        .get_log_page(0x04, 0xffff_ffff, 0, 4096, false)
+        .expect("log 04h");
+    assert_eq!(u32::from_le_bytes(changed[0..4].try_into().unwrap()), 2);
+    assert_eq!(u32::from_le_bytes(changed[4..8].try_into().unwrap()), 0);
+    assert_eq!(active_nsids(&mut c.admin), vec![1, 2]);
+    let data = pattern(42, 8192);
+    let q = &mut c.io[0];
+    assert_ok(
+        q.write(2, 8, &data, false).expect("write ns 2"),
+        "write to the new namespace",
+    );
+    let mut back = vec![0u8; 8192];
+    assert_ok(
+        q.read(2, 8, 16, &mut back).expect("read ns 2"),
+        "read from the new namespace",
+    );
+    assert!(back == data, "new namespace returned other data");
+
+    // Remove it again: another AER completes, I/O to it fails with Invalid Namespace,
+    // namespace 1 keeps working on the same queue.
+    let aer = submit_aer(&mut c.admin);
+    write_config(&d, ONE_NS);
+    d.signal(Signal::SIGHUP);
+    let done = c
+        .admin
+        .poll_completion()
+        .expect("AER completion after removing a namespace");
+    assert_eq!((done.cid, done.cqe.dw0), (aer, 0x0004_0002));
+    wait_log(&d, "drained and detached");
+    assert_eq!(active_nsids(&mut c.admin), vec![1]);
+    let q = &mut c.io[0];
+    let s = q.read(2, 8, 16, &mut back).expect("read removed ns");
+    assert_status(
+        s,
+        Status::INVALID_NAMESPACE,
+        "read from a removed namespace",
+    );
+    assert_ok(
+        q.read(1, 0, 16, &mut back).expect("read ns 1"),
+        "namespace 1 after the removal",
+    );
+    d.stop();
+}
+
+#[test]
+fn invalid_reload_changes_nothing() {
+    let _w = watchdog("invalid_reload_changes_nothing", Duration::from_secs(60));
+    let mut d = Daemon::start(ONE_NS);
+    let opts = host_opts();
+    let mut c = controller(&d, 1, &opts);
+    let data = pattern(7, 4096);
+    assert_ok(c.io[0].write(1, 0, &data, false).expect("write"), "write");
+
+    // A file with an unknown backend reference: rejected as a whole, with file:line.
+    write_config(
+        &d,
+        &ONE_NS.replace("{nsid: 1, backend: ram0}", "{nsid: 1, backend: nope}"),
+    );
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "reload rejected");
+    assert!(
+        d.log().contains("nvmf-target.yaml:"),
+        "no file:line in:\n{}",
+        d.log()
+    );
+    let mut back = vec![0u8; 4096];
+    assert_ok(
+        c.io[0].read(1, 0, 8, &mut back).expect("read"),
+        "read after a rejected reload",
+    );
+    assert!(back == data);
+    assert_eq!(active_nsids(&mut c.admin), vec![1]);
+
+    // The same file again: no changes.
+    write_config(&d, ONE_NS);
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "reload: no changes");
+    d.stop();
+}
