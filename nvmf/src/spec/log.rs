@@ -251,6 +251,10 @@ pub mod disc {
     pub const SUBTYPE_REFERRAL: u8 = 1;
     pub const SUBTYPE_NVME: u8 = 2;
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+    /// TREQ bits 1:0 = 00b: secure channel requirement not specified. What the Linux
+    /// target sends: nvme-cli 2.3/libnvme 1.3 turns "not required" (10b) into a `tls`
+    /// connect option that kernel 6.1 rejects, so `nvme connect-all` would connect nothing.
+    pub const TREQ_SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0b00;
     /// TREQ bits 1:0 = 10b: secure channel not required.
     pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
     /// TREQ bit 2: SQ flow control disable supported.

@@ -61,7 +61,8 @@ pub(super) fn execute(
                 (false, lid::FIRMWARE_SLOT) => firmware_slot_log(opts),
                 (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
                 (false, lid::COMMANDS_EFFECTS) => effects_log(),
-                _ => return Err(Status::INVALID_FIELD),
+                // NVMe Base 2.0 5.16: an unsupported or reserved LID is Invalid Log Page.
+                _ => return Err(Status::INVALID_LOG_PAGE),
             };
             let reply = copy_log(&g, &page, data)?;
             if !g.rae {

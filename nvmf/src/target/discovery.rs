@@ -21,7 +21,7 @@ fn entry(portid: u16, l: &ListenerInfo, subtype: u8, subnqn: &str) -> DiscoveryL
             IpAddr::V6(_) => disc::ADRFAM_IPV6,
         },
         subtype,
-        treq: disc::TREQ_SECURE_CHANNEL_NOT_REQUIRED | disc::TREQ_DISABLE_SQ_FLOW,
+        treq: disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED | disc::TREQ_DISABLE_SQ_FLOW,
         portid: portid.into(),
         cntlid: 0xffffu16.into(),
         asqsz: ADMIN_QUEUE_ENTRIES.into(),

@@ -753,7 +753,7 @@ fn discovery_log_paging_filtering_and_genctr() {
         c2.admin(get_log(lid::SMART_HEALTH, 512, 0, false, 0))
             .0
             .status(),
-        Status::INVALID_FIELD
+        Status::INVALID_LOG_PAGE
     );
 
     // HOST2 sees SUB2 on TCP only, plus the discovery subsystem on both listeners.
@@ -877,7 +877,7 @@ fn smart_log_sums_counters() {
     assert_eq!(data[1024 + 4 * io::WRITE as usize], 3);
     assert_eq!(
         c.admin(get_log(0x42, 512, 0, false, 0)).0.status(),
-        Status::INVALID_FIELD
+        Status::INVALID_LOG_PAGE
     );
 }
 
