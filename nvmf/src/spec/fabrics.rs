@@ -277,6 +277,41 @@ mod tests {
             prop_assert_eq!(at(connect_sqe_offset::SQSIZE), sqsize);
             prop_assert_eq!(b[connect_sqe_offset::CATTR as usize], cattr);
         }
+        /// Connect data arrives from the wire: any length, any bytes.
+        #[test]
+        fn connect_data_from_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..1100)) {
+            let d = ConnectData::from_bytes(&bytes);
+            prop_assert_eq!(d.is_some(), bytes.len() >= ConnectData::SIZE);
+            if let Some(d) = d {
+                for n in [d.subnqn(), d.hostnqn()].into_iter().flatten() {
+                    prop_assert!(n.len() < 256 && !n.contains('\0'));
+                    if is_valid_nqn(n) {
+                        prop_assert!(n.len() <= NQN_MAX_LEN && n.starts_with("nqn."));
+                    }
+                }
+            }
+        }
+        #[test]
+        fn nul_terminated_copy_roundtrip(s in "\\PC{0,300}", len in 0usize..300) {
+            let mut dst = vec![0xaau8; len];
+            copy_nul_terminated(&mut dst, &s);
+            if len > 0 {
+                prop_assert_eq!(dst[len - 1], 0);
+            }
+            // ASCII comes back as its prefix; a cut inside a UTF-8 sequence reads as None.
+            if let Some(back) = nul_terminated_str(&dst) {
+                prop_assert!(s.starts_with(back));
+            } else {
+                prop_assert!(len == 0 || !s.is_ascii());
+            }
+        }
+        #[test]
+        fn nqn_check_any_string(s in "(nqn\\.[0-9]{4}-[0-9]{2}\\.)?\\PC{0,240}") {
+            if is_valid_nqn(&s) {
+                prop_assert!((13..=NQN_MAX_LEN).contains(&s.len()));
+                prop_assert!(s.bytes().all(|b| b.is_ascii_graphic()));
+            }
+        }
         #[test]
         fn property_roundtrip(attrib in 0u8..2, offset: u32, value: u64, set: bool) {
             let p = PropertyCommand { attrib, offset, value };

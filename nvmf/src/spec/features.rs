@@ -88,5 +88,15 @@ mod tests {
             f.write_to(&mut sqe);
             prop_assert_eq!(FeatureCommand::from_sqe(&sqe), f);
         }
+        #[test]
+        fn feature_command_from_any_sqe(cdw10: u32, cdw11: u32) {
+            let sqe = Sqe { cdw10, cdw11, ..Default::default() };
+            let f = FeatureCommand::from_sqe(&sqe);
+            prop_assert!(f.sel < 8);
+            let mut again = Sqe::default();
+            f.write_to(&mut again);
+            prop_assert_eq!(FeatureCommand::from_sqe(&again), f);
+            prop_assert_eq!(again.cdw11, cdw11);
+        }
     }
 }

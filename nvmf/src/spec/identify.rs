@@ -498,6 +498,44 @@ mod tests {
             ids.sort_unstable();
             prop_assert_eq!(NamespaceList::from_ids(ids.clone()).to_ids(), ids);
         }
+        /// A host decodes descriptors from the wire: any bytes decode or refuse, and what
+        /// decodes re-encodes to the same list.
+        #[test]
+        fn ns_descriptors_from_any_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 0..4096),
+            seeded in proptest::collection::vec((1u8..5, prop_oneof![Just(1u8), Just(8), Just(16), any::<u8>()]), 0..20),
+        ) {
+            // Half-plausible headers spread over random bytes reach deeper than noise.
+            let mut b = bytes;
+            let mut at = 0;
+            for (t, l) in seeded {
+                if at + 4 > b.len() {
+                    break;
+                }
+                b[at] = t;
+                b[at + 1] = l;
+                at += 4 + l as usize;
+            }
+            if let Some(list) = NsIdDescriptor::decode_list(&b) {
+                let again = NsIdDescriptor::encode_list(&list);
+                prop_assert_eq!(NsIdDescriptor::decode_list(&again), Some(list));
+            }
+        }
+        #[test]
+        fn space_padded_any(s in "\\PC{0,60}", len in 0usize..50) {
+            let mut dst = vec![0u8; len];
+            copy_space_padded(&mut dst, &s);
+            let n = s.len().min(len);
+            prop_assert_eq!(&dst[..n], &s.as_bytes()[..n]);
+            prop_assert!(dst[n..].iter().all(|&c| c == b' '));
+        }
+        #[test]
+        fn ns_list_from_any_ids(ids in proptest::collection::vec(any::<u32>(), 0..1500)) {
+            let l = NamespaceList::from_ids(ids.clone());
+            let back = l.to_ids();
+            let expect: Vec<u32> = ids.iter().copied().take(NamespaceList::CAPACITY).take_while(|&i| i != 0).collect();
+            prop_assert_eq!(back, expect);
+        }
         #[test]
         fn ns_descriptors_roundtrip(eui: [u8; 8], nguid: [u8; 16], uuid: [u8; 16], csi: u8) {
             let list = vec![

@@ -323,6 +323,19 @@ mod tests {
             prop_assert!(roundtrip::<DiscoveryLogEntry>(&bytes));
             prop_assert!(roundtrip::<RdmaTsas>(&bytes));
         }
+        /// Any SQE decodes; its fields write back to the same dwords and the transfer
+        /// length is NUMD+1 dwords, never overflowing.
+        #[test]
+        fn get_log_page_from_any_sqe(bytes in proptest::collection::vec(any::<u8>(), 64)) {
+            let sqe = Sqe::read_from_bytes(&bytes[..]).unwrap();
+            let g = GetLogPage::from_sqe(&sqe);
+            prop_assert!(g.len_bytes() >= 4 && g.len_bytes() <= 1 << 34);
+            prop_assert_eq!(g.len_bytes() % 4, 0);
+            let mut again = sqe;
+            g.write_to(&mut again);
+            prop_assert_eq!(GetLogPage::from_sqe(&again), g);
+            prop_assert_eq!((again.cdw12, again.cdw13), (sqe.cdw12, sqe.cdw13));
+        }
         #[test]
         fn get_log_page_roundtrip(lid: u8, lsp in 0u8..0x80, rae: bool, numd: u32, lsi: u16, lpo: u64, csi: u8) {
             let g = GetLogPage { lid, lsp, rae, numd, lsi, lpo, csi };

@@ -1071,3 +1071,106 @@ fn arb_sqe_fixed(bytes: &[u8]) -> Sqe {
     s.nsid = opcodes::fabrics::CONNECT as u32;
     s
 }
+
+/// Connect data with valid or broken NQNs, CNTLIDs and HOSTIDs, or raw bytes of any length.
+fn arb_connect_data() -> impl Strategy<Value = Vec<u8>> {
+    let nqn = prop_oneof![
+        Just(SUB1.to_string()),
+        Just(SUB2.to_string()),
+        Just(DISCOVERY_NQN.to_string()),
+        Just(HOST1.to_string()),
+        Just(HOST2.to_string()),
+        "\\PC{0,300}",
+    ];
+    let cntlid = prop_oneof![Just(0xffffu16), Just(1), Just(2), any::<u16>()];
+    let hostid = prop_oneof![Just(HOSTID1), any::<[u8; 16]>()];
+    prop_oneof![
+        (hostid, cntlid, nqn.clone(), nqn)
+            .prop_map(|(id, c, s, h)| { ConnectData::new(id, c, &s, &h).as_bytes().to_vec() }),
+        proptest::collection::vec(any::<u8>(), 0..1100),
+    ]
+}
+
+proptest! {
+    /// Connects on a target with an enabled SUB1 controller (CNTLID 1): whatever the SQE
+    /// and data, success and ConnectOk go together, DW0 is the CNTLID (or IATTR/IPO),
+    /// and a queue is never granted twice.
+    #[test]
+    fn random_connects_are_consistent(
+        attempts in proptest::collection::vec(
+            (any::<u16>(), prop_oneof![Just(0u16), Just(1), Just(2), Just(64), any::<u16>()],
+             any::<u16>(), any::<u8>(), any::<u32>(), any::<bool>(), arb_connect_data()),
+            1..12),
+    ) {
+        let mut t = target();
+        t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+        let c = Conv::enabled(t, SUB1, HOST1);
+        let mut t = c.t;
+        let mut granted = std::collections::HashSet::new();
+        granted.insert(c.admin);
+        for (i, (recfmt, qid, sqsize, cattr, kato, valid_recfmt, data)) in attempts.into_iter().enumerate() {
+            let cmd = ConnectCommand {
+                recfmt: if valid_recfmt { 0 } else { recfmt },
+                qid,
+                sqsize,
+                cattr,
+                kato,
+            };
+            let sqe = cmd.to_sqe(i as u16);
+            let (cqe, ok) = t.connect(c.now, 500 + i as u64, &sqe, &data);
+            prop_assert_eq!(cqe.cid, i as u16);
+            match ok {
+                Some(ok) => {
+                    prop_assert!(cqe.status().is_success());
+                    prop_assert_eq!(cqe.dw0, ok.cntlid as u32);
+                    prop_assert_eq!(ok.qid, qid);
+                    prop_assert!((1..=MAX_CNTLID).contains(&ok.cntlid));
+                    prop_assert!(granted.insert(ok.queue()), "granted twice: {:?}", ok.queue());
+                    prop_assert_eq!(t.subsystem_of(ok.cntlid), Some(ok.subnqn.as_str()));
+                }
+                None => {
+                    prop_assert!(!cqe.status().is_success());
+                    prop_assert_eq!(cqe.dw0 >> 17, 0, "only IATTR bit 0 and IPO in DW0");
+                }
+            }
+        }
+    }
+
+    /// Admin commands with any fields and any buffer: the CQE echoes CID and SQID, data
+    /// fits the buffer, errors carry none, only AERs are held.
+    #[test]
+    fn admin_commands_answer_within_the_buffer(
+        cmds in proptest::collection::vec((arb_sqe(), 0usize..9000), 1..30),
+        discovery: bool,
+    ) {
+        let mut t = target();
+        t.add_listener(rdma());
+        let sub = if discovery { DISCOVERY_NQN } else { SUB1 };
+        let mut c = Conv::enabled(t, sub, HOST1);
+        for (sqe, len) in cmds {
+            let mut data = vec![0u8; len];
+            match c.t.execute(c.now, c.admin, &sqe, &mut data, &Counters) {
+                Outcome::Complete { cqe, data_len } => {
+                    prop_assert_eq!(cqe.cid, sqe.cid());
+                    prop_assert_eq!(cqe.sqid, 0);
+                    prop_assert!(data_len as usize <= len);
+                    if !cqe.status().is_success() {
+                        prop_assert_eq!(data_len, 0);
+                    }
+                }
+                Outcome::Deferred => {
+                    prop_assert_eq!(sqe.opcode(), admin::ASYNC_EVENT_REQUEST);
+                    prop_assert!(!sqe.is_fabrics());
+                }
+            }
+            for a in c.t.take_actions() {
+                if let Action::Disconnect { queue, key } = a {
+                    c.t.queue_closed(queue, key);
+                }
+            }
+            if c.t.subsystem_of(c.admin.cntlid).is_none() {
+                break;
+            }
+        }
+    }
+}
