@@ -147,6 +147,51 @@ pub struct Caps {
     pub max_h2c_data: u32,
 }
 
+/// Upper bounds (µs) of the latency histogram buckets; a last bucket catches the rest.
+pub const LATENCY_BOUNDS_US: [u64; 14] = [
+    5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 100_000, 1_000_000,
+];
+
+/// A latency histogram written by one thread (plain loads and stores, no locked
+/// instructions) and read by scrapers.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    pub buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    pub sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    #[inline]
+    pub(crate) fn record(&self, ns: u64) {
+        let us = ns / 1000;
+        let i = LATENCY_BOUNDS_US
+            .iter()
+            .position(|&b| us < b)
+            .unwrap_or(LATENCY_BOUNDS_US.len());
+        NsCounters::bump(&self.buckets[i], 1);
+        NsCounters::bump(&self.sum_ns, ns);
+    }
+}
+
+/// Summed histogram: per-bucket counts (not cumulative) and the total in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyTotals {
+    pub buckets: [u64; LATENCY_BOUNDS_US.len() + 1],
+    pub sum_ns: u64,
+}
+
+impl LatencyTotals {
+    fn add(&mut self, h: &LatencyHistogram) {
+        for (t, b) in self.buckets.iter_mut().zip(h.buckets.iter()) {
+            *t += b.load(Ordering::Relaxed);
+        }
+        self.sum_ns += h.sum_ns.load(Ordering::Relaxed);
+    }
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
 /// Per-(thread, namespace) I/O counters. One IO thread writes them; readers sum all
 /// threads at scrape time, so the data path never shares a cache line it writes.
 #[derive(Debug, Default)]
@@ -157,6 +202,10 @@ pub struct NsCounters {
     pub write_bytes: AtomicU64,
     pub other_cmds: AtomicU64,
     pub errors: AtomicU64,
+    /// Capsule arrival to completion queued, per operation.
+    pub read_latency: LatencyHistogram,
+    pub write_latency: LatencyHistogram,
+    pub other_latency: LatencyHistogram,
 }
 
 impl NsCounters {
@@ -179,6 +228,9 @@ pub struct NsTotals {
     pub write_bytes: u64,
     pub other_cmds: u64,
     pub errors: u64,
+    pub read_latency: LatencyTotals,
+    pub write_latency: LatencyTotals,
+    pub other_latency: LatencyTotals,
 }
 
 /// Per-IO-thread engine counters (for metrics).
@@ -235,10 +287,22 @@ impl Stats {
                 t.write_bytes += l(&c.write_bytes);
                 t.other_cmds += l(&c.other_cmds);
                 t.errors += l(&c.errors);
+                t.read_latency.add(&c.read_latency);
+                t.write_latency.add(&c.write_latency);
+                t.other_latency.add(&c.other_latency);
             }
         }
         t
     }
+    /// Every (subsystem, nsid) that has counters, once each.
+    pub fn namespaces(&self) -> Vec<(SubsysId, u32)> {
+        let list = self.0.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(SubsysId, u32)> = list.iter().map(|(s, n, _)| (*s, *n)).collect();
+        v.sort_by_key(|(s, n)| (s.0, *n));
+        v.dedup();
+        v
+    }
+
     /// Per-thread engine counters, in thread creation order.
     pub fn threads(&self) -> Vec<Arc<ThreadCounters>> {
         self.0

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backend::{BackendQueue, BufPool, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
 use crossbeam_channel::{Receiver, Sender};
@@ -65,6 +65,8 @@ struct Cmd {
     status: Status,
     ns: u32,
     user: u64,
+    /// Capsule arrival, for the latency histograms.
+    start: Instant,
 }
 
 impl Cmd {
@@ -83,6 +85,7 @@ impl Cmd {
             status: Status::SUCCESS,
             ns: 0,
             user: 0,
+            start: Instant::now(),
         }
     }
 }
@@ -841,6 +844,7 @@ impl Core {
         c.pending = 0;
         c.status = Status::SUCCESS;
         c.user = 0;
+        c.start = Instant::now();
         st.inflight += 1;
         Some(idx)
     }
@@ -1306,6 +1310,12 @@ impl Core {
         let (kind, len, cid) = (c.kind, c.len, c.sqe.cid());
         if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
             let k = &ns.counters;
+            let lat = c.start.elapsed().as_nanos() as u64;
+            match kind {
+                Kind::Read => k.read_latency.record(lat),
+                Kind::Write => k.write_latency.record(lat),
+                _ => k.other_latency.record(lat),
+            }
             if !status.is_success() {
                 NsCounters::bump(&k.errors, 1);
             } else {
