@@ -355,6 +355,9 @@ impl StaIo {
         };
         let timeout = EpollTimeout::try_from(wait).unwrap_or(EpollTimeout::ZERO);
         let n = self.epoll.wait(&mut self.ep_events, timeout).unwrap_or(0);
+        // Control messages that arrived while we slept come before the sockets: a host may
+        // use a namespace as soon as it learns of it, and the engine was told first.
+        did |= self.drain_ctrl();
         for i in 0..n {
             let idx = self.ep_events[i].data() as u32;
             did |= self.service_rx(idx);
