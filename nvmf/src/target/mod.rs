@@ -40,6 +40,7 @@
 
 mod admin;
 mod discovery;
+pub mod report;
 #[cfg(test)]
 mod tests;
 
