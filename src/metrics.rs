@@ -1,0 +1,938 @@
+//! Prometheus `/metrics`: a tiny HTTP/1.1 server on one std `TcpListener` thread.
+//!
+//! A scrape reads everything it reports at that moment: the engine's per-thread counters
+//! (`sta::Stats`, summed over IO threads, never locked by the data path), a
+//! [`TargetReport`] (the target's mutex is held only while the report is copied) and the
+//! subsystem id → NQN map. Nothing on the data path knows a scrape happened.
+//!
+//! The exposition is built with `prometheus-client` (OpenMetrics text). A client that
+//! asks for `application/openmetrics-text` (Prometheus does) gets it as is; any other
+//! client gets the Prometheus text format 0.0.4 (`text/plain; version=0.0.4`), which is
+//! the same text with counters' `HELP`/`TYPE` renamed to their `_total` sample name and
+//! without the `# UNIT`/`# EOF` lines (what `promtool check metrics` and curl users read).
+//!
+//! HTTP: `GET`/`HEAD /metrics` (a query string is ignored) → 200, any other path → 404,
+//! another method on `/metrics` → 405, a malformed request → 400, a request head over
+//! [`MAX_REQUEST_HEAD`] → 431. Every response closes the connection. Each connection gets
+//! its own short-lived thread, at most [`MAX_CONNECTIONS`] at once (more are answered 503
+//! and closed), and must deliver its request head within [`REQUEST_DEADLINE`] in total, so
+//! a slow or silent client costs one thread for a bounded time and never blocks others.
+//!
+//! Metrics (all prefixed `nvmft_`):
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `namespace_commands_total` | counter | subsystem, nsid, op=read/write/other |
+//! | `namespace_io_bytes_total` | counter | subsystem, nsid, op=read/write |
+//! | `namespace_errors_total` | counter | subsystem, nsid |
+//! | `namespace_latency_seconds` | histogram | subsystem, nsid, op |
+//! | `namespace_size_bytes` | gauge | subsystem, nsid |
+//! | `subsystem_namespaces` | gauge | subsystem |
+//! | `subsystems` | gauge | |
+//! | `controllers` | gauge | subsystem, host, transport |
+//! | `connections` | gauge | subsystem, host, transport (one per queue: admin + I/O) |
+//! | `listeners` | gauge | transport |
+//! | `discovery_generation` | gauge | |
+//! | `io_threads` | gauge | |
+//! | `io_thread_polls_total` | counter | thread, state=busy/idle |
+//! | `io_thread_capsules_total` | counter | thread, path=offloaded/non_offloaded |
+//! | `io_thread_queue_pairs` | gauge | thread |
+//! | `start_time_seconds` | gauge | |
+//! | `uptime_seconds` | gauge | |
+//! | `build_info` | gauge (1) | version |
+//!
+//! Namespace counters live as long as the engine keeps them: a namespace removed by a
+//! reload keeps its series (and counts on if it comes back); counters of a subsystem that
+//! no longer exists are not reported, as nothing names them any more.
+//!
+//! Not reported, because the engine does not count them (yet): errors by NVMe status
+//! code (the engine keeps one error counter per namespace), backend queue depth and
+//! in-flight commands, errors of the non-offloaded path per namespace, bytes of "other"
+//! commands (DSM, WRITE ZEROES, COMPARE move no host data or are not counted as bytes),
+//! per-transport queue counts beyond what the daemon's `transport_of` says.
+
+use std::fmt::Write as _;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nvmf::target::report::TargetReport;
+use nvmf::target::QueueKey;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use sta::{LatencyTotals, SubsysId, LATENCY_BOUNDS_US};
+
+/// Longest request head (request line + headers) accepted.
+pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
+/// Time a client has to deliver its whole request head.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// Time allowed for writing a response.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// Content type of the OpenMetrics text exposition.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of the Prometheus text format 0.0.4.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Where a scrape reads its numbers. Every closure runs on the metrics thread at scrape
+/// time only.
+pub struct MetricsSource {
+    /// The engine's counters.
+    pub stats: sta::Stats,
+    /// A snapshot of the target (lock, `report()`, unlock).
+    pub report: Box<dyn Fn() -> TargetReport + Send + Sync>,
+    /// The engine's subsystem ids and their NQNs.
+    pub subsystems: Box<dyn Fn() -> Vec<(SubsysId, String)> + Send + Sync>,
+    /// The transport ("tcp", "rdma") a queue key belongs to.
+    pub transport_of: Box<dyn Fn(QueueKey) -> &'static str + Send + Sync>,
+    /// When the daemon started.
+    pub started: SystemTime,
+}
+
+/// Binds `addr` (an error if it is taken) and serves `/metrics` on a thread of its own
+/// until the process exits.
+pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    let source = Arc::new(source);
+    let active = Arc::new(AtomicUsize::new(0));
+    let h = std::thread::Builder::new()
+        .name("nvmft-metrics".into())
+        .spawn(move || {
+            tracing::info!("metrics on http://{local}/metrics");
+            for conn in listener.incoming() {
+                let stream = match conn {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // EMFILE and friends: do not spin.
+                        tracing::warn!("metrics: accept: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    let mut s = stream;
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
+                    continue;
+                }
+                let source = source.clone();
+                let active2 = active.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("nvmft-metrics-conn".into())
+                    .spawn(move || {
+                        handle(stream, &source);
+                        active2.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if let Err(e) = spawned {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    tracing::warn!("metrics: cannot spawn a connection thread: {e}");
+                }
+            }
+        })?;
+    Ok(h)
+}
+
+/// Serves one request on `stream`, then closes it.
+fn handle(mut stream: TcpStream, source: &MetricsSource) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let head = match read_head(&mut stream) {
+        Ok(h) => h,
+        Err(HeadError::TooLarge) => {
+            let _ = respond(
+                &mut stream,
+                431,
+                "text/plain",
+                b"request head too large\n",
+                false,
+            );
+            return;
+        }
+        Err(HeadError::Closed) => return,
+    };
+    let (status, ctype, body, head_only) = match parse_request(&head) {
+        Err(()) => (400, "text/plain", b"bad request\n".to_vec(), false),
+        Ok(req) if req.path != "/metrics" => (404, "text/plain", b"not found\n".to_vec(), false),
+        Ok(req) if req.method != "GET" && req.method != "HEAD" => {
+            (405, "text/plain", b"use GET\n".to_vec(), false)
+        }
+        Ok(req) => {
+            let om = wants_openmetrics(req.accept.as_deref());
+            let text = scrape(source);
+            if om {
+                (
+                    200,
+                    OPENMETRICS_CONTENT_TYPE,
+                    text.into_bytes(),
+                    req.method == "HEAD",
+                )
+            } else {
+                (
+                    200,
+                    TEXT_CONTENT_TYPE,
+                    openmetrics_to_text(&text).into_bytes(),
+                    req.method == "HEAD",
+                )
+            }
+        }
+    };
+    let _ = respond(&mut stream, status, ctype, &body, head_only);
+}
+
+enum HeadError {
+    TooLarge,
+    Closed,
+}
+
+/// Reads up to the blank line that ends the request head, within [`REQUEST_DEADLINE`]
+/// and [`MAX_REQUEST_HEAD`] bytes.
+fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, HeadError> {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(HeadError::Closed);
+        }
+        if stream.set_read_timeout(Some(left)).is_err() {
+            return Err(HeadError::Closed);
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => return Err(HeadError::Closed),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return Err(HeadError::Closed),
+        };
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = find_head_end(&buf[from..]) {
+            buf.truncate(from + end);
+            return Ok(buf);
+        }
+        if buf.len() > MAX_REQUEST_HEAD {
+            return Err(HeadError::TooLarge);
+        }
+    }
+}
+
+/// Offset just past the first `\r\n\r\n` (or a bare `\n\n`, which RFC 9112 lets a server
+/// accept).
+fn find_head_end(b: &[u8]) -> Option<usize> {
+    (0..b.len()).find_map(|i| {
+        if b[i..].starts_with(b"\r\n\r\n") {
+            Some(i + 4)
+        } else if b[i..].starts_with(b"\n\n") {
+            Some(i + 2)
+        } else {
+            None
+        }
+    })
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Request {
+    method: String,
+    /// The path without its query string.
+    path: String,
+    accept: Option<String>,
+}
+
+/// Parses a request head (request line and header fields, RFC 9112 section 2-5).
+fn parse_request(head: &[u8]) -> Result<Request, ()> {
+    let text = std::str::from_utf8(head).map_err(|_| ())?;
+    let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
+    let line = lines.next().ok_or(())?;
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(());
+    };
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    if !token(method) || !target.starts_with('/') || !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
+        return Err(());
+    }
+    if target.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err(());
+    }
+    let mut accept = None;
+    for l in lines {
+        if l.is_empty() {
+            break;
+        }
+        let (name, value) = l.split_once(':').ok_or(())?;
+        if !token(name) {
+            return Err(());
+        }
+        if name.eq_ignore_ascii_case("accept") {
+            let v = value.trim();
+            accept = Some(match accept {
+                None => v.to_string(),
+                Some(prev) => format!("{prev},{v}"),
+            });
+        }
+    }
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    Ok(Request {
+        method: method.to_string(),
+        path: path.to_string(),
+        accept,
+    })
+}
+
+/// Content negotiation: OpenMetrics when the client rates it at least as high as plain
+/// text (what Prometheus sends), plain text otherwise (curl's `*/*`, no header).
+fn wants_openmetrics(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else {
+        return false;
+    };
+    let (mut om, mut text) = (0.0f32, 0.0f32);
+    for range in accept.split(',') {
+        let mut params = range.split(';').map(str::trim);
+        let media = params.next().unwrap_or("").to_ascii_lowercase();
+        let q = params
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .and_then(|(_, v)| v.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => om = om.max(q),
+            "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    om > 0.0 && om >= text
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+    head_only: bool,
+) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Error",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if status == 405 {
+        head.push_str("Allow: GET, HEAD\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    if !head_only {
+        stream.write_all(body)?;
+    }
+    stream.flush()?;
+    // Let the client read everything before the close (no RST over unread request bytes).
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
+/// Prometheus text format 0.0.4 from `prometheus-client`'s OpenMetrics text: counters
+/// are described under their sample name (`x_total`), `# UNIT` and `# EOF` go.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut help: Option<&str> = None;
+    for line in om.lines() {
+        if line.starts_with("# HELP ") {
+            if let Some(h) = help.take() {
+                out.push_str(h);
+                out.push('\n');
+            }
+            help = Some(line);
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let renamed = (kind == "counter").then(|| format!("{name}_total"));
+            if let Some(h) = help.take() {
+                match (
+                    &renamed,
+                    h.strip_prefix("# HELP ").and_then(|r| r.split_once(' ')),
+                ) {
+                    (Some(n), Some((_, text))) => {
+                        let _ = writeln!(out, "# HELP {n} {text}");
+                    }
+                    _ => {
+                        out.push_str(h);
+                        out.push('\n');
+                    }
+                }
+            }
+            let _ = writeln!(out, "# TYPE {} {kind}", renamed.as_deref().unwrap_or(name));
+        } else if line.starts_with("# UNIT ") || line == "# EOF" {
+        } else {
+            if let Some(h) = help.take() {
+                out.push_str(h);
+                out.push('\n');
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// One scrape: the OpenMetrics text of everything [`MetricsSource`] can tell.
+pub fn scrape(source: &MetricsSource) -> String {
+    let snap = Snapshot::take(source);
+    let mut registry = Registry::with_prefix("nvmft");
+    registry.register_collector(Box::new(snap));
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        tracing::error!("metrics: encoding failed");
+    }
+    out
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The numbers of one scrape, read from the source up front so no lock is held while
+/// encoding.
+#[derive(Debug, Default)]
+struct Snapshot {
+    ns_commands: Vec<(Labels, u64)>,
+    ns_bytes: Vec<(Labels, u64)>,
+    ns_errors: Vec<(Labels, u64)>,
+    ns_latency: Vec<(Labels, LatencyTotals)>,
+    ns_size: Vec<(Labels, u64)>,
+    subsystem_namespaces: Vec<(Labels, u64)>,
+    subsystems: u64,
+    controllers: Vec<(Labels, u64)>,
+    connections: Vec<(Labels, u64)>,
+    listeners: Vec<(Labels, u64)>,
+    discovery_generation: u64,
+    io_threads: u64,
+    thread_polls: Vec<(Labels, u64)>,
+    thread_capsules: Vec<(Labels, u64)>,
+    thread_qps: Vec<(Labels, u64)>,
+    start_time: f64,
+    uptime: f64,
+}
+
+impl Snapshot {
+    fn take(src: &MetricsSource) -> Snapshot {
+        let mut s = Snapshot::default();
+        let names: std::collections::HashMap<SubsysId, String> =
+            (src.subsystems)().into_iter().collect();
+        for (id, nsid) in src.stats.namespaces() {
+            let Some(nqn) = names.get(&id) else { continue };
+            let t = src.stats.namespace(id, nsid);
+            let base =
+                || -> Labels { vec![("subsystem", nqn.clone()), ("nsid", nsid.to_string())] };
+            let with = |op: &str| -> Labels {
+                let mut l = base();
+                l.push(("op", op.to_string()));
+                l
+            };
+            s.ns_commands.push((with("read"), t.read_cmds));
+            s.ns_commands.push((with("write"), t.write_cmds));
+            s.ns_commands.push((with("other"), t.other_cmds));
+            s.ns_bytes.push((with("read"), t.read_bytes));
+            s.ns_bytes.push((with("write"), t.write_bytes));
+            s.ns_errors.push((base(), t.errors));
+            s.ns_latency.push((with("read"), t.read_latency));
+            s.ns_latency.push((with("write"), t.write_latency));
+            s.ns_latency.push((with("other"), t.other_latency));
+        }
+
+        let report = (src.report)();
+        for sub in &report.subsystems {
+            s.subsystem_namespaces.push((
+                vec![("subsystem", sub.nqn.clone())],
+                sub.namespaces.len() as u64,
+            ));
+            for ns in &sub.namespaces {
+                s.ns_size.push((
+                    vec![
+                        ("subsystem", sub.nqn.clone()),
+                        ("nsid", ns.nsid.to_string()),
+                    ],
+                    ns.size_bytes(),
+                ));
+            }
+        }
+        s.subsystems = report.subsystems.len() as u64;
+        // (subsystem, host, transport) -> (controllers, queues)
+        let mut by_host: std::collections::BTreeMap<(String, String, &'static str), (u64, u64)> =
+            Default::default();
+        for c in &report.controllers {
+            let e = by_host
+                .entry((
+                    c.subnqn.clone(),
+                    c.hostnqn.clone(),
+                    (src.transport_of)(c.admin_queue),
+                ))
+                .or_default();
+            e.0 += 1;
+            e.1 += c.queue_count() as u64;
+        }
+        for ((sub, host, tr), (ctrls, queues)) in by_host {
+            let l: Labels = vec![
+                ("subsystem", sub),
+                ("host", host),
+                ("transport", tr.to_string()),
+            ];
+            s.controllers.push((l.clone(), ctrls));
+            s.connections.push((l, queues));
+        }
+        let mut by_transport: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        for (_, l) in &report.listeners {
+            let t = match l.transport {
+                nvmf::target::Transport::Tcp => "tcp",
+                nvmf::target::Transport::Rdma => "rdma",
+            };
+            *by_transport.entry(t).or_default() += 1;
+        }
+        s.listeners = by_transport
+            .into_iter()
+            .map(|(t, n)| (vec![("transport", t.to_string())], n))
+            .collect();
+        s.discovery_generation = report.discovery_generation;
+
+        let threads = src.stats.threads();
+        s.io_threads = threads.len() as u64;
+        for (i, t) in threads.iter().enumerate() {
+            let l = |k: &'static str, v: &str| -> Labels {
+                vec![("thread", i.to_string()), (k, v.to_string())]
+            };
+            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            s.thread_polls
+                .push((l("state", "busy"), get(&t.busy_polls)));
+            s.thread_polls
+                .push((l("state", "idle"), get(&t.idle_polls)));
+            s.thread_capsules
+                .push((l("path", "offloaded"), get(&t.offloaded)));
+            s.thread_capsules
+                .push((l("path", "non_offloaded"), get(&t.non_offloaded)));
+            s.thread_qps
+                .push((vec![("thread", i.to_string())], get(&t.qps)));
+        }
+
+        let start = src.started.duration_since(UNIX_EPOCH).unwrap_or_default();
+        s.start_time = start.as_secs_f64();
+        s.uptime = SystemTime::now()
+            .duration_since(src.started)
+            .unwrap_or_default()
+            .as_secs_f64();
+        s
+    }
+}
+
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    values: &[(Labels, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, unit, MetricType::Counter)?;
+    for (labels, v) in values {
+        ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    values: &[(Labels, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    for (labels, v) in values {
+        ConstGauge::new(*v as i64).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge<V: prometheus_client::encoding::EncodeGaugeValue + Clone + std::fmt::Debug>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: V,
+) -> Result<(), std::fmt::Error> {
+    let m = enc.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    ConstGauge::new(v).encode(m)
+}
+
+/// Bucket upper bounds in seconds and per-bucket counts, the last one `+Inf`.
+fn latency_buckets(t: &LatencyTotals) -> Vec<(f64, u64)> {
+    LATENCY_BOUNDS_US
+        .iter()
+        .map(|&us| us as f64 / 1e6)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(t.buckets.iter().copied())
+        .collect()
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let e = &mut enc;
+        counters(
+            e,
+            "namespace_commands",
+            "Commands completed by the engine on a namespace, by operation.",
+            None,
+            &self.ns_commands,
+        )?;
+        counters(
+            e,
+            "namespace_io",
+            "Data moved for reads and writes on a namespace.",
+            Some(&Unit::Bytes),
+            &self.ns_bytes,
+        )?;
+        counters(
+            e,
+            "namespace_errors",
+            "Commands on a namespace that completed with an error status.",
+            None,
+            &self.ns_errors,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "namespace_latency",
+                "Time from capsule arrival to completion queued, by operation.",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for (labels, t) in &self.ns_latency {
+                m.encode_family(labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        t.sum_ns as f64 / 1e9,
+                        t.count(),
+                        &latency_buckets(t),
+                        None,
+                    )?;
+            }
+        }
+        gauges(
+            e,
+            "namespace_size",
+            "Capacity of an attached namespace.",
+            Some(&Unit::Bytes),
+            &self.ns_size,
+        )?;
+        gauges(
+            e,
+            "subsystem_namespaces",
+            "Namespaces attached to a subsystem.",
+            None,
+            &self.subsystem_namespaces,
+        )?;
+        gauge(
+            e,
+            "subsystems",
+            "Subsystems, the discovery subsystem included.",
+            None,
+            self.subsystems as i64,
+        )?;
+        gauges(
+            e,
+            "controllers",
+            "Live controllers by subsystem, host and transport.",
+            None,
+            &self.controllers,
+        )?;
+        gauges(
+            e,
+            "connections",
+            "Connected queues (admin and I/O, one transport connection each) by subsystem, host and transport.",
+            None,
+            &self.connections,
+        )?;
+        gauges(
+            e,
+            "listeners",
+            "Listening addresses by transport.",
+            None,
+            &self.listeners,
+        )?;
+        gauge(
+            e,
+            "discovery_generation",
+            "Discovery log generation counter (GENCTR); it moves on every change hosts can discover.",
+            None,
+            self.discovery_generation as i64,
+        )?;
+        gauge(e, "io_threads", "IO threads.", None, self.io_threads as i64)?;
+        counters(
+            e,
+            "io_thread_polls",
+            "Engine progress passes of an IO thread that found work (busy) or none (idle).",
+            None,
+            &self.thread_polls,
+        )?;
+        counters(
+            e,
+            "io_thread_capsules",
+            "Command capsules an IO thread's engine served itself (offloaded) or handed to the daemon (non_offloaded).",
+            None,
+            &self.thread_capsules,
+        )?;
+        gauges(
+            e,
+            "io_thread_queue_pairs",
+            "Queue pairs an IO thread owns.",
+            None,
+            &self.thread_qps,
+        )?;
+        gauge(
+            e,
+            "start_time",
+            "When the daemon started, seconds since the Unix epoch.",
+            Some(&Unit::Seconds),
+            self.start_time,
+        )?;
+        gauge(
+            e,
+            "uptime",
+            "Seconds since the daemon started.",
+            Some(&Unit::Seconds),
+            self.uptime,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "build_info",
+                "Always 1; the labels name the running build.",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_string())];
+            ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(s: &str) -> Result<Request, ()> {
+        parse_request(s.as_bytes())
+    }
+
+    #[test]
+    fn request_parsing() {
+        let r = req("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: text/plain\r\n\r\n").unwrap();
+        assert_eq!(r.method, "GET");
+        assert_eq!(r.path, "/metrics");
+        assert_eq!(r.accept.as_deref(), Some("text/plain"));
+        let r = req("HEAD /metrics HTTP/1.0\n\n").unwrap();
+        assert_eq!((r.method.as_str(), r.accept), ("HEAD", None));
+        for bad in [
+            "",
+            "GET\r\n\r\n",
+            "GET /metrics\r\n\r\n",
+            "GET /metrics HTTP/2\r\n\r\n",
+            "GET metrics HTTP/1.1\r\n\r\n",
+            "GET  /metrics HTTP/1.1\r\n\r\n",
+            "GET /metrics HTTP/1.1 x\r\n\r\n",
+            "G(T /metrics HTTP/1.1\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nBad Name: x\r\n\r\n",
+        ] {
+            assert!(req(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert!(parse_request(b"GET /\xff HTTP/1.1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn head_end() {
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nbody"), Some(18));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\n"), Some(16));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n"), None);
+    }
+
+    #[test]
+    fn negotiation() {
+        // What Prometheus 2.x sends.
+        assert!(wants_openmetrics(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )));
+        assert!(!wants_openmetrics(None));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(Some("text/plain")));
+        assert!(!wants_openmetrics(Some(
+            "text/plain;q=1, application/openmetrics-text;q=0.5"
+        )));
+        assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
+        assert!(wants_openmetrics(Some("application/openmetrics-text")));
+    }
+
+    #[test]
+    fn conversion_renames_counters_and_drops_openmetrics_lines() {
+        let om = "# HELP nvmft_c Some help.\n# TYPE nvmft_c counter\nnvmft_c_total{a=\"b\"} 3\n\
+                  # HELP nvmft_size_bytes Size.\n# TYPE nvmft_size_bytes gauge\n# UNIT nvmft_size_bytes bytes\nnvmft_size_bytes 7\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_text(om),
+            "# HELP nvmft_c_total Some help.\n# TYPE nvmft_c_total counter\nnvmft_c_total{a=\"b\"} 3\n\
+             # HELP nvmft_size_bytes Size.\n# TYPE nvmft_size_bytes gauge\nnvmft_size_bytes 7\n"
+        );
+    }
+
+    fn source(stats: sta::Stats) -> MetricsSource {
+        MetricsSource {
+            stats,
+            report: Box::new(TargetReport::default),
+            subsystems: Box::new(Vec::new),
+            transport_of: Box::new(|_| "tcp"),
+            started: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn scrape_of_an_idle_engine_is_well_formed() {
+        let mut sta = sta::Sta::new(sta::SoftConfig::default());
+        let id = sta.subsystem_create("nqn.2026-11.dev.nvmf-target:m");
+        let mut src = source(sta.stats());
+        src.subsystems = Box::new(move || vec![(id, "nqn.2026-11.dev.nvmf-target:m".into())]);
+        let om = scrape(&src);
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        for name in [
+            "nvmft_subsystems 0",
+            "nvmft_io_threads 0",
+            "# TYPE nvmft_namespace_latency_seconds histogram",
+            "nvmft_build_info{version=",
+        ] {
+            assert!(om.contains(name), "{name} missing from\n{om}");
+        }
+        let text = openmetrics_to_text(&om);
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
+    }
+
+    #[test]
+    fn histogram_buckets_are_seconds_and_cumulative() {
+        let mut t = LatencyTotals::default();
+        t.buckets[0] = 2; // < 5 us
+        t.buckets[3] = 1; // < 50 us
+        t.buckets[LATENCY_BOUNDS_US.len()] = 1; // over the last bound
+        t.sum_ns = 2_000_000_000;
+        let b = latency_buckets(&t);
+        assert_eq!(b.len(), LATENCY_BOUNDS_US.len() + 1);
+        assert_eq!(b[0], (5e-6, 2));
+        assert_eq!(b.last().copied(), Some((f64::INFINITY, 1)));
+        let snap = Snapshot {
+            ns_latency: vec![(vec![("op", "read".to_string())], t)],
+            ..Snapshot::default()
+        };
+        let mut reg = Registry::with_prefix("nvmft");
+        reg.register_collector(Box::new(snap));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        for line in [
+            "nvmft_namespace_latency_seconds_count{op=\"read\"} 4",
+            "nvmft_namespace_latency_seconds_sum{op=\"read\"} 2.0",
+            "nvmft_namespace_latency_seconds_bucket{le=\"0.000005\",op=\"read\"} 2",
+            // Cumulative: the 50 us bucket holds the 2 below 5 us and the 1 below 50 us.
+            "nvmft_namespace_latency_seconds_bucket{le=\"0.00005\",op=\"read\"} 3",
+            "nvmft_namespace_latency_seconds_bucket{le=\"1.0\",op=\"read\"} 3",
+            "nvmft_namespace_latency_seconds_bucket{le=\"+Inf\",op=\"read\"} 4",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
+    }
+
+    fn get(addr: SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    #[test]
+    fn http_status_codes_and_bounds() {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let sta = sta::Sta::new(sta::SoftConfig::default());
+        serve(addr, source(sta.stats())).expect("serve");
+        // The port is ours now: a second server must fail to bind.
+        assert!(serve(addr, source(sta.stats())).is_err());
+
+        let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(
+            ok.contains(&format!("Content-Type: {TEXT_CONTENT_TYPE}\r\n")),
+            "{ok}"
+        );
+        assert!(
+            ok.contains("# TYPE nvmft_io_thread_polls_total counter"),
+            "{ok}"
+        );
+        assert!(!ok.contains("# EOF"));
+
+        let om = get(
+            addr,
+            "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n",
+        );
+        assert!(
+            om.contains(&format!("Content-Type: {OPENMETRICS_CONTENT_TYPE}\r\n")),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"), "{om}");
+
+        let head = get(addr, "HEAD /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+
+        assert!(get(addr, "GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
+        assert!(get(addr, "GET /metricsx HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
+        let post = get(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+        assert!(
+            post.starts_with("HTTP/1.1 405 ") && post.contains("Allow: GET, HEAD"),
+            "{post}"
+        );
+        assert!(get(addr, "hello\r\n\r\n").starts_with("HTTP/1.1 400 "));
+        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
+        assert!(get(addr, &huge).starts_with("HTTP/1.1 431 "));
+
+        // A client that never finishes its request does not block others.
+        let mut silent = TcpStream::connect(addr).unwrap();
+        silent.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+        let t0 = Instant::now();
+        assert!(get(addr, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200 "));
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        // ... and is dropped after the deadline.
+        silent
+            .set_read_timeout(Some(REQUEST_DEADLINE + Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        let t0 = Instant::now();
+        let n = silent.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer");
+        assert!(t0.elapsed() <= REQUEST_DEADLINE + Duration::from_secs(1));
+    }
+}
