@@ -24,6 +24,9 @@ PACKAGES=(
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
     iproute2 util-linux procps e2fsprogs
     jq
+    # nvmft-service: systemd as PID 1 (the image still boots the stub init unless a
+    # scenario asks for systemd), promtool (Debian ships it in prometheus), curl.
+    systemd systemd-sysv prometheus curl
 )
 SUITE=bookworm
 # Free space left on the root fs: file-backed namespaces (256 MiB) and logs live there.
