@@ -209,10 +209,13 @@ fn value(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
     found[0].value
 }
 
+/// A series' labels without `le`, in order.
+type LabelKey = Vec<(String, String)>;
+
 /// Histograms: buckets cumulative and ending in +Inf equal to _count.
 fn check_histograms(types: &BTreeMap<String, String>, samples: &[Sample]) {
     for (family, _) in types.iter().filter(|(_, t)| *t == "histogram") {
-        let mut series: BTreeMap<Vec<(String, String)>, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut series: BTreeMap<LabelKey, Vec<(f64, f64)>> = BTreeMap::new();
         for s in samples
             .iter()
             .filter(|s| s.name == format!("{family}_bucket"))
