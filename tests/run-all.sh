@@ -18,6 +18,15 @@ stage "cargo test (hermetic)"
 cargo test --workspace 2>&1 | tee target/test-output.txt
 if grep -q "test result: FAILED" target/test-output.txt; then exit 1; fi
 
+stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
+(
+    cd fuzz
+    CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
+    for t in tcp_framer capsule connect_data config; do
+        ../target/fuzz/release/"$t" --secs 15
+    done
+)
+
 stage "release build for the interop guest"
 cargo build --release --bin nvmf-target
 
