@@ -89,6 +89,7 @@ MAINPID=$(prop MainPID)
 note "main pid $MAINPID"
 
 # --- 3. connect, fio ------------------------------------------------------------------------
+modprobe nvme-tcp || { fail host-modules "modprobe nvme-tcp"; exit 1; }
 check connect nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" || exit 1
 if ! wait_ns "$NQN" 1 30 || ! wait_ns "$NQN" 2 30; then
     fail namespaces-appear "no block devices for $NQN ns 1/2"; nvme list; exit 1
@@ -104,7 +105,7 @@ fio_rw_verify ns1 "$NS1" 32M
 # Data on the file namespace, flushed: it must survive stop/start.
 dd if=/dev/urandom of=/var/tmp/ns2.pattern bs=1M count=8 status=none
 check write-file-ns dd if=/var/tmp/ns2.pattern of="$NS2" bs=1M count=8 oflag=direct conv=fsync status=none
-check flush-file-ns nvme flush "/dev/$CTRL" -n 2
+check flush-file-ns nvme flush "$NS2"
 SUM2=$(md5sum </var/tmp/ns2.pattern | cut -d' ' -f1)
 
 # --- 4. reload adds namespace 3: the host sees it without reconnecting ---------------------
