@@ -372,6 +372,31 @@ impl Runtime {
     }
 }
 
+/// What a /metrics scrape reads: engine counters (summed over threads) and a short
+/// look at the target's state (the lock is held only to copy it).
+fn metrics_source(
+    shared: &Arc<Shared>,
+    started: std::time::SystemTime,
+) -> crate::metrics::MetricsSource {
+    let (for_report, for_ids) = (shared.clone(), shared.clone());
+    crate::metrics::MetricsSource {
+        stats: shared.stats.clone(),
+        report: Box::new(move || for_report.target().report()),
+        subsystems: Box::new(move || {
+            for_ids
+                .subsys_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(nqn, id)| (*id, nqn.clone()))
+                .collect()
+        }),
+        // Every queue is NVMe/TCP until RDMA lands.
+        transport_of: Box::new(|_key| "tcp"),
+        started,
+    }
+}
+
 pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let source = config_path.as_ref().map_or_else(
         || "<embedded default>".to_string(),
@@ -381,6 +406,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         "nvmf-target {} starting with {source}",
         env!("CARGO_PKG_VERSION")
     );
+    let started = std::time::SystemTime::now();
 
     // Signals first, so every thread spawned later inherits the blocked mask and only the
     // signalfd sees them.
@@ -423,6 +449,14 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
     });
+    // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
+    let _metrics = match cfg.metrics {
+        Some(addr) => Some(
+            crate::metrics::serve(addr, metrics_source(&shared, started))
+                .with_context(|| format!("metrics: cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
     let alive = Arc::new(AtomicUsize::new(count));
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
@@ -485,6 +519,12 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         "ready: {} listener(s), {count} IO thread(s)",
         rt.listeners.len()
     );
+    crate::notify::status(&format!(
+        "serving: {} listener(s), {count} IO thread(s)",
+        rt.listeners.len()
+    ));
+    crate::notify::ready();
+    let mut watchdog = crate::notify::Watchdog::from_env();
 
     // Main loop: accept, signals, timers, engine main context.
     let mut next_timer = Instant::now();
@@ -500,7 +540,12 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         drop(fds);
         if let Ok(Some(si)) = sfd.read_signal() {
             match Signal::try_from(si.ssi_signo as i32) {
-                Ok(Signal::SIGHUP) => rt.reload(config_path.as_deref()),
+                Ok(Signal::SIGHUP) => {
+                    crate::notify::reloading();
+                    rt.reload(config_path.as_deref());
+                    crate::notify::status("serving; reloaded");
+                    crate::notify::ready();
+                }
                 Ok(s) => {
                     stop_reason = format!("{s:?}");
                     break;
@@ -553,10 +598,16 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
             stop_reason = "an IO thread exited".to_string();
             break;
         }
+        // Fed only while every IO thread is still making passes.
+        if let Some(w) = watchdog.as_mut() {
+            w.tick(Instant::now(), &shared.stats, count);
+        }
     }
 
     // Graceful stop: no new connections, drain every QP, flush backends.
     tracing::info!("stopping ({stop_reason}): closing listeners, draining IO threads");
+    crate::notify::stopping();
+    crate::notify::status(&format!("stopping ({stop_reason})"));
     rt.listeners.clear();
     for tx in &shared.threads {
         let _ = tx.send(ThreadMsg::Stop);

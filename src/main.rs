@@ -6,6 +6,8 @@
 
 mod config;
 mod daemon;
+mod metrics;
+mod notify;
 mod reload;
 
 use std::path::PathBuf;
