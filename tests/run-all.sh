@@ -8,6 +8,16 @@ cd "$(dirname "$0")/.."
 stage() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
 t0=$(date +%s)
 
+stage "host tools the tests need (installed when missing)"
+need=()
+command -v promtool >/dev/null || need+=(prometheus)          # promtool check metrics
+command -v systemd-analyze >/dev/null || need+=(systemd)      # unit file verification
+if ((${#need[@]})); then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
 stage "cargo fmt --check"
 cargo fmt --all --check
 
@@ -29,6 +39,9 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 
 stage "release build for the interop guest"
 cargo build --release --bin nvmf-target
+
+stage "systemd unit: systemd-analyze verify"
+systemd/verify.sh target/release/nvmf-target
 
 stage "interop: real Linux initiator in a QEMU guest"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh
