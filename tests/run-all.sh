@@ -46,4 +46,7 @@ systemd/verify.sh target/release/nvmf-target
 stage "interop: real Linux initiator in a QEMU guest"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh
 
+stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
+
 printf '\nall stages passed in %ss\n' "$(( $(date +%s) - t0 ))"

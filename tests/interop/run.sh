@@ -32,6 +32,15 @@ for s in "${SCENARIOS[@]}"; do
     [[ -f $INTEROP_DIR/scenarios/$s.sh ]] || { log "unknown scenario '$s' (see $INTEROP_DIR/scenarios/)"; exit 2; }
 done
 SCENARIOS=("${SCENARIOS[@]%.sh}")
+# Scenarios marked "# interop-init: systemd" need the guest booted with systemd as PID 1;
+# that boot runs nothing else.
+GUEST_INIT=script
+for s in "${SCENARIOS[@]}"; do
+    grep -q '^# interop-init: *systemd' "$INTEROP_DIR/scenarios/$s.sh" && GUEST_INIT=systemd
+done
+if [[ $GUEST_INIT == systemd && ${#SCENARIOS[@]} -gt 1 ]]; then
+    log "systemd scenarios boot a guest of their own: run them alone (e.g. $0 nvmft-service)"; exit 2
+fi
 
 declare -A STAGE_S
 stage() { # stage NAME CMD...
@@ -59,6 +68,7 @@ mkdir -p "$RES" "$SHARE/scenarios" "$SHARE/configs"
 cp "$INTEROP_DIR/guest/init.sh" "$SHARE/init.sh"
 cp "$INTEROP_DIR"/scenarios/*.sh "$SHARE/scenarios/"
 cp "$INTEROP_DIR"/configs/* "$SHARE/configs/" 2>/dev/null || true
+cp "$REPO_ROOT/systemd/nvmf-target.service" "$SHARE/"
 TARGET_BIN=${NVMF_TARGET_BIN:-$REPO_ROOT/target/release/nvmf-target}
 if [[ -x $TARGET_BIN ]]; then
     cp "$TARGET_BIN" "$SHARE/nvmf-target"
@@ -75,6 +85,7 @@ OVERALL=${NVMF_INTEROP_TIMEOUT:-$((total_t + 120))}
 cat >"$SHARE/run.env" <<EOF
 SCENARIOS="${SCENARIOS[*]}"
 DEFAULT_TIMEOUT=$DEFAULT_SCENARIO_TIMEOUT
+INIT=$GUEST_INIT
 EOF
 # Host variables named INTEROP_* reach the scenarios (e.g. INTEROP_PEER=kernel).
 while IFS= read -r v; do printf '%s=%q\n' "$v" "${!v}" >>"$SHARE/run.env"; done \

@@ -21,6 +21,13 @@ trap poweroff_now EXIT
 set -a; . "$SHARE/run.env"; set +a     # SCENARIOS, DEFAULT_TIMEOUT, INTEROP_*
 say "up; kernel $(uname -r); scenarios: $SCENARIOS"
 echo "boot_s=$(cut -d' ' -f1 /proc/uptime)" >"$RES/init.started"
+# systemd scenarios: hand PID 1 to systemd, whose default unit runs this script again as
+# a service (not PID 1 then, so it runs the scenario loop below).
+if [ "${INIT:-}" = systemd ] && [ $$ -eq 1 ]; then
+    cp "$SHARE/configs/nvmft-scenario.service" "$SHARE/configs/nvmft-scenario.target" /etc/systemd/system/
+    say "exec /lib/systemd/systemd --unit=nvmft-scenario.target"
+    exec /lib/systemd/systemd --unit=nvmft-scenario.target --show-status=0
+fi
 
 mountpoint -q /run || mount -t tmpfs -o mode=755 tmpfs /run
 mountpoint -q /tmp || mount -t tmpfs -o mode=1777 tmpfs /tmp
