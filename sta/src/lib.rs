@@ -12,8 +12,10 @@
 //!   its buffer pool. The owning thread calls `progress()` in its loop and then drains
 //!   `poll_event()` (DOCA calls callbacks from `doca_pe_progress`; Rust returns events so
 //!   the application can submit tasks while handling them).
-//! - QP life: `qp_alloc` + `qp_accept_tcp` (DOCA: `qp_alloc` + `qp_accept` with an
-//!   `rdma_cm_id`). Once the application has answered a Fabrics Connect for an I/O queue it
+//! - QP life: `qp_accept_tcp` for a TCP connection, `qp_accept_rdma` for an RDMA CM
+//!   connect request (DOCA: `qp_alloc` + `qp_accept` with the `rdma_cm_id`), then
+//!   `qp_rdma_cm_event` for the connection's CM events (ESTABLISHED is DOCA's
+//!   `qp_connect_established`). Once the application has answered a Fabrics Connect for an I/O queue it
 //!   binds the QP to its subsystem with `qp_add_subsystem` and `qp_connect_set_params`; from
 //!   then on the engine serves READ, WRITE, FLUSH, WRITE ZEROES, DATASET MANAGEMENT and
 //!   COMPARE to that subsystem's namespaces itself (the offloaded path) and never shows
@@ -26,10 +28,11 @@
 //! - `qp_disconnect` drains the QP's in-flight I/O and closes it; [`Event::TransportError`]
 //!   reports a QP the transport lost (peer closed, protocol error).
 //!
-//! Engines: [`soft`] runs the contract on host cores over TCP. The `doca` engine (DOCA STA
-//! on a BlueField-3 DPA) and RDMA for the soft engine are later work; they implement the
-//! same calls.
+//! Engines: [`soft`] runs the contract on host cores over TCP and RDMA (any verbs device,
+//! Soft-RoCE included; rdma-core is loaded at run time, see [`rdma`]). The `doca` engine
+//! (DOCA STA on a BlueField-3 DPA) is later work; it implements the same calls.
 
+pub mod rdma;
 pub mod soft;
 
 use std::sync::atomic::{AtomicU64, Ordering};

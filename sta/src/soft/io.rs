@@ -11,9 +11,12 @@ use crossbeam_channel::{Receiver, Sender};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nvmf::spec::{opcodes, sgl, Cqe, Sqe, Status};
 use nvmf::tcp::{self, ControllerLimits, Digests, IcResp, Pdu, RxFramer};
+use zerocopy::FromBytes;
 
+use super::rdma::{self as xrdma, RdmaQp, RdmaThread, WrOp};
 use super::tcp::{writev, RxBuf, RxResult, TxQueue, TxSeg};
 use super::{Ack, Ctrl, SoftConfig};
+use crate::rdma::{ffi::IbvWc, ConnRequest, KeyedSgl, RdmaCmEvent};
 use crate::{
     CmdToken, Event, NsCounters, QpHandle, StatsRegistry, SubsysId, TaskError, TaskKind,
     ThreadCounters, TransportErrorKind,
@@ -23,6 +26,9 @@ use crate::{
 const ADMIN_INCAPSULE: u32 = 8192;
 const MAX_CMDS: usize = 65535;
 const IOV_MAX: usize = 64;
+/// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
+/// use their slot index.
+const COMP_TAG: u64 = 1 << 63;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum St {
@@ -98,8 +104,17 @@ struct Binding {
     sqflow_disabled: bool,
 }
 
+/// How a QP's bytes move: the only transport-specific part of a QP. Commands, offload
+/// logic and tasks are shared; the transport decides how host data is fetched (R2T vs
+/// RDMA READ) and how data and responses go out (C2HData + CapsuleResp vs RDMA WRITE +
+/// SEND).
+enum Link {
+    Tcp(TcpStream),
+    Rdma(Box<RdmaQp>),
+}
+
 struct QpState {
-    sock: TcpStream,
+    link: Link,
     user: u64,
     tx: TxQueue,
     digests: Digests,
@@ -152,6 +167,8 @@ struct Core {
     completions: Vec<Completion>,
     counters: Arc<ThreadCounters>,
     stats: Arc<StatsRegistry>,
+    /// RDMA work completions logged so far (the first few are, for diagnosis).
+    wc_logged: u32,
 }
 
 /// The soft engine's per-thread IO context.
@@ -164,6 +181,9 @@ pub struct StaIo {
     ctrl: Receiver<Ctrl>,
     ack: Sender<Ack>,
     released: Vec<u32>,
+    /// Verbs state, set up with the first RDMA QP.
+    rdma: Option<RdmaThread>,
+    wcs: Vec<IbvWc>,
 }
 
 fn qp_ref(qps: &mut [QpSlot], h: QpHandle) -> Option<&mut Qp> {
@@ -200,6 +220,7 @@ impl StaIo {
                 completions: Vec::with_capacity(256),
                 counters,
                 stats,
+                wc_logged: 0,
             },
             qps: Vec::new(),
             free_qps: Vec::new(),
@@ -208,6 +229,8 @@ impl StaIo {
             ctrl,
             ack,
             released: Vec::with_capacity(64),
+            rdma: None,
+            wcs: vec![IbvWc::default(); 64],
         })
     }
 
@@ -248,7 +271,7 @@ impl StaIo {
             rx: RxBuf::new(rx_cap),
             framer: RxFramer::new_controller(limits),
             st: QpState {
-                sock,
+                link: Link::Tcp(sock),
                 user,
                 tx: TxQueue::default(),
                 digests: Digests {
@@ -348,20 +371,32 @@ impl StaIo {
     /// anything happened.
     pub fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
-        let wait = if did || self.busy() {
+        did |= self.poll_rdma();
+        let mut wait = if did || self.busy() {
             Duration::ZERO
         } else {
             max_wait
         };
+        if !wait.is_zero() && self.arm_rdma() {
+            // A completion slipped in between the poll and arming the CQs.
+            wait = Duration::ZERO;
+        }
         let timeout = EpollTimeout::try_from(wait).unwrap_or(EpollTimeout::ZERO);
         let n = self.epoll.wait(&mut self.ep_events, timeout).unwrap_or(0);
         // Control messages that arrived while we slept come before the sockets: a host may
         // use a namespace as soon as it learns of it, and the engine was told first.
         did |= self.drain_ctrl();
         for i in 0..n {
-            let idx = self.ep_events[i].data() as u32;
-            did |= self.service_rx(idx);
+            let data = self.ep_events[i].data();
+            if data & COMP_TAG != 0 {
+                if let Some(rt) = self.rdma.as_mut() {
+                    rt.drain_cq_events((data & !COMP_TAG) as usize);
+                }
+                continue;
+            }
+            did |= self.service_rx(data as u32);
         }
+        did |= self.poll_rdma();
         did |= self.poll_backends();
         did |= self.flush_all();
         self.finish_disconnects();
@@ -449,10 +484,15 @@ impl StaIo {
         let h = QpHandle { idx, gen };
         if qp.st.rx_stopped {
             // Nothing more is read; drop the interest so a dead socket does not spin.
-            let _ = self.epoll.delete(&qp.st.sock);
+            if let Link::Tcp(sock) = &qp.st.link {
+                let _ = self.epoll.delete(sock);
+            }
             return false;
         }
-        let got = qp.rx.fill(&mut qp.st.sock);
+        let Link::Tcp(sock) = &mut qp.st.link else {
+            return false;
+        };
+        let got = qp.rx.fill(sock);
         let mut did = false;
         // Parse whatever is complete, even when the peer closed after sending it.
         loop {
@@ -503,7 +543,9 @@ impl StaIo {
                 };
                 qp.st.rx_stopped = true;
                 self.core.transport_error(h, &mut qp.st, kind);
-                let _ = self.epoll.delete(&qp.st.sock);
+                if let Link::Tcp(sock) = &qp.st.link {
+                    let _ = self.epoll.delete(sock);
+                }
                 did = true;
             }
         }
@@ -558,6 +600,35 @@ impl StaIo {
                 continue;
             }
             did = true;
+            if let Link::Rdma(r) = &mut qp.st.link {
+                let res = match self.rdma.as_mut() {
+                    Some(rt) => {
+                        let dev = r.dev();
+                        let lib = rt.lib;
+                        let cmds = &self.core.cmds;
+                        r.flush(lib, |ci| {
+                            let b = cmds.get(ci as usize)?.buf.as_ref()?;
+                            Some((b.as_ptr() as u64, rt.lkey(dev, b)?))
+                        })
+                    }
+                    None => Ok(()),
+                };
+                qp.st.tx_dirty = !r.ops.is_empty();
+                if let Err(e) = res {
+                    tracing::warn!(qp = i, "RDMA post failed: {e}");
+                    r.ops.clear();
+                    qp.st.tx_dirty = false;
+                    qp.st.rx_stopped = true;
+                    let h = QpHandle {
+                        idx: i as u32,
+                        gen: self.qps[i].gen,
+                    };
+                    let qp = self.qps[i].qp.as_mut().expect("checked above");
+                    self.core
+                        .transport_error(h, &mut qp.st, TransportErrorKind::Io);
+                }
+                continue;
+            }
             match flush_qp(&mut qp.st, &self.core.cmds, &mut self.released) {
                 Ok(()) => {}
                 Err(_) => {
@@ -593,6 +664,32 @@ impl StaIo {
                 continue;
             };
             let h = QpHandle { idx: i as u32, gen };
+            if matches!(qp.st.link, Link::Rdma(_)) {
+                // The NIC may still touch command buffers until the QP is destroyed: wait
+                // for the backend, destroy the QP, then free every slot.
+                if self
+                    .core
+                    .cmds
+                    .iter()
+                    .any(|c| c.st == St::Backend && c.qp == h)
+                {
+                    continue;
+                }
+                let Some(Qp { st, .. }) = self.qps[i].qp.take() else {
+                    continue;
+                };
+                if let (Link::Rdma(r), Some(rt)) = (st.link, self.rdma.as_ref()) {
+                    r.destroy(rt.lib);
+                }
+                for (ci, c) in self.core.cmds.iter_mut().enumerate() {
+                    if c.st != St::Free && c.qp == h {
+                        self.core.free_cmds.push(ci as u32);
+                        free_cmd(c, &mut self.core.pool);
+                    }
+                }
+                self.finish_qp_free(i, h, user);
+                continue;
+            }
             // Free every slot that is not owned by the backend.
             for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                 if c.st != St::Free && c.st != St::Backend && c.qp == h {
@@ -604,25 +701,206 @@ impl StaIo {
             if qp.st.inflight > 0 {
                 continue;
             }
-            let _ = self.epoll.delete(&qp.st.sock);
-            let _ = qp.st.sock.shutdown(std::net::Shutdown::Both);
+            if let Link::Tcp(sock) = &qp.st.link {
+                let _ = self.epoll.delete(sock);
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+            }
             self.qps[i].qp = None;
-            self.free_qps.push(i as u32);
-            self.core.counters.qps.store(
-                self.core
-                    .counters
-                    .qps
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    .saturating_sub(1),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            self.core.events.push_back(Event::TaskDone {
-                kind: TaskKind::QpDisconnect,
-                qp: h,
-                user,
-                result: Ok(()),
-            });
+            self.finish_qp_free(i, h, user);
         }
+    }
+
+    fn finish_qp_free(&mut self, i: usize, h: QpHandle, user: u64) {
+        self.free_qps.push(i as u32);
+        self.core.counters.qps.store(
+            self.core
+                .counters
+                .qps
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .saturating_sub(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.core.events.push_back(Event::TaskDone {
+            kind: TaskKind::QpDisconnect,
+            qp: h,
+            user,
+            result: Ok(()),
+        });
+    }
+
+    /// DOCA `qp_alloc` + `qp_accept` for an RDMA connect request (the CM thread has
+    /// validated its private data; `depth` is HSQSIZE + 1): create the QP and its CQ on
+    /// this thread's PD, post `depth` receives of SQE + in-capsule size, and accept with
+    /// the NVMe-oF accept private data. On error the request is rejected (no resources)
+    /// and its cm_id freed.
+    pub fn qp_accept_rdma(
+        &mut self,
+        req: ConnRequest,
+        depth: u16,
+        user: u64,
+    ) -> Result<QpHandle, String> {
+        if self.rdma.is_none() {
+            match RdmaThread::new() {
+                Ok(rt) => self.rdma = Some(rt),
+                Err(e) => {
+                    req.reject(crate::rdma::RejectStatus::NoResources);
+                    return Err(e);
+                }
+            }
+        }
+        let rt = self.rdma.as_mut().expect("set above");
+        let recv_sz = Sqe::SIZE as u32 + self.core.cfg.max_incapsule_data;
+        let (rq, new_fd) = match rt.accept(&req, depth, recv_sz) {
+            Ok(x) => x,
+            Err((status, e)) => {
+                req.reject(status);
+                return Err(e);
+            }
+        };
+        if let Some(fd) = new_fd {
+            // SAFETY: the completion channel's descriptor lives as long as this thread's
+            // verbs state (never closed before the IO context goes away).
+            let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let tag = COMP_TAG | rq.dev() as u64;
+            if let Err(e) = self
+                .epoll
+                .add(bfd, EpollEvent::new(EpollFlags::EPOLLIN, tag))
+            {
+                tracing::warn!("epoll add of an RDMA completion channel: {e}");
+            }
+        }
+        let idx = match self.free_qps.pop() {
+            Some(i) => i,
+            None => {
+                self.qps.push(QpSlot { gen: 0, qp: None });
+                self.qps.len() as u32 - 1
+            }
+        };
+        let limits = ControllerLimits {
+            max_h2c_data: 0,
+            max_incapsule_data: 0,
+            cpda: 0,
+        };
+        let slot = &mut self.qps[idx as usize];
+        slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
+        slot.qp = Some(Qp {
+            rx: RxBuf::new(0),
+            framer: RxFramer::new_controller(limits),
+            st: QpState {
+                link: Link::Rdma(Box::new(rq)),
+                user,
+                tx: TxQueue::default(),
+                digests: Digests {
+                    header: false,
+                    data: false,
+                },
+                hpda: 0,
+                binding: None,
+                qid: 0,
+                sq_count: 0,
+                inflight: 0,
+                rx_stopped: false,
+                error_reported: false,
+                disconnect: None,
+                tx_dirty: true,
+            },
+        });
+        NsCounters::bump(&self.core.counters.qps, 1);
+        Ok(QpHandle { idx, gen: slot.gen })
+    }
+
+    /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
+    /// `qp_connect_established`; DISCONNECTED, DEVICE_REMOVAL, TIMEWAIT_EXIT and connect
+    /// errors report [`Event::TransportError`] (the application then runs `qp_disconnect`).
+    pub fn qp_rdma_cm_event(&mut self, qp: QpHandle, ev: RdmaCmEvent) {
+        let Some(q) = qp_ref(&mut self.qps, qp) else {
+            return;
+        };
+        let Link::Rdma(r) = &mut q.st.link else {
+            return;
+        };
+        match ev {
+            RdmaCmEvent::Established => {
+                tracing::debug!(qp = qp.as_u64(), "rdma: established");
+                r.established = true
+            }
+            RdmaCmEvent::Disconnected => {
+                // The host is gone; `qp_disconnect` still calls rdma_disconnect (it
+                // answers the host's DREQ and moves the QP to the error state).
+                q.st.rx_stopped = true;
+                self.core
+                    .transport_error(qp, &mut q.st, TransportErrorKind::PeerClosed);
+            }
+            RdmaCmEvent::Lost => {
+                q.st.rx_stopped = true;
+                self.core
+                    .transport_error(qp, &mut q.st, TransportErrorKind::Io);
+            }
+        }
+    }
+
+    fn arm_rdma(&mut self) -> bool {
+        let Some(rt) = self.rdma.as_mut() else {
+            return false;
+        };
+        for s in self.qps.iter_mut() {
+            if let Some(Qp {
+                st:
+                    QpState {
+                        link: Link::Rdma(r),
+                        ..
+                    },
+                ..
+            }) = s.qp.as_mut()
+            {
+                rt.arm(r);
+            }
+        }
+        self.poll_rdma()
+    }
+
+    /// Poll every RDMA QP's completion queue.
+    fn poll_rdma(&mut self) -> bool {
+        let Some(rt) = self.rdma.as_mut() else {
+            return false;
+        };
+        let mut did = false;
+        for i in 0..self.qps.len() {
+            let gen = self.qps[i].gen;
+            let Some(qp) = self.qps[i].qp.as_mut() else {
+                continue;
+            };
+            let h = QpHandle { idx: i as u32, gen };
+            loop {
+                let n = match &mut qp.st.link {
+                    Link::Rdma(r) => rt.poll(r, &mut self.wcs),
+                    Link::Tcp(_) => 0,
+                };
+                if n == 0 {
+                    break;
+                }
+                did = true;
+                for k in 0..n {
+                    let wc = self.wcs[k];
+                    if self.core.wc_logged < 64 {
+                        self.core.wc_logged += 1;
+                        tracing::debug!(
+                            qp = h.as_u64(),
+                            "wc kind {} slot {} status {} len {}",
+                            xrdma::wr_kind(wc.wr_id),
+                            xrdma::wr_slot(wc.wr_id) as i32,
+                            wc.status,
+                            wc.byte_len
+                        );
+                    }
+                    self.core.on_wc(rt, h, &mut qp.st, &wc);
+                }
+                if n < self.wcs.len() {
+                    break;
+                }
+            }
+        }
+        did
     }
 
     /// DOCA `doca_sta_io_task_disconnect_alloc_init` + submit: stop taking input, let the
@@ -636,6 +914,23 @@ impl StaIo {
         }
         q.st.disconnect = Some(user);
         q.st.rx_stopped = true;
+        if let Link::Rdma(r) = &mut q.st.link {
+            // Post what is queued (a final response) best effort, then disconnect: the
+            // QP goes to the error state and everything outstanding flushes.
+            if let Some(rt) = self.rdma.as_mut() {
+                let dev = r.dev();
+                let lib = rt.lib;
+                let cmds = &self.core.cmds;
+                let _ = r.flush(lib, |ci| {
+                    let b = cmds.get(ci as usize)?.buf.as_ref()?;
+                    Some((b.as_ptr() as u64, rt.lkey(dev, b)?))
+                });
+                r.ops.clear();
+                r.disconnect(lib);
+            }
+            q.st.tx_dirty = false;
+            return Ok(());
+        }
         // Flush what is already queued (e.g. a final response) best effort, then drop.
         let _ = flush_qp(&mut q.st, &self.core.cmds, &mut self.released);
         discard_tx(&mut q.st, &mut self.released);
@@ -679,6 +974,21 @@ impl StaIo {
         }
         c.st = St::H2C;
         let (cid, len, got) = (c.sqe.cid(), c.len, c.got);
+        if let Link::Rdma(r) = &mut q.st.link {
+            let Some(k) = KeyedSgl::parse(&c.sqe.dptr) else {
+                c.st = St::App;
+                return Err(TaskError::BadState);
+            };
+            r.ops.push_back(WrOp::Read {
+                cmd: token.idx,
+                off: got,
+                len: len - got,
+                raddr: k.addr + got as u64,
+                rkey: k.key,
+            });
+            q.st.tx_dirty = true;
+            return Ok(());
+        }
         self.core.scratch.clear();
         tcp::encode_r2t(
             &mut self.core.scratch,
@@ -771,7 +1081,10 @@ fn flush_qp(st: &mut QpState, cmds: &[Cmd], released: &mut Vec<u32>) -> std::io:
             st.tx.advance(0, released);
             return Ok(());
         }
-        let w = writev(&mut st.sock, &iov[..n])?;
+        let Link::Tcp(sock) = &mut st.link else {
+            return Ok(());
+        };
+        let w = writev(sock, &iov[..n])?;
         st.tx.advance(w, released);
         if w < total || st.tx.is_empty() {
             return Ok(());
@@ -811,6 +1124,12 @@ fn is_offload_opcode(op: u8) -> Option<Kind> {
     })
 }
 
+fn cqe_bytes(c: &Cqe) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(zerocopy::IntoBytes::as_bytes(c));
+    b
+}
+
 fn status_of(s: IoStatus) -> Status {
     match s {
         IoStatus::Ok => Status::SUCCESS,
@@ -823,6 +1142,101 @@ fn status_of(s: IoStatus) -> Status {
 }
 
 impl Core {
+    /// One work completion of an RDMA QP.
+    fn on_wc(&mut self, rt: &mut RdmaThread, qp: QpHandle, st: &mut QpState, wc: &IbvWc) {
+        let kind = xrdma::wr_kind(wc.wr_id);
+        let slot = xrdma::wr_slot(wc.wr_id);
+        let Link::Rdma(r) = &mut st.link else {
+            return;
+        };
+        if kind != xrdma::WR_RECV {
+            r.credits.give(kind == xrdma::WR_READ);
+            if !r.ops.is_empty() {
+                st.tx_dirty = true;
+            }
+        }
+        if wc.status != crate::rdma::ffi::IBV_WC_SUCCESS {
+            if wc.status != crate::rdma::ffi::IBV_WC_WR_FLUSH_ERR && st.disconnect.is_none() {
+                tracing::warn!(
+                    qp = qp.as_u64(),
+                    "RDMA work request (kind {kind}) failed: {}",
+                    xrdma::wc_status_str(rt.lib, wc.status)
+                );
+            }
+            st.rx_stopped = true;
+            self.transport_error(qp, st, TransportErrorKind::Io);
+            // The commands die with the QP (qp_disconnect frees them once it is destroyed);
+            // a failed host-data fetch for the application is reported to it.
+            if kind == xrdma::WR_READ {
+                if let Some(c) = self.cmds.get_mut(slot as usize) {
+                    if c.st == St::H2C && c.qp == qp && c.kind == Kind::NonOffload {
+                        c.st = St::App;
+                        let user = c.user;
+                        self.events.push_back(Event::TaskDone {
+                            kind: TaskKind::RdmaRead,
+                            qp,
+                            user,
+                            result: Err(TaskError::QpClosing),
+                        });
+                    }
+                }
+            }
+            return;
+        }
+        match kind {
+            xrdma::WR_RECV => {
+                if st.rx_stopped {
+                    return;
+                }
+                let region = std::mem::take(&mut r.recv_buf);
+                let sz = r.recv_sz as usize;
+                let off = slot as usize * sz;
+                let n = (wc.byte_len as usize).min(sz);
+                let capsule = &region[off..off + n];
+                st.sq_count = st.sq_count.wrapping_add(1);
+                match Sqe::read_from_prefix(capsule) {
+                    Ok((sqe, _)) => self.on_capsule(qp, st, &sqe, &capsule[Sqe::SIZE..], true),
+                    Err(_) => {
+                        tracing::warn!(qp = qp.as_u64(), "short RDMA capsule ({n} bytes)");
+                        st.rx_stopped = true;
+                        self.transport_error(qp, st, TransportErrorKind::Protocol);
+                    }
+                }
+                if let Link::Rdma(r) = &mut st.link {
+                    r.recv_buf = region;
+                    r.repost.push(slot);
+                }
+                st.tx_dirty = true;
+            }
+            xrdma::WR_SEND if slot != xrdma::NO_CMD => self.release(st, slot),
+            xrdma::WR_READ => self.rdma_read_done(qp, st, slot),
+            _ => {}
+        }
+    }
+
+    /// An RDMA READ of host data finished: the command's data is in.
+    fn rdma_read_done(&mut self, qp: QpHandle, st: &mut QpState, idx: u32) {
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
+        if c.st != St::H2C || c.qp != qp {
+            return;
+        }
+        c.got = c.len;
+        if c.kind == Kind::NonOffload {
+            c.st = St::App;
+            let user = c.user;
+            self.events.push_back(Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                qp,
+                user,
+                result: Ok(()),
+            });
+        } else if st.disconnect.is_none() {
+            self.submit_offload(st, idx);
+        }
+    }
+
     fn cmd_mut(&mut self, t: CmdToken) -> Option<&mut Cmd> {
         let c = self.cmds.get_mut(t.idx as usize)?;
         (c.gen == t.gen && c.st != St::Free).then_some(c)
@@ -886,6 +1300,27 @@ impl Core {
         cqe.cid = c.sqe.cid();
         cqe.sqid = st.qid;
         cqe.sqhd = Self::sqhd(st);
+        if let Link::Rdma(r) = &mut st.link {
+            // RDMA WRITE of the data to the host's keyed SGL, then the completion SEND
+            // (with Invalidate when the host asked for it); the slot is freed when the
+            // SEND completes.
+            let k = KeyedSgl::parse(&c.sqe.dptr);
+            if let (true, Some(k)) = (data_len > 0, k) {
+                r.ops.push_back(WrOp::Write {
+                    cmd: idx,
+                    len: data_len.min(k.len),
+                    raddr: k.addr,
+                    rkey: k.key,
+                });
+            }
+            r.ops.push_back(WrOp::Send {
+                cmd: idx,
+                cqe: cqe_bytes(&cqe),
+                inv: k.filter(|k| k.invalidate).map(|k| k.key),
+            });
+            st.tx_dirty = true;
+            return;
+        }
         let ok = cqe.status().is_success();
         let success_flag =
             ok && data_len > 0 && st.binding.is_some_and(|b| b.sqflow_disabled) && cqe.dw0 == 0;
@@ -929,6 +1364,15 @@ impl Core {
         let mut cqe = Cqe::new(sqe.cid(), status);
         cqe.sqid = st.qid;
         cqe.sqhd = Self::sqhd(st);
+        if let Link::Rdma(r) = &mut st.link {
+            r.ops.push_back(WrOp::Send {
+                cmd: xrdma::NO_CMD,
+                cqe: cqe_bytes(&cqe),
+                inv: None,
+            });
+            st.tx_dirty = true;
+            return;
+        }
         self.scratch.clear();
         tcp::encode_capsule_resp(&mut self.scratch, &cqe, st.digests);
         st.tx.push_small(&self.scratch);
@@ -1036,9 +1480,15 @@ impl Core {
     fn start_non_offload(&mut self, qp: QpHandle, st: &mut QpState, idx: u32, data: &[u8]) {
         let sqe = self.cmds[idx as usize].sqe;
         let d = sqe.dptr;
+        let rdma = matches!(st.link, Link::Rdma(_));
         let len = match (d.sgl_type(), d.subtype()) {
-            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET)
-            | (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) => d.length(),
+            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET) => d.length(),
+            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) if !rdma => d.length(),
+            (sgl::TYPE_KEYED_DATA_BLOCK, sgl::SUBTYPE_ADDRESS | sgl::SUBTYPE_INVALIDATE_KEY)
+                if rdma =>
+            {
+                d.keyed_length()
+            }
             _ if data.is_empty() => 0,
             _ => {
                 self.respond(
@@ -1133,12 +1583,18 @@ impl Core {
             return self.submit_offload(st, idx);
         }
         let d = sqe.dptr;
-        let in_capsule = match (d.sgl_type(), d.subtype()) {
-            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET) => true,
-            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT) => false,
+        let keyed = KeyedSgl::parse(&d).filter(|_| matches!(st.link, Link::Rdma(_)));
+        let (in_capsule, sgl_len) = match (d.sgl_type(), d.subtype(), keyed) {
+            (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, _) => (true, d.length()),
+            (_, _, Some(k)) => (false, k.len),
+            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT, _)
+                if matches!(st.link, Link::Tcp(_)) =>
+            {
+                (false, d.length())
+            }
             _ => return self.fail(st, idx, Status::SGL_DESCRIPTOR_TYPE_INVALID),
         };
-        if d.length() < len {
+        if sgl_len < len {
             return self.fail(st, idx, Status::DATA_SGL_LENGTH_INVALID);
         }
         let Some(mut b) = self.pool.get(len as usize) else {
@@ -1160,6 +1616,17 @@ impl Core {
         if host_to_ctrl {
             let c = &mut self.cmds[idx as usize];
             c.st = St::H2C;
+            if let (Link::Rdma(r), Some(k)) = (&mut st.link, keyed) {
+                r.ops.push_back(WrOp::Read {
+                    cmd: idx,
+                    off: 0,
+                    len,
+                    raddr: k.addr,
+                    rkey: k.key,
+                });
+                st.tx_dirty = true;
+                return;
+            }
             self.scratch.clear();
             tcp::encode_r2t(&mut self.scratch, sqe.cid(), idx as u16, 0, len, st.digests);
             st.tx.push_small(&self.scratch);

@@ -1,17 +1,29 @@
-//! The `soft` engine: the STA contract on host CPU cores, for NVMe/TCP.
+//! The `soft` engine: the STA contract on host CPU cores, for NVMe/TCP and NVMe/RDMA.
 //!
-//! One [`StaIo`] per IO thread, run to completion by its thread: it polls its sockets
-//! (one `epoll_wait` per pass), parses PDUs in place with [`nvmf::tcp::RxFramer`], serves
-//! offloaded commands against the thread's own backend queues, and writes each QP's
-//! pending PDUs with one `writev` per pass (C2HData header, the data buffer, digest and
-//! CapsuleResp go out together). Command slots and data buffers come from per-thread
-//! pools, so the steady-state data path takes no lock and allocates nothing.
+//! One [`StaIo`] per IO thread, run to completion by its thread. Commands, the offload
+//! logic (READ, WRITE, FLUSH, WRITE ZEROES, DSM, COMPARE against the thread's own backend
+//! queues) and the three non-offload tasks are shared by both transports; a QP's `Link`
+//! decides only how bytes move:
 //!
-//! Not implemented yet: RDMA QPs (the RDMA issue), more than one outstanding R2T per
-//! command, zero-copy receive into data buffers (H2CData is copied once from the socket
-//! buffer).
+//! - TCP: one `epoll_wait` per pass, PDUs parsed in place with [`nvmf::tcp::RxFramer`],
+//!   host data fetched with R2T/H2CData, each QP's pending PDUs written with one `writev`
+//!   per pass (C2HData header, the data buffer, digest and CapsuleResp go out together).
+//! - RDMA (verbs through rdma-core loaded at run time): per thread a PD and a completion
+//!   channel per device; per QP a CQ, pre-posted receives of SQE + in-capsule size, host
+//!   data fetched with RDMA READ of the keyed SGL, data returned with RDMA WRITE followed
+//!   by the response SEND (SEND with Invalidate when the host asked for it). Work waits
+//!   for send-queue credits (and READ credits, the negotiated initiator depth); receives
+//!   and sends are posted as one chain each per pass.
+//!
+//! Command slots and data buffers come from per-thread pools, so the steady-state data
+//! path takes no lock and allocates nothing (RDMA registers each pool buffer once).
+//!
+//! Not implemented yet: more than one outstanding R2T per command, zero-copy receive into
+//! data buffers (H2CData and RDMA in-capsule data are copied once), an SRQ, multi-segment
+//! SGLs.
 
 mod io;
+mod rdma;
 mod tcp;
 
 pub use io::StaIo;

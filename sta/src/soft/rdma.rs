@@ -1,0 +1,557 @@
+//! The verbs side of a soft-engine RDMA QP: per-thread devices (PD, completion channel,
+//! memory registrations), and per-QP queue pair, completion queue, receive buffers and
+//! the queue of work requests waiting for send-queue credits.
+//!
+//! Every send-side work request is signaled, so completions return credits one for one;
+//! receives are re-posted in one chain per pass and sends go out in one chain per pass
+//! (one doorbell each).
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_int, c_void, CStr};
+
+use backend::IoBuf;
+
+use crate::rdma::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use crate::rdma::{accept_private_data, lib, CmId, ConnRequest, Lib, RejectStatus, SqCredits};
+
+/// `wr_id` layout: kind in bits 63:56, command slot (or receive slot) in bits 31:0.
+pub(crate) const WR_RECV: u64 = 1;
+pub(crate) const WR_SEND: u64 = 2;
+pub(crate) const WR_WRITE: u64 = 3;
+pub(crate) const WR_READ: u64 = 4;
+pub(crate) const NO_CMD: u32 = u32::MAX;
+
+pub(crate) fn wr_id(kind: u64, slot: u32) -> u64 {
+    kind << 56 | slot as u64
+}
+pub(crate) fn wr_kind(id: u64) -> u64 {
+    id >> 56
+}
+pub(crate) fn wr_slot(id: u64) -> u32 {
+    id as u32
+}
+
+/// Most RDMA READs we keep in flight per QP (also bounded by what the host allows).
+const MAX_RD_ATOMIC: u8 = 16;
+
+/// One RDMA device as one IO thread uses it.
+struct Dev {
+    ctx: *mut IbvContext,
+    pd: *mut IbvPd,
+    chan: *mut IbvCompChannel,
+    /// Data buffers registered so far, by address: (capacity, MR). Pool buffers live as
+    /// long as the pool (this thread), so a registration stays valid while cached.
+    mrs: HashMap<usize, (usize, *mut IbvMr)>,
+}
+
+/// Per-IO-thread verbs state.
+pub(crate) struct RdmaThread {
+    pub lib: &'static Lib,
+    devs: Vec<Dev>,
+}
+
+/// Work waiting for send-queue credits, in order.
+pub(crate) enum WrOp {
+    /// RDMA READ `len` bytes of host memory into the command's buffer at `off`.
+    Read {
+        cmd: u32,
+        off: u32,
+        len: u32,
+        raddr: u64,
+        rkey: u32,
+    },
+    /// RDMA WRITE the first `len` bytes of the command's buffer to host memory.
+    Write {
+        cmd: u32,
+        len: u32,
+        raddr: u64,
+        rkey: u32,
+    },
+    /// SEND a completion (with Invalidate of `inv` when set); `cmd` is released when
+    /// it completes.
+    Send {
+        cmd: u32,
+        cqe: [u8; 16],
+        inv: Option<u32>,
+    },
+}
+
+pub(crate) struct RdmaQp {
+    pub id: CmId,
+    qp: *mut IbvQp,
+    cq: *mut IbvCq,
+    dev: usize,
+    recv_mr: *mut IbvMr,
+    /// Receive buffers, `recv_sz` bytes each; moved out while a capsule is parsed.
+    pub recv_buf: Box<[u8]>,
+    pub recv_sz: u32,
+    pub repost: Vec<u32>,
+    pub ops: VecDeque<WrOp>,
+    pub credits: SqCredits,
+    pub established: bool,
+    pub disconnect_sent: bool,
+    sges: Vec<ffi::IbvSge>,
+    swrs: Vec<ffi::IbvSendWr>,
+    rwrs: Vec<ffi::IbvRecvWr>,
+    batch: Vec<WrOp>,
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+pub(crate) fn wc_status_str(lib: &Lib, status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
+    unsafe {
+        let p = (lib.wc_status_str)(status);
+        if p.is_null() {
+            format!("status {status}")
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+}
+
+impl RdmaThread {
+    pub fn new() -> Result<RdmaThread, String> {
+        Ok(RdmaThread {
+            lib: lib()?,
+            devs: Vec::new(),
+        })
+    }
+
+    /// The device of `ctx`, set up on first use; the second value is a completion channel
+    /// descriptor to watch when the device is new.
+    fn dev_for(&mut self, ctx: *mut IbvContext) -> std::io::Result<(usize, Option<c_int>)> {
+        if let Some(i) = self.devs.iter().position(|d| d.ctx == ctx) {
+            return Ok((i, None));
+        }
+        // SAFETY: `ctx` is the live device context of a connect request's cm_id.
+        let pd = unsafe { (self.lib.alloc_pd)(ctx) };
+        if pd.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: as above.
+        let chan = unsafe { (self.lib.create_comp_channel)(ctx) };
+        if chan.is_null() {
+            let e = errno();
+            // SAFETY: `pd` was just allocated and is unused.
+            unsafe { (self.lib.dealloc_pd)(pd) };
+            return Err(e);
+        }
+        // SAFETY: `chan` is live; its fd is ours to make non-blocking.
+        let fd = unsafe {
+            let fd = (*chan).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            fd
+        };
+        self.devs.push(Dev {
+            ctx,
+            pd,
+            chan,
+            mrs: HashMap::new(),
+        });
+        Ok((self.devs.len() - 1, Some(fd)))
+    }
+
+    /// Consume the completion channel's events of device `dev` (the CQs are polled anyway).
+    pub fn drain_cq_events(&mut self, dev: usize) {
+        let Some(d) = self.devs.get(dev) else { return };
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: `chan` is live and non-blocking; each event is acked at once.
+            let rc = unsafe { (self.lib.get_cq_event)(d.chan, &mut cq, &mut ctx) };
+            if rc != 0 || cq.is_null() {
+                return;
+            }
+            // SAFETY: `cq` was returned by ibv_get_cq_event and is still alive (CQs are
+            // destroyed by this thread only, after their events are acked).
+            unsafe { (self.lib.ack_cq_events)(cq, 1) };
+        }
+    }
+
+    /// Local key of a data buffer, registering it on first use.
+    pub fn lkey(&mut self, dev: usize, buf: &IoBuf) -> Option<u32> {
+        let lib = self.lib;
+        let d = self.devs.get_mut(dev)?;
+        let key = buf.as_ptr() as usize;
+        let cap = buf.capacity();
+        if let Some(&(c, mr)) = d.mrs.get(&key) {
+            if c == cap {
+                // SAFETY: `mr` is a live registration.
+                return Some(unsafe { (*mr).lkey });
+            }
+            // SAFETY: as above; replaced below.
+            unsafe { (lib.dereg_mr)(mr) };
+            d.mrs.remove(&key);
+        }
+        // SAFETY: the buffer's `cap` bytes are allocated (pool buffers are never freed
+        // while this thread runs); the NIC may write them (RDMA READ target).
+        let mr = unsafe {
+            (lib.reg_mr)(
+                d.pd,
+                buf.as_ptr() as *mut c_void,
+                cap,
+                ffi::IBV_ACCESS_LOCAL_WRITE,
+            )
+        };
+        if mr.is_null() {
+            tracing::warn!("ibv_reg_mr of a {cap}-byte buffer failed: {}", errno());
+            return None;
+        }
+        d.mrs.insert(key, (cap, mr));
+        // SAFETY: just registered.
+        Some(unsafe { (*mr).lkey })
+    }
+
+    /// Create the QP, CQ and receive buffers for a connect request, post the receives
+    /// and accept. `Ok` also returns a completion channel fd to watch (new device).
+    pub fn accept(
+        &mut self,
+        req: &ConnRequest,
+        depth: u16,
+        recv_sz: u32,
+    ) -> Result<(RdmaQp, Option<c_int>), (RejectStatus, String)> {
+        let lib = self.lib;
+        let id = req.id;
+        let no_rsc = |what: &str| (RejectStatus::NoResources, format!("{what}: {}", errno()));
+        // SAFETY: `id` is a live connect-request id handed to this thread.
+        let ctx = unsafe { (*id.0).verbs };
+        if ctx.is_null() {
+            return Err((RejectStatus::NoResources, "cm_id has no device".into()));
+        }
+        let (dev, new_fd) = self
+            .dev_for(ctx)
+            .map_err(|e| (RejectStatus::NoResources, format!("device setup: {e}")))?;
+        let d = &self.devs[dev];
+        let depth32 = depth as u32;
+        let max_send_wr = depth32 * 3 + 4;
+        let cqe = (max_send_wr + depth32 + 8) as c_int;
+        // SAFETY: `ctx` and `chan` are live.
+        let cq = unsafe { (lib.create_cq)(ctx, cqe, std::ptr::null_mut(), d.chan, 0) };
+        if cq.is_null() {
+            return Err(no_rsc("ibv_create_cq"));
+        }
+        let mut attr = ffi::IbvQpInitAttr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: std::ptr::null_mut(),
+            cap: ffi::IbvQpCap {
+                max_send_wr,
+                max_recv_wr: depth32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 16,
+            },
+            qp_type: ffi::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: `id` is live, `pd` belongs to its device, `attr` is initialized.
+        if unsafe { (lib.create_qp)(id.0, d.pd, &mut attr) } != 0 {
+            let e = no_rsc("rdma_create_qp");
+            // SAFETY: `cq` is unused.
+            unsafe { (lib.destroy_cq)(cq) };
+            return Err(e);
+        }
+        // SAFETY: rdma_create_qp stored the QP in the id.
+        let qp = unsafe { (*id.0).qp };
+        let mut recv_buf = vec![0u8; depth as usize * recv_sz as usize].into_boxed_slice();
+        // SAFETY: `recv_buf` lives in the RdmaQp until after the QP is destroyed.
+        let recv_mr = unsafe {
+            (lib.reg_mr)(
+                d.pd,
+                recv_buf.as_mut_ptr() as *mut c_void,
+                recv_buf.len(),
+                ffi::IBV_ACCESS_LOCAL_WRITE,
+            )
+        };
+        let mut q = RdmaQp {
+            id,
+            qp,
+            cq,
+            dev,
+            recv_mr,
+            recv_buf,
+            recv_sz,
+            repost: (0..depth32).collect(),
+            ops: VecDeque::new(),
+            credits: SqCredits::new(max_send_wr, req.initiator_depth.min(MAX_RD_ATOMIC) as u32),
+            established: false,
+            disconnect_sent: false,
+            sges: Vec::with_capacity(depth as usize * 2),
+            swrs: Vec::with_capacity(depth as usize * 2),
+            rwrs: Vec::with_capacity(depth as usize),
+            batch: Vec::with_capacity(depth as usize * 2),
+        };
+        if recv_mr.is_null() {
+            let e = no_rsc("ibv_reg_mr (receive buffers)");
+            q.destroy_verbs(lib);
+            return Err(e);
+        }
+        if let Err(e) = q.post_recvs(lib) {
+            q.destroy_verbs(lib);
+            return Err((RejectStatus::NoResources, format!("ibv_post_recv: {e}")));
+        }
+        let pd = accept_private_data(depth);
+        let mut param = ffi::RdmaConnParam {
+            private_data: pd.as_ptr() as *const c_void,
+            private_data_len: pd.len() as u8,
+            responder_resources: req.responder_resources.min(MAX_RD_ATOMIC),
+            initiator_depth: req.initiator_depth.min(MAX_RD_ATOMIC),
+            flow_control: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: 0,
+            qp_num: 0,
+        };
+        // SAFETY: `id` is live with a QP; `param` and `pd` outlive the call.
+        if unsafe { (lib.accept)(id.0, &mut param) } != 0 {
+            let e = errno();
+            q.destroy_verbs(lib);
+            return Err((RejectStatus::NoResources, format!("rdma_accept: {e}")));
+        }
+        tracing::debug!(
+            // SAFETY: `qp` is live.
+            qp_num = unsafe { (*qp).qp_num },
+            depth,
+            ird = param.responder_resources,
+            ord = param.initiator_depth,
+            recv_sz,
+            "rdma: accepted"
+        );
+        Ok((q, new_fd))
+    }
+
+    pub fn poll(&mut self, q: &mut RdmaQp, wcs: &mut [IbvWc]) -> usize {
+        // SAFETY: `cq` is live; `wcs` has room for `wcs.len()` entries. ibv_poll_cq is an
+        // inline of verbs.h calling through the context's ops table.
+        let n = unsafe {
+            let ctx = (*q.cq).context;
+            ((*ctx).ops.poll_cq)(q.cq, wcs.len() as c_int, wcs.as_mut_ptr())
+        };
+        n.max(0) as usize
+    }
+
+    /// Request a completion event for the next completion on `q`'s CQ.
+    pub fn arm(&mut self, q: &mut RdmaQp) {
+        // SAFETY: `cq` is live; inline ibv_req_notify_cq.
+        unsafe {
+            let ctx = (*q.cq).context;
+            ((*ctx).ops.req_notify_cq)(q.cq, 0);
+        }
+    }
+}
+
+impl RdmaQp {
+    fn post_recvs(&mut self, lib: &Lib) -> std::io::Result<()> {
+        if self.repost.is_empty() {
+            return Ok(());
+        }
+        let _ = lib;
+        self.sges.clear();
+        self.rwrs.clear();
+        // SAFETY: `recv_mr` is live.
+        let lkey = unsafe { (*self.recv_mr).lkey };
+        let base = self.recv_buf.as_ptr() as u64;
+        for &slot in &self.repost {
+            self.sges.push(ffi::IbvSge {
+                addr: base + slot as u64 * self.recv_sz as u64,
+                length: self.recv_sz,
+                lkey,
+            });
+        }
+        for (i, &slot) in self.repost.iter().enumerate() {
+            let sg = &mut self.sges[i] as *mut ffi::IbvSge;
+            self.rwrs.push(ffi::IbvRecvWr {
+                wr_id: wr_id(WR_RECV, slot),
+                next: std::ptr::null_mut(),
+                sg_list: sg,
+                num_sge: 1,
+            });
+        }
+        let n = self.rwrs.len();
+        for i in 0..n - 1 {
+            let next = &mut self.rwrs[i + 1] as *mut ffi::IbvRecvWr;
+            self.rwrs[i].next = next;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` is live; the WR chain and its SGEs stay put during the call (no
+        // pushes after the pointers were taken); the buffers are registered.
+        let rc = unsafe {
+            let ctx = (*self.qp).context;
+            ((*ctx).ops.post_recv)(self.qp, self.rwrs.as_mut_ptr(), &mut bad)
+        };
+        self.repost.clear();
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
+    /// Post re-posted receives and as many queued operations as credits allow. `buf`
+    /// gives a command's data buffer address and local key.
+    pub fn flush(
+        &mut self,
+        lib: &Lib,
+        mut buf: impl FnMut(u32) -> Option<(u64, u32)>,
+    ) -> std::io::Result<()> {
+        self.post_recvs(lib)?;
+        self.batch.clear();
+        while let Some(op) = self.ops.front() {
+            if !self.credits.take(matches!(op, WrOp::Read { .. })) {
+                break;
+            }
+            if let Some(op) = self.ops.pop_front() {
+                self.batch.push(op);
+            }
+        }
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.sges.clear();
+        self.swrs.clear();
+        for op in &self.batch {
+            let (sge, wr) = match op {
+                WrOp::Read {
+                    cmd,
+                    off,
+                    len,
+                    raddr,
+                    rkey,
+                } => {
+                    let (a, lkey) =
+                        buf(*cmd).ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+                    let wr = ffi::IbvSendWr {
+                        wr_id: wr_id(WR_READ, *cmd),
+                        opcode: ffi::IBV_WR_RDMA_READ,
+                        send_flags: ffi::IBV_SEND_SIGNALED,
+                        remote_addr: *raddr,
+                        rkey: *rkey,
+                        ..Default::default()
+                    };
+                    (
+                        ffi::IbvSge {
+                            addr: a + *off as u64,
+                            length: *len,
+                            lkey,
+                        },
+                        wr,
+                    )
+                }
+                WrOp::Write {
+                    cmd,
+                    len,
+                    raddr,
+                    rkey,
+                } => {
+                    let (a, lkey) =
+                        buf(*cmd).ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+                    let wr = ffi::IbvSendWr {
+                        wr_id: wr_id(WR_WRITE, *cmd),
+                        opcode: ffi::IBV_WR_RDMA_WRITE,
+                        send_flags: ffi::IBV_SEND_SIGNALED,
+                        remote_addr: *raddr,
+                        rkey: *rkey,
+                        ..Default::default()
+                    };
+                    (
+                        ffi::IbvSge {
+                            addr: a,
+                            length: *len,
+                            lkey,
+                        },
+                        wr,
+                    )
+                }
+                WrOp::Send { cmd, cqe, inv } => {
+                    let wr = ffi::IbvSendWr {
+                        wr_id: wr_id(WR_SEND, *cmd),
+                        opcode: if inv.is_some() {
+                            ffi::IBV_WR_SEND_WITH_INV
+                        } else {
+                            ffi::IBV_WR_SEND
+                        },
+                        send_flags: ffi::IBV_SEND_SIGNALED | ffi::IBV_SEND_INLINE,
+                        imm_or_inv: inv.unwrap_or(0),
+                        ..Default::default()
+                    };
+                    (
+                        ffi::IbvSge {
+                            addr: cqe.as_ptr() as u64,
+                            length: 16,
+                            lkey: 0,
+                        },
+                        wr,
+                    )
+                }
+            };
+            self.sges.push(sge);
+            self.swrs.push(wr);
+        }
+        let n = self.swrs.len();
+        for i in 0..n {
+            self.swrs[i].sg_list = &mut self.sges[i] as *mut ffi::IbvSge;
+            self.swrs[i].num_sge = 1;
+            if i + 1 < n {
+                self.swrs[i].next = &mut self.swrs[i + 1] as *mut ffi::IbvSendWr;
+            }
+        }
+        tracing::trace!(n, "rdma: posting send work requests");
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` is live; the chain, its SGEs and the inline CQE bytes (in `batch`)
+        // stay put during the call; data buffers are registered and owned by commands
+        // that stay allocated until their completions arrive (or the QP is destroyed).
+        let rc = unsafe {
+            let ctx = (*self.qp).context;
+            ((*ctx).ops.post_send)(self.qp, self.swrs.as_mut_ptr(), &mut bad)
+        };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
+    /// `rdma_disconnect` (once): the QP moves to the error state, outstanding work
+    /// requests flush, and the host sees the disconnect.
+    pub fn disconnect(&mut self, lib: &Lib) {
+        if !self.disconnect_sent {
+            self.disconnect_sent = true;
+            // SAFETY: `id` is live (destroyed only in `destroy`).
+            unsafe { (lib.disconnect)(self.id.0) };
+        }
+    }
+
+    fn destroy_verbs(&mut self, lib: &Lib) {
+        // SAFETY: each object is live and destroyed once, QP before its CQ and before the
+        // receive buffers' registration; nothing posts to the QP afterwards.
+        unsafe {
+            if !self.qp.is_null() {
+                (lib.destroy_qp)(self.id.0);
+                self.qp = std::ptr::null_mut();
+            }
+            if !self.cq.is_null() {
+                (lib.destroy_cq)(self.cq);
+                self.cq = std::ptr::null_mut();
+            }
+            if !self.recv_mr.is_null() {
+                (lib.dereg_mr)(self.recv_mr);
+                self.recv_mr = std::ptr::null_mut();
+            }
+        }
+    }
+
+    /// Free the QP, its CQ, its receive buffers and the cm_id. After this no work request
+    /// of the QP touches memory any more, so its commands' buffers can be recycled.
+    pub fn destroy(mut self, lib: &Lib) {
+        self.destroy_verbs(lib);
+        // SAFETY: the id is ours and used by nobody else from here on.
+        unsafe { (lib.destroy_id)(self.id.0) };
+    }
+
+    pub fn dev(&self) -> usize {
+        self.dev
+    }
+}
