@@ -31,6 +31,7 @@ use sta::soft::StaIo;
 use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
 
 use crate::config::{BackendKind, Config, IoThreads, ListenerConfig, TransportKind};
+use crate::rdma::{RdmaMsg, RdmaService};
 use crate::reload::{diff, ConfigDiff};
 
 /// How long a graceful stop waits for IO threads to drain before giving up on them.
@@ -41,9 +42,14 @@ const SPIN_WINDOW: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle IO thread (messages from other threads wait at most this).
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 
+/// I/O queues a controller may have (also the highest QID an RDMA connect may ask for).
+const MAX_IO_QUEUES: u16 = 64;
+
 /// What the main thread and other IO threads send to an IO thread.
 enum ThreadMsg {
     Conn(TcpStream, SocketAddr),
+    /// From the RDMA CM thread: a connection to accept, or an event of one.
+    Rdma(RdmaMsg),
     Action(Action),
     Stop,
 }
@@ -137,6 +143,9 @@ struct Runtime {
     shared: Arc<Shared>,
     backends: HashMap<String, Arc<dyn Backend>>,
     listeners: Vec<(String, TcpListener, ListenerInfo)>,
+    /// The RDMA CM service, started with the first RDMA listener; its listeners.
+    rdma: Option<RdmaService>,
+    rdma_listeners: Vec<(String, ListenerInfo)>,
 }
 
 fn listener_info(l: &ListenerConfig) -> ListenerInfo {
@@ -215,14 +224,39 @@ impl Runtime {
                 shared.target().remove_listener(&info);
                 tracing::info!("listener {} closed", l.name);
             }
+            if let Some(i) = self.rdma_listeners.iter().position(|(n, _)| *n == l.name) {
+                let (_, info) = self.rdma_listeners.remove(i);
+                if let Some(r) = self.rdma.as_mut() {
+                    r.unlisten(&l.name);
+                }
+                shared.target().remove_listener(&info);
+                tracing::info!("listener {} closed", l.name);
+            }
         }
         for l in &d.listeners_added {
             if matches!(l.transport, TransportKind::Rdma) {
-                err(format!(
-                    "listener {}: NVMe/RDMA is not available in this build yet (TCP only); \
-                     remove the rdma listener or use transport: tcp",
-                    l.name
-                ));
+                let addr = SocketAddr::new(l.address, l.port);
+                if self.rdma.is_none() {
+                    match start_rdma(&shared, self.sta.caps().max_queue_depth) {
+                        Ok(r) => self.rdma = Some(r),
+                        Err(e) => {
+                            err(format!("listener {}: {e}", l.name));
+                            continue;
+                        }
+                    }
+                }
+                let Some(r) = self.rdma.as_mut() else {
+                    continue;
+                };
+                match r.listen(&l.name, addr) {
+                    Ok(()) => {
+                        let info = listener_info(l);
+                        shared.target().add_listener(info.clone());
+                        self.rdma_listeners.push((l.name.clone(), info));
+                        tracing::info!("listening on {addr} (nvme/rdma, listener {})", l.name);
+                    }
+                    Err(e) => err(format!("listener {}: {e}", l.name)),
+                }
                 continue;
             }
             let addr = SocketAddr::new(l.address, l.port);
@@ -372,6 +406,30 @@ impl Runtime {
     }
 }
 
+/// Start the RDMA CM service: connections go to the IO thread with the fewest QPs.
+fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService, String> {
+    let (a, b) = (shared.clone(), shared.clone());
+    RdmaService::start(
+        sta::rdma::CmLimits {
+            max_queue_depth,
+            admin_queue_depth: nvmf::target::ADMIN_QUEUE_ENTRIES,
+            max_io_queues: MAX_IO_QUEUES,
+        },
+        Box::new(move || {
+            let t = (0..a.qp_counts.len())
+                .min_by_key(|&t| a.qp_counts[t].load(Ordering::Relaxed))
+                .unwrap_or(0);
+            a.qp_counts[t].fetch_add(1, Ordering::Relaxed);
+            t
+        }),
+        Box::new(move |t, m| {
+            if let Some(tx) = b.threads.get(t) {
+                let _ = tx.send(ThreadMsg::Rdma(m));
+            }
+        }),
+    )
+}
+
 /// What a /metrics scrape reads: engine counters (summed over threads) and a short
 /// look at the target's state (the lock is held only to copy it).
 fn metrics_source(
@@ -422,7 +480,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     let caps = sta.caps();
     let target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
-        max_io_queues: 64,
+        max_io_queues: MAX_IO_QUEUES,
         mdts: (caps.max_io_size / 4096).trailing_zeros() as u8,
         ioccsz_bytes: caps.max_incapsule_data,
         max_namespaces: 1024,
@@ -505,6 +563,8 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         shared: shared.clone(),
         backends: HashMap::new(),
         listeners: Vec::new(),
+        rdma: None,
+        rdma_listeners: Vec::new(),
     };
     let d = diff(&rt.cfg, &cfg);
     let errors = rt.apply(&d, &cfg);
@@ -517,7 +577,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     rt.cfg = cfg;
     tracing::info!(
         "ready: {} listener(s), {count} IO thread(s)",
-        rt.listeners.len()
+        rt.listeners.len() + rt.rdma_listeners.len()
     );
     crate::notify::status(&format!(
         "serving: {} listener(s), {count} IO thread(s)",
@@ -609,6 +669,9 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     crate::notify::stopping();
     crate::notify::status(&format!("stopping ({stop_reason})"));
     rt.listeners.clear();
+    if let Some(r) = rt.rdma.as_mut() {
+        r.close_listeners();
+    }
     for tx in &shared.threads {
         let _ = tx.send(ThreadMsg::Stop);
     }
@@ -624,6 +687,10 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     } else {
         for h in handles {
             let _ = h.join();
+        }
+        // Every accepted cm_id is gone with its QP: the CM channel can go too.
+        if let Some(r) = rt.rdma.take() {
+            r.shutdown();
         }
     }
     let mut failed = false;
@@ -665,6 +732,8 @@ struct IoThread {
     waiting: HashMap<u64, Waiting>,
     next_wait: u64,
     stopping: bool,
+    /// RDMA connections of this thread: cm_id -> QP.
+    rdma_ids: HashMap<u64, QpHandle>,
 }
 
 impl IoThread {
@@ -679,6 +748,7 @@ impl IoThread {
             waiting: HashMap::new(),
             next_wait: 1,
             stopping: false,
+            rdma_ids: HashMap::new(),
         }
     }
 
@@ -724,6 +794,32 @@ impl IoThread {
                     Err(e) => {
                         tracing::warn!("io{}: cannot take connection from {peer}: {e}", self.index)
                     }
+                }
+            }
+            ThreadMsg::Rdma(RdmaMsg::Connect { req, depth, qid }) => {
+                let id = req.id.as_u64();
+                if self.stopping {
+                    req.reject(sta::rdma::RejectStatus::NoResources);
+                    return;
+                }
+                match self.io.qp_accept_rdma(req, depth, 0) {
+                    Ok(qp) => {
+                        tracing::debug!(
+                            qp = qp.as_u64(),
+                            "io{}: accepted an RDMA connection (qid {qid}, depth {depth})",
+                            self.index
+                        );
+                        self.qps.insert(qp, QpApp::default());
+                        self.rdma_ids.insert(id, qp);
+                    }
+                    Err(e) => {
+                        tracing::warn!("io{}: cannot accept an RDMA connection: {e}", self.index)
+                    }
+                }
+            }
+            ThreadMsg::Rdma(RdmaMsg::Event { id, ev }) => {
+                if let Some(&qp) = self.rdma_ids.get(&id.as_u64()) {
+                    self.io.qp_rdma_cm_event(qp, ev);
                 }
             }
             ThreadMsg::Action(a) => self.on_action(a),
@@ -838,6 +934,7 @@ impl IoThread {
                 self.close_queue(qp);
                 self.qps.remove(&qp);
                 self.waiting.retain(|_, w| w.qp != qp);
+                self.rdma_ids.retain(|_, q| *q != qp);
             }
             Event::TaskDone { .. } => {}
             Event::TransportError { qp, kind, .. } => {

@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod metrics;
 mod notify;
+mod rdma;
 mod reload;
 
 use std::path::PathBuf;
