@@ -146,6 +146,42 @@ else
     fail connect-tcp-same-subsystem "nvme connect -t tcp to $NQN failed"
 fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+
+# --- the host vanishes mid-transfer: disconnect with I/O in flight; the target frees the
+# queues and serves the next connection ---
+if connect_rdma --nr-io-queues=2; then
+    D1=$(ns_dev "$NQN" 1)
+    fio --name=busy --filename="$D1" --ioengine=libaio --direct=1 --bs=64k --iodepth=32 \
+        --rw=randrw --size=64M --time_based --runtime=30 --output=/dev/null >/dev/null 2>&1 &
+    fpid=$!
+    sleep 4
+    timeout 60 nvme disconnect -n "$NQN"
+    wait $fpid 2>/dev/null
+    if wait_until 20 nqn_gone "$NQN" && kill -0 "$TGT_PID" 2>/dev/null; then pass disconnect-mid-io
+    else fail disconnect-mid-io "controller still there or daemon died"; fi
+    if connect_rdma && dev_io_ok "$(ns_dev "$NQN" 1)"; then pass reconnect-after-mid-io-disconnect
+    else fail reconnect-after-mid-io-disconnect "no I/O after reconnecting"; fi
+    nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+else
+    fail disconnect-mid-io "connect failed"
+fi
+
+# --- keep-alive: a frozen target; the host tears the queues down and reconnects once it
+# thaws (QP errors, flushes and stale connect requests on our side) ---
+if connect_rdma --keep-alive-tmo=5 --reconnect-delay=1 --ctrl-loss-tmo=120; then
+    C=$(ctrl_for_nqn "$NQN")
+    kill -STOP "$TGT_PID"; sleep 15
+    st=$(ctrl_state "$C"); note "state while frozen: $st"
+    kill -CONT "$TGT_PID"
+    if [ "$st" != live ]; then pass keep-alive-host-notices
+    else fail keep-alive-host-notices "controller stayed live while the target was frozen"; fi
+    if wait_until 120 ctrl_live "$C" && dev_io_ok "$(ns_dev "$NQN" 1)"; then pass keep-alive-reconnects-io
+    else fail keep-alive-reconnects-io "state '$(ctrl_state "$C")' / no I/O after the thaw"; fi
+    nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+else
+    fail connect-kato "connect with --keep-alive-tmo=5 failed"
+fi
+
 if kill -0 "$TGT_PID" 2>/dev/null; then pass daemon-alive; else fail daemon-alive "daemon died"; fi
 stop_target graceful-stop
 if grep -q "panicked" "$TGT_LOG"; then fail no-panic "$(grep "panicked" "$TGT_LOG" | head -2)"
