@@ -304,13 +304,9 @@ pub mod aen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::roundtrip;
     use core::mem::offset_of;
     use proptest::prelude::*;
-
-    fn roundtrip<T: FromBytes + IntoBytes + Immutable + KnownLayout>(bytes: &[u8]) -> bool {
-        let (v, _) = T::read_from_prefix(bytes).unwrap();
-        v.as_bytes() == &bytes[..core::mem::size_of::<T>()]
-    }
 
     proptest! {
         #[test]

@@ -210,6 +210,14 @@ impl SglDescriptor {
     }
 }
 
+/// Test helper: decoding the front of `bytes` as `T` and encoding it again gives the same
+/// bytes (every spec structure is plain data, so this holds for any input).
+#[cfg(test)]
+pub(crate) fn roundtrip<T: FromBytes + IntoBytes + Immutable + KnownLayout>(bytes: &[u8]) -> bool {
+    let (v, _) = T::read_from_prefix(bytes).unwrap();
+    v.as_bytes() == &bytes[..core::mem::size_of::<T>()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
