@@ -648,11 +648,32 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
             shared.route(actions);
         }
         while let Some(ev) = rt.sta.progress() {
-            let sta::MainEvent::NsRemoved { subsys, nsid, .. } = ev;
-            tracing::info!(
-                "engine: namespace {nsid} of subsystem {} drained and detached",
-                subsys.0
-            );
+            let name = |id: SubsysId| {
+                let ids = shared.subsys_ids.lock().unwrap_or_else(|e| e.into_inner());
+                ids.iter()
+                    .find(|(_, v)| **v == id)
+                    .map_or_else(|| format!("#{}", id.0), |(k, _)| k.clone())
+            };
+            match ev {
+                sta::MainEvent::NsRemoved { subsys, nsid, .. } => tracing::info!(
+                    "engine: namespace {nsid} of subsystem {} drained and detached",
+                    name(subsys)
+                ),
+                sta::MainEvent::BeQueueDestroyed { subsys, nsid, .. } => tracing::warn!(
+                    "engine: backend queues of namespace {nsid} of subsystem {} destroyed",
+                    name(subsys)
+                ),
+                sta::MainEvent::BackendTimeout {
+                    subsys,
+                    nsid,
+                    commands,
+                } => tracing::error!(
+                    "backend timeout: {commands} command(s) of namespace {nsid} of subsystem {} \
+                     outstanding longer than {:?}; the backend may be hung",
+                    name(subsys),
+                    SoftConfig::default().backend_timeout
+                ),
+            }
         }
         if alive.load(Ordering::SeqCst) < count {
             stop_reason = "an IO thread exited".to_string();

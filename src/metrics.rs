@@ -25,6 +25,8 @@
 //! | `namespace_commands_total` | counter | subsystem, nsid, op=read/write/other |
 //! | `namespace_io_bytes_total` | counter | subsystem, nsid, op=read/write |
 //! | `namespace_errors_total` | counter | subsystem, nsid |
+//! | `namespace_status_errors_total` | counter | subsystem, nsid, status (lba_out_of_range, ..., other) |
+//! | `namespace_backend_queue_depth` | gauge | subsystem, nsid |
 //! | `namespace_latency_seconds` | histogram | subsystem, nsid, op |
 //! | `namespace_size_bytes` | gauge | subsystem, nsid |
 //! | `subsystem_namespaces` | gauge | subsystem |
@@ -45,11 +47,11 @@
 //! reload keeps its series (and counts on if it comes back); counters of a subsystem that
 //! no longer exists are not reported, as nothing names them any more.
 //!
-//! Not reported, because the engine does not count them (yet): errors by NVMe status
-//! code (the engine keeps one error counter per namespace), backend queue depth and
-//! in-flight commands, errors of the non-offloaded path per namespace, bytes of "other"
-//! commands (DSM, WRITE ZEROES, COMPARE move no host data or are not counted as bytes),
-//! per-transport queue counts beyond what the daemon's `transport_of` says.
+//! Not reported, because nothing counts them (yet): errors of the non-offloaded path per
+//! namespace (the target answers those, not the engine), bytes of "other" commands (DSM,
+//! WRITE ZEROES, COMPARE move no host data or are not counted as bytes), per-transport
+//! queue counts beyond what the daemon's `transport_of` says. Errors by status cover the
+//! engine's statuses one by one (`sta::ERROR_STATUSES`) and the rest as `other`.
 
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
@@ -418,6 +420,8 @@ struct Snapshot {
     ns_commands: Vec<(Labels, u64)>,
     ns_bytes: Vec<(Labels, u64)>,
     ns_errors: Vec<(Labels, u64)>,
+    ns_status_errors: Vec<(Labels, u64)>,
+    ns_queue_depth: Vec<(Labels, u64)>,
     ns_latency: Vec<(Labels, LatencyTotals)>,
     ns_size: Vec<(Labels, u64)>,
     subsystem_namespaces: Vec<(Labels, u64)>,
@@ -455,6 +459,13 @@ impl Snapshot {
             s.ns_bytes.push((with("read"), t.read_bytes));
             s.ns_bytes.push((with("write"), t.write_bytes));
             s.ns_errors.push((base(), t.errors));
+            let status_names = sta::ERROR_STATUSES.iter().map(|(n, _)| *n).chain(["other"]);
+            for (name, n) in status_names.zip(t.errors_by_status) {
+                let mut l = base();
+                l.push(("status", name.to_string()));
+                s.ns_status_errors.push((l, n));
+            }
+            s.ns_queue_depth.push((base(), t.queue_depth));
             s.ns_latency.push((with("read"), t.read_latency));
             s.ns_latency.push((with("write"), t.write_latency));
             s.ns_latency.push((with("other"), t.other_latency));
@@ -615,6 +626,20 @@ impl Collector for Snapshot {
             "Commands on a namespace that completed with an error status.",
             None,
             &self.ns_errors,
+        )?;
+        counters(
+            e,
+            "namespace_status_errors",
+            "Commands on a namespace that completed with an error, by NVMe status.",
+            None,
+            &self.ns_status_errors,
+        )?;
+        gauges(
+            e,
+            "namespace_backend_queue_depth",
+            "Requests in the namespace's backend queues now (all IO threads).",
+            None,
+            &self.ns_queue_depth,
         )?;
         {
             let mut m = e.encode_descriptor(

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use nvmf::spec::Status;
 
 /// [`common::CONFIG`] plus a metrics address; `{mport}` is filled in by [`start`].
 fn config_with_metrics(mport: u16) -> String {
@@ -254,6 +255,8 @@ fn exposition_parses_and_counters_move_after_io() {
         "nvmft_namespace_commands_total",
         "nvmft_namespace_io_bytes_total",
         "nvmft_namespace_errors_total",
+        "nvmft_namespace_status_errors_total",
+        "nvmft_namespace_backend_queue_depth",
         "nvmft_namespace_latency_seconds",
         "nvmft_namespace_size_bytes",
         "nvmft_controllers",
@@ -305,6 +308,17 @@ fn exposition_parses_and_counters_move_after_io() {
         assert_ok(c.io[0].read(1, i * 8, 8, &mut back).expect("read"), "read");
         assert!(back == data, "read back differs");
     }
+    // One error of a known kind: a read past the end.
+    let mut back = vec![0u8; 4096];
+    let past_end = NS1_SIZE / NS1_BLOCK as u64;
+    let st = c.io[0]
+        .read(1, past_end, 8, &mut back)
+        .expect("read past the end");
+    assert_eq!(
+        st.sc,
+        Status::LBA_OUT_OF_RANGE.sc,
+        "read past the end: {st}"
+    );
 
     let after = scrape(maddr);
     let (types, s1) = parse(&after);
@@ -316,6 +330,18 @@ fn exposition_parses_and_counters_move_after_io() {
     assert!(value(&s1, "nvmft_namespace_io_bytes_total", &op("read")) >= 16.0 * 4096.0);
     assert!(value(&s1, "nvmft_namespace_latency_seconds_count", &op("write")) >= 16.0);
     assert!(value(&s1, "nvmft_namespace_latency_seconds_sum", &op("read")) > 0.0);
+    let status = |v: &'static str| [ns1[0], ns1[1], ("status", v)];
+    let lba = "nvmft_namespace_status_errors_total";
+    assert_eq!(
+        value(&s1, lba, &status("lba_out_of_range")) - value(&s0, lba, &status("lba_out_of_range")),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(&s1, "nvmft_namespace_backend_queue_depth", &ns1),
+        0.0,
+        "at rest"
+    );
     let host = [
         ("subsystem", SUBNQN),
         ("host", opts.hostnqn.as_str()),

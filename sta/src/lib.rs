@@ -135,6 +135,21 @@ pub enum MainEvent {
         nsid: u32,
         user: u64,
     },
+    /// A `be_queue_destroy` task finished: every command that was outstanding on the
+    /// namespace's backend queues has been answered with an error, and the queues are gone.
+    BeQueueDestroyed {
+        subsys: SubsysId,
+        nsid: u32,
+        user: u64,
+    },
+    /// Backend commands of a namespace have been outstanding longer than the backend
+    /// timeout (DOCA: the backend-timeout event, delivered on the main context). Reported
+    /// once per command; `commands` is how many newly crossed the limit on one IO thread.
+    BackendTimeout {
+        subsys: SubsysId,
+        nsid: u32,
+        commands: u32,
+    },
 }
 
 /// Engine limits (DOCA: `doca_sta_get_max_*`).
@@ -195,6 +210,40 @@ impl LatencyTotals {
     }
 }
 
+/// The error statuses counted one by one (everything else is counted as "other"): the
+/// ones the engine and its backends produce. Label, status.
+pub const ERROR_STATUSES: [(&str, Status); 14] = [
+    ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
+    ("invalid_field", Status::INVALID_FIELD),
+    ("invalid_opcode", Status::INVALID_OPCODE),
+    ("invalid_namespace", Status::INVALID_NAMESPACE),
+    ("data_sgl_length_invalid", Status::DATA_SGL_LENGTH_INVALID),
+    (
+        "sgl_descriptor_type_invalid",
+        Status::SGL_DESCRIPTOR_TYPE_INVALID,
+    ),
+    ("sgl_offset_invalid", Status::SGL_OFFSET_INVALID),
+    ("internal_error", Status::INTERNAL_ERROR),
+    (
+        "transient_transport_error",
+        Status::TRANSIENT_TRANSPORT_ERROR,
+    ),
+    ("aborted_sq_deletion", Status::ABORTED_SQ_DELETION),
+    ("namespace_not_ready", Status::NAMESPACE_NOT_READY),
+    ("write_fault", Status::WRITE_FAULT),
+    ("unrecovered_read_error", Status::UNRECOVERED_READ_ERROR),
+    ("compare_failure", Status::COMPARE_FAILURE),
+];
+
+/// Index into [`ERROR_STATUSES`] (by SCT and SC; DNR does not matter), or its length for
+/// "other".
+pub fn error_status_index(s: Status) -> usize {
+    ERROR_STATUSES
+        .iter()
+        .position(|(_, e)| e.sct == s.sct && e.sc == s.sc)
+        .unwrap_or(ERROR_STATUSES.len())
+}
+
 /// Per-(thread, namespace) I/O counters. One IO thread writes them; readers sum all
 /// threads at scrape time, so the data path never shares a cache line it writes.
 #[derive(Debug, Default)]
@@ -205,6 +254,10 @@ pub struct NsCounters {
     pub write_bytes: AtomicU64,
     pub other_cmds: AtomicU64,
     pub errors: AtomicU64,
+    /// Errors by status: [`ERROR_STATUSES`] order, then "other".
+    pub errors_by_status: [AtomicU64; ERROR_STATUSES.len() + 1],
+    /// Requests this thread has in the namespace's backend queue right now (a gauge).
+    pub queue_depth: AtomicU64,
     /// Capsule arrival to completion queued, per operation.
     pub read_latency: LatencyHistogram,
     pub write_latency: LatencyHistogram,
@@ -212,6 +265,12 @@ pub struct NsCounters {
 }
 
 impl NsCounters {
+    #[inline]
+    pub(crate) fn count_error(&self, s: Status) {
+        Self::bump(&self.errors, 1);
+        Self::bump(&self.errors_by_status[error_status_index(s)], 1);
+    }
+
     /// Single-writer increment: a plain load and store, no locked instruction.
     #[inline]
     pub(crate) fn bump(c: &AtomicU64, by: u64) {
@@ -231,6 +290,10 @@ pub struct NsTotals {
     pub write_bytes: u64,
     pub other_cmds: u64,
     pub errors: u64,
+    /// [`ERROR_STATUSES`] order, then "other".
+    pub errors_by_status: [u64; ERROR_STATUSES.len() + 1],
+    /// Requests in the namespace's backend queues now, all threads.
+    pub queue_depth: u64,
     pub read_latency: LatencyTotals,
     pub write_latency: LatencyTotals,
     pub other_latency: LatencyTotals,
@@ -290,6 +353,10 @@ impl Stats {
                 t.write_bytes += l(&c.write_bytes);
                 t.other_cmds += l(&c.other_cmds);
                 t.errors += l(&c.errors);
+                for (t, c) in t.errors_by_status.iter_mut().zip(c.errors_by_status.iter()) {
+                    *t += l(c);
+                }
+                t.queue_depth += l(&c.queue_depth);
                 t.read_latency.add(&c.read_latency);
                 t.write_latency.add(&c.write_latency);
                 t.other_latency.add(&c.other_latency);

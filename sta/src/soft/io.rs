@@ -3,6 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,8 +72,10 @@ struct Cmd {
     status: Status,
     ns: u32,
     user: u64,
-    /// Capsule arrival, for the latency histograms.
+    /// Capsule arrival, for the latency histograms and the backend timeout.
     start: Instant,
+    /// The backend timeout was reported for this command.
+    timeout_reported: bool,
 }
 
 impl Cmd {
@@ -92,6 +95,7 @@ impl Cmd {
             ns: 0,
             user: 0,
             start: Instant::now(),
+            timeout_reported: false,
         }
     }
 }
@@ -145,6 +149,11 @@ struct QpSlot {
 }
 
 struct NsSlot {
+    subsys: SubsysId,
+    nsid: u32,
+    /// The removal was acknowledged already (`be_queue_destroy` does not wait for the
+    /// backend); the slot only lives on until the backend gives back what it holds.
+    acked: bool,
     shift: u32,
     nblocks: u64,
     q: Box<dyn BackendQueue>,
@@ -181,6 +190,7 @@ pub struct StaIo {
     ctrl: Receiver<Ctrl>,
     ack: Sender<Ack>,
     released: Vec<u32>,
+    next_timeout_check: Instant,
     /// Verbs state, set up with the first RDMA QP.
     rdma: Option<RdmaThread>,
     wcs: Vec<IbvWc>,
@@ -229,6 +239,7 @@ impl StaIo {
             ctrl,
             ack,
             released: Vec::with_capacity(64),
+            next_timeout_check: Instant::now(),
             rdma: None,
             wcs: vec![IbvWc::default(); 64],
         })
@@ -400,9 +411,84 @@ impl StaIo {
         did |= self.poll_backends();
         did |= self.flush_all();
         self.finish_disconnects();
+        let now = Instant::now();
+        if now >= self.next_timeout_check {
+            self.next_timeout_check =
+                now + (self.core.cfg.backend_timeout / 4).min(Duration::from_secs(1));
+            self.check_backend_timeouts(now);
+        }
         let c = &self.core.counters;
         NsCounters::bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
         did
+    }
+
+    /// `be_queue_destroy` on this thread: drop the requests not yet handed to the
+    /// backend and answer every command waiting on the namespace's backend queue now, with
+    /// Aborted - SQ Deletion. Late completions from the backend are discarded (the slots'
+    /// generations have moved on) and only recycle their buffers.
+    fn abort_backend_commands(&mut self, ns_idx: u32) {
+        let core = &mut self.core;
+        if let Some(ns) = core.ns[ns_idx as usize].as_mut() {
+            let dropped = ns.pending.len() as u32;
+            for r in ns.pending.drain(..) {
+                if let Some(b) = r.buf {
+                    core.pool.put(b);
+                }
+            }
+            ns.inflight = ns.inflight.saturating_sub(dropped);
+            ns.counters
+                .queue_depth
+                .store(ns.inflight as u64, Ordering::Relaxed);
+        }
+        for idx in 0..core.cmds.len() {
+            let c = &mut core.cmds[idx];
+            if c.st != St::Backend || c.ns != ns_idx {
+                continue;
+            }
+            c.pending = 0;
+            let qh = c.qp;
+            match qp_ref(&mut self.qps, qh) {
+                Some(q) if q.st.disconnect.is_none() => {
+                    core.fail(&mut q.st, idx as u32, Status::ABORTED_SQ_DELETION)
+                }
+                Some(q) => core.release(&mut q.st, idx as u32),
+                None => {
+                    free_cmd(c, &mut core.pool);
+                    core.free_cmds.push(idx as u32);
+                }
+            }
+        }
+    }
+
+    /// Report commands that have waited on a backend longer than the backend timeout
+    /// (each once) to the main context.
+    fn check_backend_timeouts(&mut self, now: Instant) {
+        let limit = self.core.cfg.backend_timeout;
+        let mut late: Vec<(u32, u32)> = Vec::new();
+        for c in self.core.cmds.iter_mut() {
+            if c.st == St::Backend && !c.timeout_reported && now.duration_since(c.start) > limit {
+                c.timeout_reported = true;
+                match late.iter_mut().find(|(n, _)| *n == c.ns) {
+                    Some(e) => e.1 += 1,
+                    None => late.push((c.ns, 1)),
+                }
+            }
+        }
+        for (ns, commands) in late {
+            if let Some(s) = self.core.ns.get(ns as usize).and_then(|s| s.as_ref()) {
+                let (subsys, nsid) = (s.subsys, s.nsid);
+                tracing::warn!(
+                    nsid,
+                    commands,
+                    "backend commands outstanding longer than {limit:?}"
+                );
+                let _ = self.ack.send(Ack::BackendTimeout {
+                    subsys,
+                    nsid,
+                    commands,
+                });
+            }
+        }
     }
 
     fn drain_ctrl(&mut self) -> bool {
@@ -421,6 +507,9 @@ impl StaIo {
                     match backend.create_queue(self.core.cfg.backend_queue_depth) {
                         Ok(q) => {
                             let slot = NsSlot {
+                                subsys,
+                                nsid,
+                                acked: false,
                                 shift: bs.trailing_zeros(),
                                 nblocks,
                                 q,
@@ -447,26 +536,38 @@ impl StaIo {
                         ),
                     }
                 }
-                Ctrl::NsRemove { subsys, nsid, task } => {
-                    match self.core.ns_map.remove(&(subsys.0, nsid)) {
-                        Some(i) => {
-                            if let Some(s) = self.core.ns[i as usize].as_mut() {
-                                s.removing = Some(task);
-                            }
+                Ctrl::NsRemove {
+                    subsys,
+                    nsid,
+                    task,
+                    fail_outstanding,
+                } => match self.core.ns_map.remove(&(subsys.0, nsid)) {
+                    Some(i) => {
+                        if let Some(s) = self.core.ns[i as usize].as_mut() {
+                            s.removing = Some(task);
                         }
-                        None => {
+                        if fail_outstanding {
+                            self.abort_backend_commands(i);
+                            if let Some(s) = self.core.ns[i as usize].as_mut() {
+                                s.acked = true;
+                            }
                             let _ = self.ack.send(Ack::NsRemoved { task });
                         }
                     }
-                }
+                    None => {
+                        let _ = self.ack.send(Ack::NsRemoved { task });
+                    }
+                },
             }
         }
         // Removed namespaces whose in-flight I/O is done: destroy the queue, acknowledge.
         for slot in self.core.ns.iter_mut() {
             if let Some(s) = slot {
                 if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
+                    if !s.acked {
+                        let _ = self.ack.send(Ack::NsRemoved { task });
+                    }
                     *slot = None;
-                    let _ = self.ack.send(Ack::NsRemoved { task });
                 }
             }
         }
@@ -1262,6 +1363,7 @@ impl Core {
         c.status = Status::SUCCESS;
         c.user = 0;
         c.start = Instant::now();
+        c.timeout_reported = false;
         st.inflight += 1;
         Some(idx)
     }
@@ -1542,7 +1644,7 @@ impl Core {
     fn fail(&mut self, st: &mut QpState, idx: u32, status: Status) {
         let c = &self.cmds[idx as usize];
         if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
-            NsCounters::bump(&ns.counters.errors, 1);
+            ns.counters.count_error(status);
         }
         let cid = c.sqe.cid();
         self.respond(st, idx, Cqe::new(cid, status), 0);
@@ -1639,6 +1741,9 @@ impl Core {
     fn push_req(&mut self, ns_idx: u32, req: Request) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
             ns.inflight += 1;
+            ns.counters
+                .queue_depth
+                .store(ns.inflight as u64, Ordering::Relaxed);
             match ns.q.submit(req) {
                 Ok(()) => {}
                 Err(SubmitError::Full(r)) => ns.pending.push_back(r),
@@ -1787,7 +1892,7 @@ impl Core {
                 _ => k.other_latency.record(lat),
             }
             if !status.is_success() {
-                NsCounters::bump(&k.errors, 1);
+                k.count_error(status);
             } else {
                 match kind {
                     Kind::Read => {
@@ -1814,6 +1919,9 @@ impl Core {
     fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
             ns.inflight = ns.inflight.saturating_sub(1);
+            ns.counters
+                .queue_depth
+                .store(ns.inflight as u64, Ordering::Relaxed);
         }
         let idx = (comp.tag & 0xffff_ffff) as u32;
         let gen = (comp.tag >> 32) as u32;

@@ -51,6 +51,9 @@ pub struct SoftConfig {
     pub buffer_pool_bytes: usize,
     /// Backend queue depth created per (thread, namespace).
     pub backend_queue_depth: u32,
+    /// A backend command outstanding longer than this raises
+    /// [`MainEvent::BackendTimeout`](crate::MainEvent::BackendTimeout).
+    pub backend_timeout: std::time::Duration,
 }
 
 impl Default for SoftConfig {
@@ -62,6 +65,7 @@ impl Default for SoftConfig {
             max_h2c_data: 128 * 1024,
             buffer_pool_bytes: 256 << 20,
             backend_queue_depth: 256,
+            backend_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -89,16 +93,27 @@ pub(crate) enum Ctrl {
         nsid: u32,
         backend: Arc<dyn Backend>,
     },
+    /// Stop offloading to the namespace; when its in-flight backend requests are done
+    /// (`fail_outstanding`: answered at once with an error, without waiting), destroy the
+    /// thread's queue and acknowledge.
     NsRemove {
         subsys: SubsysId,
         nsid: u32,
         task: u64,
+        fail_outstanding: bool,
     },
 }
 
 /// Acknowledgements from IO contexts.
 pub(crate) enum Ack {
-    NsRemoved { task: u64 },
+    NsRemoved {
+        task: u64,
+    },
+    BackendTimeout {
+        subsys: SubsysId,
+        nsid: u32,
+        commands: u32,
+    },
 }
 
 struct PendingRemove {
@@ -106,6 +121,8 @@ struct PendingRemove {
     nsid: u32,
     user: u64,
     waiting: usize,
+    /// `be_queue_destroy` rather than `ns_remove`.
+    destroy: bool,
 }
 
 /// The main context (DOCA: `struct doca_sta`).
@@ -234,6 +251,33 @@ impl Sta {
     /// namespace stops being offloaded at once; [`MainEvent::NsRemoved`] reports when
     /// every IO context has finished its in-flight I/O and destroyed its backend queue.
     pub fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), StaError> {
+        self.detach(subsys, nsid, user, false)
+    }
+
+    /// DOCA: `doca_sta_be_destroy_queue_task_alloc_init` + submit, for the soft engine's
+    /// backend queues of one namespace (one per IO thread): every command outstanding on
+    /// them is answered at once with Aborted - SQ Deletion (requests not yet handed to
+    /// the backend are dropped, requests the backend holds are abandoned and their late
+    /// completions discarded), then the queues are freed as soon as the backend returns
+    /// what it holds. The namespace is no longer offloaded afterwards: its I/O reaches the
+    /// application. For a backend that vanished or hangs. [`MainEvent::BeQueueDestroyed`]
+    /// reports the end.
+    pub fn be_queue_destroy(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        user: u64,
+    ) -> Result<(), StaError> {
+        self.detach(subsys, nsid, user, true)
+    }
+
+    fn detach(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        user: u64,
+        fail_outstanding: bool,
+    ) -> Result<(), StaError> {
         let pos = self
             .namespaces
             .iter()
@@ -244,7 +288,13 @@ impl Sta {
         self.next_task += 1;
         let mut waiting = 0;
         for tx in &self.io_tx {
-            if tx.send(Ctrl::NsRemove { subsys, nsid, task }).is_ok() {
+            let m = Ctrl::NsRemove {
+                subsys,
+                nsid,
+                task,
+                fail_outstanding,
+            };
+            if tx.send(m).is_ok() {
                 waiting += 1;
             }
         }
@@ -255,6 +305,7 @@ impl Sta {
                 nsid,
                 user,
                 waiting,
+                destroy: fail_outstanding,
             },
         );
         Ok(())
@@ -284,9 +335,24 @@ impl Sta {
 
     /// DOCA: `doca_pe_progress` on the main PE. Returns one finished task, if any.
     pub fn progress(&mut self) -> Option<MainEvent> {
-        while let Ok(Ack::NsRemoved { task }) = self.ack_rx.try_recv() {
-            if let Some(p) = self.removes.get_mut(&task) {
-                p.waiting = p.waiting.saturating_sub(1);
+        while let Ok(ack) = self.ack_rx.try_recv() {
+            match ack {
+                Ack::NsRemoved { task } => {
+                    if let Some(p) = self.removes.get_mut(&task) {
+                        p.waiting = p.waiting.saturating_sub(1);
+                    }
+                }
+                Ack::BackendTimeout {
+                    subsys,
+                    nsid,
+                    commands,
+                } => {
+                    return Some(MainEvent::BackendTimeout {
+                        subsys,
+                        nsid,
+                        commands,
+                    })
+                }
             }
         }
         let done = self
@@ -295,10 +361,11 @@ impl Sta {
             .find(|(_, p)| p.waiting == 0)
             .map(|(t, _)| *t)?;
         let p = self.removes.remove(&done)?;
-        Some(MainEvent::NsRemoved {
-            subsys: p.subsys,
-            nsid: p.nsid,
-            user: p.user,
+        let (subsys, nsid, user) = (p.subsys, p.nsid, p.user);
+        Some(if p.destroy {
+            MainEvent::BeQueueDestroyed { subsys, nsid, user }
+        } else {
+            MainEvent::NsRemoved { subsys, nsid, user }
         })
     }
 

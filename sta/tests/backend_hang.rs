@@ -1,0 +1,219 @@
+//! A backend that never answers: the soft engine reports the backend timeout to the main
+//! context, and `be_queue_destroy` answers the host at once and frees the queue; the
+//! namespace's I/O then reaches the application (non-offloaded). Driven by a minimal
+//! application on this thread and the `nvmf-initiator` host on another, over loopback.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use backend::{Backend, BackendQueue, Completion, Error, IoStatus, Request, SubmitError};
+use nvmf::spec::{opcodes, Cqe, DataDirection, Status};
+use nvmf_initiator::{HostOptions, TcpHost};
+use sta::{Event, MainEvent, SoftConfig, Sta, TaskKind};
+
+const NQN: &str = "nqn.2026-11.dev.nvmf-target:hang";
+
+/// Holds every request until `release` is set (never, in this test, before the destroy).
+#[derive(Debug)]
+struct Stuck {
+    release: Arc<AtomicBool>,
+}
+
+struct StuckQueue {
+    held: Vec<Request>,
+    release: Arc<AtomicBool>,
+}
+
+impl Backend for Stuck {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        1 << 20
+    }
+    fn volatile_write_cache(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        "stuck".into()
+    }
+    fn create_queue(self: Arc<Self>, _depth: u32) -> Result<Box<dyn BackendQueue>, Error> {
+        Ok(Box::new(StuckQueue {
+            held: Vec::new(),
+            release: self.release.clone(),
+        }))
+    }
+    fn flush_sync(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+impl BackendQueue for StuckQueue {
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        self.held.push(req);
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        if !self.release.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let n = self.held.len();
+        out.extend(self.held.drain(..).map(|r| Completion {
+            tag: r.tag,
+            status: IoStatus::Ok,
+            buf: r.buf,
+        }));
+        n
+    }
+    fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[test]
+fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
+    let release = Arc::new(AtomicBool::new(false));
+    let cfg = SoftConfig {
+        backend_timeout: Duration::from_millis(200),
+        ..SoftConfig::default()
+    };
+    let mut sta = Sta::new(cfg);
+    let subsys = sta.subsystem_create(NQN);
+    sta.ns_add(
+        subsys,
+        1,
+        Arc::new(Stuck {
+            release: release.clone(),
+        }),
+    )
+    .unwrap();
+    let mut io = sta.io_create().start().unwrap();
+
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let host = std::thread::spawn(move || {
+        let opts = HostOptions {
+            timeout: Duration::from_secs(15),
+            ..HostOptions::default()
+        };
+        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
+        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        let mut buf = vec![0u8; 4096];
+        // Stuck in the backend until the queue is destroyed.
+        tx.send(h.read(1, 0, 8, &mut buf).expect("first read"))
+            .unwrap();
+        // After the destroy the namespace is not offloaded: the application answers.
+        tx.send(h.read(1, 0, 8, &mut buf).expect("second read"))
+            .unwrap();
+    });
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut timeouts = 0;
+    let mut destroyed = false;
+    let mut statuses: Vec<Status> = Vec::new();
+    let mut waiting_read = None;
+    while statuses.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out; statuses so far {statuses:?}"
+        );
+        if let Ok((sock, _)) = listener.accept() {
+            io.qp_accept_tcp(sock, 0).unwrap();
+        }
+        io.progress(Duration::from_millis(1));
+        while let Some(ev) = io.poll_event() {
+            match ev {
+                Event::NonOffload {
+                    qp,
+                    token,
+                    sqe,
+                    payload_valid,
+                    ..
+                } => {
+                    let connect = sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT;
+                    if connect
+                        && !payload_valid
+                        && sqe.data_direction() == DataDirection::HostToController
+                    {
+                        waiting_read = Some((qp, token, sqe));
+                        io.rdma_read(qp, token, 1).unwrap();
+                        continue;
+                    }
+                    if connect {
+                        io.qp_add_subsystem(qp, subsys).unwrap();
+                        io.qp_connect_set_params(qp, 1, 31, false).unwrap();
+                        let mut cqe = Cqe::success(sqe.cid());
+                        cqe.dw0 = 1;
+                        io.rdma_send(qp, token, &cqe, 0).unwrap();
+                    } else {
+                        // What an application answers for I/O the engine no longer serves.
+                        let cqe = Cqe::new(sqe.cid(), Status::NAMESPACE_NOT_READY);
+                        io.rdma_send(qp, token, &cqe, 0).unwrap();
+                    }
+                }
+                Event::TaskDone {
+                    kind: TaskKind::RdmaRead,
+                    ..
+                } => {
+                    let (qp, token, sqe) = waiting_read.take().unwrap();
+                    io.qp_add_subsystem(qp, subsys).unwrap();
+                    io.qp_connect_set_params(qp, 1, 31, false).unwrap();
+                    let mut cqe = Cqe::success(sqe.cid());
+                    cqe.dw0 = 1;
+                    io.rdma_send(qp, token, &cqe, 0).unwrap();
+                }
+                _ => {}
+            }
+        }
+        while let Some(ev) = sta.progress() {
+            match ev {
+                MainEvent::BackendTimeout {
+                    subsys: s,
+                    nsid,
+                    commands,
+                } => {
+                    assert_eq!((s, nsid, commands), (subsys, 1, 1));
+                    timeouts += 1;
+                    sta.be_queue_destroy(subsys, 1, 77).unwrap();
+                }
+                MainEvent::BeQueueDestroyed {
+                    subsys: s,
+                    nsid,
+                    user,
+                } => {
+                    assert_eq!((s, nsid, user), (subsys, 1, 77));
+                    destroyed = true;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        while let Ok(s) = rx.try_recv() {
+            statuses.push(s);
+        }
+    }
+    host.join().unwrap();
+    assert_eq!(
+        timeouts, 1,
+        "the backend timeout is reported once per command"
+    );
+    assert!(destroyed, "be_queue_destroy reported its end");
+    assert_eq!(statuses[0], Status::ABORTED_SQ_DELETION.with_dnr(false));
+    assert_eq!(statuses[1], Status::NAMESPACE_NOT_READY);
+    // Errors are counted by status.
+    let t = sta.stats().namespace(subsys, 1);
+    assert_eq!(t.errors, 1);
+    assert_eq!(
+        t.errors_by_status[sta::error_status_index(Status::ABORTED_SQ_DELETION)],
+        1
+    );
+    // The backend finally answers: the abandoned request is discarded, nothing breaks.
+    release.store(true, Ordering::Relaxed);
+    for _ in 0..50 {
+        io.progress(Duration::from_millis(1));
+    }
+    assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
+}
