@@ -7,7 +7,10 @@
 . "$(dirname "$0")/common.sh"
 
 BIN=$SHARE/nvmf-target
-CFG=$SHARE/configs/nvmft-rdma.yaml
+CFG0=$SHARE/configs/nvmft-rdma.yaml
+CFG=/tmp/nvmft-rdma.yaml   # a copy: the reload check below edits it
+cp "$CFG0" "$CFG"
+ADDR6=fd00:198:18::1
 NQN=nqn.2026-11.dev.nvmf-target:rdma
 ADDR=$RXE_ADDR
 PORT=4420
@@ -180,6 +183,27 @@ if connect_rdma --keep-alive-tmo=5 --reconnect-delay=1 --ctrl-loss-tmo=120; then
     nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 else
     fail connect-kato "connect with --keep-alive-tmo=5 failed"
+fi
+
+# --- SIGHUP adds an IPv6 RDMA listener (and a second reload removes it) ---
+if ip -6 addr add "$ADDR6/64" dev dummy0 nodad; then
+    sed -i "/^listeners:/a\\  - {name: rdma6, transport: rdma, address: \"$ADDR6\", port: $PORT}" "$CFG"
+    grep -A3 "^listeners:" "$CFG"
+    kill -HUP "$TGT_PID"
+    if wait_until 15 grep -q "listening on \[$ADDR6\]:$PORT (nvme/rdma" "$TGT_LOG"; then pass reload-adds-rdma6-listener
+    else fail reload-adds-rdma6-listener "no IPv6 RDMA listener after SIGHUP: $(grep -E "rdma6|reload" "$TGT_LOG" | tail -2)"; fi
+    out=$(timeout 60 nvme discover -t rdma -a "$ADDR6" -s "$PORT" 2>&1); echo "$out"
+    if echo "$out" | grep -q "adrfam: *ipv6"; then pass discover-ipv6
+    else fail discover-ipv6 "no ipv6 entry in the discovery log over $ADDR6"; fi
+    if timeout 60 nvme connect -t rdma -a "$ADDR6" -s "$PORT" -n "$NQN" && wait_ns "$NQN" 1 30 &&
+       dev_io_ok "$(ns_dev "$NQN" 1)"; then pass connect-ipv6-io
+    else fail connect-ipv6-io "connect or I/O over $ADDR6 failed"; fi
+    nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+    cp "$CFG0" "$CFG"; kill -HUP "$TGT_PID"
+    if wait_until 15 grep -q "listener rdma6 closed" "$TGT_LOG"; then pass reload-removes-rdma6-listener
+    else fail reload-removes-rdma6-listener "listener rdma6 not closed after the second SIGHUP"; fi
+else
+    fail ipv6-address "cannot add $ADDR6 to dummy0"
 fi
 
 if kill -0 "$TGT_PID" 2>/dev/null; then pass daemon-alive; else fail daemon-alive "daemon died"; fi
