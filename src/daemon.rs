@@ -697,13 +697,15 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         let _ = tx.send(ThreadMsg::Stop);
     }
     let deadline = Instant::now() + STOP_TIMEOUT;
+    tracing::info!("waiting up to {STOP_TIMEOUT:?} for {count} IO thread(s) to drain");
     while alive.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
     let stuck = alive.load(Ordering::SeqCst);
     if stuck > 0 {
         tracing::error!(
-            "{stuck} IO thread(s) did not drain within {STOP_TIMEOUT:?}; exiting anyway"
+            "{stuck} IO thread(s) did not drain within {STOP_TIMEOUT:?} (commands stuck in a \
+             backend?); exiting anyway"
         );
     } else {
         for h in handles {
@@ -753,6 +755,8 @@ struct IoThread {
     waiting: HashMap<u64, Waiting>,
     next_wait: u64,
     stopping: bool,
+    /// When `Stop` arrived, for the drain log.
+    stop_started: Option<Instant>,
     /// RDMA connections of this thread: cm_id -> QP.
     rdma_ids: HashMap<u64, QpHandle>,
 }
@@ -769,6 +773,7 @@ impl IoThread {
             waiting: HashMap::new(),
             next_wait: 1,
             stopping: false,
+            stop_started: None,
             rdma_ids: HashMap::new(),
         }
     }
@@ -796,6 +801,8 @@ impl IoThread {
             }
             self.shared.qp_counts[self.index].store(self.qps.len(), Ordering::Relaxed);
             if self.stopping && self.qps.is_empty() && !self.io.busy() {
+                let took = self.stop_started.map_or(Duration::ZERO, |t| t.elapsed());
+                tracing::info!("io{}: drained in {took:?}", self.index);
                 return;
             }
         }
@@ -846,6 +853,13 @@ impl IoThread {
             ThreadMsg::Action(a) => self.on_action(a),
             ThreadMsg::Stop => {
                 self.stopping = true;
+                self.stop_started = Some(Instant::now());
+                tracing::info!(
+                    "io{}: stopping: draining {} queue(s), {} command(s) in flight",
+                    self.index,
+                    self.qps.len(),
+                    self.io.commands_in_flight()
+                );
                 let qps: Vec<QpHandle> = self.qps.keys().copied().collect();
                 for qp in qps {
                     self.close_queue(qp);

@@ -246,6 +246,11 @@ impl StaIo {
     }
 
     /// Number of live QPs (the acceptor balances threads by it).
+    /// Command slots in use (received and not yet answered and sent), all QPs.
+    pub fn commands_in_flight(&self) -> usize {
+        self.core.cmds.len() - self.core.free_cmds.len()
+    }
+
     pub fn qp_count(&self) -> usize {
         self.qps.iter().filter(|s| s.qp.is_some()).count()
     }
