@@ -31,7 +31,12 @@ pub struct IoBuf {
     /// The pool that allocated this buffer, for its byte accounting; `None` for a
     /// stand-alone buffer.
     origin: Option<Arc<PoolShared>>,
+    /// Unique for the life of the process (never reused, unlike the address).
+    id: u64,
 }
+
+/// Source of [`IoBuf::id`]s.
+static NEXT_BUF_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 // SAFETY: `IoBuf` uniquely owns its allocation (like `Box<[u8]>`); the only shared part is
 // `origin`, an `Arc` of atomics, which is Send + Sync itself.
@@ -63,7 +68,15 @@ impl IoBuf {
             cap: layout.size(),
             len,
             origin: None,
+            id: NEXT_BUF_ID.fetch_add(1, Ordering::Relaxed),
         })
+    }
+
+    /// This allocation's identity: never shared with another buffer, even one that later
+    /// gets the same address. Per-buffer registrations (RDMA memory regions) are keyed by
+    /// it, so a freed buffer's registration can never be used for a new buffer.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// A buffer holding a copy of `data` (for tests and control-path use).
@@ -308,6 +321,25 @@ impl BufPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_never_reused_even_when_addresses_are() {
+        let mut seen = std::collections::HashSet::new();
+        let mut addrs = std::collections::HashSet::new();
+        let mut reused_address = false;
+        for _ in 0..64 {
+            let b = IoBuf::new(4096);
+            assert!(seen.insert(b.id()), "id {} handed out twice", b.id());
+            reused_address |= !addrs.insert(b.as_ptr() as usize);
+            drop(b);
+        }
+        // The allocator normally hands the freed block straight back: the case an
+        // address-keyed registration would get wrong.
+        assert!(
+            reused_address,
+            "no address reuse observed; the test proves nothing"
+        );
+    }
 
     #[test]
     fn iobuf_is_aligned_zeroed_and_sized() {

@@ -41,7 +41,11 @@ struct Dev {
     chan: *mut IbvCompChannel,
     /// Data buffers registered so far, by address: (capacity, MR). Pool buffers live as
     /// long as the pool (this thread), so a registration stays valid while cached.
-    mrs: HashMap<usize, (usize, *mut IbvMr)>,
+    /// Registrations by [`IoBuf::id`] (not by address: an address can come back as
+    /// another buffer after the pool frees one; an id never does). A freed buffer's
+    /// registration stays until the thread ends, pinning its pages: bounded, and rare (the
+    /// pool frees buffers only under cap pressure).
+    mrs: HashMap<u64, (usize, *mut IbvMr)>,
 }
 
 /// Per-IO-thread verbs state.
@@ -176,7 +180,7 @@ impl RdmaThread {
     pub fn lkey(&mut self, dev: usize, buf: &IoBuf) -> Option<u32> {
         let lib = self.lib;
         let d = self.devs.get_mut(dev)?;
-        let key = buf.as_ptr() as usize;
+        let key = buf.id();
         let cap = buf.capacity();
         if let Some(&(c, mr)) = d.mrs.get(&key) {
             if c == cap {
@@ -187,8 +191,10 @@ impl RdmaThread {
             unsafe { (lib.dereg_mr)(mr) };
             d.mrs.remove(&key);
         }
-        // SAFETY: the buffer's `cap` bytes are allocated (pool buffers are never freed
-        // while this thread runs); the NIC may write them (RDMA READ target).
+        // SAFETY: `buf` is alive and owns `cap` allocated bytes; the NIC may write them
+        // (RDMA READ target) only through work requests posted for a command that holds
+        // `buf`. The registration is found again only through this buffer's id, so once
+        // the buffer is freed the registration is never used again.
         let mr = unsafe {
             (lib.reg_mr)(
                 d.pd,
