@@ -61,6 +61,8 @@ struct Shared {
     stats: sta::Stats,
     threads: Vec<Sender<ThreadMsg>>,
     qp_counts: Vec<AtomicUsize>,
+    /// Queue keys of NVMe/RDMA queues (every other queue is NVMe/TCP), for metrics labels.
+    rdma_queues: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Shared {
@@ -436,7 +438,7 @@ fn metrics_source(
     shared: &Arc<Shared>,
     started: std::time::SystemTime,
 ) -> crate::metrics::MetricsSource {
-    let (for_report, for_ids) = (shared.clone(), shared.clone());
+    let (for_report, for_ids, for_transport) = (shared.clone(), shared.clone(), shared.clone());
     crate::metrics::MetricsSource {
         stats: shared.stats.clone(),
         report: Box::new(move || for_report.target().report()),
@@ -449,8 +451,17 @@ fn metrics_source(
                 .map(|(nqn, id)| (*id, nqn.clone()))
                 .collect()
         }),
-        // Every queue is NVMe/TCP until RDMA lands.
-        transport_of: Box::new(|_key| "tcp"),
+        transport_of: Box::new(move |key| {
+            let rdma = for_transport
+                .rdma_queues
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if rdma.contains(&key) {
+                "rdma"
+            } else {
+                "tcp"
+            }
+        }),
         started,
     }
 }
@@ -506,6 +517,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         stats: sta.stats(),
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
+        rdma_queues: Mutex::new(std::collections::HashSet::new()),
     });
     // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
     let _metrics = match cfg.metrics {
@@ -839,6 +851,11 @@ impl IoThread {
                         );
                         self.qps.insert(qp, QpApp::default());
                         self.rdma_ids.insert(id, qp);
+                        self.shared
+                            .rdma_queues
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(queue_key(self.index, qp));
                     }
                     Err(e) => {
                         tracing::warn!("io{}: cannot accept an RDMA connection: {e}", self.index)
@@ -970,6 +987,11 @@ impl IoThread {
                 self.qps.remove(&qp);
                 self.waiting.retain(|_, w| w.qp != qp);
                 self.rdma_ids.retain(|_, q| *q != qp);
+                self.shared
+                    .rdma_queues
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&queue_key(self.index, qp));
             }
             Event::TaskDone { .. } => {}
             Event::TransportError { qp, kind, .. } => {
