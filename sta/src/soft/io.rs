@@ -281,19 +281,36 @@ impl StaIo {
             self.free_qps.push(idx);
             return Err(e.into());
         }
+        Ok(self.install_qp(
+            idx,
+            RxBuf::new(rx_cap),
+            limits,
+            Link::Tcp(sock),
+            user,
+            false,
+        ))
+    }
+
+    /// Put a new QP (TCP or RDMA) in slot `idx` with a fresh generation.
+    fn install_qp(
+        &mut self,
+        idx: u32,
+        rx: RxBuf,
+        limits: ControllerLimits,
+        link: Link,
+        user: u64,
+        tx_dirty: bool,
+    ) -> QpHandle {
         let slot = &mut self.qps[idx as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
         slot.qp = Some(Qp {
-            rx: RxBuf::new(rx_cap),
+            rx,
             framer: RxFramer::new_controller(limits),
             st: QpState {
-                link: Link::Tcp(sock),
+                link,
                 user,
                 tx: TxQueue::default(),
-                digests: Digests {
-                    header: false,
-                    data: false,
-                },
+                digests: Digests::NONE,
                 hpda: 0,
                 binding: None,
                 qid: 0,
@@ -302,11 +319,11 @@ impl StaIo {
                 rx_stopped: false,
                 error_reported: false,
                 disconnect: None,
-                tx_dirty: false,
+                tx_dirty,
             },
         });
         NsCounters::bump(&self.core.counters.qps, 1);
-        Ok(QpHandle { idx, gen: slot.gen })
+        QpHandle { idx, gen: slot.gen }
     }
 
     pub fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) {
@@ -887,32 +904,14 @@ impl StaIo {
             max_incapsule_data: 0,
             cpda: 0,
         };
-        let slot = &mut self.qps[idx as usize];
-        slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
-        slot.qp = Some(Qp {
-            rx: RxBuf::new(0),
-            framer: RxFramer::new_controller(limits),
-            st: QpState {
-                link: Link::Rdma(Box::new(rq)),
-                user,
-                tx: TxQueue::default(),
-                digests: Digests {
-                    header: false,
-                    data: false,
-                },
-                hpda: 0,
-                binding: None,
-                qid: 0,
-                sq_count: 0,
-                inflight: 0,
-                rx_stopped: false,
-                error_reported: false,
-                disconnect: None,
-                tx_dirty: true,
-            },
-        });
-        NsCounters::bump(&self.core.counters.qps, 1);
-        Ok(QpHandle { idx, gen: slot.gen })
+        Ok(self.install_qp(
+            idx,
+            RxBuf::new(0),
+            limits,
+            Link::Rdma(Box::new(rq)),
+            user,
+            true,
+        ))
     }
 
     /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
