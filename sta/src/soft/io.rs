@@ -1768,62 +1768,26 @@ impl Core {
         let tag = (c.gen as u64) << 32 | idx as u64;
         c.st = St::Backend;
         let (lba, nblocks) = (sqe.slba(), sqe.nlb());
+        // The commands that are one backend request each.
+        let single = match c.kind {
+            Kind::Read => Some((Op::Read, lba, nblocks, c.buf.take())),
+            Kind::Write => Some((Op::Write { fua: sqe.fua() }, lba, nblocks, c.buf.take())),
+            Kind::Flush => Some((Op::Flush, 0, 0, None)),
+            Kind::WriteZeroes => Some((Op::WriteZeroes, lba, nblocks, None)),
+            _ => None,
+        };
+        if let Some((op, lba, nblocks, buf)) = single {
+            c.pending = 1;
+            let req = Request {
+                tag,
+                op,
+                lba,
+                nblocks,
+                buf,
+            };
+            return self.push_req(ns_idx, req);
+        }
         match c.kind {
-            Kind::Read => {
-                let buf = c.buf.take();
-                c.pending = 1;
-                self.push_req(
-                    ns_idx,
-                    Request {
-                        tag,
-                        op: Op::Read,
-                        lba,
-                        nblocks,
-                        buf,
-                    },
-                );
-            }
-            Kind::Write => {
-                let buf = c.buf.take();
-                c.pending = 1;
-                let op = Op::Write { fua: sqe.fua() };
-                self.push_req(
-                    ns_idx,
-                    Request {
-                        tag,
-                        op,
-                        lba,
-                        nblocks,
-                        buf,
-                    },
-                );
-            }
-            Kind::Flush => {
-                c.pending = 1;
-                self.push_req(
-                    ns_idx,
-                    Request {
-                        tag,
-                        op: Op::Flush,
-                        lba: 0,
-                        nblocks: 0,
-                        buf: None,
-                    },
-                );
-            }
-            Kind::WriteZeroes => {
-                c.pending = 1;
-                self.push_req(
-                    ns_idx,
-                    Request {
-                        tag,
-                        op: Op::WriteZeroes,
-                        lba,
-                        nblocks,
-                        buf: None,
-                    },
-                );
-            }
             Kind::Compare => {
                 let len = c.len as usize;
                 let Some(mut b) = self.pool.get(len) else {
@@ -1880,7 +1844,8 @@ impl Core {
                     self.push_req(ns_idx, req);
                 }
             }
-            Kind::NonOffload => self.fail(st, idx, Status::INTERNAL_ERROR),
+            // Read, Write, Flush and Write Zeroes went out above; NonOffload never comes here.
+            _ => self.fail(st, idx, Status::INTERNAL_ERROR),
         }
     }
 
