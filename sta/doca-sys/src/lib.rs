@@ -213,7 +213,11 @@ impl Doca {
         }
         // The dynamic loader's own search, by name.
         if let Ok(h) = open_global(Path::new("libdoca_sta.so")) {
-            return Doca::from_handles(vec![h], vec![PathBuf::from("libdoca_sta.so")]);
+            let mut d = Doca::from_handles(vec![h], vec![PathBuf::from("libdoca_sta.so")])?;
+            if let Some(p) = d.symbol_file() {
+                d.paths = vec![p];
+            }
+            return Ok(d);
         }
         for d in exe_dirs() {
             if let Some(sta) = find_in(&d, "libdoca_sta") {
@@ -261,6 +265,29 @@ impl Doca {
             double,
             _handles: handles,
         })
+    }
+
+    /// The file that defines `doca_sta_create` (dladdr), for a library found by name.
+    fn symbol_file(&self) -> Option<PathBuf> {
+        let mut info = libc::Dl_info {
+            dli_fname: std::ptr::null(),
+            dli_fbase: std::ptr::null_mut(),
+            dli_sname: std::ptr::null(),
+            dli_saddr: std::ptr::null_mut(),
+        };
+        // SAFETY: dladdr only inspects the address; `info` is a valid out parameter.
+        let ok = unsafe {
+            libc::dladdr(
+                self.lib.doca_sta_create as *const std::ffi::c_void,
+                &mut info,
+            )
+        };
+        if ok == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated path owned by the dynamic loader, copied at once.
+        let s = unsafe { CStr::from_ptr(info.dli_fname) };
+        Some(PathBuf::from(s.to_string_lossy().into_owned()))
     }
 
     /// The library files loaded, `libdoca_sta` last.
