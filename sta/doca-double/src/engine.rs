@@ -687,6 +687,11 @@ fn start_non_offload(w: &mut World, qp: u64, slot: u16, d: &SglDescriptor, data:
     if valid {
         // SAFETY: the buffer holds at least `len` bytes (size class of len).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.va, data.len()) };
+    } else {
+        // Pool buffers are reused across commands and hosts: what the application does
+        // not fill must not carry another command's data to this host.
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(buf.va, 0, len as usize) };
     }
     let q = w.qps.get_mut(&qp).expect("live");
     let user = q.user;

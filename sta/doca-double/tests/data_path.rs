@@ -345,6 +345,60 @@ fn offloaded_write_and_read_go_through_the_backend_rings() {
     s.f.pump(3);
     assert_eq!(cqe_status(&recv(&c).expect("big read").0), (0, 0));
     assert_eq!(big_r, big);
+    // 8 KiB: PRP1 and PRP2.
+    let mut two = pattern(8192, 11);
+    region(&c, 0x6666, &mut two);
+    send(
+        &c,
+        &sqe(
+            0x01,
+            17,
+            1,
+            two.as_ptr() as u64,
+            8192,
+            0x6666,
+            KEYED,
+            [300, 0, 15],
+        ),
+    );
+    s.f.pump(3);
+    assert_eq!(cqe_status(&recv(&c).expect("8k write").0), (0, 0));
+    // Another 8 KiB write elsewhere, so no stale buffer content can pass for the data.
+    let mut other = pattern(8192, 200);
+    region(&c, 0x8888, &mut other);
+    send(
+        &c,
+        &sqe(
+            0x01,
+            19,
+            1,
+            other.as_ptr() as u64,
+            8192,
+            0x8888,
+            KEYED,
+            [400, 0, 15],
+        ),
+    );
+    s.f.pump(3);
+    assert_eq!(cqe_status(&recv(&c).expect("other write").0), (0, 0));
+    let mut two_r = vec![0u8; 8192];
+    region(&c, 0x7777, &mut two_r);
+    send(
+        &c,
+        &sqe(
+            0x02,
+            18,
+            1,
+            two_r.as_ptr() as u64,
+            8192,
+            0x7777,
+            KEYED,
+            [300, 0, 15],
+        ),
+    );
+    s.f.pump(3);
+    assert_eq!(cqe_status(&recv(&c).expect("8k read").0), (0, 0));
+    assert_eq!(two_r, two);
     // In-capsule WRITE of one block, then FLUSH.
     let blk = pattern(512, 99);
     let mut cap = sqe(0x01, 14, 1, 0, 512, 0, INCAPSULE, [200, 0, 0]).to_vec();
@@ -392,8 +446,8 @@ fn offloaded_write_and_read_go_through_the_backend_rings() {
             "ns stats",
         );
         let v: Vec<u64> = (0..n as usize).map(|i| *(*e.add(i)).val).collect();
-        assert_eq!(&v[..3], &[3, 3, 1], "reads, writes, flushes");
-        assert_eq!(v[3], 4096 + 32768 + 512);
+        assert_eq!(&v[..3], &[4, 5, 1], "reads, writes, flushes");
+        assert_eq!(v[3], 4096 + 32768 + 8192 + 512);
     }
     disconnect(&s, c);
     teardown(s);

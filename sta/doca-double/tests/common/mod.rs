@@ -44,9 +44,24 @@ unsafe impl Send for Env {}
 pub fn env() -> &'static Env {
     static E: OnceLock<Env> = OnceLock::new();
     E.get_or_init(|| {
-        // SAFETY: set before the double reads it, while tests hold the serial lock.
-        unsafe { std::env::set_var("DOCA_DOUBLE_TEST_DEVICES", "tdev0,tdev1") };
+        // The double cargo built for this test run sits beside the test binary (deps/);
+        // target/debug/libdoca_sta.so is only refreshed by `cargo build` and may be stale.
+        let deps = std::env::current_exe()
+            .expect("test binary")
+            .parent()
+            .expect("its dir")
+            .to_path_buf();
+        // SAFETY: set before anything reads them, under the OnceLock.
+        unsafe {
+            std::env::set_var("DOCA_DOUBLE_TEST_DEVICES", "tdev0,tdev1");
+            std::env::set_var(LIB_DIR_ENV, &deps);
+        }
         let d = Doca::load().expect("the workspace's libdoca_sta.so (the double)");
+        assert_eq!(
+            d.paths().last().and_then(|p| p.parent()),
+            Some(deps.as_path()),
+            "the freshly built double"
+        );
         assert!(d.is_double(), "loaded {:?}, not the double", d.paths());
         let path = d.paths().last().expect("a path").clone();
         // SAFETY: the same library, already loaded.
