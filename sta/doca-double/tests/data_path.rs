@@ -194,11 +194,8 @@ fn connect(s: &Setup) -> Conn {
         "in-capsule Connect data is in the payload"
     );
     // SAFETY: the payload holds `len` bytes during the command's life.
-    assert!(
-        unsafe { std::slice::from_raw_parts(*payload as *const u8, 1024) }
-            .iter()
-            .all(|&b| b == 0xC0)
-    );
+    let data = unsafe { std::slice::from_raw_parts(*payload as *const u8, 1024) };
+    assert!(data.iter().all(|&b| b == 0xC0));
     // SAFETY: table calls (doca-sta-api.md 5.10 step 4).
     unsafe {
         ok(
@@ -574,10 +571,8 @@ fn non_offloaded_commands_are_answered_with_the_three_tasks() {
     );
     respond(&s, t, 4);
     // SAFETY: the payload holds the host's 16 bytes now.
-    assert_eq!(
-        unsafe { std::slice::from_raw_parts(*payload as *const u8, 16) },
-        &ranges[..]
-    );
+    let got = unsafe { std::slice::from_raw_parts(*payload as *const u8, 16) };
+    assert_eq!(got, &ranges[..]);
     // Reading again: the data is already there.
     // SAFETY: table call.
     let r = unsafe {
