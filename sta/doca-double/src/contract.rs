@@ -197,3 +197,22 @@ pub fn finish(func: &str, r: Res<()>) -> doca_error_t {
         Err(Fail::Rule(b)) => violation(func, b.rule, b.detail),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_rule_is_documented_in_the_readme() {
+        let readme = include_str!("../README.md");
+        for r in super::ALL {
+            assert!(
+                readme.contains(&format!("| `{}` | {} |", r.id, r.cite)),
+                "{} missing from README.md",
+                r.id
+            );
+        }
+        let mut ids: Vec<&str> = super::ALL.iter().map(|r| r.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), super::ALL.len(), "rule ids are unique");
+    }
+}
