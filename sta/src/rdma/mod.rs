@@ -14,7 +14,10 @@
 //!
 //! Not implemented: SRQ, multi-descriptor SGLs (last segment), iWARP specifics.
 
-pub(crate) mod ffi;
+/// The raw rdma-core declarations. Public for the DOCA STA test double (`sta/doca-double`),
+/// which drives verbs itself; to be reorganised with the engine traits (issue 10).
+#[doc(hidden)]
+pub mod ffi;
 
 use std::ffi::c_void;
 use std::net::SocketAddr;
@@ -27,8 +30,8 @@ pub(crate) use ffi::Lib;
 
 static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
 
-/// rdma-core, loaded once.
-pub(crate) fn lib() -> Result<&'static Lib, String> {
+/// rdma-core, loaded once (also used by the DOCA STA test double).
+pub fn lib() -> Result<&'static Lib, String> {
     LIB.get_or_init(Lib::load).as_ref().map_err(|e| e.clone())
 }
 
