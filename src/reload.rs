@@ -42,7 +42,7 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`) and the metrics address;
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size` and the metrics address;
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial, model or listeners. Its listeners are the *resolved* list: a
 //!   subsystem that does not name listeners uses all of them, so adding or removing a
@@ -155,6 +155,12 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             "io threads: {} -> {}",
             threads_text(&old.threads),
             threads_text(&new.threads)
+        ));
+    }
+    if old.max_io_size != new.max_io_size {
+        d.restart_required.push(format!(
+            "max_io_size: {} -> {} bytes",
+            old.max_io_size, new.max_io_size
         ));
     }
     if old.metrics != new.metrics {
