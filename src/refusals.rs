@@ -4,11 +4,12 @@
 //! CNTLID/QID and the reason in words, and counted by reason for `/metrics`
 //! (`nvmft_refusals_total{reason="..."}`).
 //!
-//! Logging is rate-limited per peer (IP address): at most [`LINES_PER_WINDOW`] lines per
-//! [`WINDOW`], then one "suppressed K similar" line when the window is over, so a host
-//! retrying in a tight loop cannot flood the journal. The per-peer table is bounded
-//! ([`MAX_PEERS`]). Counting never stops. None of this is on the I/O path: only refusals
-//! reach it.
+//! Logging is rate-limited per peer (IP address) and reason: at most
+//! [`LINES_PER_WINDOW`] lines per [`WINDOW`], then one "suppressed K similar" line when
+//! the window is over, so a host retrying in a tight loop cannot flood the journal (and
+//! one kind of refusal flooding does not hide another). The table is bounded
+//! ([`MAX_PEERS`] entries). Counting never stops. None of this is on the I/O path: only
+//! refusals reach it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +23,7 @@ use nvmf::target::{Refusal, RefusalReason};
 pub const LINES_PER_WINDOW: u32 = 5;
 /// The rate limit's window.
 pub const WINDOW: Duration = Duration::from_secs(10);
-/// Peers tracked at once; the oldest window makes room for a new peer.
+/// (Peer, reason) pairs tracked at once; the oldest window makes room for a new one.
 pub const MAX_PEERS: usize = 1024;
 
 /// Reasons the engine reports (NVMe/TCP connection termination), next to the target's
@@ -53,21 +54,19 @@ struct Window {
     suppressed: u64,
 }
 
-/// The per-peer rate limit, with explicit time (tested without a clock).
+/// Who a rate-limit window is for: a peer (if known) and a reason label.
+pub type Source = (Option<IpAddr>, &'static str);
+
+/// The per-(peer, reason) rate limit, with explicit time (tested without a clock).
 #[derive(Debug, Default)]
 pub struct Limiter {
-    peers: HashMap<Option<IpAddr>, Window>,
+    peers: HashMap<Source, Window>,
 }
 
 impl Limiter {
     /// One more event from `peer` at `now`. `over` collects (peer, suppressed count) of
     /// windows that ended with lines suppressed, to be reported.
-    pub fn admit(
-        &mut self,
-        now: Instant,
-        peer: Option<IpAddr>,
-        over: &mut Vec<(Option<IpAddr>, u64)>,
-    ) -> Admit {
+    pub fn admit(&mut self, now: Instant, peer: Source, over: &mut Vec<(Source, u64)>) -> Admit {
         if let Some(w) = self.peers.get_mut(&peer) {
             if now.saturating_duration_since(w.start) < WINDOW {
                 if w.lines < LINES_PER_WINDOW {
@@ -112,7 +111,7 @@ impl Limiter {
     }
 
     /// Drops windows that are over at `now`, reporting those that suppressed lines.
-    pub fn expire(&mut self, now: Instant, over: &mut Vec<(Option<IpAddr>, u64)>) {
+    pub fn expire(&mut self, now: Instant, over: &mut Vec<(Source, u64)>) {
         self.peers.retain(|peer, w| {
             let live = now.saturating_duration_since(w.start) < WINDOW;
             if !live && w.suppressed > 0 {
@@ -168,16 +167,22 @@ impl RefusalLog {
             .collect()
     }
 
-    /// Counts `label` and logs `line` at warn unless `peer` is over its rate.
+    /// Counts `label` and logs `line` at warn unless `peer` is over its rate for it.
     pub fn report(&self, label: &str, peer: Option<SocketAddr>, line: &str) {
         self.count(label);
+        let label = self
+            .counts
+            .iter()
+            .map(|(l, _)| *l)
+            .find(|l| *l == label)
+            .unwrap_or("other");
         let ip = peer.map(|p| p.ip().to_canonical());
         let mut over = Vec::new();
         let admit = self
             .limiter
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .admit(Instant::now(), ip, &mut over);
+            .admit(Instant::now(), (ip, label), &mut over);
         log_suppressed(&over);
         if admit == Admit::Log {
             tracing::warn!(reason = label, "{line}");
@@ -195,11 +200,12 @@ impl RefusalLog {
     }
 }
 
-fn log_suppressed(over: &[(Option<IpAddr>, u64)]) {
-    for (peer, n) in over {
+fn log_suppressed(over: &[(Source, u64)]) {
+    for ((peer, label), n) in over {
         let who = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
         tracing::warn!(
-            "suppressed {n} similar refusal line(s) from {who} (at most {LINES_PER_WINDOW} per {}s per peer; all are counted in nvmft_refusals_total)",
+            reason = *label,
+            "suppressed {n} similar refusal line(s) from {who} (at most {LINES_PER_WINDOW} per {}s per peer and reason; all are counted in nvmft_refusals_total)",
             WINDOW.as_secs()
         );
     }
@@ -252,15 +258,17 @@ mod tests {
     fn at_most_n_lines_per_window_then_a_summary() {
         let mut l = Limiter::default();
         let t0 = Instant::now();
-        let a: Option<IpAddr> = Some("10.0.0.1".parse().unwrap());
-        let b: Option<IpAddr> = Some("10.0.0.2".parse().unwrap());
+        let a: Source = (Some("10.0.0.1".parse().unwrap()), "x");
+        let b: Source = (Some("10.0.0.2".parse().unwrap()), "x");
+        let a_other: Source = (a.0, "y");
         let mut over = Vec::new();
         let admitted = (0..20)
             .filter(|i| l.admit(t0 + Duration::from_millis(*i), a, &mut over) == Admit::Log)
             .count();
         assert_eq!(admitted, LINES_PER_WINDOW as usize);
-        // Another peer has its own budget.
+        // Another peer, or another reason from the same peer, has its own budget.
         assert_eq!(l.admit(t0, b, &mut over), Admit::Log);
+        assert_eq!(l.admit(t0, a_other, &mut over), Admit::Log);
         assert!(over.is_empty());
         // The window ends: the next event logs and reports what was suppressed.
         assert_eq!(l.admit(t0 + WINDOW, a, &mut over), Admit::Log);
@@ -280,7 +288,11 @@ mod tests {
         for i in 0..(MAX_PEERS as u32 + 100) {
             let ip = IpAddr::from(i.to_be_bytes());
             assert_eq!(
-                l.admit(t0 + Duration::from_micros(i as u64), Some(ip), &mut over),
+                l.admit(
+                    t0 + Duration::from_micros(i as u64),
+                    (Some(ip), "x"),
+                    &mut over
+                ),
                 Admit::Log
             );
             assert!(l.peers() <= MAX_PEERS);

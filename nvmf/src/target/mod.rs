@@ -372,6 +372,9 @@ struct Controller {
     retired: bool,
     /// When `poll_timeouts` first saw it retired.
     retired_since: Option<Instant>,
+    /// The transport reported the admin queue closed (the controller goes when its I/O
+    /// queues have closed too).
+    admin_closed: bool,
     /// Error Recovery (feature 05h) per namespace, when set for one.
     ns_error_recovery: BTreeMap<u32, u32>,
     cc: u32,
@@ -956,6 +959,7 @@ impl Target {
                 origin: origin.clone(),
                 retired: false,
                 retired_since: None,
+                admin_closed: false,
                 ns_error_recovery: BTreeMap::new(),
                 cc: 0,
                 csts: 0,
@@ -1155,18 +1159,26 @@ impl Target {
     }
 
     /// The transport lost this queue (socket closed, QP error, Disconnect done). When
-    /// the admin queue goes the controller is destroyed and its I/O queues come back as
-    /// [`Action::Disconnect`]. Unknown queues (already torn down) are ignored.
+    /// the admin queue goes the association is over: the controller is retired (its I/O
+    /// queues come back as [`Action::Disconnect`], commands still arriving on them get no
+    /// answer) and destroyed once its last queue is reported closed. Unknown queues
+    /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
-            if queue.qid == 0 && c.admin_key == key {
-                let c = self.controllers.remove(&queue.cntlid).expect("present");
-                // A retired controller's queues were all asked to go already.
+            if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
+                c.admin_closed = true;
                 if !c.retired {
+                    c.retired = true;
+                    c.deadline = None;
+                    c.aers.clear();
+                    c.pending_events.clear();
                     self.actions.extend(c.io_queue_disconnects());
                 }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+            }
+            if c.admin_closed && c.io_queues.is_empty() {
+                self.controllers.remove(&queue.cntlid);
             }
         }
         self.take_actions()

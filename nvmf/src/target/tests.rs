@@ -361,12 +361,29 @@ fn linux_host_connect_sequence() {
         Status::INVALID_OPCODE
     );
 
-    // Closing the admin queue takes the I/O queues down.
+    // Closing the admin queue takes the I/O queues down; commands still arriving on
+    // them get no answer; the controller goes with the last of them.
     let actions = c.t.queue_closed(q, 100);
     assert_eq!(actions.len(), 4);
     assert!(actions
         .iter()
         .all(|a| matches!(a, Action::Disconnect { queue, .. } if queue.qid != 0)));
+    let mut buf = vec![0u8; 512];
+    let ioq = QueueRef {
+        cntlid: q.cntlid,
+        qid: 1,
+    };
+    assert_eq!(
+        c.exec_on(ioq, admin_sqe(io::READ, 1), &mut buf),
+        Outcome::Dropped
+    );
+    for a in actions {
+        let Action::Disconnect { queue, key } = a else {
+            unreachable!()
+        };
+        assert_eq!(c.t.subsystem_of(q.cntlid), Some(SUB1));
+        assert!(c.t.queue_closed(queue, key).is_empty());
+    }
     assert_eq!(c.t.subsystem_of(q.cntlid), None);
 }
 
@@ -431,10 +448,9 @@ fn keep_alive_expiry_tears_down_all_queues() {
         Outcome::Dropped
     );
     // The transport reports the queues closed: the controller goes, nothing more to do.
-    assert!(c
-        .t
-        .queue_closed(QueueRef { cntlid, qid: 1 }, 201)
-        .is_empty());
+    for (qid, key) in [(1, 201), (2, 202)] {
+        assert!(c.t.queue_closed(QueueRef { cntlid, qid }, key).is_empty());
+    }
     assert!(c
         .t
         .queue_closed(QueueRef { cntlid, qid: 0 }, 100)
