@@ -45,6 +45,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 /// I/O queues a controller may have (also the highest QID an RDMA connect may ask for).
 const MAX_IO_QUEUES: u16 = 64;
+/// Deepest NVMe/RDMA admin queue (HSQSIZE + 1) a connect request may ask for: SPDK's RDMA
+/// default `max_aq_depth`. Every entry costs a posted receive of SQE + in-capsule data
+/// (NVMe/TCP admin queues cost nothing per entry and take up to 4096, see
+/// `nvmf::target::MAX_ADMIN_SQSIZE`).
+const RDMA_ADMIN_QUEUE_DEPTH: u16 = 128;
 
 /// What the main thread and other IO threads send to an IO thread.
 enum ThreadMsg {
@@ -518,11 +523,11 @@ impl Runtime {
 
 /// Start the RDMA CM service: connections go to the IO thread with the fewest QPs.
 fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService, String> {
-    let (a, b) = (shared.clone(), shared.clone());
+    let (a, b, c) = (shared.clone(), shared.clone(), shared.clone());
     RdmaService::start(
         sta::rdma::CmLimits {
             max_queue_depth,
-            admin_queue_depth: nvmf::target::ADMIN_QUEUE_ENTRIES,
+            admin_queue_depth: RDMA_ADMIN_QUEUE_DEPTH,
             max_io_queues: MAX_IO_QUEUES,
         },
         Box::new(move || {
@@ -536,6 +541,24 @@ fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService,
             if let Some(tx) = b.threads.get(t) {
                 let _ = tx.send(ThreadMsg::Rdma(m));
             }
+        }),
+        Box::new(move |req, status| {
+            let listener = req
+                .local
+                .and_then(|l| c.listener_for(Transport::Rdma, l))
+                .map(|(n, _)| n);
+            let conn = ConnInfo {
+                peer: req.peer,
+                listener,
+            };
+            let line = format!(
+                "{}: rdma: rejecting a connect request ({status:?}: the NVMe-oF RDMA private \
+                 data is invalid or asks for more than this target allows; private data {:02x?})",
+                crate::refusals::where_from(Some(&conn)),
+                &req.private_data[..req.private_data.len().min(32)]
+            );
+            c.refusals
+                .report(crate::refusals::RDMA_CONNECT_REJECTED, conn.peer, &line);
         }),
     )
 }

@@ -39,7 +39,7 @@
 //! | `io_thread_polls_total` | counter | thread, state=busy/idle |
 //! | `io_thread_capsules_total` | counter | thread, path=offloaded/non_offloaded |
 //! | `io_thread_queue_pairs` | gauge | thread |
-//! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received) |
+//! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |

@@ -31,7 +31,15 @@ pub const MAX_PEERS: usize = 1024;
 pub const ICREQ_REJECTED: &str = "icreq_rejected";
 pub const C2H_TERM_REQ_SENT: &str = "c2h_term_req_sent";
 pub const H2C_TERM_REQ_RECEIVED: &str = "h2c_term_req_received";
-const ENGINE_LABELS: [&str; 3] = [ICREQ_REJECTED, C2H_TERM_REQ_SENT, H2C_TERM_REQ_RECEIVED];
+/// An NVMe/RDMA connect request rejected by the CM thread (the RDMA analog of a rejected
+/// ICReq: bad private data, queue too deep, no resources).
+pub const RDMA_CONNECT_REJECTED: &str = "rdma_connect_rejected";
+const ENGINE_LABELS: [&str; 4] = [
+    ICREQ_REJECTED,
+    C2H_TERM_REQ_SENT,
+    H2C_TERM_REQ_RECEIVED,
+    RDMA_CONNECT_REJECTED,
+];
 
 /// What is known of a connection, for log lines: who it came from and on which listener.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

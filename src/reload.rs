@@ -457,6 +457,25 @@ metrics:
     }
 
     #[test]
+    fn a_changed_max_io_size_needs_a_restart() {
+        let old = parse(BASE);
+        let new = Config {
+            max_io_size: old.max_io_size / 2,
+            ..old.clone()
+        };
+        let d = diff(&old, &new);
+        assert_eq!(d.restart_required.len(), 1, "{d:?}");
+        assert!(d.restart_required[0].starts_with("max_io_size: "));
+        assert_eq!(
+            ConfigDiff {
+                restart_required: Vec::new(),
+                ..d
+            },
+            ConfigDiff::default()
+        );
+    }
+
+    #[test]
     fn identical_configs_give_an_empty_diff() {
         let d = diff(&parse(BASE), &parse(BASE));
         assert!(d.is_empty(), "{d:#?}");

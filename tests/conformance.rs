@@ -420,7 +420,7 @@ fn max_io_size_setting() {
         .replace("{port}", "4420")
         .replace("{dir}", &dir.path().display().to_string());
     std::fs::write(&path, format!("max_io_size: 3000\n{text}")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_nvmf-target"))
+    let out = Command::new(daemon_binary())
         .args(["--check-config", "--config"])
         .arg(&path)
         .output()

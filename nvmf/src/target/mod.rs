@@ -43,7 +43,7 @@
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
 //!   Asynchronous Event Request (namespace attribute and discovery log change notices;
-//!   completed with Command Abort Requested on a controller reset); Abort (never aborts).
+//!   held across a controller reset, as nvmet does); Abort (never aborts).
 //! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
 //!
 //! # Not implemented
@@ -468,19 +468,16 @@ impl Controller {
         self.error_log.push_front(entry);
         self.error_log.truncate(ERROR_LOG_ENTRIES);
     }
-    /// CC.EN 1 -> 0 or shutdown: I/O queues go, held AERs are completed with Command
-    /// Abort Requested (as SPDK does on a reset; the admin queue stays connected, so the
-    /// host must get its commands back rather than have them vanish), pending events are
-    /// dropped, features return to their defaults.
+    /// CC.EN 1 -> 0 or shutdown: I/O queues go, pending events are dropped, features
+    /// return to their defaults. Held AERs stay held, as Linux nvmet and SPDK's TCP
+    /// target keep them: the admin queue is still connected, so they complete with the
+    /// next event or go with the connection. (Completing them here breaks SPDK's host,
+    /// which frees its AER before shutting the controller down and then fails the queue
+    /// on the unexpected completion; forgetting them leaves the host's commands
+    /// unanswerable for the life of the connection.)
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
-        let (cntlid, key) = (self.cntlid, self.admin_key);
-        actions.extend(self.aers.drain(..).map(|cid| Action::CompleteHeld {
-            queue: QueueRef { cntlid, qid: 0 },
-            key,
-            cqe: Cqe::new(cid, Status::ABORT_REQUESTED),
-        }));
         self.ns_error_recovery.clear();
         self.pending_events.clear();
         self.masked_ns_attr = false;
