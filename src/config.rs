@@ -161,6 +161,10 @@ pub struct SubsystemConfig {
     /// Names of the listeners this subsystem is reachable on; all listeners when the
     /// config does not say.
     pub listeners: Vec<String>,
+    /// The config did not name listeners: the subsystem is on every listener, including
+    /// listeners a reload adds later (Connects are refused on listeners a subsystem is
+    /// not on, so this follows the listener list live rather than at start-up).
+    pub all_listeners: bool,
     pub namespaces: Vec<NamespaceConfig>,
 }
 

@@ -417,11 +417,9 @@ impl Runtime {
                 model: s.model.clone(),
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
-                listeners: if s.listeners.is_empty() {
-                    None
-                } else {
-                    Some(infos)
-                },
+                // A subsystem that names no listeners is on all of them, those a later
+                // reload adds included.
+                listeners: if s.all_listeners { None } else { Some(infos) },
             });
             match r {
                 Ok(()) => {
@@ -1246,14 +1244,7 @@ impl IoThread {
         };
         let queue = self.qps.get(&qp).and_then(|a| a.queue);
         let (host, sub) = queue
-            .and_then(|q| {
-                let t = self.shared.target();
-                t.report()
-                    .controllers
-                    .into_iter()
-                    .find(|x| x.cntlid == q.cntlid)
-                    .map(|x| (x.hostnqn, x.subnqn))
-            })
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
             .unwrap_or_default();
         let line = format!(
             "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {line}",

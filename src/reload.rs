@@ -44,9 +44,10 @@
 //! each restart-required item until it is restarted). These are:
 //! - the IO thread layout (`io_threads` / `cpus`), `max_io_size` and the metrics address;
 //! - a backend whose definition changed while a surviving namespace uses it;
-//! - a subsystem's serial, model or listeners. Its listeners are the *resolved* list: a
-//!   subsystem that does not name listeners uses all of them, so adding or removing a
-//!   listener changes it; so does a changed address of a listener it uses.
+//! - a subsystem's serial, model or named listeners (a changed address of a listener it
+//!   names too). A subsystem that names no listeners is on all of them, and follows
+//!   listeners added or removed by a reload at once (nothing to restart); naming
+//!   listeners where it named none, or the reverse, needs a restart.
 
 #![forbid(unsafe_code)]
 
@@ -309,14 +310,21 @@ fn same_threads(a: &IoThreads, b: &IoThreads) -> bool {
     }
 }
 
-/// How a subsystem's resolved listeners changed (names added/removed, or a listener it
-/// keeps whose definition changed), or `None` when they did not.
+/// How a subsystem's listeners changed (names added/removed, or a listener it keeps whose
+/// definition changed), or `None` when they did not. A subsystem that names no listeners
+/// in either config follows the listener list by itself: no change.
 fn listeners_change(
     o: &SubsystemConfig,
     old_l: &BTreeMap<&str, &ListenerConfig>,
     n: &SubsystemConfig,
     new_l: &BTreeMap<&str, &ListenerConfig>,
 ) -> Option<String> {
+    match (o.all_listeners, n.all_listeners) {
+        (true, true) => return None,
+        (true, false) => return Some(format!("all -> [{}]", n.listeners.join(", "))),
+        (false, true) => return Some(format!("[{}] -> all", o.listeners.join(", "))),
+        (false, false) => {}
+    }
     let old_names: BTreeSet<&str> = o.listeners.iter().map(String::as_str).collect();
     let new_names: BTreeSet<&str> = n.listeners.iter().map(String::as_str).collect();
     let mut parts = Vec::new();
@@ -622,7 +630,8 @@ io_threads: 2
         let d = from_base(&edit("listeners: [tcp0]\n", "listeners: [tcp1]\n"));
         assert_only_restart(&d, &[&format!("subsystem {B}: listeners -tcp0, +tcp1")]);
 
-        // Subsystem b follows "all listeners": a new listener changes its list.
+        // Subsystem b follows "all listeners": a new listener is simply added, the
+        // subsystem is on it at once.
         let implicit = BASE.replace("    listeners: [tcp0]\n", "");
         let more = implicit.replace(
             "listeners:\n",
@@ -630,9 +639,12 @@ io_threads: 2
         );
         let d = diff(&parse(&implicit), &parse(&more));
         assert_eq!(d.listeners_added.len(), 1);
+        assert!(d.restart_required.is_empty(), "{d:#?}");
+        // Naming listeners where none were named (even all of them) needs a restart.
+        let d = diff(&parse(&implicit), &parse(BASE));
         assert_eq!(
             d.restart_required,
-            [format!("subsystem {B}: listeners +tcp9")]
+            [format!("subsystem {B}: listeners all -> [tcp0]")]
         );
     }
 

@@ -633,3 +633,127 @@ fn reload_removing_a_subsystem_under_io_fails_no_command() {
     );
     assert_serves(&mut d);
 }
+
+/// 5c: a discovery controller enables with IOSQES/IOCQES 0 (hosts leave them 0 there; it
+/// has no I/O queues). Before: CSTS.CFS.
+#[test]
+fn discovery_controller_enables_with_io_entry_sizes_zero() {
+    let _w = watchdog("disc_iosqes", secs(60));
+    let mut d = Daemon::start_default();
+    let mut h = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+    h.connect_admin(DISCOVERY_NQN, 0)
+        .expect("Connect discovery");
+    h.property_set(0x14, 1, false).expect("CC.EN=1 only");
+    let csts = h.property_get(0x1c, false).expect("CSTS");
+    assert_eq!(csts & 3, 1, "CSTS.RDY, not CFS: {csts:#x}");
+    let log = h
+        .get_log_page(0x70, 0, 0, 1024, false)
+        .expect("discovery log");
+    assert!(le64(&log, 8) >= 1);
+    assert_serves(&mut d);
+}
+
+/// 5j/5k as a host reads them: Set Features of a controller-scoped feature naming a
+/// namespace is Feature Not Namespace Specific; Identify Controller reports 128-bit host
+/// IDs, no keyed SGLs on TCP; CRTO agrees with CAP.TO; a discovery controller reports
+/// IOCCSZ/IORCSZ 0.
+#[test]
+fn features_nsid_and_identify_attributes() {
+    let _w = watchdog("features_identify", secs(60));
+    let mut d = Daemon::start_default();
+    let mut c = controller(&d, 1, &host_opts());
+    let mut sqe = Sqe {
+        nsid: 1,
+        cdw10: 0x01,
+        cdw11: 3,
+        ..Default::default()
+    };
+    sqe.set_opcode_cid(opcodes::admin::SET_FEATURES, 0);
+    let (cqe, _) = c.admin.submit_admin_raw(sqe, &[], 0).expect("set features");
+    assert_status(
+        cqe.status(),
+        Status::FEATURE_NOT_NAMESPACE_SPECIFIC,
+        "Set Features Arbitration with NSID 1",
+    );
+    sqe.nsid = 0xffff_ffff;
+    let (cqe, _) = c.admin.submit_admin_raw(sqe, &[], 0).expect("set features");
+    assert_ok(cqe.status(), "Set Features Arbitration with NSID FFFFFFFFh");
+    let id = c.admin.identify(1, 0).expect("identify");
+    assert_eq!(le32(&id, 96) & 1, 1, "CTRATT.HIDS");
+    assert_eq!(
+        le32(&id, 536) & (1 << 2),
+        0,
+        "no keyed SGL data blocks on TCP"
+    );
+    let cap = c.admin.property_get(0, true).expect("CAP");
+    let crto = c.admin.property_get(0x68, false).expect("CRTO");
+    let to = (cap >> 24) & 0xff;
+    assert_eq!(
+        (crto & 0xffff, crto >> 16),
+        (to, to),
+        "CRTO.CRWMT/CRIMT = CAP.TO"
+    );
+    let mut disc = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+    disc.connect_admin(DISCOVERY_NQN, 0)
+        .expect("Connect discovery");
+    disc.enable_controller().expect("enable");
+    let id = disc.identify(1, 0).expect("identify discovery");
+    assert_eq!((le32(&id, 1792), le32(&id, 1796)), (0, 0), "IOCCSZ/IORCSZ");
+    assert_serves(&mut d);
+}
+
+const ONE_LISTENER: &str = "\
+io_threads: 1
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 4MiB, block_size: 512}
+  - {name: ram1, type: ram, size: 4MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    namespaces:
+      - {nsid: 1, backend: ram0}
+  - nqn: nqn.2026-11.dev.nvmf-target:only-tcp0
+    allow_any_host: true
+    listeners: [tcp0]
+    namespaces:
+      - {nsid: 1, backend: ram1}
+";
+
+/// A listener added by reload serves at once the subsystems that name no listeners (they
+/// are on all of them), and not those that name others.
+#[test]
+fn a_listener_added_by_reload_serves_subsystems_on_all_listeners() {
+    let _w = watchdog("reload_listener", secs(60));
+    let mut d = Daemon::start(ONE_LISTENER);
+    let port2 = free_port();
+    let cfg_path = d.dir().join("nvmf-target.yaml");
+    let text = std::fs::read_to_string(&cfg_path).unwrap().replace(
+        "listeners:\n",
+        &format!(
+            "listeners:\n  - {{name: tcp1, transport: tcp, address: 127.0.0.1, port: {port2}}}\n"
+        ),
+    );
+    std::fs::write(&cfg_path, text).unwrap();
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "reload applied");
+    let mut h = TcpHost::connect(("127.0.0.1", port2), host_opts()).expect("ICReq on tcp1");
+    h.connect_admin(SUBNQN, 0)
+        .expect("Connect through the new listener");
+    h.enable_controller().expect("enable");
+    let mut h = TcpHost::connect(("127.0.0.1", port2), host_opts()).expect("ICReq on tcp1");
+    let s = err_status(
+        h.connect_admin("nqn.2026-11.dev.nvmf-target:only-tcp0", 0),
+        "Connect only-tcp0 through tcp1",
+    );
+    assert_status(
+        s,
+        Status::CONNECT_INVALID_PARAMETERS,
+        "named listeners only",
+    );
+    assert!(!d
+        .log()
+        .contains("restart required: subsystem nqn.2026-11.dev.nvmf-target:e2e"));
+    assert_serves(&mut d);
+}

@@ -723,6 +723,7 @@ impl Checker<'_> {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.iter().map(|h| h.value.clone()).collect(),
             listeners,
+            all_listeners: s.listeners.is_none(),
             namespaces,
         }
     }

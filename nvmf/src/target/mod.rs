@@ -739,6 +739,13 @@ impl Target {
         Ok(())
     }
 
+    /// (host NQN, subsystem NQN) of a controller, for log lines.
+    pub fn controller_nqns(&self, cntlid: u16) -> Option<(String, String)> {
+        self.controllers
+            .get(&cntlid)
+            .map(|c| (c.hostnqn.clone(), c.subnqn.clone()))
+    }
+
     /// The subsystem NQN of a live controller.
     pub fn subsystem_of(&self, cntlid: u16) -> Option<&str> {
         self.controllers.get(&cntlid).map(|c| c.subnqn.as_str())
