@@ -1,8 +1,9 @@
 //! Identify data structures (NVMe Base 2.0 section 5.17.2; NVM Command Set 1.0 section
 //! 4.1.5): Identify Controller (CNS 01h, with the NVMe-oF fields), Identify Namespace
 //! (CNS 00h), Namespace Identification Descriptors (CNS 03h), active namespace ID lists
-//! (CNS 02h/07h), I/O command set independent Identify Namespace (CNS 08h) and the NVM
-//! command set specific controller (CNS 06h) and namespace (CNS 05h) structures.
+//! (CNS 02h/07h), I/O command set independent Identify Namespace (CNS 08h), the NVM
+//! command set specific controller (CNS 06h) and namespace (CNS 05h) structures and the
+//! I/O Command Set data structure (CNS 1Ch).
 //!
 //! Multi-byte fields are little-endian (`zerocopy::little_endian`), so the structs have
 //! alignment 1 and no padding; sizes are checked at compile time.
