@@ -9,6 +9,7 @@ mod daemon;
 mod metrics;
 mod notify;
 mod rdma;
+mod refusals;
 mod reload;
 
 use std::path::PathBuf;

@@ -16,9 +16,15 @@
 //! hangs. Received PDUs go through `nvmf::tcp::RxFramer` in its host role, so a target
 //! that sends malformed PDUs is caught ([`Error::Protocol`]).
 //!
-//! Not implemented: TLS, authentication, SQ flow-control checks (SQHD is ignored; the host
-//! keeps at most SQSIZE commands outstanding instead), asynchronous event requests are
-//! only available through the raw API. The host is single-threaded and blocking: while it
+//! Host behaviours of other initiators, to test a target against them
+//! ([`HostOptions`]): CC.CSS 110b (NVMe 2.0 hosts such as SPDK's), a random HOSTID per
+//! I/O queue Connect (user-space hosts that make one per connection), an empty Host NQN
+//! (`spdk_nvme_perf` without a hostnqn), SQ flow control disabled (CATTR bit 2; the host
+//! then checks that every completion reports SQHD FFFFh), any admin queue size.
+//!
+//! Not implemented: TLS, authentication, SQ flow-control accounting (with flow control
+//! on, SQHD is not checked; the host keeps at most SQSIZE commands outstanding instead),
+//! asynchronous event requests are only available through the raw API. The host is single-threaded and blocking: while it
 //! writes a large H2CData it does not read, so it relies on the target to keep reading
 //! while it sends (which the spec's flow expects of a target anyway).
 
@@ -88,6 +94,18 @@ pub struct HostOptions {
     /// sends every I/O-queue write's data (and the I/O queue Connect data) by R2T. The
     /// admin queue always uses 8 KiB.
     pub io_max_incapsule: u32,
+    /// CC.CSS that [`TcpHost::enable_controller`] writes: 0 (NVM command set, what the
+    /// Linux host writes when CAP.CSS bit 6 is clear) or 0b110 (all supported I/O command
+    /// sets: what NVMe 2.0 hosts such as SPDK's write when CAP.CSS bit 6 is set).
+    pub cc_css: u8,
+    /// A fresh random HOSTID in every I/O queue Connect, as user-space hosts that make one
+    /// per connection do; the admin queue uses [`hostid`](Self::hostid).
+    pub random_hostid_per_queue: bool,
+    /// Connect with CATTR bit 2 (SQ flow control disabled); every completion must then
+    /// report SQHD FFFFh, and one that does not is an [`Error::Unexpected`].
+    pub disable_sq_flow_control: bool,
+    /// SQSIZE (0's based) of the admin queue Connect: Linux uses 31, SPDK's host 1..=4095.
+    pub admin_sqsize: u16,
 }
 
 impl Default for HostOptions {
@@ -103,8 +121,45 @@ impl Default for HostOptions {
             timeout: Duration::from_secs(10),
             max_c2h_data: 1 << 20,
             io_max_incapsule: 0,
+            cc_css: 0,
+            random_hostid_per_queue: false,
+            disable_sq_flow_control: false,
+            admin_sqsize: 31,
         }
     }
+}
+
+impl HostOptions {
+    /// What `spdk_nvme_perf` does when its `-r` names no hostnqn: an empty Host NQN.
+    pub fn with_empty_hostnqn(self) -> HostOptions {
+        HostOptions {
+            hostnqn: String::new(),
+            ..self
+        }
+    }
+}
+
+/// A random version 4 UUID for a HOSTID (time, process and a counter through a xorshift:
+/// unique enough for test hosts, not cryptographic).
+pub fn random_hostid() -> [u8; 16] {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x =
+        t ^ N.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed) ^ std::process::id() as u64;
+    let mut id = [0u8; 16];
+    for chunk in id.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    id[6] = (id[6] & 0x0f) | 0x40;
+    id[8] = (id[8] & 0x3f) | 0x80;
+    id
 }
 
 fn default_hostid() -> [u8; 16] {
@@ -275,6 +330,10 @@ pub struct TcpHost {
     digests: Digests,
     ic_resp: Option<IcResp>,
     qid: Option<u16>,
+    /// SQ flow control disabled on this queue: completions must report SQHD FFFFh.
+    sqhd_disabled: bool,
+    /// The HOSTID this queue's Connect sent.
+    connect_hostid: Option<[u8; 16]>,
     max_incapsule: u32,
     lba_size: u32,
     slots: Vec<Slot>,
@@ -340,6 +399,8 @@ impl TcpHost {
             digests: Digests::NONE,
             ic_resp: None,
             qid: None,
+            sqhd_disabled: false,
+            connect_hostid: None,
             max_incapsule: tcp::ADMIN_MAX_INCAPSULE_DATA,
             lba_size: 512,
             slots: Vec::new(),
@@ -541,7 +602,8 @@ impl TcpHost {
     /// Handles one PDU; returns a completion if it finished a command.
     fn step(&mut self) -> Result<Option<Completion>> {
         enum Ev {
-            Done(u16, Cqe),
+            /// A completion: from a CapsuleResp (`true`) or a C2HData with SUCCESS.
+            Done(u16, Cqe, bool),
             Nothing,
             R2T {
                 cccid: u16,
@@ -552,7 +614,7 @@ impl TcpHost {
             Err(Error),
         }
         let ev = self.next_pdu(|p, slots| match p {
-            Pdu::CapsuleResp { cqe } => Ev::Done(cqe.cid, cqe),
+            Pdu::CapsuleResp { cqe } => Ev::Done(cqe.cid, cqe, true),
             Pdu::C2HData {
                 cccid,
                 datao,
@@ -580,7 +642,7 @@ impl TcpHost {
                 s.buf[datao as usize..end].copy_from_slice(data);
                 s.digest_error |= !data_digest_ok;
                 if success && last {
-                    Ev::Done(cccid, Cqe::success(cccid))
+                    Ev::Done(cccid, Cqe::success(cccid), false)
                 } else {
                     Ev::Nothing
                 }
@@ -602,10 +664,20 @@ impl TcpHost {
         match ev {
             Ev::Nothing => Ok(None),
             Ev::Err(e) => Err(e),
-            Ev::Done(cid, mut cqe) => {
+            Ev::Done(cid, mut cqe, from_capsule) => {
                 let Some(s) = self.slots.get_mut(cid as usize).filter(|s| s.busy) else {
                     return Err(Error::Unexpected(format!("completion for idle CID {cid}")));
                 };
+                // A C2HData with SUCCESS carries no CQE (synthesized above): nothing to check.
+                if self.sqhd_disabled
+                    && from_capsule
+                    && cqe.sqhd != nvmf::queue::SQHD_FLOW_CONTROL_DISABLED
+                {
+                    return Err(Error::Unexpected(format!(
+                        "SQHD {:#06x} in the completion of CID {cid}: SQ flow control is disabled on this queue, it must be 0xffff",
+                        cqe.sqhd
+                    )));
+                }
                 if s.digest_error && cqe.status().is_success() {
                     cqe.status = Status::DATA_TRANSFER_ERROR.to_field();
                 }
@@ -721,18 +793,31 @@ impl TcpHost {
         sqsize: u16,
         kato_ms: u32,
     ) -> Result<Cqe> {
+        let cattr = if self.opts.disable_sq_flow_control {
+            fabrics::CATTR_DISABLE_SQ_FLOW_CONTROL
+        } else {
+            0
+        };
         let cmd = ConnectCommand {
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato: kato_ms,
         };
         if qid != 0 {
             // The I/O queue's in-capsule limit applies from its Connect on.
             self.max_incapsule = self.opts.io_max_incapsule;
         }
-        let data = ConnectData::new(self.opts.hostid, cntlid, subnqn, &self.opts.hostnqn);
+        let hostid = if qid != 0 && self.opts.random_hostid_per_queue {
+            random_hostid()
+        } else {
+            self.opts.hostid
+        };
+        self.connect_hostid = Some(hostid);
+        // The Connect's own completion already reports SQHD FFFFh (nvmet does the same).
+        self.sqhd_disabled = self.opts.disable_sq_flow_control;
+        let data = ConnectData::new(hostid, cntlid, subnqn, &self.opts.hostnqn);
         let cqe = self.exec_ok(cmd.to_sqe(0), data.as_bytes())?;
         self.qid = Some(qid);
         // At most SQSIZE (0's based) + 1 - 1 commands fit in the queue.
@@ -740,11 +825,17 @@ impl TcpHost {
         Ok(cqe)
     }
 
-    /// Fabrics Connect of the admin queue (QID 0, SQSIZE 31, CNTLID FFFFh); returns the
-    /// controller ID.
+    /// Fabrics Connect of the admin queue (QID 0, SQSIZE [`HostOptions::admin_sqsize`],
+    /// CNTLID FFFFh); returns the controller ID.
     pub fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> Result<u16> {
-        let cqe = self.connect_queue(subnqn, fabrics::CNTLID_DYNAMIC, 0, 31, kato_ms)?;
+        let sqsize = self.opts.admin_sqsize;
+        let cqe = self.connect_queue(subnqn, fabrics::CNTLID_DYNAMIC, 0, sqsize, kato_ms)?;
         Ok(cqe.dw0 as u16)
+    }
+
+    /// The HOSTID this queue's Connect sent.
+    pub fn connect_hostid(&self) -> Option<[u8; 16]> {
+        self.connect_hostid
     }
 
     /// Fabrics Connect of I/O queue `qid` to controller `cntlid` (SQSIZE 0's based).
@@ -773,11 +864,11 @@ impl TcpHost {
         self.exec_ok(p.to_sqe(0, true), &[]).map(|_| ())
     }
 
-    /// CC.EN = 1 with IOSQES 6 and IOCQES 4, then waits for CSTS.RDY (CAP.TO, at most
-    /// the connection timeout).
+    /// CC.EN = 1 with IOSQES 6, IOCQES 4 and CC.CSS [`HostOptions::cc_css`], then waits
+    /// for CSTS.RDY (CAP.TO, at most the connection timeout).
     pub fn enable_controller(&mut self) -> Result<()> {
         let cap = self.property_get(fabrics::property::CAP, true)?;
-        let cc = fabrics::cc::EN | 6 << 16 | 4 << 20;
+        let cc = fabrics::cc::EN | 6 << 16 | 4 << 20 | ((self.opts.cc_css & 7) as u32) << 4;
         self.property_set(fabrics::property::CC, cc as u64, false)?;
         let to = Duration::from_millis(((cap >> fabrics::cap::TO_SHIFT) & 0xff).max(1) * 500);
         let deadline = Instant::now() + to.min(self.opts.timeout);

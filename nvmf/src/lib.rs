@@ -6,6 +6,7 @@
 //! - [`spec`]: NVMe Base 2.0 / NVM Command Set 1.0 / NVMe-oF 1.1 structures (SQE, CQE,
 //!   status, SGL, Identify, log pages, features, Fabrics Connect).
 //! - [`tcp`]: NVMe/TCP Transport Specification 1.0 PDUs, digests and the receive framer.
+//! - [`queue`]: submission-queue rules the transports share (SQHD, SGL lengths).
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
 //!
@@ -13,6 +14,7 @@
 //! namespace management, metadata/protection information.
 #![forbid(unsafe_code)]
 
+pub mod queue;
 pub mod spec;
 pub mod target;
 pub mod tcp;

@@ -104,8 +104,6 @@ impl Cmd {
 struct Binding {
     subsys: SubsysId,
     qid: u16,
-    sqsize: u16,
-    sqflow_disabled: bool,
 }
 
 /// How a QP's bytes move: the only transport-specific part of a QP. Commands, offload
@@ -125,7 +123,12 @@ struct QpState {
     hpda: u8,
     binding: Option<Binding>,
     qid: u16,
-    sq_count: u32,
+    /// SQ head: commands taken from the queue, modulo its size (`nvmf::queue`).
+    sq_head: u16,
+    /// Entries of the submission queue (Connect SQSIZE + 1; admin default until Connect).
+    sq_entries: u32,
+    /// The host disabled SQ flow control: every completion reports SQHD FFFFh.
+    sqflow_disabled: bool,
     /// Command slots this QP holds.
     inflight: u32,
     /// No more input is processed (peer gone, protocol error, or disconnecting).
@@ -314,7 +317,9 @@ impl StaIo {
                 hpda: 0,
                 binding: None,
                 qid: 0,
-                sq_count: 0,
+                sq_head: 0,
+                sq_entries: nvmf::queue::DEFAULT_ADMIN_SQ_ENTRIES,
+                sqflow_disabled: false,
                 inflight: 0,
                 rx_stopped: false,
                 error_reported: false,
@@ -338,19 +343,16 @@ impl StaIo {
     pub fn qp_add_subsystem(&mut self, qp: QpHandle, subsys: SubsysId) -> Result<(), TaskError> {
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         let qid = q.st.qid;
-        let b = q.st.binding.get_or_insert(Binding {
-            subsys,
-            qid,
-            sqsize: 31,
-            sqflow_disabled: false,
-        });
+        let b = q.st.binding.get_or_insert(Binding { subsys, qid });
         b.subsys = subsys;
         Ok(())
     }
 
     /// DOCA `doca_sta_io_qp_connect_set_sq_size`, plus what the TCP binding needs from
-    /// the Connect command: the queue id and whether SQ flow control is disabled (then a
-    /// successful read's C2HData carries the SUCCESS flag instead of a response capsule).
+    /// the Connect command: the queue id and whether SQ flow control is disabled (then
+    /// every completion reports SQHD FFFFh, and a successful read's C2HData carries the
+    /// SUCCESS flag instead of a response capsule). Admin queues too: their SQHD wraps at
+    /// the SQSIZE they negotiated.
     pub fn qp_connect_set_params(
         &mut self,
         qp: QpHandle,
@@ -360,10 +362,11 @@ impl StaIo {
     ) -> Result<(), TaskError> {
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         q.st.qid = qid;
+        q.st.sq_entries = sqsize as u32 + 1;
+        q.st.sq_head = (q.st.sq_head as u32 % q.st.sq_entries) as u16;
+        q.st.sqflow_disabled = sqflow_disabled;
         if let Some(b) = q.st.binding.as_mut() {
             b.qid = qid;
-            b.sqsize = sqsize;
-            b.sqflow_disabled = sqflow_disabled;
         }
         Ok(())
     }
@@ -626,7 +629,8 @@ impl StaIo {
             match framer.parse(rx.pending()) {
                 Ok(Some((pdu, used))) => {
                     did = true;
-                    self.core.on_pdu(h, st, pdu);
+                    let hdr = tcp::pdu_header(&rx.pending()[..used]);
+                    self.core.on_pdu(h, st, pdu, hdr);
                     rx.head += used;
                     if framer.digests() != st.digests {
                         // ICReq negotiated digests: they apply to every later PDU.
@@ -635,7 +639,18 @@ impl StaIo {
                 }
                 Ok(None) => break,
                 Err(term) => {
-                    tracing::warn!(qp = h.as_u64(), "fatal NVMe/TCP error from host: {term}");
+                    tracing::debug!(qp = h.as_u64(), "fatal NVMe/TCP error from host: {term}");
+                    // The connection's first PDU exchange failed on the ICReq itself.
+                    let icreq =
+                        !framer.ic_done() && rx.pending().first() == Some(&tcp::pdu_type::IC_REQ);
+                    self.core.events.push_back(Event::Terminated {
+                        qp: h,
+                        qp_user: st.user,
+                        by_host: !term.send_term_req,
+                        icreq,
+                        fes: term.fes,
+                        fei: term.fei,
+                    });
                     if term.send_term_req {
                         self.core.scratch.clear();
                         tcp::encode_term_req(
@@ -1298,7 +1313,7 @@ impl Core {
                 let off = slot as usize * sz;
                 let n = (wc.byte_len as usize).min(sz);
                 let capsule = &region[off..off + n];
-                st.sq_count = st.sq_count.wrapping_add(1);
+                st.sq_head = nvmf::queue::advance_sq_head(st.sq_head, st.sq_entries);
                 match Sqe::read_from_prefix(capsule) {
                     Ok((sqe, _)) => self.on_capsule(qp, st, &sqe, &capsule[Sqe::SIZE..], true),
                     Err(_) => {
@@ -1394,8 +1409,7 @@ impl Core {
     }
 
     fn sqhd(st: &QpState) -> u16 {
-        let size = st.binding.map_or(32, |b| b.sqsize as u32 + 1);
-        (st.sq_count % size.max(1)) as u16
+        nvmf::queue::sqhd(st.sq_head, st.sqflow_disabled)
     }
 
     /// Queue the response to command `idx`: `data_len` bytes of its buffer as C2HData
@@ -1428,8 +1442,7 @@ impl Core {
             return;
         }
         let ok = cqe.status().is_success();
-        let success_flag =
-            ok && data_len > 0 && st.binding.is_some_and(|b| b.sqflow_disabled) && cqe.dw0 == 0;
+        let success_flag = ok && data_len > 0 && st.sqflow_disabled && cqe.dw0 == 0;
         if data_len > 0 {
             self.scratch.clear();
             tcp::encode_c2h_data_header(
@@ -1485,7 +1498,16 @@ impl Core {
         st.tx_dirty = true;
     }
 
+    /// Sends a C2HTermReq carrying `hdr`, the offending PDU's header, and stops the QP.
     fn fatal(&mut self, qp: QpHandle, st: &mut QpState, fes: u16, fei: u32, hdr: &[u8]) {
+        self.events.push_back(Event::Terminated {
+            qp,
+            qp_user: st.user,
+            by_host: false,
+            icreq: false,
+            fes,
+            fei,
+        });
         self.scratch.clear();
         tcp::encode_term_req(&mut self.scratch, true, fes, fei, hdr);
         st.tx.push_small(&self.scratch);
@@ -1494,7 +1516,8 @@ impl Core {
         self.transport_error(qp, st, TransportErrorKind::Protocol);
     }
 
-    fn on_pdu(&mut self, qp: QpHandle, st: &mut QpState, pdu: Pdu<'_>) {
+    /// One PDU of a TCP QP; `hdr` is its header as received (for a C2HTermReq).
+    fn on_pdu(&mut self, qp: QpHandle, st: &mut QpState, pdu: Pdu<'_>, hdr: &[u8]) {
         match pdu {
             Pdu::IcReq(ic) => {
                 let digests = ic.digests;
@@ -1518,7 +1541,7 @@ impl Core {
                 data,
                 data_digest_ok,
             } => {
-                st.sq_count = st.sq_count.wrapping_add(1);
+                st.sq_head = nvmf::queue::advance_sq_head(st.sq_head, st.sq_entries);
                 self.on_capsule(qp, st, &sqe, data, data_digest_ok);
             }
             Pdu::H2CData {
@@ -1529,16 +1552,24 @@ impl Core {
                 last: _,
                 data_digest_ok,
             } => {
-                self.on_h2c(qp, st, cccid, ttag, datao, data, data_digest_ok);
+                self.on_h2c(qp, st, cccid, ttag, datao, data, data_digest_ok, hdr);
             }
-            Pdu::H2CTermReq { fes, .. } => {
-                tracing::info!(qp = qp.as_u64(), fes, "host terminated the connection");
+            Pdu::H2CTermReq { fes, fei } => {
+                tracing::debug!(qp = qp.as_u64(), fes, "host terminated the connection");
+                self.events.push_back(Event::Terminated {
+                    qp,
+                    qp_user: st.user,
+                    by_host: true,
+                    icreq: false,
+                    fes,
+                    fei,
+                });
                 st.rx_stopped = true;
                 self.transport_error(qp, st, TransportErrorKind::PeerClosed);
             }
             _ => {
                 // The framer only yields host-to-controller PDUs in controller mode.
-                self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 0, &[]);
+                self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 0, hdr);
             }
         }
     }
@@ -1700,8 +1731,15 @@ impl Core {
             }
             _ => return self.fail(st, idx, Status::SGL_DESCRIPTOR_TYPE_INVALID),
         };
-        if sgl_len < len {
-            return self.fail(st, idx, Status::DATA_SGL_LENGTH_INVALID);
+        // An SGL longer than the transfer is as invalid as a shorter one (nvmet checks
+        // the same); only Dataset Management may describe more than its ranges.
+        let rule = if kind == Kind::Dsm {
+            nvmf::queue::SglRule::AtLeast
+        } else {
+            nvmf::queue::SglRule::Exact
+        };
+        if let Err(s) = nvmf::queue::check_sgl_length(sgl_len, len, rule) {
+            return self.fail(st, idx, s);
         }
         let Some(mut b) = self.pool.get(len as usize) else {
             return self.fail(st, idx, Status::INTERNAL_ERROR);
@@ -1773,7 +1811,9 @@ impl Core {
             Kind::Read => Some((Op::Read, lba, nblocks, c.buf.take())),
             Kind::Write => Some((Op::Write { fua: sqe.fua() }, lba, nblocks, c.buf.take())),
             Kind::Flush => Some((Op::Flush, 0, 0, None)),
-            Kind::WriteZeroes => Some((Op::WriteZeroes, lba, nblocks, None)),
+            // FUA (CDW12 bit 30, as for Write) goes down: the zeroes are durable before
+            // the completion, not just at the next Flush.
+            Kind::WriteZeroes => Some((Op::WriteZeroes { fua: sqe.fua() }, lba, nblocks, None)),
             _ => None,
         };
         if let Some((op, lba, nblocks, buf)) = single {
@@ -1872,7 +1912,12 @@ impl Core {
                         NsCounters::bump(&k.write_cmds, 1);
                         NsCounters::bump(&k.write_bytes, len as u64);
                     }
-                    Kind::Compare => NsCounters::bump(&k.read_cmds, 1),
+                    // SMART counts Compare as a read: Host Read Commands and, for the
+                    // logical blocks it compares, Data Units Read (NVMe Base 2.0 Fig. 207).
+                    Kind::Compare => {
+                        NsCounters::bump(&k.read_cmds, 1);
+                        NsCounters::bump(&k.read_bytes, len as u64);
+                    }
                     _ => NsCounters::bump(&k.other_cmds, 1),
                 }
             }
@@ -1960,6 +2005,7 @@ impl Core {
         datao: u32,
         data: &[u8],
         ddgst_ok: bool,
+        hdr: &[u8],
     ) {
         let idx = ttag as u32;
         let valid = self
@@ -1968,12 +2014,12 @@ impl Core {
             .is_some_and(|c| c.st == St::H2C && c.qp == qp && c.sqe.cid() == cccid);
         if !valid {
             // H2CData header: TTAG is at byte 10.
-            return self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 10, &[]);
+            return self.fatal(qp, st, tcp::fes::INVALID_HEADER_FIELD, 10, hdr);
         }
         let c = &mut self.cmds[idx as usize];
         let end = datao as u64 + data.len() as u64;
         if datao != c.got || end > c.len as u64 {
-            return self.fatal(qp, st, tcp::fes::DATA_TRANSFER_OUT_OF_RANGE, 12, &[]);
+            return self.fatal(qp, st, tcp::fes::DATA_TRANSFER_OUT_OF_RANGE, 12, hdr);
         }
         if let Some(b) = c.buf.as_mut() {
             b.as_mut_slice()[datao as usize..end as usize].copy_from_slice(data);
