@@ -132,6 +132,14 @@ fn log_config(cfg: &Config) {
                 b.name,
                 path.display()
             ),
+            BackendKind::Nvme {
+                pci,
+                nsid,
+                io_timeout_ms,
+            } => tracing::debug!(
+                "backend {}: nvme {pci} namespace {nsid}, io timeout {io_timeout_ms:?} ms",
+                b.name
+            ),
         }
     }
     for s in &cfg.subsystems {
