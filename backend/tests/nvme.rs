@@ -550,3 +550,20 @@ fn dropping_a_queue_with_stuck_commands_is_bounded() {
     assert_eq!(e.io_queues(), 0);
     assert_eq!(e.held(), 0);
 }
+
+#[test]
+fn deallocate_reads_zeroes_even_when_the_drive_keeps_deallocated_data() {
+    // Like QEMU's drive without discard=unmap: DSM keeps the data, DLFEAT says so.
+    let e = emu(EmuConfig {
+        dsm_zeroes: false,
+        ..big(4096)
+    });
+    let be: Arc<dyn Backend> = open(&e, NvmeOptions::default());
+    fua_flush_zeroes_dealloc(be.clone());
+    let c = e.counters();
+    assert_eq!(
+        c.dsm, 0,
+        "DSM must not be used when it does not zero: {c:?}"
+    );
+    assert!(c.write_zeroes > 0);
+}

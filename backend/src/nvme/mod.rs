@@ -112,6 +112,8 @@ pub struct NvmeBackend {
     pub(crate) nsid: u32,
     pub(crate) block_size: u32,
     pub(crate) num_blocks: u64,
+    /// Deallocate may use Dataset Management (the drive reads deallocated blocks as 0).
+    pub(crate) dsm_zeroes: bool,
     pub(crate) opts: NvmeOptions,
     desc: String,
 }
@@ -179,6 +181,18 @@ impl NvmeBackend {
             )));
         }
         let id = ctrl.identity();
+        tracing::info!(
+            "nvme {name}: {} {} fw {}, MDTS {:?} bytes, SGL {}, VWC {}, ONCS {:#x}, namespace {} DLFEAT {:#x}",
+            id.model,
+            id.serial,
+            id.firmware,
+            ctrl.max_transfer(),
+            id.supports_sgl(),
+            id.vwc,
+            id.oncs,
+            opts.nsid,
+            ns.dlfeat
+        );
         let desc = format!(
             "nvme:{name}/ns{} ({} {}, {} x {} B, {})",
             opts.nsid,
@@ -192,6 +206,7 @@ impl NvmeBackend {
             nsid: opts.nsid,
             block_size: ns.block_size,
             num_blocks: ns.nsze,
+            dsm_zeroes: ns.deallocate_reads_zeroes(),
             opts,
             desc,
             ctrl,
@@ -260,6 +275,7 @@ impl Backend for NvmeBackend {
             nsid: self.nsid,
             block_size: self.block_size,
             num_blocks: self.num_blocks,
+            dsm_zeroes: self.dsm_zeroes,
             opts: self.opts.clone(),
             desc: self.desc.clone(),
         });

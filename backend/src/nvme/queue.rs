@@ -358,7 +358,9 @@ impl NvmeQueue {
         let bs = self.ns.block_size as usize;
         let id = self.ctrl.identity();
         let has_wz = id.oncs & spec::ONCS_WRITE_ZEROES != 0;
-        let has_dsm = id.oncs & spec::ONCS_DSM != 0;
+        // Deallocate must read back zeroes (the backend contract): DSM only when the
+        // namespace says deallocated blocks read as zeroes, else Write Zeroes with DEAC.
+        let has_dsm = id.oncs & spec::ONCS_DSM != 0 && self.ns.dsm_zeroes;
         let sgl = self.ctrl.use_sgl();
         let list_off = usize::from(cid) * spec::PAGE;
         let list_iova = self.lists.iova() + list_off as u64;

@@ -414,6 +414,16 @@ pub struct IdentifyNamespace {
     pub block_size: u32,
     /// Metadata bytes per block of the format in use.
     pub ms: u16,
+    /// Deallocate Logical Block Features: bits 2:0 = 001b means a deallocated block
+    /// reads as zeroes (otherwise its content after Dataset Management is undefined).
+    pub dlfeat: u8,
+}
+
+impl IdentifyNamespace {
+    /// Whether Dataset Management (deallocate) leaves blocks that read as zeroes.
+    pub fn deallocate_reads_zeroes(&self) -> bool {
+        self.dlfeat & 7 == 1
+    }
 }
 
 impl IdentifyNamespace {
@@ -431,6 +441,7 @@ impl IdentifyNamespace {
                 0
             },
             ms: lbaf as u16,
+            dlfeat: b[33],
         }
     }
 
@@ -441,6 +452,7 @@ impl IdentifyNamespace {
         b[24] = 1 << 3; // NSFEAT: DEALLOCATED/UNWRITTEN ERROR; reads of deallocated blocks are 0
         b[25] = 0; // NLBAF: one format
         b[26] = 0; // FLBAS: format 0
+        b[33] = self.dlfeat;
         let lbaf = u32::from(self.ms) | (self.block_size.trailing_zeros()) << 16;
         b[128..132].copy_from_slice(&lbaf.to_le_bytes());
     }
@@ -536,6 +548,7 @@ mod tests {
             nsze: 1 << 20,
             block_size: 4096,
             ms: 0,
+            dlfeat: 1,
         };
         let mut b = [0u8; 4096];
         n.encode(&mut b);

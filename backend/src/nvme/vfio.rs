@@ -303,6 +303,20 @@ impl VfioDevice {
             }
         };
         let req_eventfd = Self::wire_request_irq(dfd);
+        tracing::info!(
+            "vfio {bdf}: IOMMU group {group}, BAR0 {} KiB {}, removal notification {}",
+            len / 1024,
+            if matches!(bar, Bar::Mapped { .. }) {
+                "mmapped"
+            } else {
+                "by pread/pwrite (not mmappable)"
+            },
+            if req_eventfd.is_some() {
+                "wired"
+            } else {
+                "unavailable"
+            }
+        );
         let raw = device.as_raw_fd();
         std::mem::forget(device); // owned by `VfioDevice::device` from here on
         Ok(Arc::new(VfioDevice {

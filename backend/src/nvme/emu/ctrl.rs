@@ -32,6 +32,9 @@ pub struct EmuConfig {
     pub oncs: u16,
     /// CAP.DSTRD.
     pub dstrd: u8,
+    /// Deallocated blocks read as zeroes (DLFEAT 001b). When false, Dataset Management
+    /// leaves the data in place (as QEMU's drive does without `discard=unmap`).
+    pub dsm_zeroes: bool,
 }
 
 impl Default for EmuConfig {
@@ -46,6 +49,7 @@ impl Default for EmuConfig {
             vwc: true,
             oncs: spec::ONCS_DSM | spec::ONCS_WRITE_ZEROES,
             dstrd: 0,
+            dsm_zeroes: true,
         }
     }
 }
@@ -386,6 +390,7 @@ impl EmulatedController {
                                 nsze: n,
                                 block_size: s.cfg.block_size,
                                 ms: 0,
+                                dlfeat: u8::from(s.cfg.dsm_zeroes),
                             }
                             .encode(&mut page),
                             None => return (Status::INVALID_NAMESPACE.dnr(), 0),
@@ -709,7 +714,7 @@ impl EmulatedController {
                     return Some((st, 0));
                 }
                 s.counters.dsm += 1;
-                if sqe.dw[11] & 4 != 0 {
+                if sqe.dw[11] & 4 != 0 && s.cfg.dsm_zeroes {
                     for r in ranges.chunks_exact(16) {
                         let n = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as usize;
                         let lba = u64::from_le_bytes(r[8..16].try_into().unwrap_or([0; 8]));
