@@ -49,4 +49,7 @@ NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh
 stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
 
+stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot), with the benchmark"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio-bench nvmft-vfio
+
 printf '\nall stages passed in %ss\n' "$(( $(date +%s) - t0 ))"

@@ -300,6 +300,20 @@ fn a_function_reset_behind_our_back_is_noticed_and_recovered() {
 }
 
 #[test]
+fn a_reset_racing_a_function_reset_in_progress_is_retried() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 512, 0, 8, 1);
+    e.function_reset();
+    // Our first bring-up's register writes vanish (the FLR is not done yet).
+    e.drop_writes(8);
+    write_read_check(&mut q, 512, 8, 8, 2);
+    assert_eq!(be.controller().resets(), 1);
+    assert!(e.ready());
+}
+
+#[test]
 fn a_reset_by_one_queue_is_recovered_by_the_other() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());

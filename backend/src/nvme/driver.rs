@@ -21,6 +21,8 @@ use super::spec::{self, Cap, Cqe, IdentifyController, IdentifyNamespace, Sqe, St
 
 /// Entries of the admin queue pair.
 pub const ADMIN_ENTRIES: u16 = 32;
+/// Bring-up attempts of one controller reset.
+const RESET_ATTEMPTS: u32 = 3;
 
 /// Why a controller operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -576,7 +578,31 @@ impl Controller {
         if self.is_failed() {
             return Err(DriverError::Failed);
         }
-        let result = bring_up(&*self.dev, self.cap, &mut a).and_then(|()| {
+        // A reset that races a function-level reset still in progress (memory space off,
+        // writes dropped, the FLR landing after our enable) fails to come ready: try a
+        // few times, restoring Bus Master each time.
+        let mut result = Err(DriverError::Failed);
+        for attempt in 0..RESET_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = self.dev.enable_bus_master();
+            result = bring_up(&*self.dev, self.cap, &mut a);
+            if matches!(result, Ok(()) | Err(DriverError::Failed)) {
+                break;
+            }
+            tracing::warn!(
+                "nvme {}: controller reset attempt {} failed: {}",
+                self.dev.name(),
+                attempt + 1,
+                result
+                    .as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            );
+        }
+        let result = result.and_then(|()| {
             drop(a);
             self.set_queue_count().map(|_| ())
         });

@@ -5,8 +5,10 @@
 # with verify on both; a function reset of the drive in the middle of verified I/O (the
 # daemon resets the controller and resubmits: fio must still verify); the drive removed
 # in the middle of I/O (the daemon gives it back, the namespace fails, nothing hangs).
+# discard=unmap: QEMU's drive reports DLFEAT 001b (deallocated blocks read as zeroes)
+# but ignores deallocation unless the block layer may unmap.
 # interop-timeout: 900
-# interop-qemu: -device intel-iommu,intremap=on -drive file=@RUN_DIR@/nvme0.img,if=none,id=nvm0,format=raw,cache=unsafe -device nvme,serial=NVMFTVFIO01,drive=nvm0,addr=04.0
+# interop-qemu: -device intel-iommu,intremap=on -drive file=@RUN_DIR@/nvme0.img,if=none,id=nvm0,format=raw,cache=unsafe,discard=unmap -device nvme,serial=NVMFTVFIO01,drive=nvm0,addr=04.0
 # interop-append: intel_iommu=on iommu=pt
 # interop-disk: nvme0.img 1G
 . "$(dirname "$0")/common.sh"
@@ -46,6 +48,11 @@ grp=$(basename "$(readlink "/sys/bus/pci/devices/$BDF/iommu_group" 2>/dev/null)"
 if [ -n "$grp" ]; then pass iommu-group; note "IOMMU group $grp"
 else fail iommu-group "no IOMMU group for $BDF (intel_iommu=on?)"; dmesg | grep -i -E "dmar|iommu" | tail -5; exit 1; fi
 note "driver now: $(bound_to)"
+# Start from an unbound drive (a scenario earlier in this boot may have bound it).
+if [ -n "$(bound_to)" ]; then
+    echo "$BDF" >"/sys/bus/pci/devices/$BDF/driver/unbind"
+    echo >"/sys/bus/pci/devices/$BDF/driver_override"
+fi
 
 # Not bound to vfio-pci yet: the daemon refuses to start and says how to bind it.
 out=$(timeout 30 "$BIN" --config "$CFG" 2>&1); rc=$?

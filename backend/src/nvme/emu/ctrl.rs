@@ -109,6 +109,8 @@ struct Faults {
     removed: bool,
     /// Ask the driver to give the device back (VFIO device request).
     removal_requested: bool,
+    /// Drop this many register writes (a function reset still in progress).
+    drop_writes: u32,
 }
 
 #[derive(Debug)]
@@ -228,6 +230,12 @@ impl EmulatedController {
         let mut s = self.lock();
         s.disable();
         s.cc = 0;
+    }
+
+    /// Drops the next `n` register/doorbell writes, as a function whose reset is still
+    /// in progress does.
+    pub fn drop_writes(&self, n: u32) {
+        self.lock().faults.drop_writes = n;
     }
 
     pub fn counters(&self) -> EmuCounters {
@@ -845,6 +853,10 @@ impl DeviceAccess for EmulatedController {
     fn write32(&self, off: usize, value: u32) {
         let mut s = self.lock();
         if s.faults.removed || !self.bus_master.load(Ordering::Relaxed) {
+            return;
+        }
+        if s.faults.drop_writes > 0 {
+            s.faults.drop_writes -= 1;
             return;
         }
         self.write_reg(&mut s, off, value);
