@@ -20,6 +20,8 @@
 #                                 dir); scenarios with different lines cannot share a boot
 #   # interop-append: WORDS       extra guest kernel command-line words (same rule)
 #   # interop-disk: NAME SIZE     create a sparse file RUN_DIR/NAME of SIZE (truncate -s)
+#   # interop-kernel: PATH        boot this kernel (relative to the repo, no initrd) instead
+#                                 of the image's; missing: the boot is SKIPPED (exit 0)
 #
 # Exit status: 0 only if every check passed, every requested scenario ran to its end and
 # the guest powered off by itself.
@@ -55,8 +57,10 @@ fi
 header() { sed -n "s/^# $2: *//p" "$INTEROP_DIR/scenarios/$1.sh" | head -1; }
 EXTRA_QEMU=$(header "${SCENARIOS[0]}" interop-qemu)
 EXTRA_APPEND=$(header "${SCENARIOS[0]}" interop-append)
+GUEST_KERNEL=$(header "${SCENARIOS[0]}" interop-kernel)
 for s in "${SCENARIOS[@]}"; do
-    if [[ $(header "$s" interop-qemu) != "$EXTRA_QEMU" || $(header "$s" interop-append) != "$EXTRA_APPEND" ]]; then
+    if [[ $(header "$s" interop-qemu) != "$EXTRA_QEMU" || $(header "$s" interop-append) != "$EXTRA_APPEND" ||
+          $(header "$s" interop-kernel) != "$GUEST_KERNEL" ]]; then
         log "scenario $s needs different QEMU devices or kernel words than ${SCENARIOS[0]}: run them in separate boots"; exit 2
     fi
 done
@@ -78,6 +82,15 @@ fi
 for f in rootfs.img vmlinuz initrd.img; do
     [[ -f $CACHE_DIR/$f ]] || { log "missing $CACHE_DIR/$f: run build-image.sh"; exit 1; }
 done
+BOOT=(-kernel "$CACHE_DIR/vmlinuz" -initrd "$CACHE_DIR/initrd.img")
+if [[ -n $GUEST_KERNEL ]]; then
+    # A kernel of our own (kernel-patches/): everything the boot needs is built in.
+    if [[ ! -f $REPO_ROOT/$GUEST_KERNEL ]]; then
+        echo "SKIPPED: ${SCENARIOS[*]}: kernel $GUEST_KERNEL is not built (kernel-patches/build.sh)"
+        exit 0
+    fi
+    BOOT=(-kernel "$REPO_ROOT/$GUEST_KERNEL")
+fi
 
 # --- the per-run share -------------------------------------------------------------------
 RUN_DIR=$CACHE_DIR/runs/$(date +%Y%m%d-%H%M%S)-$$
@@ -95,6 +108,10 @@ if [[ -x $TARGET_BIN ]]; then
 else
     log "daemon binary $TARGET_BIN not found: nvmft-* scenarios will fail"
 fi
+# Helper programs some scenarios run (cargo build --release -p backend --examples).
+for ex in dmabuf_check; do
+    [[ -x $REPO_ROOT/target/release/examples/$ex ]] && cp "$REPO_ROOT/target/release/examples/$ex" "$SHARE/"
+done
 total_t=0
 for s in "${SCENARIOS[@]}"; do
     t=$(sed -n 's/^# interop-timeout: *\([0-9][0-9]*\).*/\1/p' "$INTEROP_DIR/scenarios/$s.sh" | head -1)
@@ -126,7 +143,7 @@ QEMU=(qemu-system-x86_64
     -nodefaults -nic none -display none -no-reboot
     "${EXTRA_QEMU_ARGS[@]}"
     -chardev "file,id=con0,path=$CONSOLE" -serial chardev:con0
-    -kernel "$CACHE_DIR/vmlinuz" -initrd "$CACHE_DIR/initrd.img"
+    "${BOOT[@]}"
     -append "console=ttyS0 root=/dev/vda rw init=/sbin/interop-stub-init panic=-1 quiet${EXTRA_APPEND:+ $EXTRA_APPEND}"
     -drive "file=$CACHE_DIR/rootfs.img,if=virtio,format=raw,snapshot=on"
     -virtfs "local,path=$SHARE,mount_tag=host0,security_model=none"
