@@ -24,7 +24,7 @@ echo "$BDF" >/sys/bus/pci/drivers_probe
 expect bound-vfio-pci "$(basename "$(readlink "/sys/bus/pci/devices/$BDF/driver")")" vfio-pci
 out=$(timeout 60 "$CHECK" "$BDF" 2>&1); rc=$?
 echo "$out"
-echo "$out" | grep -E "^(PASS|FAIL) " | sed "s|^\(PASS\|FAIL\) |\1 $SCENARIO/|" >>"$RESULTS_FILE"
+echo "$out" | awk -v s="$SCENARIO" '/^(PASS|FAIL) / { sub(/^(PASS|FAIL) /, "&" s "/"); print }' >>"$RESULTS_FILE"
 echo "$out" | grep "^RESULT " >>"$RESULTS_FILE"
 if echo "$out" | grep -q "^SKIPPED"; then fail dmabuf-export "the patched kernel did not export: $(echo "$out" | grep SKIPPED)"; fi
 [ $rc -eq 0 ] || fail dmabuf-check-exit "rc=$rc"

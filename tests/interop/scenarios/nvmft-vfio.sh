@@ -67,6 +67,15 @@ echo "$BDF" >/sys/bus/pci/drivers_probe
 expect bound-vfio-pci "$(bound_to)" vfio-pci
 [ -c "/dev/vfio/$grp" ] && pass vfio-group-node || fail vfio-group-node "/dev/vfio/$grp missing"
 
+# The stock 6.1 kernel has no BAR dma-buf export (kernel-patches/): the offload hand-off
+# must say so instead of pretending (kernel-dmabuf runs the same check on the patched one).
+if [ -x "$SHARE/dmabuf_check" ]; then
+    out=$(timeout 60 "$SHARE/dmabuf_check" "$BDF" 2>&1); echo "$out"
+    if echo "$out" | grep -q "^SKIPPED: .*VFIO_DEVICE_FEATURE_DMA_BUF.*VFIO_DEVICE_P2P_DMA_BUF"; then
+        pass stock-kernel-reports-no-dmabuf-export
+    else fail stock-kernel-reports-no-dmabuf-export "$(echo "$out" | tail -2)"; fi
+fi
+
 # --- daemon on the drive ------------------------------------------------------------------
 if rxe_up; then pass rxe-setup; else fail rxe-setup "dummy0/rdma_rxe setup failed"; exit 1; fi
 modprobe nvme-tcp && modprobe nvme-rdma || fail host-modules "modprobe nvme-tcp/nvme-rdma"
