@@ -138,6 +138,8 @@ pub enum BackendKind {
         nsid: u32,
         /// Command timeout before Abort; `None`: the backend's default.
         io_timeout_ms: Option<u64>,
+        /// `false`: data pointers are PRPs even when the drive supports SGLs.
+        sgl: bool,
     },
 }
 

@@ -138,11 +138,13 @@ fn open_backend(b: &crate::config::BackendConfig) -> anyhow::Result<Arc<dyn Back
             pci,
             nsid,
             io_timeout_ms,
+            sgl,
         } => {
             let mut opts = backend::NvmeOptions {
                 nsid: *nsid,
                 ..Default::default()
             };
+            opts.driver.use_sgl = *sgl;
             if let Some(ms) = io_timeout_ms {
                 opts.io_timeout = std::time::Duration::from_millis(*ms);
                 opts.abort_timeout = opts.io_timeout.min(std::time::Duration::from_secs(2));

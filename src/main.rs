@@ -136,8 +136,9 @@ fn log_config(cfg: &Config) {
                 pci,
                 nsid,
                 io_timeout_ms,
+                sgl,
             } => tracing::debug!(
-                "backend {}: nvme {pci} namespace {nsid}, io timeout {io_timeout_ms:?} ms",
+                "backend {}: nvme {pci} namespace {nsid}, io timeout {io_timeout_ms:?} ms, sgl {sgl}",
                 b.name
             ),
         }

@@ -58,6 +58,8 @@ pub(super) struct RawBackend {
     pub nsid: Option<Spanned<u64>>,
     /// nvme: command timeout before Abort (milliseconds).
     pub io_timeout_ms: Option<Spanned<u64>>,
+    /// nvme: false = PRPs even when the drive supports SGLs.
+    pub sgl: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

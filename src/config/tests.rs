@@ -375,7 +375,7 @@ fn truncated_and_odd_inputs_never_panic() {
 fn nvme_backend_parses_with_defaults() {
     let yaml = MINIMAL.replace(
         "{name: b, type: ram, size: 4M}",
-        "{name: b, type: nvme, pci: 0000:00:04.0}\n  - {name: c, type: nvme, pci: 0000:00:04.0, nsid: 2, io_timeout_ms: 3000}",
+        "{name: b, type: nvme, pci: 0000:00:04.0}\n  - {name: c, type: nvme, pci: 0000:00:04.0, nsid: 2, io_timeout_ms: 3000, sgl: false}",
     );
     let cfg = Config::parse(&yaml, "t.yaml").unwrap();
     assert_eq!(
@@ -383,7 +383,8 @@ fn nvme_backend_parses_with_defaults() {
         BackendKind::Nvme {
             pci: "0000:00:04.0".into(),
             nsid: 1,
-            io_timeout_ms: None
+            io_timeout_ms: None,
+            sgl: true,
         }
     );
     assert_eq!(
@@ -391,7 +392,8 @@ fn nvme_backend_parses_with_defaults() {
         BackendKind::Nvme {
             pci: "0000:00:04.0".into(),
             nsid: 2,
-            io_timeout_ms: Some(3000)
+            io_timeout_ms: Some(3000),
+            sgl: false,
         }
     );
 }

@@ -534,6 +534,7 @@ impl Checker<'_> {
             pci,
             nsid,
             io_timeout_ms,
+            sgl: b.sgl.as_ref().is_none_or(|s| s.value),
         }
     }
 

@@ -200,7 +200,11 @@ impl NvmeBackend {
             id.serial,
             ns.nsze,
             ns.block_size,
-            if ctrl.use_sgl() { "SGL" } else { "PRP" }
+            if opts.driver.use_sgl && id.supports_sgl() {
+                "SGL"
+            } else {
+                "PRP"
+            }
         );
         Ok(Arc::new(NvmeBackend {
             nsid: opts.nsid,
@@ -219,6 +223,12 @@ impl NvmeBackend {
 
     pub fn nsid(&self) -> u32 {
         self.nsid
+    }
+
+    /// Whether this namespace's commands carry SGLs (drive supports them and the options
+    /// allow them; per namespace, since namespaces of one drive share its controller).
+    pub fn use_sgl(&self) -> bool {
+        self.opts.driver.use_sgl && self.ctrl.identity().supports_sgl()
     }
 
     /// A queue of the concrete type (tests and benchmarks want its counters).

@@ -361,7 +361,7 @@ impl NvmeQueue {
         // Deallocate must read back zeroes (the backend contract): DSM only when the
         // namespace says deallocated blocks read as zeroes, else Write Zeroes with DEAC.
         let has_dsm = id.oncs & spec::ONCS_DSM != 0 && self.ns.dsm_zeroes;
-        let sgl = self.ctrl.use_sgl();
+        let sgl = self.ns.use_sgl();
         let list_off = usize::from(cid) * spec::PAGE;
         let list_iova = self.lists.iova() + list_off as u64;
         let max_part = self.max_part_blocks;

@@ -20,11 +20,14 @@ BDF=0000:00:04.0
 TGT_LOG=$LOGDIR/nvmft-vfio.target.log
 TGT_PID=
 
-start_target() {
+START_LINE=1
+this_start_log() { tail -n +"$START_LINE" "$TGT_LOG"; }
+start_target() { # waits for this start's own "ready:" line
     echo "===== start $(date +%T) =====" >>"$TGT_LOG"
+    START_LINE=$(wc -l <"$TGT_LOG")
     "$BIN" --config "$CFG" -v >>"$TGT_LOG" 2>&1 &
     TGT_PID=$!
-    wait_until 60 grep -q "ready:" "$TGT_LOG" && kill -0 "$TGT_PID" 2>/dev/null
+    wait_until 60 sh -c "tail -n +$START_LINE '$TGT_LOG' | grep -q 'ready:'" && kill -0 "$TGT_PID" 2>/dev/null
 }
 cleanup() {
     nvme disconnect -n "$NQN" >/dev/null 2>&1
@@ -103,6 +106,21 @@ if connect rdma "$RXE_ADDR"; then pass rdma-connect
 else fail rdma-connect "no namespace after nvme connect -t rdma"; tail -30 "$TGT_LOG"; fi
 D=$(ns_dev "$NQN" 1)
 [ -n "$D" ] && fio_rw_verify rdma "$D" 64M
+
+# --- PRPs on the same drive (QEMU's drive has SGLs: the daemon used them above) -------------
+# Restart with sgl: false; the reset and removal checks below run on this daemon.
+nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+kill -TERM "$TGT_PID"; wait "$TGT_PID"; rc=$?
+[ $rc -eq 0 ] && pass restart-sigterm || fail restart-sigterm "exit status $rc"
+sed 's/io_timeout_ms: 3000}/io_timeout_ms: 3000, sgl: false}/' "$CFG" >/tmp/nvmft-vfio-prp.yaml
+CFG=/tmp/nvmft-vfio-prp.yaml
+if start_target && this_start_log | grep -q "ns1 (.*PRP)"; then pass prp-daemon-start
+else fail prp-daemon-start "daemon with sgl: false did not start or did not say PRP"; tail -5 "$TGT_LOG"; fi
+D=
+if connect tcp 127.0.0.1; then
+    D=$(ns_dev "$NQN" 1)
+    fio_rw_verify prp "$D" 64M
+else fail prp-connect "no namespace"; fi
 
 # --- a drive reset in the middle of verified I/O ------------------------------------------
 # sysfs "reset" resets the PCI function (FLR) under the daemon: the controller comes back
