@@ -581,3 +581,32 @@ fn deallocate_reads_zeroes_even_when_the_drive_keeps_deallocated_data() {
     );
     assert!(c.write_zeroes > 0);
 }
+
+#[test]
+fn two_threads_that_see_the_same_dead_controller_reset_it_once() {
+    let e = emu(big(8192));
+    let be = open(&e, fast_opts());
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (be, barrier) = (be.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut q = be.create_nvme_queue(8).unwrap();
+                write_read_check(&mut q, 512, t * 100, 4, 1);
+                barrier.wait(); // both queues exist
+                barrier.wait(); // the function was reset
+                for i in 0..5 {
+                    write_read_check(&mut q, 512, t * 100 + i * 8, 8, 2);
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    e.function_reset();
+    barrier.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(be.controller().resets(), 1, "one reset for one failure");
+    assert_eq!(e.counters().enables, 2);
+}

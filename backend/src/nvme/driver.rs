@@ -395,11 +395,6 @@ impl Controller {
         }
     }
 
-    fn admin(&self, sqe: Sqe, what: &str) -> Result<Cqe, DriverError> {
-        let mut a = self.lock_admin();
-        self.admin_locked(&mut a, sqe, what)
-    }
-
     /// Identify with CNS `cns` for `nsid`: the 4096-byte structure.
     pub fn identify(&self, cns: u8, nsid: u32) -> Result<Box<[u8; 4096]>, DriverError> {
         let mut a = self.lock_admin();
@@ -432,11 +427,16 @@ impl Controller {
 
     /// Set Features / Number of Queues; returns how many I/O SQ/CQ pairs were granted.
     fn set_queue_count(&self) -> Result<u16, DriverError> {
+        let mut a = self.lock_admin();
+        self.set_queue_count_locked(&mut a)
+    }
+
+    fn set_queue_count_locked(&self, a: &mut Admin) -> Result<u16, DriverError> {
         let want = u32::from(self.opts.io_queues.max(1) - 1);
         let mut sqe = Sqe::new(spec::admin::SET_FEATURES, 0);
         sqe.dw[10] = u32::from(spec::FID_NUMBER_OF_QUEUES);
         sqe.dw[11] = want | want << 16;
-        let cqe = self.admin(sqe, "Set Features (Number of Queues)")?;
+        let cqe = self.admin_locked(a, sqe, "Set Features (Number of Queues)")?;
         let nsqa = (cqe.result & 0xFFFF) as u16;
         let ncqa = (cqe.result >> 16) as u16;
         Ok(nsqa
@@ -602,10 +602,10 @@ impl Controller {
                     .unwrap_or_default()
             );
         }
-        let result = result.and_then(|()| {
-            drop(a);
-            self.set_queue_count().map(|_| ())
-        });
+        // Still under the admin lock, up to the generation bump: a queue that saw the
+        // controller not ready meanwhile waits here and then finds the new generation
+        // instead of resetting a second time.
+        let result = result.and_then(|()| self.set_queue_count_locked(&mut a).map(|_| ()));
         match result {
             Ok(()) => {
                 self.resets.fetch_add(1, Ordering::Relaxed);
@@ -614,6 +614,7 @@ impl Controller {
             }
             Err(e) => {
                 if matches!(e, DriverError::Failed) {
+                    drop(a);
                     self.fail();
                 }
                 Err(e)
