@@ -151,7 +151,6 @@ fn open_backend(b: &crate::config::BackendConfig) -> anyhow::Result<Arc<dyn Back
             }
             let be = backend::NvmeBackend::open_pci(pci, opts)
                 .with_context(|| format!("backend {}: nvme {pci} namespace {nsid}", b.name))?;
-            tracing::info!("backend {}: {}", b.name, backend::Backend::describe(&*be));
             // TODO(nvmf SMART): `Backend::health_log()` returns this drive's own SMART /
             // Health log (Log Page 02h). Feeding it into Get Log Page 02h for the
             // namespaces it backs needs a hook in nvmf/src/target (not edited here).
