@@ -31,7 +31,7 @@ use sta::soft::StaIo;
 use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
 
 use crate::config::{BackendKind, Config, IoThreads, ListenerConfig, TransportKind};
-use crate::rdma::{RdmaMsg, RdmaService};
+use crate::rdma_cm::{RdmaMsg, RdmaService};
 use crate::reload::{diff, ConfigDiff};
 
 /// How long a graceful stop waits for IO threads to drain before giving up on them.
@@ -412,7 +412,7 @@ impl Runtime {
 fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService, String> {
     let (a, b) = (shared.clone(), shared.clone());
     RdmaService::start(
-        sta::rdma::CmLimits {
+        nvmf::rdma::CmLimits {
             max_queue_depth,
             admin_queue_depth: nvmf::target::ADMIN_QUEUE_ENTRIES,
             max_io_queues: MAX_IO_QUEUES,
@@ -837,9 +837,9 @@ impl IoThread {
                 }
             }
             ThreadMsg::Rdma(RdmaMsg::Connect { req, depth, qid }) => {
-                let id = req.id.as_u64();
+                let id = req.key().as_u64();
                 if self.stopping {
-                    req.reject(sta::rdma::RejectStatus::NoResources);
+                    req.reject(nvmf::rdma::RejectStatus::NoResources);
                     return;
                 }
                 match self.io.qp_accept_rdma(req, depth, 0) {

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub(crate) use sta::rdma::RdmaCmEvent;
-use sta::rdma::{CmChannel, CmEvent, CmId, CmLimits, CmListener, CmRequest, ConnRequest};
+use nvmf::rdma::{CmLimits, CmRequest, RejectStatus};
+pub(crate) use sta::verbs::RdmaCmEvent;
+use sta::verbs::{CmChannel, CmEvent, CmIdKey, CmListener, ConnRequest};
 
 /// What the CM thread sends to an IO thread.
 pub(crate) enum RdmaMsg {
@@ -30,7 +31,7 @@ pub(crate) enum RdmaMsg {
         qid: u16,
     },
     /// A CM event for a connection that IO thread accepted.
-    Event { id: CmId, ev: RdmaCmEvent },
+    Event { id: CmIdKey, ev: RdmaCmEvent },
 }
 
 /// Picks the IO thread for a new connection (and counts it there).
@@ -48,7 +49,7 @@ pub(crate) struct RdmaService {
 impl RdmaService {
     /// Open rdma-core, the event channel, and start the CM thread.
     pub fn start(limits: CmLimits, pick: Pick, dispatch: Dispatch) -> Result<RdmaService, String> {
-        let channel = Arc::new(CmChannel::new()?);
+        let channel = Arc::new(CmChannel::new().map_err(|e| e.to_string())?);
         let stop = Arc::new(AtomicBool::new(false));
         let (ch, st) = (channel.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -64,7 +65,7 @@ impl RdmaService {
     }
 
     pub fn listen(&mut self, name: &str, addr: SocketAddr) -> Result<(), String> {
-        let l = self.channel.listen(addr)?;
+        let l = self.channel.listen(addr).map_err(|e| e.to_string())?;
         self.listeners.insert(name.to_string(), l);
         Ok(())
     }
@@ -115,7 +116,7 @@ fn cm_thread(ch: &CmChannel, stop: &AtomicBool, limits: CmLimits, pick: Pick, di
                 let checked = CmRequest::validate(&req.private_data, &limits).and_then(|x| {
                     // We fetch host data with RDMA READ: the host must allow some.
                     if req.initiator_depth == 0 {
-                        Err(sta::rdma::RejectStatus::InvalidOrd)
+                        Err(RejectStatus::InvalidOrd)
                     } else {
                         Ok(x)
                     }
@@ -128,7 +129,7 @@ fn cm_thread(ch: &CmChannel, stop: &AtomicBool, limits: CmLimits, pick: Pick, di
                             r.qid,
                             r.hrqsize
                         );
-                        owners.insert(req.id.as_u64(), t);
+                        owners.insert(req.key().as_u64(), t);
                         dispatch(
                             t,
                             RdmaMsg::Connect {
