@@ -224,9 +224,12 @@ pub(super) struct Core {
     pub completions: Vec<Completion>,
     pub counters: Arc<ThreadCounters>,
     pub stats: Arc<StatsRegistry>,
-    /// The time of the current pass (the engine reads no clock of its own: `progress`
-    /// passes it in).
+    /// The time of the current pass, passed in by `progress`/`progress_at`.
     pub now: Instant,
+    /// Time is simulated (`progress_at`): per-command times use `now` instead of the
+    /// clock. Otherwise capsule arrival and completion read the clock, so latencies are
+    /// real even when a command starts and ends within one pass.
+    pub manual_time: bool,
     /// RDMA work completions logged so far (the first few are, for diagnosis).
     pub wc_logged: u32,
 }
@@ -265,7 +268,17 @@ impl Core {
             counters,
             stats,
             now,
+            manual_time: false,
             wc_logged: 0,
+        }
+    }
+
+    /// The time for a command's timestamps (see `manual_time`).
+    fn cmd_time(&self) -> Instant {
+        if self.manual_time {
+            self.now
+        } else {
+            Instant::now()
         }
     }
 
@@ -294,8 +307,12 @@ impl Core {
         c.status = Status::SUCCESS;
         c.user = 0;
         c.flush_after = false;
-        c.start = self.now;
         c.timeout_reported = false;
+        c.start = if self.manual_time {
+            self.now
+        } else {
+            Instant::now()
+        };
         st.inflight += 1;
         Some(idx)
     }
@@ -675,11 +692,12 @@ impl Core {
     }
 
     fn complete_offload(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        let end = self.cmd_time();
         let c = &self.cmds[idx as usize];
         let (op, len, cid) = (c.op, c.len, c.sqe.cid());
         if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
             let k = &ns.counters;
-            let lat = self.now.saturating_duration_since(c.start).as_nanos() as u64;
+            let lat = end.saturating_duration_since(c.start).as_nanos() as u64;
             match op {
                 Some(OffloadOp::Read) => k.read_latency.record(lat),
                 Some(OffloadOp::Write) => k.write_latency.record(lat),

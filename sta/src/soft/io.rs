@@ -293,6 +293,7 @@ impl StaIo {
         }
         let timeout = EpollTimeout::try_from(wait).unwrap_or(EpollTimeout::ZERO);
         let n = self.epoll.wait(&mut self.ep_events, timeout).unwrap_or(0);
+        self.core.manual_time = false;
         did | self.pass(Instant::now(), n)
     }
 
@@ -306,6 +307,7 @@ impl StaIo {
             .epoll
             .wait(&mut self.ep_events, EpollTimeout::ZERO)
             .unwrap_or(0);
+        self.core.manual_time = true;
         did | self.pass(now, n)
     }
 
