@@ -16,8 +16,9 @@
 //!   flag when the host disabled SQ flow control and the completion is plain success
 //!   (section 3.3.6.4: no CapsuleResp then), otherwise a CapsuleResp; SQHD and SQID
 //!   filled in;
-//! - fatal errors: a C2HTermReq carrying the header of the PDU in error (section 3.6.2.4),
-//!   after which the machine takes no more input.
+//! - fatal errors: a C2HTermReq carrying the header of the PDU in error (section 3.6.2.4;
+//!   as much of it as has arrived: a bad common header is refused as soon as its 8 bytes
+//!   are in, without waiting for the rest), after which the machine takes no more input.
 //!
 //! Output goes through [`TxSink`]: PDU headers (and small PDUs) as bytes, command data as
 //! a reference to the engine's buffer so it is never copied, and a release marker once a
