@@ -407,18 +407,29 @@ impl TcpHost {
 
     /// Write what the machine queued, resolving data references against the buffers.
     fn write_out(&mut self) -> Result<()> {
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(self.out.segs.len());
-        for seg in &self.out.segs {
-            parts.push(match *seg {
+        // A command is a handful of pieces (header, data, digest per PDU): no allocation
+        // unless an R2T is answered with many H2CData PDUs at once.
+        const INLINE: usize = 16;
+        let mut inline: [&[u8]; INLINE] = [&[]; INLINE];
+        let mut heap: Vec<&[u8]> = Vec::new();
+        let n = self.out.segs.len();
+        for (i, seg) in self.out.segs.iter().enumerate() {
+            let part: &[u8] = match *seg {
                 Seg::Bytes { start, len } => &self.out.bytes[start..start + len],
                 Seg::Data { cid, off, len } => self
                     .bufs
                     .get(cid as usize)
                     .and_then(|b| b.get(off as usize..(off + len) as usize))
                     .unwrap_or(&[]),
-            });
+            };
+            if n <= INLINE {
+                inline[i] = part;
+            } else {
+                heap.push(part);
+            }
         }
-        let res = write_all_vectored(&mut self.stream, &parts);
+        let parts = if n <= INLINE { &inline[..n] } else { &heap[..] };
+        let res = write_all_vectored(&mut self.stream, parts);
         self.out.segs.clear();
         self.out.bytes.clear();
         res
