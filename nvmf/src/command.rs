@@ -15,7 +15,10 @@
 //!   memory the target reads or writes with RDMA.
 //!
 //! The SGL must describe exactly the command's transfer: shorter or longer is Data SGL
-//! Length Invalid, as Linux nvmet answers (`nvmet_check_transfer_len`).
+//! Length Invalid, as Linux nvmet answers (`nvmet_check_transfer_len`). Dataset
+//! Management is the exception, as in nvmet (`nvmet_check_data_len_lte`): the Linux host
+//! always sends a 4 KiB range buffer (room for 256 ranges) whatever NR says, so a longer
+//! SGL is accepted there and only the NR + 1 ranges are read.
 //!
 //! Not implemented: SGL segments (more than one descriptor), bit buckets, metadata.
 
@@ -57,6 +60,13 @@ impl OffloadOp {
             }
             OffloadOp::Flush | OffloadOp::WriteZeroes => DataDirection::None,
         }
+    }
+
+    /// Whether SGL1 may describe more than the transfer (only the transfer is moved):
+    /// Dataset Management, whose range buffer the Linux host sizes for 256 ranges
+    /// (`nvme_setup_discard` allocates `NVME_DSM_MAX_RANGES` entries).
+    pub fn sgl_may_exceed_transfer(self) -> bool {
+        self == OffloadOp::DatasetManagement
     }
 
     /// Whether SLBA/NLB name blocks that must lie inside the namespace.
@@ -145,17 +155,21 @@ impl DataSgl {
         self.len() == 0
     }
 
-    /// Check the descriptor against a command's transfer of `len` bytes moving `dir`:
-    /// a transfer needs a descriptor of exactly its length (Data SGL Length Invalid
-    /// otherwise, SGL Descriptor Type Invalid when there is none); in-capsule data only
-    /// goes from host to controller.
-    pub fn check_transfer(&self, len: u32, dir: DataDirection) -> Result<(), Status> {
+    /// Check the descriptor against `op`'s transfer of `len` bytes: a transfer needs a
+    /// descriptor of exactly its length (Data SGL Length Invalid otherwise; longer is
+    /// accepted only where [`OffloadOp::sgl_may_exceed_transfer`]), and SGL Descriptor
+    /// Type Invalid when there is none; in-capsule data only goes from host to controller.
+    pub fn check_transfer(&self, op: OffloadOp, len: u32) -> Result<(), Status> {
         if len == 0 {
             return Ok(());
         }
+        let dir = op.direction();
         match self {
             DataSgl::None => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID),
-            s if s.len() != len => Err(Status::DATA_SGL_LENGTH_INVALID),
+            s if s.len() < len => Err(Status::DATA_SGL_LENGTH_INVALID),
+            s if s.len() > len && !op.sgl_may_exceed_transfer() => {
+                Err(Status::DATA_SGL_LENGTH_INVALID)
+            }
             DataSgl::InCapsule { .. } if dir != DataDirection::HostToController => {
                 Err(Status::DATA_SGL_LENGTH_INVALID)
             }
@@ -319,27 +333,33 @@ mod tests {
 
     #[test]
     fn transfer_checks() {
-        use DataDirection::*;
+        use OffloadOp::*;
         let t = DataSgl::Transport { len: 4096 };
-        assert_eq!(t.check_transfer(4096, ControllerToHost), Ok(()));
+        assert_eq!(t.check_transfer(Read, 4096), Ok(()));
         // Shorter and longer than the transfer: nvmet's Data SGL Length Invalid.
         assert_eq!(
-            t.check_transfer(8192, ControllerToHost),
+            t.check_transfer(Read, 8192),
             Err(Status::DATA_SGL_LENGTH_INVALID)
         );
         assert_eq!(
-            t.check_transfer(2048, HostToController),
+            t.check_transfer(Write, 2048),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
+        // Dataset Management: the Linux host's 4 KiB range buffer for one range.
+        assert_eq!(t.check_transfer(DatasetManagement, 16), Ok(()));
+        assert_eq!(
+            DataSgl::Transport { len: 8 }.check_transfer(DatasetManagement, 16),
             Err(Status::DATA_SGL_LENGTH_INVALID)
         );
         assert_eq!(
-            DataSgl::None.check_transfer(512, HostToController),
+            DataSgl::None.check_transfer(Write, 512),
             Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
         );
-        assert_eq!(DataSgl::None.check_transfer(0, None), Ok(()));
+        assert_eq!(DataSgl::None.check_transfer(Flush, 0), Ok(()));
         let ic = DataSgl::InCapsule { len: 512 };
-        assert_eq!(ic.check_transfer(512, HostToController), Ok(()));
+        assert_eq!(ic.check_transfer(Write, 512), Ok(()));
         assert_eq!(
-            ic.check_transfer(512, ControllerToHost),
+            ic.check_transfer(Read, 512),
             Err(Status::DATA_SGL_LENGTH_INVALID)
         );
     }

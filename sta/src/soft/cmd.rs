@@ -492,7 +492,7 @@ impl Core {
         }
         let len = len as u32;
         self.cmds[idx as usize].len = len;
-        if let Err(s) = sgl.check_transfer(len, op.direction()) {
+        if let Err(s) = sgl.check_transfer(op, len) {
             return self.fail(st, idx, s);
         }
         if len == 0 {
@@ -503,6 +503,7 @@ impl Core {
         };
         b.set_len(len as usize);
         if let DataSgl::InCapsule { .. } = sgl {
+            // Only the transfer is taken (a DSM range buffer may be longer).
             b.as_mut_slice()[..len as usize].copy_from_slice(&data[..len as usize]);
             let c = &mut self.cmds[idx as usize];
             c.buf = Some(b);

@@ -311,3 +311,31 @@ fn one_mib_transfers_with_a_larger_max_io_size() {
     ok(&cqe, "read");
     assert!(back == data);
 }
+
+/// Dataset Management the way the Linux host sends it: one range in a 4 KiB buffer (room
+/// for 256 ranges, `nvme_setup_discard`), in-capsule and by R2T. nvmet accepts the longer
+/// SGL for DSM; so must we (blkdiscard in the interop guest depends on it).
+#[test]
+fn dsm_with_the_linux_hosts_4k_range_buffer() {
+    for incapsule in [8192u32, 0] {
+        let mut p = Pair::new();
+        let (_, q) = p.controller(Digests::NONE, 31, 0);
+        p.conns[q].host.set_max_incapsule(incapsule);
+        let data = pattern(3, 8 * 512);
+        ok(
+            &p.exec(q, rw(io::WRITE, 40, 8), Xfer::ToController, data).0,
+            "write",
+        );
+        let mut buf = vec![0u8; 4096];
+        buf[4..8].copy_from_slice(&8u32.to_le_bytes());
+        buf[8..16].copy_from_slice(&40u64.to_le_bytes());
+        let mut dsm = Sqe::default();
+        dsm.set_opcode_cid(io::DATASET_MANAGEMENT, 0);
+        dsm.nsid = 1;
+        dsm.cdw10 = 0; // one range
+        dsm.cdw11 = 1 << 2;
+        let (cqe, _) = p.exec(q, dsm, Xfer::ToController, buf);
+        ok(&cqe, &format!("DSM, in-capsule limit {incapsule}"));
+        assert_eq!(disk(&p, 40, 8), vec![0; 4096]);
+    }
+}
