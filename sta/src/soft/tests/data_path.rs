@@ -80,10 +80,16 @@ fn flush_write_zeroes_fua_dsm_and_compare() {
     other[100] ^= 1;
     let (cqe, _) = p.exec(q, rw(io::COMPARE, 10, 8), Xfer::ToController, other);
     assert_eq!(cqe.status(), Status::COMPARE_FAILURE);
-    // Write Zeroes with FUA (a Flush follows the zeroing) and without.
+    // Write Zeroes with FUA (a Flush follows the zeroing before the completion) and
+    // without (no Flush).
     let mut wz = rw(io::WRITE_ZEROES, 12, 2);
     wz.cdw12 |= 1 << 30;
+    p.backend_ops.lock().unwrap().clear();
     ok(&p.exec(q, wz, Xfer::None, Vec::new()).0, "write zeroes FUA");
+    assert_eq!(
+        *p.backend_ops.lock().unwrap(),
+        [backend::Op::WriteZeroes, backend::Op::Flush]
+    );
     let mut want = data.clone();
     want[1024..2048].fill(0);
     assert_eq!(disk(&p, 10, 8), want);

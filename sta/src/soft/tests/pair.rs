@@ -108,6 +108,8 @@ pub struct Pair {
     pub target: Target,
     pub subsys: SubsysId,
     pub backend: Arc<backend::RamBackend>,
+    /// Every request the engine handed to the backend, in order.
+    pub backend_ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
     pub now: Instant,
     pub conns: Vec<Conn>,
     apps: HashMap<QpHandle, QpApp>,
@@ -130,7 +132,12 @@ impl Pair {
         let mut sta = Sta::new(cfg);
         let subsys = sta.subsystem_create(NQN);
         let backend = backend::RamBackend::new(BLOCKS * BLOCK as u64, BLOCK).expect("RAM");
-        sta.ns_add(subsys, 1, backend.clone()).expect("ns_add");
+        let backend_ops = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recording = Arc::new(Recording {
+            inner: backend.clone(),
+            ops: backend_ops.clone(),
+        });
+        sta.ns_add(subsys, 1, recording).expect("ns_add");
         let io = sta.io_create().start().expect("IO context");
         let mut target = Target::new(TargetOptions {
             mdts: caps_mdts,
@@ -167,6 +174,7 @@ impl Pair {
             target,
             subsys,
             backend,
+            backend_ops,
             now: Instant::now(),
             conns: Vec::new(),
             apps: HashMap::new(),
@@ -572,4 +580,60 @@ pub fn disk(p: &Pair, slba: u64, nlb: u32) -> Vec<u8> {
         q.poll(&mut out);
     }
     out.remove(0).buf.expect("buffer").as_slice()[..len].to_vec()
+}
+
+/// A RAM backend that records every request's operation.
+#[derive(Debug)]
+struct Recording {
+    inner: Arc<backend::RamBackend>,
+    ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
+}
+
+struct RecordingQueue {
+    inner: Box<dyn backend::BackendQueue>,
+    ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
+}
+
+impl backend::Backend for Recording {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn volatile_write_cache(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        "recording ram".into()
+    }
+    fn create_queue(
+        self: Arc<Self>,
+        depth: u32,
+    ) -> Result<Box<dyn backend::BackendQueue>, backend::Error> {
+        Ok(Box::new(RecordingQueue {
+            inner: self.inner.clone().create_queue(depth)?,
+            ops: self.ops.clone(),
+        }))
+    }
+    fn flush_sync(&self) -> Result<(), backend::Error> {
+        self.inner.flush_sync()
+    }
+}
+
+impl backend::BackendQueue for RecordingQueue {
+    fn submit(&mut self, req: backend::Request) -> Result<(), backend::SubmitError> {
+        let op = req.op;
+        let r = self.inner.submit(req);
+        if r.is_ok() {
+            self.ops.lock().expect("ops").push(op);
+        }
+        r
+    }
+    fn poll(&mut self, out: &mut Vec<backend::Completion>) -> usize {
+        self.inner.poll(out)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
 }
