@@ -38,6 +38,17 @@ pub const EMBEDDED_DEFAULT: &str = include_str!("../etc/default.yaml");
 /// Most IO threads a config may ask for.
 pub const MAX_IO_THREADS: usize = 256;
 
+/// `max_io_size` when the config does not set it: 1 MiB. Linux nvmet sets no limit on
+/// TCP, and the Linux host does not split passthrough I/O (`nvme read`/`nvme write`), so
+/// a small limit fails real commands; buffers are pooled by size class, so 4 KiB I/O
+/// still takes 4 KiB buffers.
+pub const DEFAULT_MAX_IO_SIZE: u32 = 1 << 20;
+/// Smallest `max_io_size`: one 4 KiB page (MDTS 0 would mean "no limit").
+pub const MIN_MAX_IO_SIZE: u32 = 4096;
+/// Largest `max_io_size`: 8 MiB (MDTS 11). Each IO thread's buffer pool holds at least 64
+/// transfers of this size, and NVMe/RDMA keyed SGLs describe at most 16 MiB - 1.
+pub const MAX_MAX_IO_SIZE: u32 = 8 << 20;
+
 /// Model number reported by subsystems whose config does not set one.
 pub const DEFAULT_MODEL: &str = "nvmf-target";
 
@@ -51,6 +62,10 @@ pub struct Config {
     pub subsystems: Vec<SubsystemConfig>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// Largest data transfer of one command in bytes (MDTS = log2(this / 4 KiB)): a power
+    /// of two in [`MIN_MAX_IO_SIZE`]..=[`MAX_MAX_IO_SIZE`], [`DEFAULT_MAX_IO_SIZE`] when
+    /// the file does not say.
+    pub max_io_size: u32,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
 }
@@ -146,6 +161,10 @@ pub struct SubsystemConfig {
     /// Names of the listeners this subsystem is reachable on; all listeners when the
     /// config does not say.
     pub listeners: Vec<String>,
+    /// The config did not name listeners: the subsystem is on every listener, including
+    /// listeners a reload adds later (Connects are refused on listeners a subsystem is
+    /// not on, so this follows the listener list live rather than at start-up).
+    pub all_listeners: bool,
     pub namespaces: Vec<NamespaceConfig>,
 }
 

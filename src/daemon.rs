@@ -24,14 +24,15 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nvmf::spec::{opcodes, Cqe, DataDirection, Sqe, Status};
 use nvmf::target::{
-    Action, CounterSource, IoCounters, ListenerInfo, NamespaceConfig, Outcome, QueueRef,
-    SubsystemConfig, Target, TargetOptions, Transport,
+    Action, CounterSource, IoCounters, ListenerInfo, NamespaceConfig, Notice, Outcome, QueueOrigin,
+    QueueRef, SubsystemConfig, Target, TargetOptions, Transport,
 };
 use sta::soft::StaIo;
 use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
 
 use crate::config::{BackendKind, Config, IoThreads, ListenerConfig, TransportKind};
 use crate::rdma_cm::{RdmaMsg, RdmaService};
+use crate::refusals::{ConnInfo, RefusalLog};
 use crate::reload::{diff, ConfigDiff};
 
 /// How long a graceful stop waits for IO threads to drain before giving up on them.
@@ -44,10 +45,21 @@ const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 /// I/O queues a controller may have (also the highest QID an RDMA connect may ask for).
 const MAX_IO_QUEUES: u16 = 64;
+/// Deepest NVMe/RDMA admin queue (HSQSIZE + 1) a connect request may ask for: SPDK's RDMA
+/// default `max_aq_depth`. Every entry costs a posted receive of SQE + in-capsule data
+/// (NVMe/TCP admin queues cost nothing per entry and take up to 4096, see
+/// `nvmf::target::MAX_ADMIN_SQSIZE`).
+const RDMA_ADMIN_QUEUE_DEPTH: u16 = 128;
 
 /// What the main thread and other IO threads send to an IO thread.
 enum ThreadMsg {
-    Conn(TcpStream, SocketAddr),
+    /// A TCP connection from `peer`, accepted by the listener named `listener`.
+    Conn {
+        sock: TcpStream,
+        peer: SocketAddr,
+        listener: String,
+        info: ListenerInfo,
+    },
     /// From the RDMA CM thread: a connection to accept, or an event of one.
     Rdma(RdmaMsg),
     Action(Action),
@@ -63,11 +75,86 @@ struct Shared {
     qp_counts: Vec<AtomicUsize>,
     /// Queue keys of NVMe/RDMA queues (every other queue is NVMe/TCP), for metrics labels.
     rdma_queues: Mutex<std::collections::HashSet<u64>>,
+    /// Every listener (TCP and RDMA) by name, to tell which one an RDMA connection came in
+    /// on from its local address.
+    listeners: Mutex<Vec<(String, ListenerInfo)>>,
+    /// Peer and listener of every connection by queue key, for refusal lines (written at
+    /// accept and close only).
+    conns: Mutex<HashMap<u64, ConnInfo>>,
+    /// Refusal counters and the rate-limited refusal log.
+    refusals: RefusalLog,
 }
 
 impl Shared {
     fn target(&self) -> MutexGuard<'_, Target> {
         self.target.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember_listener(&self, name: &str, info: &ListenerInfo) {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name.to_string(), info.clone()));
+    }
+
+    fn forget_listener(&self, name: &str) {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, _)| n != name);
+    }
+
+    /// The listener of `transport` whose address covers `local` (exact addresses before
+    /// wildcards), for connections that do not say which listener took them (RDMA).
+    fn listener_for(
+        &self,
+        transport: Transport,
+        local: SocketAddr,
+    ) -> Option<(String, ListenerInfo)> {
+        let ls = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = |l: &ListenerInfo| {
+            l.transport == transport && l.port == local.port() && l.covers(local.ip())
+        };
+        ls.iter()
+            .filter(|(_, l)| fits(l))
+            .min_by_key(|(_, l)| l.addr.is_unspecified())
+            .cloned()
+    }
+
+    fn conn(&self, key: u64) -> Option<ConnInfo> {
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    /// Logs and counts what the target had to say (refusals, an empty host NQN), from
+    /// `Target::take_notices` (called with the target unlocked).
+    fn report_notices(&self, (notices, dropped): (Vec<Notice>, u64)) {
+        if dropped > 0 {
+            tracing::warn!("{dropped} refusal notice(s) were dropped (too many at once)");
+        }
+        for n in notices {
+            match n {
+                Notice::Refused(r) => {
+                    let c = self.conn(r.key);
+                    let line = crate::refusals::describe(&r, c.as_ref());
+                    self.refusals
+                        .report(r.reason.label(), c.and_then(|c| c.peer), &line);
+                }
+                Notice::EmptyHostNqnAccepted { subnqn, key } => {
+                    let c = self.conn(key);
+                    tracing::warn!(
+                        "{}: accepted an empty host NQN for subsystem {subnqn:?} (it allows any \
+                         host). SPDK's spdk_nvme_perf sends one when its -r option names no \
+                         hostnqn; give it one (hostnqn:nqn....) to tell hosts apart. Said once \
+                         per subsystem.",
+                        crate::refusals::where_from(c.as_ref())
+                    );
+                }
+            }
+        }
     }
 
     /// Send actions to the IO threads that own the queues they concern.
@@ -111,7 +198,7 @@ impl CounterSource for Counters<'_> {
             write_cmds: t.write_cmds,
             read_bytes: t.read_bytes,
             write_bytes: t.write_bytes,
-            errors: t.errors,
+            media_errors: t.media_errors(),
         }
     }
 }
@@ -164,8 +251,14 @@ fn listener_info(l: &ListenerConfig) -> ListenerInfo {
 impl Runtime {
     /// Apply a configuration change (DESIGN: the main thread owns config). Start-up is the
     /// change from an empty configuration. Steps run in the order `reload` documents:
-    /// removals first, then additions. Errors are collected, not fatal: the rest of the
-    /// change is still applied, and the caller decides what an error means.
+    /// removals first, then additions, with one exception: a removed subsystem's
+    /// controllers are retired (their connections torn down) *before* its namespaces
+    /// leave the engine. Otherwise I/O arriving between the two would be answered Invalid
+    /// Namespace or Command Sequence Error with DNR, which the Linux host hands to the
+    /// application; once retired, a controller's commands get no answer and the host
+    /// requeues them and reconnects (what it sees when Linux nvmet removes a subsystem).
+    /// Errors are collected, not fatal: the rest of the change is still applied, and the
+    /// caller decides what an error means.
     fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Vec<String> {
         let mut errors = Vec::new();
         let mut err = |e: String| {
@@ -182,14 +275,32 @@ impl Runtime {
                 .copied()
         };
 
+        // Removed subsystems first: Connects to them are refused from now on, and their
+        // controllers are retired (every queue asked to disconnect) while the engine still
+        // serves their namespaces.
+        for nqn in &d.subsystems_removed {
+            let actions = shared.target().remove_subsystem(nqn);
+            tracing::info!(
+                "subsystem {nqn}: disconnecting {} queue(s) of its controllers",
+                actions
+                    .iter()
+                    .filter(|a| matches!(a, Action::Disconnect { .. }))
+                    .count()
+            );
+            shared.route(actions);
+        }
         for (nqn, nsid) in &d.namespaces_removed {
             // Hosts learn first (Namespace Attribute Changed), then the engine stops
-            // serving it: new I/O reaches the target, which answers Invalid Namespace.
-            if let Err(e) = shared.target().remove_namespace(nqn, *nsid) {
-                err(format!("subsystem {nqn}: removing namespace {nsid}: {e}"));
+            // serving it: new I/O reaches the target, which answers Invalid Namespace
+            // (as nvmet does for a disabled namespace). A removed subsystem's namespaces
+            // only leave the engine: the target forgot them with the subsystem.
+            if !d.subsystems_removed.contains(nqn) {
+                if let Err(e) = shared.target().remove_namespace(nqn, *nsid) {
+                    err(format!("subsystem {nqn}: removing namespace {nsid}: {e}"));
+                }
+                let actions = shared.target().take_actions();
+                shared.route(actions);
             }
-            let actions = shared.target().take_actions();
-            shared.route(actions);
             if let Some(id) = id_of(nqn) {
                 if let Err(e) = self.sta.ns_remove(id, *nsid, 0) {
                     err(format!(
@@ -200,8 +311,6 @@ impl Runtime {
             tracing::info!("subsystem {nqn}: namespace {nsid} removed");
         }
         for nqn in &d.subsystems_removed {
-            let actions = shared.target().remove_subsystem(nqn);
-            shared.route(actions);
             if let Some(id) = shared
                 .subsys_ids
                 .lock()
@@ -224,6 +333,7 @@ impl Runtime {
                 let (_, sock, info) = self.listeners.remove(i);
                 drop(sock);
                 shared.target().remove_listener(&info);
+                shared.forget_listener(&l.name);
                 tracing::info!("listener {} closed", l.name);
             }
             if let Some(i) = self.rdma_listeners.iter().position(|(n, _)| *n == l.name) {
@@ -232,6 +342,7 @@ impl Runtime {
                     r.unlisten(&l.name);
                 }
                 shared.target().remove_listener(&info);
+                shared.forget_listener(&l.name);
                 tracing::info!("listener {} closed", l.name);
             }
         }
@@ -254,6 +365,7 @@ impl Runtime {
                     Ok(()) => {
                         let info = listener_info(l);
                         shared.target().add_listener(info.clone());
+                        shared.remember_listener(&l.name, &info);
                         self.rdma_listeners.push((l.name.clone(), info));
                         tracing::info!("listening on {addr} (nvme/rdma, listener {})", l.name);
                     }
@@ -266,6 +378,7 @@ impl Runtime {
                 Ok(sock) => {
                     let info = listener_info(l);
                     shared.target().add_listener(info.clone());
+                    shared.remember_listener(&l.name, &info);
                     self.listeners.push((l.name.clone(), sock, info));
                     tracing::info!("listening on {addr} (nvme/tcp, listener {})", l.name);
                 }
@@ -304,11 +417,9 @@ impl Runtime {
                 model: s.model.clone(),
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
-                listeners: if s.listeners.is_empty() {
-                    None
-                } else {
-                    Some(infos)
-                },
+                // A subsystem that names no listeners is on all of them, those a later
+                // reload adds included.
+                listeners: if s.all_listeners { None } else { Some(infos) },
             });
             match r {
                 Ok(()) => {
@@ -410,11 +521,11 @@ impl Runtime {
 
 /// Start the RDMA CM service: connections go to the IO thread with the fewest QPs.
 fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService, String> {
-    let (a, b) = (shared.clone(), shared.clone());
+    let (a, b, c) = (shared.clone(), shared.clone(), shared.clone());
     RdmaService::start(
         nvmf::rdma::CmLimits {
             max_queue_depth,
-            admin_queue_depth: nvmf::target::ADMIN_QUEUE_ENTRIES,
+            admin_queue_depth: RDMA_ADMIN_QUEUE_DEPTH,
             max_io_queues: MAX_IO_QUEUES,
         },
         Box::new(move || {
@@ -429,6 +540,24 @@ fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService,
                 let _ = tx.send(ThreadMsg::Rdma(m));
             }
         }),
+        Box::new(move |req, status| {
+            let listener = req
+                .local
+                .and_then(|l| c.listener_for(Transport::Rdma, l))
+                .map(|(n, _)| n);
+            let conn = ConnInfo {
+                peer: req.peer,
+                listener,
+            };
+            let line = format!(
+                "{}: rdma: rejecting a connect request ({status:?}: the NVMe-oF RDMA private \
+                 data is invalid or asks for more than this target allows; private data {:02x?})",
+                crate::refusals::where_from(Some(&conn)),
+                &req.private_data[..req.private_data.len().min(32)]
+            );
+            c.refusals
+                .report(crate::refusals::RDMA_CONNECT_REJECTED, conn.peer, &line);
+        }),
     )
 }
 
@@ -439,6 +568,7 @@ fn metrics_source(
     started: std::time::SystemTime,
 ) -> crate::metrics::MetricsSource {
     let (for_report, for_ids, for_transport) = (shared.clone(), shared.clone(), shared.clone());
+    let for_refusals = shared.clone();
     crate::metrics::MetricsSource {
         stats: shared.stats.clone(),
         report: Box::new(move || for_report.target().report()),
@@ -462,6 +592,7 @@ fn metrics_source(
                 "tcp"
             }
         }),
+        refusals: Box::new(move || for_refusals.refusals.counts()),
         started,
     }
 }
@@ -487,8 +618,14 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .context("signalfd")?;
 
-    let mut sta = Sta::new(SoftConfig::default());
+    let mut sta = Sta::new(SoftConfig::with_max_io_size(cfg.max_io_size));
     let caps = sta.caps();
+    tracing::info!(
+        "max I/O size {} KiB (MDTS {}), MAXH2CDATA {} KiB",
+        caps.max_io_size / 1024,
+        (caps.max_io_size / 4096).trailing_zeros(),
+        caps.max_h2c_data / 1024
+    );
     let target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
         max_io_queues: MAX_IO_QUEUES,
@@ -518,6 +655,9 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
         rdma_queues: Mutex::new(std::collections::HashSet::new()),
+        listeners: Mutex::new(Vec::new()),
+        conns: Mutex::new(HashMap::new()),
+        refusals: RefusalLog::new(),
     });
     // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
     let _metrics = match cfg.metrics {
@@ -567,6 +707,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         backends: Vec::new(),
         subsystems: Vec::new(),
         metrics: cfg.metrics,
+        max_io_size: cfg.max_io_size,
         source: cfg.source.clone(),
     };
     let mut rt = Runtime {
@@ -625,7 +766,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
                 Err(_) => {}
             }
         }
-        for (_, l, _) in &rt.listeners {
+        for (name, l, info) in &rt.listeners {
             loop {
                 match l.accept() {
                     Ok((sock, peer)) => {
@@ -633,8 +774,13 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
                             .min_by_key(|&t| shared.qp_counts[t].load(Ordering::Relaxed))
                             .unwrap_or(0);
                         shared.qp_counts[t].fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!("connection from {peer} to io thread {t}");
-                        let _ = shared.threads[t].send(ThreadMsg::Conn(sock, peer));
+                        tracing::debug!("connection from {peer} on {name} to io thread {t}");
+                        let _ = shared.threads[t].send(ThreadMsg::Conn {
+                            sock,
+                            peer,
+                            listener: name.clone(),
+                            info: info.clone(),
+                        });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) => {
@@ -647,17 +793,25 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         let now = Instant::now();
         if now >= next_timer {
             next_timer = now + Duration::from_millis(100);
-            let actions = shared.target().poll_timeouts(now);
+            let (actions, notices) = {
+                let mut t = shared.target();
+                (t.poll_timeouts(now), t.take_notices())
+            };
+            let expired = !notices.0.is_empty();
+            shared.report_notices(notices);
             for a in &actions {
                 if let Action::Disconnect { queue, .. } = a {
-                    tracing::info!(
-                        "keep-alive expired: controller {} queue {} torn down",
-                        queue.cntlid,
-                        queue.qid
-                    );
+                    if expired {
+                        tracing::info!(
+                            "keep-alive expired: controller {} queue {} torn down",
+                            queue.cntlid,
+                            queue.qid
+                        );
+                    }
                 }
             }
             shared.route(actions);
+            shared.refusals.flush();
         }
         while let Some(ev) = rt.sta.progress() {
             let name = |id: SubsysId| {
@@ -754,6 +908,8 @@ struct QpApp {
     queue: Option<QueueRef>,
     /// The target was told this queue is gone.
     closed: bool,
+    /// Where the connection came in (for Connect).
+    origin: QueueOrigin,
 }
 
 struct IoThread {
@@ -822,14 +978,40 @@ impl IoThread {
 
     fn on_msg(&mut self, m: ThreadMsg) {
         match m {
-            ThreadMsg::Conn(sock, peer) => {
+            ThreadMsg::Conn {
+                sock,
+                peer,
+                listener,
+                info,
+            } => {
                 if self.stopping {
                     return;
                 }
+                let local = sock.local_addr().ok().map(|a| a.ip().to_canonical());
                 match self.io.qp_accept_tcp(sock, 0) {
                     Ok(qp) => {
                         tracing::debug!(qp = qp.as_u64(), "io{}: accepted {peer}", self.index);
-                        self.qps.insert(qp, QpApp::default());
+                        self.shared
+                            .conns
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(
+                                queue_key(self.index, qp),
+                                ConnInfo {
+                                    peer: Some(peer),
+                                    listener: Some(listener),
+                                },
+                            );
+                        self.qps.insert(
+                            qp,
+                            QpApp {
+                                origin: QueueOrigin {
+                                    listener: Some(info),
+                                    local,
+                                },
+                                ..QpApp::default()
+                            },
+                        );
                     }
                     Err(e) => {
                         tracing::warn!("io{}: cannot take connection from {peer}: {e}", self.index)
@@ -842,6 +1024,8 @@ impl IoThread {
                     req.reject(nvmf::rdma::RejectStatus::NoResources);
                     return;
                 }
+                let (peer, local) = (req.peer, req.local);
+                let listener = local.and_then(|l| self.shared.listener_for(Transport::Rdma, l));
                 match self.io.qp_accept_rdma(req, depth, 0) {
                     Ok(qp) => {
                         tracing::debug!(
@@ -849,7 +1033,27 @@ impl IoThread {
                             "io{}: accepted an RDMA connection (qid {qid}, depth {depth})",
                             self.index
                         );
-                        self.qps.insert(qp, QpApp::default());
+                        self.shared
+                            .conns
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(
+                                queue_key(self.index, qp),
+                                ConnInfo {
+                                    peer,
+                                    listener: listener.as_ref().map(|(n, _)| n.clone()),
+                                },
+                            );
+                        self.qps.insert(
+                            qp,
+                            QpApp {
+                                origin: QueueOrigin {
+                                    listener: listener.map(|(_, l)| l),
+                                    local: local.map(|a| a.ip().to_canonical()),
+                                },
+                                ..QpApp::default()
+                            },
+                        );
                         self.rdma_ids.insert(id, qp);
                         self.shared
                             .rdma_queues
@@ -899,9 +1103,9 @@ impl IoThread {
                 }) else {
                     return;
                 };
-                if let Some(a) = self.qps.get_mut(&qp) {
-                    a.closed = true;
-                }
+                // The target still hears of the close when the disconnect is done
+                // (`close_queue`): a retired controller goes once its admin queue closes,
+                // and a queue the target already forgot is ignored.
                 self.held.retain(|_, (h, _)| *h != qp);
                 let _ = self.io.qp_disconnect(qp, 0);
             }
@@ -985,6 +1189,11 @@ impl IoThread {
             } => {
                 self.close_queue(qp);
                 self.qps.remove(&qp);
+                self.shared
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&queue_key(self.index, qp));
                 self.waiting.retain(|_, w| w.qp != qp);
                 self.rdma_ids.retain(|_, q| *q != qp);
                 self.shared
@@ -994,12 +1203,58 @@ impl IoThread {
                     .remove(&queue_key(self.index, qp));
             }
             Event::TaskDone { .. } => {}
+            Event::Terminated {
+                qp,
+                by_host,
+                icreq,
+                fes,
+                fei,
+                ..
+            } => self.report_termination(qp, by_host, icreq, fes, fei),
             Event::TransportError { qp, kind, .. } => {
                 tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
                 self.close_queue(qp);
                 let _ = self.io.qp_disconnect(qp, 0);
             }
         }
+    }
+
+    /// Logs and counts an NVMe/TCP termination (a rejected ICReq, a C2HTermReq we sent, an
+    /// H2CTermReq the host sent).
+    fn report_termination(&mut self, qp: QpHandle, by_host: bool, icreq: bool, fes: u16, fei: u32) {
+        use crate::refusals as r;
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        let what = fes_text(fes);
+        let (label, line) = if by_host {
+            (
+                r::H2C_TERM_REQ_RECEIVED,
+                format!("the host terminated the connection with an H2CTermReq (FES {fes:#x}: {what}, FEI {fei})"),
+            )
+        } else if icreq {
+            (
+                r::ICREQ_REJECTED,
+                format!("ICReq rejected with a C2HTermReq (FES {fes:#x}: {what}, FEI {fei} = byte offset of the bad field)"),
+            )
+        } else {
+            (
+                r::C2H_TERM_REQ_SENT,
+                format!("the host broke NVMe/TCP: sent a C2HTermReq (FES {fes:#x}: {what}, FEI {fei} = byte offset of the bad field) and closed the connection"),
+            )
+        };
+        let queue = self.qps.get(&qp).and_then(|a| a.queue);
+        let (host, sub) = queue
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
+            .unwrap_or_default();
+        let line = format!(
+            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {line}",
+            r::where_from(c.as_ref()),
+            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
+            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+        );
+        self.shared
+            .refusals
+            .report(label, c.and_then(|c| c.peer), &line);
     }
 
     /// Answer one non-offloaded command whose host data (if any) is in its payload.
@@ -1011,7 +1266,17 @@ impl IoThread {
             return;
         };
         if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
-            let (cqe, ok) = shared.target().connect(now, key, sqe, payload);
+            let origin = self
+                .qps
+                .get(&qp)
+                .map(|a| a.origin.clone())
+                .unwrap_or_default();
+            let (cqe, ok, notices) = {
+                let mut t = shared.target();
+                let (cqe, ok) = t.connect(now, key, &origin, sqe, payload);
+                (cqe, ok, t.take_notices())
+            };
+            shared.report_notices(notices);
             if let Some(ok) = ok {
                 let queue = QueueRef {
                     cntlid: ok.cntlid,
@@ -1055,11 +1320,12 @@ impl IoThread {
             let _ = self.io.rdma_send(qp, token, &cqe, 0);
             return;
         };
-        let (outcome, actions) = {
+        let (outcome, actions, notices) = {
             let mut t = shared.target();
             let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
-            (o, t.take_actions())
+            (o, t.take_actions(), t.take_notices())
         };
+        shared.report_notices(notices);
         match outcome {
             Outcome::Complete { cqe, data_len } if data_len > 0 => {
                 let _ = self.io.rdma_write_send(qp, token, &cqe, data_len, 0);
@@ -1070,7 +1336,24 @@ impl IoThread {
             Outcome::Deferred => {
                 self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
             }
+            // A retired controller: its queue is being disconnected (the action is already
+            // on its way); the command dies with the connection and the host retries it.
+            Outcome::Dropped => {}
         }
         self.route_or_apply(actions);
+    }
+}
+
+/// A few words for a TermReq's Fatal Error Status (NVMe/TCP 1.0 Figure 23).
+fn fes_text(fes: u16) -> &'static str {
+    use nvmf::tcp::fes;
+    match fes {
+        fes::INVALID_HEADER_FIELD => "invalid PDU header field",
+        fes::PDU_SEQUENCE_ERROR => "PDU sequence error",
+        fes::HEADER_DIGEST_ERROR => "header digest error",
+        fes::DATA_TRANSFER_OUT_OF_RANGE => "data transfer out of range",
+        fes::DATA_TRANSFER_LIMIT_EXCEEDED => "data transfer limit exceeded",
+        fes::UNSUPPORTED_PARAMETER => "unsupported parameter",
+        _ => "unknown",
     }
 }

@@ -9,6 +9,7 @@ mod daemon;
 mod metrics;
 mod notify;
 mod rdma_cm;
+mod refusals;
 mod reload;
 
 use std::path::PathBuf;

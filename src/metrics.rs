@@ -39,6 +39,7 @@
 //! | `io_thread_polls_total` | counter | thread, state=busy/idle |
 //! | `io_thread_capsules_total` | counter | thread, path=offloaded/non_offloaded |
 //! | `io_thread_queue_pairs` | gauge | thread |
+//! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
@@ -97,6 +98,8 @@ pub struct MetricsSource {
     pub subsystems: Box<dyn Fn() -> Vec<(SubsysId, String)> + Send + Sync>,
     /// The transport ("tcp", "rdma") a queue key belongs to.
     pub transport_of: Box<dyn Fn(QueueKey) -> &'static str + Send + Sync>,
+    /// Refusals by reason (every reason, zeros included).
+    pub refusals: Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>,
     /// When the daemon started.
     pub started: SystemTime,
 }
@@ -434,6 +437,7 @@ struct Snapshot {
     thread_polls: Vec<(Labels, u64)>,
     thread_capsules: Vec<(Labels, u64)>,
     thread_qps: Vec<(Labels, u64)>,
+    refusals: Vec<(Labels, u64)>,
     start_time: f64,
     uptime: f64,
 }
@@ -543,6 +547,11 @@ impl Snapshot {
             s.thread_qps
                 .push((vec![("thread", i.to_string())], get(&t.qps)));
         }
+
+        s.refusals = (src.refusals)()
+            .into_iter()
+            .map(|(reason, n)| (vec![("reason", reason.to_string())], n))
+            .collect();
 
         let start = src.started.duration_since(UNIX_EPOCH).unwrap_or_default();
         s.start_time = start.as_secs_f64();
@@ -729,6 +738,13 @@ impl Collector for Snapshot {
             None,
             &self.thread_qps,
         )?;
+        counters(
+            e,
+            "refusals",
+            "Hosts refused or cut off, by reason: rejected ICReqs and Connects, CSTS.CFS, keep-alive expiry, TermReqs sent or received (each is also logged at warn, rate-limited per peer).",
+            None,
+            &self.refusals,
+        )?;
         gauge(
             e,
             "start_time",
@@ -830,6 +846,7 @@ mod tests {
             report: Box::new(TargetReport::default),
             subsystems: Box::new(Vec::new),
             transport_of: Box::new(|_| "tcp"),
+            refusals: Box::new(|| vec![("host_not_allowed", 2)]),
             started: SystemTime::now(),
         }
     }
@@ -847,6 +864,7 @@ mod tests {
             "nvmft_io_threads 0",
             "# TYPE nvmft_namespace_latency_seconds histogram",
             "nvmft_build_info{version=",
+            "nvmft_refusals_total{reason=\"host_not_allowed\"} 2",
         ] {
             assert!(om.contains(name), "{name} missing from\n{om}");
         }

@@ -38,6 +38,8 @@ pub(crate) enum RdmaMsg {
 pub(crate) type Pick = Box<dyn Fn() -> usize + Send>;
 /// Sends a message to IO thread `n`.
 pub(crate) type Dispatch = Box<dyn Fn(usize, RdmaMsg) + Send>;
+/// Told of each connect request about to be rejected (to log and count it).
+pub(crate) type Rejected = Box<dyn Fn(&ConnRequest, RejectStatus) + Send>;
 
 pub(crate) struct RdmaService {
     channel: Arc<CmChannel>,
@@ -48,13 +50,18 @@ pub(crate) struct RdmaService {
 
 impl RdmaService {
     /// Open rdma-core, the event channel, and start the CM thread.
-    pub fn start(limits: CmLimits, pick: Pick, dispatch: Dispatch) -> Result<RdmaService, String> {
+    pub fn start(
+        limits: CmLimits,
+        pick: Pick,
+        dispatch: Dispatch,
+        rejected: Rejected,
+    ) -> Result<RdmaService, String> {
         let channel = Arc::new(CmChannel::new().map_err(|e| e.to_string())?);
         let stop = Arc::new(AtomicBool::new(false));
         let (ch, st) = (channel.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("nvmft-rdma-cm".into())
-            .spawn(move || cm_thread(&ch, &st, limits, pick, dispatch))
+            .spawn(move || cm_thread(&ch, &st, limits, pick, dispatch, rejected))
             .map_err(|e| format!("spawning the RDMA CM thread: {e}"))?;
         Ok(RdmaService {
             channel,
@@ -104,7 +111,14 @@ impl Drop for RdmaService {
     }
 }
 
-fn cm_thread(ch: &CmChannel, stop: &AtomicBool, limits: CmLimits, pick: Pick, dispatch: Dispatch) {
+fn cm_thread(
+    ch: &CmChannel,
+    stop: &AtomicBool,
+    limits: CmLimits,
+    pick: Pick,
+    dispatch: Dispatch,
+    rejected: Rejected,
+) {
     // Which IO thread owns each accepted cm_id.
     let mut owners: HashMap<u64, usize> = HashMap::new();
     while !stop.load(Ordering::SeqCst) {
@@ -140,10 +154,7 @@ fn cm_thread(ch: &CmChannel, stop: &AtomicBool, limits: CmLimits, pick: Pick, di
                         );
                     }
                     Err(status) => {
-                        tracing::warn!(
-                            "rdma: rejecting a connect request ({status:?}, private data {:02x?})",
-                            &req.private_data[..req.private_data.len().min(32)]
-                        );
+                        rejected(&req, status);
                         req.reject(status);
                     }
                 }

@@ -42,11 +42,12 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`) and the metrics address;
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size` and the metrics address;
 //! - a backend whose definition changed while a surviving namespace uses it;
-//! - a subsystem's serial, model or listeners. Its listeners are the *resolved* list: a
-//!   subsystem that does not name listeners uses all of them, so adding or removing a
-//!   listener changes it; so does a changed address of a listener it uses.
+//! - a subsystem's serial, model or named listeners (a changed address of a listener it
+//!   names too). A subsystem that names no listeners is on all of them, and follows
+//!   listeners added or removed by a reload at once (nothing to restart); naming
+//!   listeners where it named none, or the reverse, needs a restart.
 
 #![forbid(unsafe_code)]
 
@@ -155,6 +156,12 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             "io threads: {} -> {}",
             threads_text(&old.threads),
             threads_text(&new.threads)
+        ));
+    }
+    if old.max_io_size != new.max_io_size {
+        d.restart_required.push(format!(
+            "max_io_size: {} -> {} bytes",
+            old.max_io_size, new.max_io_size
         ));
     }
     if old.metrics != new.metrics {
@@ -303,14 +310,21 @@ fn same_threads(a: &IoThreads, b: &IoThreads) -> bool {
     }
 }
 
-/// How a subsystem's resolved listeners changed (names added/removed, or a listener it
-/// keeps whose definition changed), or `None` when they did not.
+/// How a subsystem's listeners changed (names added/removed, or a listener it keeps whose
+/// definition changed), or `None` when they did not. A subsystem that names no listeners
+/// in either config follows the listener list by itself: no change.
 fn listeners_change(
     o: &SubsystemConfig,
     old_l: &BTreeMap<&str, &ListenerConfig>,
     n: &SubsystemConfig,
     new_l: &BTreeMap<&str, &ListenerConfig>,
 ) -> Option<String> {
+    match (o.all_listeners, n.all_listeners) {
+        (true, true) => return None,
+        (true, false) => return Some(format!("all -> [{}]", n.listeners.join(", "))),
+        (false, true) => return Some(format!("[{}] -> all", o.listeners.join(", "))),
+        (false, false) => {}
+    }
     let old_names: BTreeSet<&str> = o.listeners.iter().map(String::as_str).collect();
     let new_names: BTreeSet<&str> = n.listeners.iter().map(String::as_str).collect();
     let mut parts = Vec::new();
@@ -447,6 +461,25 @@ metrics:
                 restart_required: lines.iter().map(|l| l.to_string()).collect(),
                 ..ConfigDiff::default()
             }
+        );
+    }
+
+    #[test]
+    fn a_changed_max_io_size_needs_a_restart() {
+        let old = parse(BASE);
+        let new = Config {
+            max_io_size: old.max_io_size / 2,
+            ..old.clone()
+        };
+        let d = diff(&old, &new);
+        assert_eq!(d.restart_required.len(), 1, "{d:?}");
+        assert!(d.restart_required[0].starts_with("max_io_size: "));
+        assert_eq!(
+            ConfigDiff {
+                restart_required: Vec::new(),
+                ..d
+            },
+            ConfigDiff::default()
         );
     }
 
@@ -597,7 +630,8 @@ io_threads: 2
         let d = from_base(&edit("listeners: [tcp0]\n", "listeners: [tcp1]\n"));
         assert_only_restart(&d, &[&format!("subsystem {B}: listeners -tcp0, +tcp1")]);
 
-        // Subsystem b follows "all listeners": a new listener changes its list.
+        // Subsystem b follows "all listeners": a new listener is simply added, the
+        // subsystem is on it at once.
         let implicit = BASE.replace("    listeners: [tcp0]\n", "");
         let more = implicit.replace(
             "listeners:\n",
@@ -605,9 +639,12 @@ io_threads: 2
         );
         let d = diff(&parse(&implicit), &parse(&more));
         assert_eq!(d.listeners_added.len(), 1);
+        assert!(d.restart_required.is_empty(), "{d:#?}");
+        // Naming listeners where none were named (even all of them) needs a restart.
+        let d = diff(&parse(&implicit), &parse(BASE));
         assert_eq!(
             d.restart_required,
-            [format!("subsystem {B}: listeners +tcp9")]
+            [format!("subsystem {B}: listeners all -> [tcp0]")]
         );
     }
 

@@ -396,6 +396,85 @@ fn exposition_parses_and_counters_move_after_io() {
     d.stop();
 }
 
+/// Refusals are counted by reason: every reason is exported (zero until it happens),
+/// and each refused Connect, rejected ICReq and C2HTermReq moves its own series.
+#[test]
+fn refusals_are_counted_by_reason() {
+    let _w = watchdog("metrics_refusals", Duration::from_secs(60));
+    let (mut d, maddr) = start();
+    let (types, s0) = parse(&scrape(maddr));
+    assert_eq!(
+        types.get("nvmft_refusals_total").map(String::as_str),
+        Some("counter")
+    );
+    let reasons = [
+        "host_not_allowed",
+        "unknown_subsystem",
+        "empty_host_nqn_not_allowed",
+        "controller_fatal_status",
+        "keep_alive_expired",
+        "icreq_rejected",
+        "c2h_term_req_sent",
+        "h2c_term_req_received",
+    ];
+    for r in reasons {
+        assert_eq!(
+            value(&s0, "nvmft_refusals_total", &[("reason", r)]),
+            0.0,
+            "{r}"
+        );
+    }
+    // Three hosts not on RESTRICTED_NQN's list, one unknown subsystem, one empty host NQN
+    // where a list applies.
+    for _ in 0..3 {
+        let mut h = nvmf_initiator::TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+        assert!(h.connect_admin(RESTRICTED_NQN, 0).is_err());
+    }
+    let mut h = nvmf_initiator::TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+    assert!(h
+        .connect_admin("nqn.2026-11.dev.nvmf-target:nope", 0)
+        .is_err());
+    let mut h = nvmf_initiator::TcpHost::connect(d.addr(), host_opts().with_empty_hostnqn())
+        .expect("ICReq");
+    assert!(h.connect_admin(RESTRICTED_NQN, 0).is_err());
+    // An ICReq with PFV 1.
+    let mut h = nvmf_initiator::TcpHost::connect_raw(d.addr(), host_opts()).expect("connect");
+    let mut ic = Vec::new();
+    nvmf::tcp::encode_ic_req(
+        &mut ic,
+        &nvmf::tcp::IcReq {
+            pfv: 1,
+            ..Default::default()
+        },
+    );
+    h.send_raw(&ic).expect("send");
+    assert!(h.recv_pdu().is_ok(), "C2HTermReq");
+    let want = [
+        ("host_not_allowed", 3.0),
+        ("unknown_subsystem", 1.0),
+        ("empty_host_nqn_not_allowed", 1.0),
+        ("icreq_rejected", 1.0),
+        ("c2h_term_req_sent", 0.0),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, s1) = parse(&scrape(maddr));
+        let got: Vec<f64> = want
+            .iter()
+            .map(|(r, _)| value(&s1, "nvmft_refusals_total", &[("reason", r)]))
+            .collect();
+        if got.iter().zip(&want).all(|(g, (_, w))| g == w) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refusal counters {got:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_serves(&mut d);
+}
+
 #[test]
 fn http_answers_and_content_negotiation() {
     let _w = watchdog("metrics_http", Duration::from_secs(60));

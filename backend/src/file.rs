@@ -646,6 +646,18 @@ impl FileQueue {
                 Step::Sync | Step::Fallocate(_) => Some(IoStatus::Ok),
             }
         };
+        // Write Zeroes with FUA: once the range is zero, make it durable (fdatasync)
+        // before the completion goes back.
+        let outcome = match outcome {
+            Some(IoStatus::Ok)
+                if slot.op == (Op::WriteZeroes { fua: true }) && slot.step != Step::Sync =>
+            {
+                slot.step = Step::Sync;
+                slot.retries = 0;
+                None
+            }
+            o => o,
+        };
         match outcome {
             Some(status) => self.finish(idx, status),
             None => self.pending.push_back(idx),
@@ -710,7 +722,7 @@ impl BackendQueue for FileQueue {
             Op::Read => Step::Read,
             Op::Write { fua } => Step::Write { dsync: fua },
             Op::Flush => Step::Sync,
-            Op::WriteZeroes => self.backend.zero_step(false, None),
+            Op::WriteZeroes { .. } => self.backend.zero_step(false, None),
             Op::Deallocate => self.backend.zero_step(true, None),
         };
         self.slots[idx as usize] = Some(Slot {

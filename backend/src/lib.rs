@@ -33,8 +33,9 @@ pub enum Op {
     Write { fua: bool },
     /// Make every completed write durable. `lba` and `nblocks` are ignored.
     Flush,
-    /// Zero `nblocks` from `lba` (no buffer).
-    WriteZeroes,
+    /// Zero `nblocks` from `lba` (no buffer); with `fua` the zeroes are durable when the
+    /// completion arrives (NVMe Write Zeroes with FUA).
+    WriteZeroes { fua: bool },
     /// The host no longer needs `nblocks` from `lba`; reads of them return zeroes.
     Deallocate,
 }

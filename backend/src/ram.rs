@@ -244,7 +244,7 @@ impl RamBackend {
                 _ => IoStatus::Unsupported,
             },
             Op::Flush => IoStatus::Ok,
-            Op::WriteZeroes | Op::Deallocate => {
+            Op::WriteZeroes { .. } | Op::Deallocate => {
                 self.zero(off, len);
                 IoStatus::Ok
             }

@@ -123,7 +123,7 @@ fn zero_write_fallback() {
         let data: Vec<u8> = (0..4096).flat_map(|l| pattern(l, 5, 4096)).collect();
         assert_eq!(write(&mut *q, 4096, 1000, &data, false), IoStatus::Ok);
         assert_eq!(
-            run(&mut *q, Op::WriteZeroes, 1001, 4094, None).status,
+            run(&mut *q, Op::WriteZeroes { fua: false }, 1001, 4094, None).status,
             IoStatus::Ok
         );
         let got = read(&mut *q, 4096, 1000, 4096);

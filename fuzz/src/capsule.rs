@@ -26,8 +26,8 @@ use nvmf::spec::log::{lid, GetLogPage};
 use nvmf::spec::opcodes::{self, admin, io};
 use nvmf::spec::{Cqe, Sqe};
 use nvmf::target::{
-    Action, CounterSource, IoCounters, ListenerInfo, NamespaceConfig, Outcome, QueueKey, QueueRef,
-    SubsystemConfig, Target, TargetOptions, Transport,
+    Action, CounterSource, IoCounters, ListenerInfo, NamespaceConfig, Outcome, QueueKey,
+    QueueOrigin, QueueRef, SubsystemConfig, Target, TargetOptions, Transport,
 };
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -122,7 +122,7 @@ pub struct World {
     pub admin: Option<(QueueRef, QueueKey)>,
     /// Every connected queue, ours and those the fuzzer's Connects made.
     pub queues: BTreeMap<QueueRef, QueueKey>,
-    /// Held AER CIDs by CNTLID (a reset drops them silently, so stale ones may linger).
+    /// Held AER CIDs by CNTLID (they stay held across a reset).
     held: BTreeMap<u16, Vec<u16>>,
     pub counters: FixedCounters,
 }
@@ -193,7 +193,11 @@ impl World {
         sqe: &Sqe,
         data: &[u8],
     ) -> (Cqe, Option<nvmf::target::ConnectOk>) {
-        let (cqe, ok) = self.t.connect(self.now, key, sqe, data);
+        let origin = QueueOrigin {
+            listener: Some(listener(4420)),
+            local: Some(listener(4420).addr),
+        };
+        let (cqe, ok) = self.t.connect(self.now, key, &origin, sqe, data);
         assert_eq!(cqe.cid, sqe.cid());
         match &ok {
             Some(ok) => {
@@ -246,6 +250,15 @@ impl World {
                     "held a command that is not an AER: {sqe:?}"
                 );
                 self.held.entry(queue.cntlid).or_default().push(sqe.cid());
+            }
+            Outcome::Dropped => {
+                let retired = self
+                    .t
+                    .report()
+                    .controllers
+                    .iter()
+                    .any(|c| c.cntlid == queue.cntlid && c.retired);
+                assert!(retired, "a live controller dropped {sqe:?}");
             }
         }
         let actions = self.t.take_actions();
@@ -336,7 +349,7 @@ pub fn run(data: &[u8]) {
         write_cmds: big(1),
         read_bytes: big(2),
         write_bytes: big(3),
-        errors: big(4),
+        media_errors: big(4),
     };
     let kato = [0, 5000, 1, u32::MAX][(cb >> 5) as usize & 3];
     let mut w = World::new(options(ob), kato, counters);

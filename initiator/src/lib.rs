@@ -16,11 +16,18 @@
 //! hangs. Received PDUs go through `nvmf::tcp::RxFramer` in its host role, so a target
 //! that sends malformed PDUs is caught ([`Error::Protocol`]).
 //!
-//! Not implemented: TLS, authentication, SQ flow-control checks (SQHD is ignored; the host
-//! keeps at most SQSIZE commands outstanding instead), asynchronous event requests are
-//! only available through the raw API. The host is single-threaded and blocking: while it
-//! writes a large H2CData it does not read, so it relies on the target to keep reading
-//! while it sends (which the spec's flow expects of a target anyway).
+//! Host behaviours of other initiators, to test a target against them
+//! ([`HostOptions`]): CC.CSS 110b (NVMe 2.0 hosts such as SPDK's), a random HOSTID per
+//! I/O queue Connect (user-space hosts that make one per connection), an empty Host NQN
+//! (`spdk_nvme_perf` without a hostnqn), SQ flow control disabled (CATTR bit 2; the host
+//! then checks that every completion reports SQHD FFFFh), any admin queue size.
+//!
+//! Not implemented: TLS, authentication, SQ flow-control accounting (with flow control
+//! on, SQHD is not checked; the host keeps at most SQSIZE commands outstanding instead),
+//! asynchronous event requests are only available through the raw API. The host is
+//! single-threaded and blocking: while it writes a large H2CData it does not read, so it
+//! relies on the target to keep reading while it sends (which the spec's flow expects of
+//! a target anyway).
 
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::opcodes::{admin, io};
@@ -92,11 +99,23 @@ pub struct HostOptions {
     /// sends every I/O-queue write's data (and the I/O queue Connect data) by R2T. The
     /// admin queue always uses 8 KiB.
     pub io_max_incapsule: u32,
+    /// CC.CSS that [`TcpHost::enable_controller`] writes: 0 (NVM command set, what the
+    /// Linux host writes when CAP.CSS bit 6 is clear) or 0b110 (all supported I/O command
+    /// sets: what NVMe 2.0 hosts such as SPDK's write when CAP.CSS bit 6 is set).
+    pub cc_css: u8,
+    /// A fresh random HOSTID in every I/O queue Connect, as user-space hosts that make one
+    /// per connection do; the admin queue uses [`hostid`](Self::hostid).
+    pub random_hostid_per_queue: bool,
+    /// Connect with CATTR bit 2 (SQ flow control disabled); every completion must then
+    /// report SQHD FFFFh, and one that does not is an [`Error::Unexpected`].
+    pub disable_sq_flow_control: bool,
+    /// SQSIZE (0's based) of the admin queue Connect: Linux uses 31, SPDK's host 1..=4095.
+    pub admin_sqsize: u16,
 }
 
 impl Default for HostOptions {
     fn default() -> Self {
-        let hostid = default_hostid();
+        let hostid = random_hostid();
         HostOptions {
             hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_string(&hostid)),
             hostid,
@@ -107,18 +126,44 @@ impl Default for HostOptions {
             timeout: Duration::from_secs(10),
             max_c2h_data: 1 << 20,
             io_max_incapsule: 0,
+            cc_css: 0,
+            random_hostid_per_queue: false,
+            disable_sq_flow_control: false,
+            admin_sqsize: 31,
         }
     }
 }
 
-fn default_hostid() -> [u8; 16] {
+impl HostOptions {
+    /// What `spdk_nvme_perf` does when its `-r` names no hostnqn: an empty Host NQN.
+    pub fn with_empty_hostnqn(self) -> HostOptions {
+        HostOptions {
+            hostnqn: String::new(),
+            ..self
+        }
+    }
+}
+
+/// A random version 4 UUID for a HOSTID (time, process and a counter through a xorshift:
+/// unique enough for test hosts, not cryptographic).
+pub fn random_hostid() -> [u8; 16] {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
+        .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let mut id = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
-    id[6] = (id[6] & 0x0f) | 0x40; // version 4
-    id[8] = (id[8] & 0x3f) | 0x80; // variant
+    let mut x =
+        t ^ N.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed) ^ std::process::id() as u64;
+    let mut id = [0u8; 16];
+    for chunk in id.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    id[6] = (id[6] & 0x0f) | 0x40;
+    id[8] = (id[8] & 0x3f) | 0x80;
     id
 }
 
@@ -289,6 +334,8 @@ pub struct TcpHost {
     rx_end: usize,
     out: Out,
     qid: Option<u16>,
+    /// The HOSTID this queue's Connect sent.
+    connect_hostid: Option<[u8; 16]>,
     lba_size: u32,
     /// Each CID's buffer while its command is outstanding.
     bufs: Vec<Vec<u8>>,
@@ -363,6 +410,7 @@ impl TcpHost {
             rx_end: 0,
             out: Out::default(),
             qid: None,
+            connect_hostid: None,
             lba_size: 512,
             bufs: vec![Vec::new(); INITIAL_SLOTS],
             done: VecDeque::new(),
@@ -634,18 +682,32 @@ impl TcpHost {
         sqsize: u16,
         kato_ms: u32,
     ) -> Result<Cqe> {
+        let cattr = if self.opts.disable_sq_flow_control {
+            fabrics::CATTR_DISABLE_SQ_FLOW_CONTROL
+        } else {
+            0
+        };
         let cmd = ConnectCommand {
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato: kato_ms,
         };
         if qid != 0 {
             // The I/O queue's in-capsule limit applies from its Connect on.
             self.q.set_max_incapsule(self.opts.io_max_incapsule);
         }
-        let data = ConnectData::new(self.opts.hostid, cntlid, subnqn, &self.opts.hostnqn);
+        let hostid = if qid != 0 && self.opts.random_hostid_per_queue {
+            random_hostid()
+        } else {
+            self.opts.hostid
+        };
+        self.connect_hostid = Some(hostid);
+        // The Connect's own completion already reports SQHD FFFFh (nvmet does the same).
+        self.q
+            .set_sq_flow_control_disabled(self.opts.disable_sq_flow_control);
+        let data = ConnectData::new(hostid, cntlid, subnqn, &self.opts.hostnqn);
         let cqe = self.exec_ok(cmd.to_sqe(0), data.as_bytes())?;
         self.qid = Some(qid);
         // At most SQSIZE (0's based) + 1 - 1 commands fit in the queue.
@@ -653,11 +715,17 @@ impl TcpHost {
         Ok(cqe)
     }
 
-    /// Fabrics Connect of the admin queue (QID 0, SQSIZE 31, CNTLID FFFFh); returns the
-    /// controller ID.
+    /// Fabrics Connect of the admin queue (QID 0, SQSIZE [`HostOptions::admin_sqsize`],
+    /// CNTLID FFFFh); returns the controller ID.
     pub fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> Result<u16> {
-        let cqe = self.connect_queue(subnqn, fabrics::CNTLID_DYNAMIC, 0, 31, kato_ms)?;
+        let sqsize = self.opts.admin_sqsize;
+        let cqe = self.connect_queue(subnqn, fabrics::CNTLID_DYNAMIC, 0, sqsize, kato_ms)?;
         Ok(cqe.dw0 as u16)
+    }
+
+    /// The HOSTID this queue's Connect sent.
+    pub fn connect_hostid(&self) -> Option<[u8; 16]> {
+        self.connect_hostid
     }
 
     /// Fabrics Connect of I/O queue `qid` to controller `cntlid` (SQSIZE 0's based).
@@ -686,11 +754,11 @@ impl TcpHost {
         self.exec_ok(p.to_sqe(0, true), &[]).map(|_| ())
     }
 
-    /// CC.EN = 1 with IOSQES 6 and IOCQES 4, then waits for CSTS.RDY (CAP.TO, at most
-    /// the connection timeout).
+    /// CC.EN = 1 with IOSQES 6, IOCQES 4 and CC.CSS [`HostOptions::cc_css`], then waits
+    /// for CSTS.RDY (CAP.TO, at most the connection timeout).
     pub fn enable_controller(&mut self) -> Result<()> {
         let cap = self.property_get(fabrics::property::CAP, true)?;
-        let cc = fabrics::cc::EN | 6 << 16 | 4 << 20;
+        let cc = fabrics::cc::EN | 6 << 16 | 4 << 20 | ((self.opts.cc_css & 7) as u32) << 4;
         self.property_set(fabrics::property::CC, cc as u64, false)?;
         let to = Duration::from_millis(((cap >> fabrics::cap::TO_SHIFT) & 0xff).max(1) * 500);
         let deadline = Instant::now() + to.min(self.opts.timeout);

@@ -8,8 +8,15 @@
 //! (SQSIZE is 0's based: the queue has SQSIZE + 1 entries). When the host disabled SQ flow
 //! control (Connect CATTR bit 2), SQHD is reserved and this target reports FFFFh, as Linux
 //! nvmet does (`nvmet_req_complete` sets 0xffff when `sqhd_disabled`).
+//!
+//! The SGL length rules every transport shares live with the offloaded commands
+//! ([`crate::command`]).
 
 use crate::spec::Cqe;
+
+/// SQHD of every completion of a queue whose host disabled SQ flow control (Connect CATTR
+/// bit 2), the completions the engine builds itself included.
+pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
 
 /// A queue's parameters, known once Fabrics Connect has been answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +76,7 @@ impl SqHead {
     /// The SQHD value for a completion sent now.
     pub fn sqhd(&self) -> u16 {
         if self.params.sq_flow_control_disabled {
-            0xffff
+            SQHD_FLOW_CONTROL_DISABLED
         } else {
             self.head as u16
         }

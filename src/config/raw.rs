@@ -23,6 +23,7 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub subsystems: Vec<Spanned<RawSubsystem>>,
     pub metrics: Option<Spanned<RawMetrics>>,
+    pub max_io_size: Option<Spanned<RawSize>>,
 }
 
 #[derive(Debug, Deserialize)]

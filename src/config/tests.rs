@@ -370,3 +370,40 @@ fn truncated_and_odd_inputs_never_panic() {
         }
     }
 }
+
+#[test]
+fn max_io_size_default_units_and_range() {
+    assert_eq!(
+        Config::parse(MINIMAL, "t.yaml").unwrap().max_io_size,
+        DEFAULT_MAX_IO_SIZE
+    );
+    assert_eq!(DEFAULT_MAX_IO_SIZE, 1 << 20);
+    for (text, bytes) in [
+        ("4KiB", 4096u32),
+        ("128KiB", 128 << 10),
+        ("8MiB", 8 << 20),
+        ("262144", 256 << 10),
+    ] {
+        let cfg = Config::parse(&format!("max_io_size: {text}\n{MINIMAL}"), "t.yaml")
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(cfg.max_io_size, bytes, "{text}");
+    }
+    for (text, why) in [
+        ("3000", "power of two"),
+        ("2KiB", "power of two from 4KiB"),
+        ("16MiB", "to 8MiB"),
+        ("0", "power of two"),
+        ("1 parsec", "unit"),
+    ] {
+        let e = errors(&format!("max_io_size: {text}\n{MINIMAL}"));
+        assert_eq!(e.len(), 1, "{text}: {e:?}");
+        assert!(
+            e[0].starts_with("t.yaml:1:") && e[0].contains("max_io_size"),
+            "{text}: {}",
+            e[0]
+        );
+        assert!(e[0].contains(why) || why == "unit", "{text}: {}", e[0]);
+    }
+    let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
+    assert_eq!(example.max_io_size, 1 << 20);
+}

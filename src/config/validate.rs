@@ -13,7 +13,8 @@ use super::yaml_path::{PathIndex, ROOT};
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, BackendConfig, BackendKind,
     Config, ConfigError, Diagnostic, IoThreads, ListenerConfig, NamespaceConfig, SubsystemConfig,
-    TransportKind, DEFAULT_MODEL, MAX_IO_THREADS,
+    TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
+    MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -182,14 +183,43 @@ impl Checker<'_> {
             .metrics
             .as_ref()
             .and_then(|m| self.metrics(&m.value.address, &listeners));
+        let max_io_size = raw
+            .max_io_size
+            .as_ref()
+            .map_or(DEFAULT_MAX_IO_SIZE, |m| self.max_io_size(m));
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
             backends,
             subsystems,
             metrics,
+            max_io_size,
             source: self.source.to_owned(),
         }
+    }
+
+    /// `max_io_size`: a power of two in MIN_MAX_IO_SIZE..=MAX_MAX_IO_SIZE (MDTS is a power
+    /// of two of 4 KiB pages).
+    fn max_io_size(&mut self, m: &Spanned<RawSize>) -> u32 {
+        let bytes = match &m.value {
+            RawSize::Bytes(n) => *n,
+            RawSize::Text(text) => match parse_size(text) {
+                Ok(n) => n,
+                Err(msg) => {
+                    self.error(m, "max_io_size", msg);
+                    return DEFAULT_MAX_IO_SIZE;
+                }
+            },
+        };
+        let range = u64::from(MIN_MAX_IO_SIZE)..=u64::from(MAX_MAX_IO_SIZE);
+        if !bytes.is_power_of_two() || !range.contains(&bytes) {
+            let msg = format!(
+                "must be a power of two from 4KiB to 8MiB (e.g. 128KiB, 1MiB), got {bytes} bytes"
+            );
+            self.error(m, "max_io_size", msg);
+            return DEFAULT_MAX_IO_SIZE;
+        }
+        bytes as u32
     }
 
     fn threads(&mut self, raw: &RawConfig) -> IoThreads {
@@ -693,6 +723,7 @@ impl Checker<'_> {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.iter().map(|h| h.value.clone()).collect(),
             listeners,
+            all_listeners: s.listeners.is_none(),
             namespaces,
         }
     }

@@ -123,6 +123,19 @@ pub enum Event {
         qp_user: u64,
         kind: TransportErrorKind,
     },
+    /// An NVMe/TCP connection is being terminated with a TermReq, reported before the
+    /// QP's [`Event::TransportError`]: the engine sent a C2HTermReq because the host broke
+    /// the protocol (`icreq`: the connection's ICReq itself was rejected), or the host
+    /// sent an H2CTermReq (`by_host`). FES and FEI say why (NVMe/TCP 1.0 Figure 23).
+    /// Only on errors: never on the I/O path.
+    Terminated {
+        qp: QpHandle,
+        qp_user: u64,
+        by_host: bool,
+        icreq: bool,
+        fes: u16,
+        fei: u32,
+    },
 }
 
 /// What the main context reports from [`Sta::progress`].
@@ -297,6 +310,24 @@ pub struct NsTotals {
     pub read_latency: LatencyTotals,
     pub write_latency: LatencyTotals,
     pub other_latency: LatencyTotals,
+}
+
+impl NsTotals {
+    /// Commands that failed with a media or data integrity error (SCT 2), Compare Failure
+    /// and Access Denied excepted (the data differs or access is refused: the media is
+    /// fine): what SMART reports as Media and Data Integrity Errors.
+    pub fn media_errors(&self) -> u64 {
+        ERROR_STATUSES
+            .iter()
+            .zip(self.errors_by_status)
+            .filter(|((_, s), _)| {
+                s.sct == nvmf::spec::status::sct::MEDIA
+                    && (s.sc, s.sct) != (Status::COMPARE_FAILURE.sc, Status::COMPARE_FAILURE.sct)
+                    && (s.sc, s.sct) != (Status::ACCESS_DENIED.sc, Status::ACCESS_DENIED.sct)
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 /// Per-IO-thread engine counters (for metrics).

@@ -63,6 +63,14 @@ subsystems:
       - {nsid: 1, backend: ram1}
 ";
 
+/// The daemon under test: this build's, or the binary `NVMF_E2E_BIN` names (to run the
+/// same tests against another build, e.g. to see a new test fail on the old code).
+pub fn daemon_binary() -> PathBuf {
+    std::env::var_os("NVMF_E2E_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nvmf-target")))
+}
+
 /// PIDs of every daemon still running, for the watchdog.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
@@ -142,7 +150,7 @@ impl Daemon {
         std::fs::write(&cfg, self.config_text()).expect("write config");
         self.log_path = self.dir.path().join(format!("daemon-{}.log", self.starts));
         let log = File::create(&self.log_path).expect("create log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_nvmf-target"))
+        let child = Command::new(daemon_binary())
             .arg("--config")
             .arg(&cfg)
             .arg("-v")

@@ -176,7 +176,10 @@ pub fn fua_flush_zeroes_dealloc(backend: Arc<dyn Backend>) {
     assert_eq!(run(q, Op::Flush, 0, 0, None).status, IoStatus::Ok);
 
     // Write Zeroes in the middle: neighbours untouched.
-    assert_eq!(run(q, Op::WriteZeroes, 11, 2, None).status, IoStatus::Ok);
+    assert_eq!(
+        run(q, Op::WriteZeroes { fua: false }, 11, 2, None).status,
+        IoStatus::Ok
+    );
     let got = read(q, bs, 10, 4);
     assert_eq!(&got[..bs], &data[..bs]);
     assert!(got[bs..3 * bs].iter().all(|&b| b == 0));
@@ -201,7 +204,10 @@ pub fn fua_flush_zeroes_dealloc(backend: Arc<dyn Backend>) {
         &got[(big as usize - 1) * bs..],
         &fill[(big as usize - 1) * bs..]
     );
-    assert_eq!(run(q, Op::WriteZeroes, 0, big, None).status, IoStatus::Ok);
+    assert_eq!(
+        run(q, Op::WriteZeroes { fua: false }, 0, big, None).status,
+        IoStatus::Ok
+    );
     assert!(read(q, bs, 0, big).iter().all(|&b| b == 0));
     assert_eq!(q.in_flight(), 0);
 }
@@ -216,7 +222,7 @@ pub fn bad_requests(backend: Arc<dyn Backend>) {
         (Op::Read, n - 1, 2),
         (Op::Write { fua: false }, u64::MAX, 1),
         (Op::Write { fua: true }, u64::MAX - 1, u32::MAX),
-        (Op::WriteZeroes, n, 1),
+        (Op::WriteZeroes { fua: false }, n, 1),
         (Op::Deallocate, 0, u32::MAX),
     ] {
         let buf = matches!(op, Op::Read | Op::Write { .. }).then(|| IoBuf::new(bs * 2));

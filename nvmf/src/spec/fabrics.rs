@@ -215,6 +215,8 @@ pub mod cap {
     pub const TO_SHIFT: u32 = 24;
     /// CSS bit 0 (CAP bit 37): NVM command set.
     pub const CSS_NVM: u64 = 1 << 37;
+    /// CSS bit 6 (CAP bit 43): one or more I/O command sets (CC.CSS 110b may be used).
+    pub const CSS_IOCS: u64 = 1 << 43;
     pub const MPSMIN_SHIFT: u32 = 48;
     pub const MPSMAX_SHIFT: u32 = 52;
 }
@@ -222,6 +224,10 @@ pub mod cap {
 /// Controller Configuration (CC) fields.
 pub mod cc {
     pub const EN: u32 = 1 << 0;
+    /// CC.CSS values: NVM command set, all supported I/O command sets, admin only.
+    pub const CSS_NVM: u32 = 0b000;
+    pub const CSS_ALL_IOCS: u32 = 0b110;
+    pub const CSS_ADMIN_ONLY: u32 = 0b111;
     pub fn css(cc: u32) -> u32 {
         (cc >> 4) & 7
     }

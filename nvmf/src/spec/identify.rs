@@ -1,8 +1,9 @@
 //! Identify data structures (NVMe Base 2.0 section 5.17.2; NVM Command Set 1.0 section
 //! 4.1.5): Identify Controller (CNS 01h, with the NVMe-oF fields), Identify Namespace
 //! (CNS 00h), Namespace Identification Descriptors (CNS 03h), active namespace ID lists
-//! (CNS 02h/07h), I/O command set independent Identify Namespace (CNS 08h) and the NVM
-//! command set specific controller (CNS 06h) and namespace (CNS 05h) structures.
+//! (CNS 02h/07h), I/O command set independent Identify Namespace (CNS 08h), the NVM
+//! command set specific controller (CNS 06h) and namespace (CNS 05h) structures and the
+//! I/O Command Set data structure (CNS 1Ch).
 //!
 //! Multi-byte fields are little-endian (`zerocopy::little_endian`), so the structs have
 //! alignment 1 and no padding; sizes are checked at compile time.
@@ -23,6 +24,8 @@ pub mod cns {
     pub const CS_CONTROLLER: u8 = 0x06;
     pub const CS_ACTIVE_NS_LIST: u8 = 0x07;
     pub const CS_INDEPENDENT_NAMESPACE: u8 = 0x08;
+    /// I/O Command Set data structure (the supported command set combinations).
+    pub const IO_COMMAND_SET: u8 = 0x1c;
 }
 
 /// Command set identifiers.
@@ -210,6 +213,26 @@ pub mod ctrl {
     pub const SGLS_OFFSET: u32 = 1 << 20;
     /// FRMW bit 0: slot 1 read only; bits 3:1 number of slots.
     pub const FRMW_SLOT1_RO_ONE_SLOT: u8 = 1 << 0 | 1 << 1;
+    /// CTRATT bit 0 (HIDS): the controller supports a 128-bit Host Identifier.
+    pub const CTRATT_HOST_ID_128: u32 = 1 << 0;
+}
+
+/// I/O Command Set data structure (NVMe Base 2.0 Figure 288, CNS 1Ch): 512 I/O command
+/// set combinations of 64 bits each, bit n set when command set n (CSI) is in it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub struct IoCommandSetVector {
+    pub combinations: [U64; 512],
+}
+const _: () = assert!(core::mem::size_of::<IoCommandSetVector>() == IDENTIFY_DATA_SIZE);
+
+impl IoCommandSetVector {
+    /// One combination, index 0, with the NVM command set (CSI 00h) only.
+    pub fn nvm_only() -> IoCommandSetVector {
+        let mut v = IoCommandSetVector::new_zeroed();
+        v.combinations[0] = (1u64 << csi::NVM).into();
+        v
+    }
 }
 
 /// Writes `s` into `dst` as ASCII padded with spaces (SN, MN, FR, TRADDR, TRSVCID).

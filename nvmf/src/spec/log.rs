@@ -2,11 +2,12 @@
 //! (01h), SMART / Health Information (02h), Firmware Slot Information (03h), Changed
 //! Namespace List (04h, same layout as [`NamespaceList`](super::identify::NamespaceList)),
 //! Commands Supported and Effects (05h) and the Discovery log (70h), plus the Get Log
-//! Page command fields.
+//! Page command fields. Supported Log Pages (00h) is 256 dwords with [`LSUPP`] set for
+//! each supported page.
 //!
 //! Not implemented: telemetry, device self-test, persistent event, ANA, reservation
-//! notification, supported log pages (00h), the extended discovery log format (TP8013/8014
-//! ports and referrals beyond SUBTYPE 1).
+//! notification, the extended discovery log format (TP8013/8014 ports and referrals
+//! beyond SUBTYPE 1).
 
 use super::Sqe;
 use zerocopy::little_endian::{U128, U16, U32, U64};
@@ -14,6 +15,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 /// Log page identifiers.
 pub mod lid {
+    pub const SUPPORTED_LOG_PAGES: u8 = 0x00;
     pub const ERROR_INFORMATION: u8 = 0x01;
     pub const SMART_HEALTH: u8 = 0x02;
     pub const FIRMWARE_SLOT: u8 = 0x03;
@@ -21,6 +23,11 @@ pub mod lid {
     pub const COMMANDS_EFFECTS: u8 = 0x05;
     pub const DISCOVERY: u8 = 0x70;
 }
+
+/// Size of the Supported Log Pages log (LID 00h): 256 four-byte entries.
+pub const SUPPORTED_LOG_PAGES_SIZE: usize = 1024;
+/// Supported Log Pages entry bit 0: the log page is supported.
+pub const LSUPP: u32 = 1 << 0;
 
 /// Get Log Page command fields (NVMe Base 2.0 Figures 197-201).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -71,6 +71,9 @@ statuses! {
     CONNECT_INVALID_PARAMETERS = (sct::COMMAND_SPECIFIC, 0x82, true);
     CONNECT_RESTART_DISCOVERY = (sct::COMMAND_SPECIFIC, 0x83, true);
     CONNECT_INVALID_HOST = (sct::COMMAND_SPECIFIC, 0x84, true);
+    /// Fabrics: a command on a queue type it does not apply to (Disconnect on the admin
+    /// queue).
+    INVALID_QUEUE_TYPE = (sct::COMMAND_SPECIFIC, 0x85, true);
 
     WRITE_FAULT = (sct::MEDIA, 0x80, false);
     UNRECOVERED_READ_ERROR = (sct::MEDIA, 0x81, false);

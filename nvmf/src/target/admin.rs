@@ -10,11 +10,12 @@ use super::{
 use crate::spec::features::{self, async_event_config, capabilities, fid, sel, FeatureCommand};
 use crate::spec::identify::{
     cns, copy_space_padded, csi, ctrl as idc, IdentifyController, IdentifyControllerNvm,
-    IdentifyNamespace, IdentifyNamespaceIndependent, IdentifyNamespaceNvm, NamespaceList,
-    NsIdDescriptor, IDENTIFY_DATA_SIZE,
+    IdentifyNamespace, IdentifyNamespaceIndependent, IdentifyNamespaceNvm, IoCommandSetVector,
+    NamespaceList, NsIdDescriptor, IDENTIFY_DATA_SIZE,
 };
 use crate::spec::log::{
-    aen, data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, GetLogPage, SmartLog,
+    aen, data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, GetLogPage, SmartLog, LSUPP,
+    SUPPORTED_LOG_PAGES_SIZE,
 };
 use crate::spec::{fabrics, opcodes::admin as op, opcodes::io, Sqe, Status};
 use std::time::Instant;
@@ -49,10 +50,15 @@ pub(super) fn execute(
         op::GET_LOG_PAGE => {
             let g = GetLogPage::from_sqe(sqe);
             let page = match (ctrl.is_discovery, g.lid) {
+                (d, lid::SUPPORTED_LOG_PAGES) => supported_logs(d),
                 (_, lid::ERROR_INFORMATION) => error_log(ctrl),
-                (true, lid::DISCOVERY) => {
-                    discovery::log_page(listeners, subsystems, *genctr, &ctrl.hostnqn)
-                }
+                (true, lid::DISCOVERY) => discovery::log_page(
+                    listeners,
+                    subsystems,
+                    *genctr,
+                    &ctrl.hostnqn,
+                    ctrl.origin.local,
+                ),
                 (false, lid::SMART_HEALTH) => {
                     let hours =
                         started.map_or(0, |s| now.saturating_duration_since(s).as_secs() / 3600);
@@ -60,7 +66,9 @@ pub(super) fn execute(
                 }
                 (false, lid::FIRMWARE_SLOT) => firmware_slot_log(opts),
                 (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
-                (false, lid::COMMANDS_EFFECTS) => effects_log(),
+                // Per command set (CSI in CDW14): the NVM command set is the only one; for
+                // any other CSI nvmet answers Invalid Log Page, and so do we.
+                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(),
                 // NVMe Base 2.0 5.16: an unsupported or reserved LID is Invalid Log Page.
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
@@ -157,7 +165,7 @@ fn smart_log(
         sum.write_cmds = sum.write_cmds.saturating_add(c.write_cmds);
         sum.read_bytes = sum.read_bytes.saturating_add(c.read_bytes);
         sum.write_bytes = sum.write_bytes.saturating_add(c.write_bytes);
-        sum.errors = sum.errors.saturating_add(c.errors);
+        sum.media_errors = sum.media_errors.saturating_add(c.media_errors);
     }
     // No thermal sensor, spare or wear exists behind a software target: temperature is
     // reported as 0 (not available), spare as 100 %, wear as 0 %.
@@ -169,7 +177,7 @@ fn smart_log(
         host_read_commands: (sum.read_cmds as u128).into(),
         host_write_commands: (sum.write_cmds as u128).into(),
         power_on_hours: (power_on_hours as u128).into(),
-        media_errors: (sum.errors as u128).into(),
+        media_errors: (sum.media_errors as u128).into(),
         num_error_log_entries: (ctrl.error_count as u128).into(),
         ..Default::default()
     };
@@ -192,6 +200,32 @@ fn changed_ns_log(ctrl: &super::Controller) -> Vec<u8> {
         NamespaceList::from_ids(ctrl.changed_ns.iter().copied())
     };
     list.as_bytes().to_vec()
+}
+
+/// Supported Log Pages (LID 00h, NVMe Base 2.0 Figure 203): LSUPP for each page this
+/// kind of controller answers.
+fn supported_logs(is_discovery: bool) -> Vec<u8> {
+    let mut page = vec![0u8; SUPPORTED_LOG_PAGES_SIZE];
+    let lids: &[u8] = if is_discovery {
+        &[
+            lid::SUPPORTED_LOG_PAGES,
+            lid::ERROR_INFORMATION,
+            lid::DISCOVERY,
+        ]
+    } else {
+        &[
+            lid::SUPPORTED_LOG_PAGES,
+            lid::ERROR_INFORMATION,
+            lid::SMART_HEALTH,
+            lid::FIRMWARE_SLOT,
+            lid::CHANGED_NS_LIST,
+            lid::COMMANDS_EFFECTS,
+        ]
+    };
+    for &l in lids {
+        page[l as usize * 4..l as usize * 4 + 4].copy_from_slice(&LSUPP.to_le_bytes());
+    }
+    page
 }
 
 fn effects_log() -> Vec<u8> {
@@ -243,8 +277,21 @@ pub(super) fn identify_controller(
     id.cqes = 0x44;
     // Keep Alive granularity in 100 ms units.
     id.kas = 1.into();
-    id.sgls = (idc::SGLS_SUPPORTED | idc::SGLS_KEYED | idc::SGLS_OFFSET).into();
-    id.iorcsz = 1.into();
+    // CTRATT bit 0: 128-bit host identifiers (the only kind fabrics have, and what
+    // Get Features Host Identifier returns); nvmet sets it too.
+    id.ctratt = idc::CTRATT_HOST_ID_128.into();
+    // Keyed SGL data blocks exist only on RDMA; on TCP the bit would promise something
+    // the transport cannot carry (nvmet sets it only for transports with keyed SGLs).
+    let keyed = ctrl
+        .origin
+        .listener
+        .as_ref()
+        .is_some_and(|l| l.transport == super::Transport::Rdma);
+    let mut sgls = idc::SGLS_SUPPORTED | idc::SGLS_OFFSET;
+    if keyed {
+        sgls |= idc::SGLS_KEYED;
+    }
+    id.sgls = sgls.into();
     id.icdoff = 0.into();
     id.fcatt = 0;
     id.msdbd = 1;
@@ -255,7 +302,10 @@ pub(super) fn identify_controller(
         id.oaes = idc::OAES_DISCOVERY_CHANGE.into();
         id.lpa = idc::LPA_EXTENDED;
         id.maxcmd = super::ADMIN_QUEUE_ENTRIES.into();
-        id.ioccsz = 4.into();
+        // No I/O queues, no I/O capsules: NVMe-oF 1.1 says IOCCSZ/IORCSZ are reserved
+        // (0) for discovery controllers, and nvmet leaves them 0.
+        id.ioccsz = 0.into();
+        id.iorcsz = 0.into();
     } else {
         id.cntrltype = idc::CNTRLTYPE_IO;
         id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL;
@@ -270,6 +320,7 @@ pub(super) fn identify_controller(
             id.vwc |= idc::VWC_PRESENT;
         }
         id.ioccsz = ((64 + opts.ioccsz_bytes) / 16).into();
+        id.iorcsz = 1.into();
     }
     id
 }
@@ -359,6 +410,16 @@ fn identify(
         cns::CS_CONTROLLER if cs == csi::NVM => {
             IdentifyControllerNvm::default().as_bytes().to_vec()
         }
+        cns::IO_COMMAND_SET => {
+            // CNTID (CDW10 31:16) names the controller asked about: this one, FFFFh
+            // (SPDK's target accepts these two) or 0, which hosts that do not fill the
+            // field send (no dynamic controller has ID 0, so it cannot mean another).
+            let cntid = (sqe.cdw10 >> 16) as u16;
+            if cntid != 0xffff && cntid != 0 && cntid != ctrl.cntlid {
+                return Err(Status::INVALID_FIELD);
+            }
+            IoCommandSetVector::nvm_only().as_bytes().to_vec()
+        }
         cns::CS_INDEPENDENT_NAMESPACE => match namespace(opts, subsys, nsid)? {
             Some(_) => {
                 let id = IdentifyNamespaceIndependent {
@@ -398,6 +459,30 @@ fn feature_supported(is_discovery: bool, f: u8) -> bool {
     )
 }
 
+/// Features whose value is kept per namespace (NVMe Base 2.0 Figure 317, scope
+/// "Namespace"): Error Recovery (its DULBE bit is a namespace property).
+fn namespace_scoped(f: u8) -> bool {
+    f == fid::ERROR_RECOVERY
+}
+
+/// The NSID rules of Get/Set Features (NVMe Base 2.0 sections 5.15, 5.27): an NSID that
+/// cannot name a namespace is Invalid Namespace; Set Features of a controller-scoped
+/// feature naming one namespace is Feature Not Namespace Specific (0h and FFFFFFFFh mean
+/// "the controller"). Get Features of a controller-scoped feature ignores the NSID, as
+/// nvmet and SPDK do: nvme-cli sends the namespace's NSID when pointed at a namespace
+/// block device. Write Atomicity Normal is accepted with any NSID and applies to the
+/// controller (SPDK does not treat it as controller-scoped either).
+fn check_feature_nsid(opts: &TargetOptions, f: u8, nsid: u32, set: bool) -> Result<(), Status> {
+    if nsid != NSID_ALL && nsid > opts.max_namespaces {
+        return Err(Status::INVALID_NAMESPACE);
+    }
+    let one_namespace = nsid != 0 && nsid != NSID_ALL;
+    if set && one_namespace && !namespace_scoped(f) && f != fid::WRITE_ATOMICITY {
+        return Err(Status::FEATURE_NOT_NAMESPACE_SPECIFIC);
+    }
+    Ok(())
+}
+
 /// Asynchronous Event Configuration bits a controller of this kind implements.
 fn async_events_supported(is_discovery: bool) -> u32 {
     if is_discovery {
@@ -428,8 +513,13 @@ fn get_features(
     if !feature_supported(ctrl.is_discovery, f.fid) {
         return Err(Status::INVALID_FIELD);
     }
+    check_feature_nsid(opts, f.fid, sqe.nsid, false)?;
     if f.fid == fid::VOLATILE_WRITE_CACHE && !subsys.has_volatile_cache() {
         return Err(Status::INVALID_FIELD);
+    }
+    let one_namespace = sqe.nsid != 0 && sqe.nsid != NSID_ALL;
+    if namespace_scoped(f.fid) && one_namespace && !subsys.namespaces.contains_key(&sqe.nsid) {
+        return Err(Status::INVALID_NAMESPACE);
     }
     let defaults;
     let feats = match f.sel {
@@ -442,6 +532,9 @@ fn get_features(
         sel::SUPPORTED_CAPABILITIES => {
             let caps = match f.fid {
                 fid::HOST_IDENTIFIER => 0,
+                f if namespace_scoped(f) => {
+                    capabilities::CHANGEABLE | capabilities::NAMESPACE_SPECIFIC
+                }
                 _ => capabilities::CHANGEABLE,
             };
             return Reply::dw0(caps);
@@ -459,6 +552,11 @@ fn get_features(
                 feats.temperature_over as u32
             }
         }
+        fid::ERROR_RECOVERY if current && one_namespace => ctrl
+            .ns_error_recovery
+            .get(&sqe.nsid)
+            .copied()
+            .unwrap_or(feats.error_recovery),
         fid::ERROR_RECOVERY => feats.error_recovery,
         fid::VOLATILE_WRITE_CACHE => feats.volatile_write_cache as u32,
         fid::NUMBER_OF_QUEUES => {
@@ -507,6 +605,11 @@ fn set_features(
     if f.sv {
         return Err(Status::FEATURE_ID_NOT_SAVEABLE);
     }
+    check_feature_nsid(opts, f.fid, sqe.nsid, true)?;
+    let one_namespace = sqe.nsid != 0 && sqe.nsid != NSID_ALL;
+    if namespace_scoped(f.fid) && one_namespace && !subsys.namespaces.contains_key(&sqe.nsid) {
+        return Err(Status::INVALID_NAMESPACE);
+    }
     let v = f.value;
     let feats = &mut ctrl.features;
     match f.fid {
@@ -530,7 +633,13 @@ fn set_features(
             if v & (1 << 16) != 0 {
                 return Err(Status::INVALID_FIELD);
             }
-            feats.error_recovery = v & 0xffff;
+            if one_namespace {
+                ctrl.ns_error_recovery.insert(sqe.nsid, v & 0xffff);
+            } else {
+                // 0h or FFFFFFFFh: every namespace.
+                feats.error_recovery = v & 0xffff;
+                ctrl.ns_error_recovery.clear();
+            }
         }
         fid::VOLATILE_WRITE_CACHE => {
             if !subsys.has_volatile_cache() {

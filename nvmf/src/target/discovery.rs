@@ -1,6 +1,13 @@
 //! The discovery log page (NVMe-oF 1.1 section 5.3, Figures 31-33) as one host sees it:
 //! an NVMe subsystem entry (SUBTYPE 2) per (subsystem the host may use, listener that
 //! exposes it) and a current discovery subsystem entry (SUBTYPE 3) per listener.
+//!
+//! A listener on a wildcard address (0.0.0.0, ::) cannot be published as such: a host
+//! cannot connect to 0.0.0.0. Like Linux nvmet (which fills TRADDR of a wildcard port from
+//! the discovery connection's own socket address), its entries carry the local address of
+//! the connection the discovery host came in on, when the listener covers that address
+//! (see [`ListenerInfo::covers`]); a wildcard listener that does not (an IPv4 wildcard
+//! seen from an IPv6 connection) is left out, since no address of it is known to work.
 
 use super::{ListenerInfo, Subsystem, Transport, ADMIN_QUEUE_ENTRIES, DISCOVERY_NQN};
 use crate::spec::fabrics::copy_nul_terminated;
@@ -10,13 +17,30 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use zerocopy::IntoBytes;
 
-fn entry(portid: u16, l: &ListenerInfo, subtype: u8, subnqn: &str) -> DiscoveryLogEntry {
+/// The address to publish for listener `l` to a host that came in on `local`: the
+/// listener's own, or for a wildcard listener the connection's local address.
+fn published_addr(l: &ListenerInfo, local: Option<IpAddr>) -> Option<IpAddr> {
+    if !l.addr.is_unspecified() {
+        return Some(l.addr);
+    }
+    local
+        .map(|a| a.to_canonical())
+        .filter(|&a| !a.is_unspecified() && l.covers(a))
+}
+
+fn entry(
+    portid: u16,
+    l: &ListenerInfo,
+    addr: IpAddr,
+    subtype: u8,
+    subnqn: &str,
+) -> DiscoveryLogEntry {
     let mut e = DiscoveryLogEntry {
         trtype: match l.transport {
             Transport::Tcp => disc::TRTYPE_TCP,
             Transport::Rdma => disc::TRTYPE_RDMA,
         },
-        adrfam: match l.addr {
+        adrfam: match addr {
             IpAddr::V4(_) => disc::ADRFAM_IPV4,
             IpAddr::V6(_) => disc::ADRFAM_IPV6,
         },
@@ -32,7 +56,7 @@ fn entry(portid: u16, l: &ListenerInfo, subtype: u8, subnqn: &str) -> DiscoveryL
         e.eflags = (disc::EFLAGS_DUPRETINFO | disc::EFLAGS_EPCSD).into();
     }
     copy_space_padded(&mut e.trsvcid, &l.port.to_string());
-    copy_space_padded(&mut e.traddr, &l.addr.to_string());
+    copy_space_padded(&mut e.traddr, &addr.to_string());
     copy_nul_terminated(&mut e.subnqn, subnqn);
     if l.transport == Transport::Rdma {
         let tsas = RdmaTsas {
@@ -48,27 +72,34 @@ fn entry(portid: u16, l: &ListenerInfo, subtype: u8, subnqn: &str) -> DiscoveryL
     e
 }
 
-/// The entries `hostnqn` may see, in a stable order.
+/// The entries `hostnqn` may see, in a stable order; `local` is the local address of the
+/// discovery connection (for wildcard listeners).
 pub(super) fn entries(
     listeners: &[(u16, ListenerInfo)],
     subsystems: &BTreeMap<String, Subsystem>,
     hostnqn: &str,
+    local: Option<IpAddr>,
 ) -> Vec<DiscoveryLogEntry> {
     let mut out = Vec::new();
+    let published: Vec<(u16, &ListenerInfo, IpAddr)> = listeners
+        .iter()
+        .filter_map(|(p, l)| published_addr(l, local).map(|a| (*p, l, a)))
+        .collect();
     for s in subsystems
         .values()
         .filter(|s| !s.is_discovery && s.allows(hostnqn))
     {
-        for (portid, l) in listeners {
+        for &(portid, l, addr) in &published {
             if s.cfg.listeners.as_ref().is_none_or(|ls| ls.contains(l)) {
-                out.push(entry(*portid, l, disc::SUBTYPE_NVME, &s.cfg.nqn));
+                out.push(entry(portid, l, addr, disc::SUBTYPE_NVME, &s.cfg.nqn));
             }
         }
     }
-    for (portid, l) in listeners {
+    for &(portid, l, addr) in &published {
         out.push(entry(
-            *portid,
+            portid,
             l,
+            addr,
             disc::SUBTYPE_CURRENT_DISCOVERY,
             DISCOVERY_NQN,
         ));
@@ -82,8 +113,9 @@ pub(super) fn log_page(
     subsystems: &BTreeMap<String, Subsystem>,
     genctr: u64,
     hostnqn: &str,
+    local: Option<IpAddr>,
 ) -> Vec<u8> {
-    let entries = entries(listeners, subsystems, hostnqn);
+    let entries = entries(listeners, subsystems, hostnqn, local);
     let header = DiscoveryLogHeader {
         genctr: genctr.into(),
         numrec: (entries.len() as u64).into(),

@@ -11,9 +11,22 @@
 //!
 //! - Dynamic controller model (NVMe-oF 1.1 section 3.3.3): an admin Connect with CNTLID
 //!   FFFFh creates a controller; CNTLIDs come from 1..=FFEFh, handed out round robin so a
-//!   freshly freed ID is not reused at once. I/O queue Connects name that CNTLID.
+//!   freshly freed ID is not reused at once. I/O queue Connects name that CNTLID and are
+//!   matched by SUBNQN + HOSTNQN + CNTLID (as nvmet and SPDK do; a different HOSTID is
+//!   ignored and the admin queue's HOSTID stays the controller's).
+//! - Connect knows where the host came in ([`QueueOrigin`]): a subsystem restricted to some
+//!   listeners refuses Connects arriving on the others, and a discovery log read over a
+//!   wildcard listener (0.0.0.0, ::) publishes the address the host actually reached.
 //! - The discovery subsystem `nqn.2014-08.org.nvmexpress.discovery` always exists; any
-//!   host may connect to it, and its log shows each host only the subsystems it may use.
+//!   host may connect to it on any listener, and its log shows each host only the
+//!   subsystems it may use.
+//! - Every refusal (Connect, CSTS.CFS, keep-alive expiry) is queued as a [`Notice`] with a
+//!   [`RefusalReason`] for the caller to log and count ([`Target::take_notices`]).
+//! - Controllers taken away by the target (subsystem or host removed, keep-alive expired)
+//!   are *retired* first: their queues come back as [`Action::Disconnect`] and, until the
+//!   transport reports the admin queue closed, commands on them get no answer
+//!   ([`Outcome::Dropped`]), so a host sees its connection go and retries on a new one
+//!   instead of getting an error with DNR for I/O it sent a moment too late.
 //! - Every method that returns `Vec<Action>` also drains the pending actions, so callers
 //!   that use those methods and [`Target::take_actions`] after `execute`, `connect` and
 //!   the namespace calls never miss one.
@@ -21,13 +34,16 @@
 //! # Implemented (NVMe Base 2.0, NVM Command Set 1.0, NVMe-oF 1.1)
 //!
 //! - Fabrics: Connect (admin and I/O, IATTR/IPO on Connect Invalid Parameters), Property
-//!   Get/Set (CAP, VS, CC, CSTS, CRTO), Disconnect.
-//! - Controller: CC.EN enable/reset, CC.SHN shutdown, CSTS.RDY/CFS/SHST, keep alive with
-//!   KATO (command based; Traffic Based Keep Alive is not advertised).
-//! - Admin: Identify CNS 00h/01h/02h/03h/05h/06h/07h/08h; Get Log Page 01h/02h/03h/04h/
-//!   05h/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h, 06h, 07h, 08h, 09h, 0Ah,
-//!   0Bh, 0Fh, 81h; Keep Alive; Asynchronous Event Request (namespace attribute and
-//!   discovery log change notices); Abort (never aborts).
+//!   Get/Set (CAP, VS, CC, CSTS, CRTO), Disconnect (I/O queues; Invalid Queue Type on the
+//!   admin queue).
+//! - Controller: CC.EN enable/reset, CC.SHN shutdown, CSTS.RDY/CFS/SHST, CC.CSS 000b (NVM)
+//!   and 110b (all supported I/O command sets), keep alive with KATO (command based;
+//!   Traffic Based Keep Alive is not advertised).
+//! - Admin: Identify CNS 00h/01h/02h/03h/05h/06h/07h/08h/1Ch; Get Log Page 00h/01h/02h/
+//!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
+//!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
+//!   Asynchronous Event Request (namespace attribute and discovery log change notices;
+//!   held across a controller reset, as nvmet does); Abort (never aborts).
 //! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
 //!
 //! # Not implemented
@@ -35,11 +51,11 @@
 //! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
 //! reservations, ANA, namespace management/attachment, firmware download/commit, format,
 //! sanitize, self-test, telemetry, saveable features, SMART/temperature events,
-//! per-listener access checks on Connect (the Connect path does not know the listener;
-//! listeners only shape the discovery log), referrals.
+//! I/O command set profiles (Set Features 19h), referrals.
 
 mod admin;
 mod discovery;
+pub mod refusal;
 pub mod report;
 #[cfg(test)]
 mod tests;
@@ -50,14 +66,25 @@ use crate::spec::fabrics::{
 };
 use crate::spec::log::ErrorInformationEntry;
 use crate::spec::{opcodes, Cqe, Sqe, Status};
-use std::collections::{BTreeMap, VecDeque};
+pub use refusal::{Notice, Refusal, RefusalReason};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// The well-known discovery subsystem NQN (NVMe Base 2.0 section 4.5).
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-/// Admin queue size every controller accepts (ASQSZ, the spec's minimum).
+/// Admin queue entries the discovery log advertises (ASQSZ) and hosts use.
 pub const ADMIN_QUEUE_ENTRIES: u16 = 32;
+/// Largest admin queue SQSIZE (0's based) a Connect may ask for: 4096 entries, the most
+/// an admin queue can have (NVMe Base 2.0 AQA.ASQS). Linux nvmet accepts any non-zero
+/// SQSIZE on the admin queue and SPDK up to its `max_aq_depth` (128 by default, 4096 at
+/// most); SPDK's host may ask for 2..=4096 entries, Linux's for 32.
+pub const MAX_ADMIN_SQSIZE: u16 = 4095;
+/// A retired controller whose admin queue the transport never reports closed is dropped
+/// after this long anyway.
+const RETIRED_LIMIT: Duration = Duration::from_secs(30);
+/// Notices kept for [`Target::take_notices`]; more are counted in `notices_dropped`.
+const NOTICE_LIMIT: usize = 1024;
 /// Highest CNTLID of the dynamic model (FFF0h-FFFFh are reserved).
 const MAX_CNTLID: u16 = 0xffef;
 /// Error Information log entries kept per controller (ELPE + 1).
@@ -89,7 +116,7 @@ impl Default for TargetOptions {
         TargetOptions {
             max_queue_depth: 128,
             max_io_queues: 64,
-            mdts: 5,
+            mdts: 8,
             ioccsz_bytes: 8192,
             max_namespaces: 1024,
             kato_default_ms: 120_000,
@@ -110,6 +137,30 @@ pub struct ListenerInfo {
     pub transport: Transport,
     pub addr: IpAddr,
     pub port: u16,
+}
+
+impl ListenerInfo {
+    /// Whether a connection whose local address is `local` can have come in on this
+    /// listener's address: the same address, or a wildcard that covers it (0.0.0.0 covers
+    /// IPv4; :: covers IPv6 and, dual stack being Linux's default, IPv4 too).
+    pub fn covers(&self, local: IpAddr) -> bool {
+        let local = local.to_canonical();
+        match self.addr {
+            IpAddr::V4(a) if a.is_unspecified() => local.is_ipv4(),
+            IpAddr::V6(a) if a.is_unspecified() => true,
+            a => a.to_canonical() == local,
+        }
+    }
+}
+
+/// Where a queue's transport connection came in. `Default` is "unknown", which only
+/// subsystems open to every listener accept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueOrigin {
+    /// The listener that accepted the connection, as configured (maybe a wildcard).
+    pub listener: Option<ListenerInfo>,
+    /// The connection's local address: the address the host reached.
+    pub local: Option<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,6 +230,8 @@ pub struct ConnectOk {
     /// The host disabled SQ flow control (CATTR bit 2): SQHD need not be tracked.
     pub disable_sq_flow_control: bool,
     pub subnqn: String,
+    /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
+    pub hostnqn: String,
     pub is_discovery: bool,
 }
 
@@ -199,6 +252,11 @@ pub enum Outcome {
     Complete { cqe: Cqe, data_len: u32 },
     /// Held (Asynchronous Event Request); completed later by [`Action::CompleteHeld`].
     Deferred,
+    /// Send nothing: the queue belongs to a retired controller and an
+    /// [`Action::Disconnect`] for it is already out. The host sees the connection close
+    /// and retries the command on a new association (which is what Linux nvmet's hosts
+    /// see when a port or subsystem goes away), rather than failing it with DNR.
+    Dropped,
 }
 
 /// Work for the transport that does not answer the capsule at hand.
@@ -221,7 +279,10 @@ pub struct IoCounters {
     pub write_cmds: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
-    pub errors: u64,
+    /// Commands that failed with a media or data integrity error (SCT 2: unrecovered read
+    /// error, write fault), not every failed command: SMART's Media and Data Integrity
+    /// Errors.
+    pub media_errors: u64,
 }
 
 /// What the target needs from the engine: live I/O counters for SMART / Health.
@@ -303,6 +364,19 @@ struct Controller {
     is_discovery: bool,
     admin_key: QueueKey,
     io_queues: BTreeMap<u16, QueueKey>,
+    /// Where the admin queue came in (its transport decides the keyed-SGL bit; its local
+    /// address fills wildcard listeners in the discovery log).
+    origin: QueueOrigin,
+    /// Taken away by the target: its queues are being disconnected, commands on them get
+    /// no answer, and it goes when the admin queue closes (or after [`RETIRED_LIMIT`]).
+    retired: bool,
+    /// When `poll_timeouts` first saw it retired.
+    retired_since: Option<Instant>,
+    /// The transport reported the admin queue closed (the controller goes when its I/O
+    /// queues have closed too).
+    admin_closed: bool,
+    /// Error Recovery (feature 05h) per namespace, when set for one.
+    ns_error_recovery: BTreeMap<u32, u32>,
     cc: u32,
     csts: u32,
     /// KATO as the host set it (Connect or Set Features 0Fh), milliseconds.
@@ -394,12 +468,17 @@ impl Controller {
         self.error_log.push_front(entry);
         self.error_log.truncate(ERROR_LOG_ENTRIES);
     }
-    /// CC.EN 1 -> 0 or shutdown: I/O queues go, held AERs and pending events are
-    /// dropped, features return to their defaults.
+    /// CC.EN 1 -> 0 or shutdown: I/O queues go, pending events are dropped, features
+    /// return to their defaults. Held AERs stay held, as Linux nvmet and SPDK's TCP
+    /// target keep them: the admin queue is still connected, so they complete with the
+    /// next event or go with the connection. (Completing them here breaks SPDK's host,
+    /// which frees its AER before shutting the controller down and then fails the queue
+    /// on the unexpected completion; forgetting them leaves the host's commands
+    /// unanswerable for the life of the connection.)
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
-        self.aers.clear();
+        self.ns_error_recovery.clear();
         self.pending_events.clear();
         self.masked_ns_attr = false;
         self.masked_discovery = false;
@@ -407,10 +486,12 @@ impl Controller {
     }
 }
 
-/// Result of a command handler: the completion's DW0 and data length, or held.
+/// Result of a command handler: the completion's DW0 and data length, held, or no answer
+/// at all (retired controller).
 enum Reply {
     Done { dw0: u32, dw1: u32, data_len: u32 },
     Held,
+    Dropped,
 }
 
 impl Reply {
@@ -433,21 +514,42 @@ impl Reply {
     }
 }
 
-/// A failed Connect: status and response DW0 (IATTR/IPO for Invalid Parameters).
-struct ConnectError(Status, u32);
+/// A failed Connect: status, response DW0 (IATTR/IPO for Invalid Parameters) and why.
+struct ConnectError {
+    status: Status,
+    dw0: u32,
+    reason: RefusalReason,
+    cntlid: Option<u16>,
+}
 
 impl ConnectError {
-    fn data(status: Status, offset: u16) -> ConnectError {
-        ConnectError(status, fabrics::invalid_parameter_dw0(true, offset))
+    fn data(status: Status, offset: u16, reason: RefusalReason) -> ConnectError {
+        ConnectError {
+            status,
+            dw0: fabrics::invalid_parameter_dw0(true, offset),
+            reason,
+            cntlid: None,
+        }
     }
-    fn sqe(offset: u16) -> ConnectError {
-        ConnectError(
-            Status::CONNECT_INVALID_PARAMETERS,
-            fabrics::invalid_parameter_dw0(false, offset),
-        )
+    fn sqe(offset: u16, reason: RefusalReason) -> ConnectError {
+        ConnectError {
+            status: Status::CONNECT_INVALID_PARAMETERS,
+            dw0: fabrics::invalid_parameter_dw0(false, offset),
+            reason,
+            cntlid: None,
+        }
     }
-    fn plain(status: Status) -> ConnectError {
-        ConnectError(status, 0)
+    fn plain(status: Status, reason: RefusalReason) -> ConnectError {
+        ConnectError {
+            status,
+            dw0: 0,
+            reason,
+            cntlid: None,
+        }
+    }
+    fn on(mut self, cntlid: u16) -> ConnectError {
+        self.cntlid = Some(cntlid);
+        self
     }
 }
 
@@ -463,6 +565,12 @@ pub struct Target {
     /// Discovery log generation counter, bumped on every change to what it shows.
     genctr: u64,
     actions: Vec<Action>,
+    /// Refusals and other news for the operator, drained by [`Target::take_notices`].
+    notices: Vec<Notice>,
+    /// Notices not kept because nobody drained them.
+    notices_dropped: u64,
+    /// Subsystems that already accepted an empty Host NQN (warned once each).
+    empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
 }
@@ -495,6 +603,9 @@ impl Target {
             next_cntlid: 1,
             genctr: 0,
             actions: Vec::new(),
+            notices: Vec::new(),
+            notices_dropped: 0,
+            empty_hostnqn_seen: BTreeSet::new(),
             started: None,
         }
     }
@@ -557,19 +668,21 @@ impl Target {
         Ok(())
     }
 
-    /// Removes a subsystem; all its controllers are destroyed and their queues returned
-    /// as [`Action::Disconnect`]. Unknown NQNs and the discovery subsystem are ignored.
+    /// Removes a subsystem: new Connects to it are refused at once, its controllers are
+    /// retired (their queues come back as [`Action::Disconnect`]; commands on them get no
+    /// answer until the transport closes them). Unknown NQNs and the discovery subsystem
+    /// are ignored.
     pub fn remove_subsystem(&mut self, nqn: &str) -> Vec<Action> {
         if nqn == DISCOVERY_NQN || self.subsystems.remove(nqn).is_none() {
             return self.take_actions();
         }
-        self.destroy_controllers_where(|c| c.subnqn == nqn);
+        self.retire_controllers_where(|c| c.subnqn == nqn);
         self.discovery_changed();
         self.take_actions()
     }
 
     /// Replaces a subsystem's allow list; controllers of hosts no longer allowed are
-    /// destroyed (their queues come back as [`Action::Disconnect`]).
+    /// retired (their queues come back as [`Action::Disconnect`]).
     pub fn set_hosts(
         &mut self,
         nqn: &str,
@@ -586,7 +699,7 @@ impl Target {
                 .filter(|c| c.subnqn == nqn && !s.allows(&c.hostnqn))
                 .map(|c| c.cntlid)
                 .collect();
-            self.destroy_controllers_where(|c| gone.contains(&c.cntlid));
+            self.retire_controllers_where(|c| gone.contains(&c.cntlid));
             self.discovery_changed();
         }
         self.take_actions()
@@ -626,23 +739,33 @@ impl Target {
         Ok(())
     }
 
+    /// (host NQN, subsystem NQN) of a controller, for log lines.
+    pub fn controller_nqns(&self, cntlid: u16) -> Option<(String, String)> {
+        self.controllers
+            .get(&cntlid)
+            .map(|c| (c.hostnqn.clone(), c.subnqn.clone()))
+    }
+
     /// The subsystem NQN of a live controller.
     pub fn subsystem_of(&self, cntlid: u16) -> Option<&str> {
         self.controllers.get(&cntlid).map(|c| c.subnqn.as_str())
     }
 
-    /// Fabrics Connect on a new queue: `data` is the 1024-byte Connect data. On success
-    /// CQE DW0 holds the CNTLID; on Connect Invalid Parameters/Host it holds IATTR/IPO.
+    /// Fabrics Connect on a new queue: `data` is the 1024-byte Connect data, `origin`
+    /// where the queue's connection came in. On success CQE DW0 holds the CNTLID; on
+    /// Connect Invalid Parameters/Host it holds IATTR/IPO. A refusal is also queued as a
+    /// [`Notice`] with its reason.
     pub fn connect(
         &mut self,
         now: Instant,
         key: QueueKey,
+        origin: &QueueOrigin,
         sqe: &Sqe,
         data: &[u8],
     ) -> (Cqe, Option<ConnectOk>) {
         self.started.get_or_insert(now);
         let cmd = ConnectCommand::from_sqe(sqe);
-        match self.try_connect(now, key, sqe, &cmd, data) {
+        match self.try_connect(now, key, origin, sqe, &cmd, data) {
             Ok(ok) => {
                 let mut cqe = Cqe {
                     dw0: ok.cntlid as u32,
@@ -650,54 +773,143 @@ impl Target {
                     ..Cqe::success(sqe.cid())
                 };
                 if ok.disable_sq_flow_control {
-                    cqe.sqhd = 0xffff;
+                    cqe.sqhd = crate::queue::SQHD_FLOW_CONTROL_DISABLED;
                 }
                 (cqe, Some(ok))
             }
-            Err(ConnectError(status, dw0)) => (
-                Cqe {
-                    dw0,
-                    sqid: cmd.qid,
-                    ..Cqe::new(sqe.cid(), status)
-                },
-                None,
-            ),
+            Err(e) => {
+                // What the host said, as far as it can be read, for the log.
+                let d = ConnectData::from_bytes(data);
+                let text = |f: fn(&ConnectData) -> Option<&str>| {
+                    d.as_ref().and_then(f).map(|s| s.to_string())
+                };
+                self.notice(Notice::Refused(Refusal {
+                    reason: e.reason,
+                    key,
+                    hostnqn: text(ConnectData::hostnqn),
+                    subnqn: text(ConnectData::subnqn),
+                    cntlid: e.cntlid.or(d.map(|d| d.cntlid.get())),
+                    qid: Some(cmd.qid),
+                    status: Some(e.status),
+                }));
+                (
+                    Cqe {
+                        dw0: e.dw0,
+                        sqid: cmd.qid,
+                        ..Cqe::new(sqe.cid(), e.status)
+                    },
+                    None,
+                )
+            }
         }
+    }
+
+    /// The queue (CNTLID, QID) a transport key is connected as, retired controllers
+    /// included.
+    fn queue_of_key(&self, key: QueueKey) -> Option<QueueRef> {
+        self.controllers.values().find_map(|c| {
+            if c.admin_key == key {
+                return Some(QueueRef {
+                    cntlid: c.cntlid,
+                    qid: 0,
+                });
+            }
+            c.io_queues
+                .iter()
+                .find(|(_, &k)| k == key)
+                .map(|(&qid, _)| QueueRef {
+                    cntlid: c.cntlid,
+                    qid,
+                })
+        })
     }
 
     fn try_connect(
         &mut self,
         now: Instant,
         key: QueueKey,
+        origin: &QueueOrigin,
         sqe: &Sqe,
         cmd: &ConnectCommand,
         data: &[u8],
     ) -> Result<ConnectOk, ConnectError> {
+        use RefusalReason as R;
         if !sqe.is_fabrics() || sqe.fctype() != opcodes::fabrics::CONNECT {
-            return Err(ConnectError::plain(Status::COMMAND_SEQUENCE_ERROR));
+            return Err(ConnectError::plain(
+                Status::COMMAND_SEQUENCE_ERROR,
+                R::NotConnected,
+            ));
+        }
+        // NVMe-oF 1.1 section 3.3: Connect is the first command on a queue and only that;
+        // a second one (a host retrying, or a broken one) must not make a second
+        // controller or a second queue out of one connection.
+        if let Some(q) = self.queue_of_key(key) {
+            return Err(
+                ConnectError::plain(Status::COMMAND_SEQUENCE_ERROR, R::AlreadyConnected)
+                    .on(q.cntlid),
+            );
         }
         if cmd.recfmt != 0 {
-            return Err(ConnectError::plain(Status::CONNECT_INCOMPATIBLE_FORMAT));
+            return Err(ConnectError::plain(
+                Status::CONNECT_INCOMPATIBLE_FORMAT,
+                R::IncompatibleFormat { recfmt: cmd.recfmt },
+            ));
         }
-        let d = ConnectData::from_bytes(data)
-            .ok_or(ConnectError::plain(Status::DATA_SGL_LENGTH_INVALID))?;
+        let d = ConnectData::from_bytes(data).ok_or(ConnectError::plain(
+            Status::DATA_SGL_LENGTH_INVALID,
+            R::ShortConnectData { len: data.len() },
+        ))?;
         let invalid = Status::CONNECT_INVALID_PARAMETERS;
         let subnqn = d
             .subnqn()
             .filter(|n| fabrics::is_valid_nqn(n))
-            .ok_or(ConnectError::data(invalid, data_off::SUBNQN))?;
+            .ok_or(ConnectError::data(
+                invalid,
+                data_off::SUBNQN,
+                R::InvalidSubsystemNqn,
+            ))?;
+        // An empty Host NQN is what SPDK's spdk_nvme_perf sends when its -r option names
+        // no hostnqn (its documentation's examples do not); SPDK's target accepts it for
+        // subsystems that allow any host, and so do we (see below).
         let hostnqn = d
             .hostnqn()
-            .filter(|n| fabrics::is_valid_nqn(n))
-            .ok_or(ConnectError::data(invalid, data_off::HOSTNQN))?;
-        let subsys = self
-            .subsystems
-            .get(subnqn)
-            .ok_or(ConnectError::data(invalid, data_off::SUBNQN))?;
+            .filter(|n| n.is_empty() || fabrics::is_valid_nqn(n))
+            .ok_or(ConnectError::data(
+                invalid,
+                data_off::HOSTNQN,
+                R::InvalidHostNqn,
+            ))?;
+        let subsys = self.subsystems.get(subnqn).ok_or(ConnectError::data(
+            invalid,
+            data_off::SUBNQN,
+            R::UnknownSubsystem,
+        ))?;
+        // A subsystem restricted to some listeners does not exist on the others: Linux
+        // nvmet answers a Connect for a subsystem its port does not export with Connect
+        // Invalid Parameters on SUBNQN, as for an unknown one. Discovery is on every port.
+        let on_listener = subsys.is_discovery
+            || subsys
+                .cfg
+                .listeners
+                .as_ref()
+                .is_none_or(|ls| origin.listener.as_ref().is_some_and(|l| ls.contains(l)));
+        if !on_listener {
+            return Err(ConnectError::data(
+                invalid,
+                data_off::SUBNQN,
+                R::SubsystemNotOnListener,
+            ));
+        }
         if !subsys.allows(hostnqn) {
+            let reason = if hostnqn.is_empty() {
+                R::EmptyHostNqnNotAllowed
+            } else {
+                R::HostNotAllowed
+            };
             return Err(ConnectError::data(
                 Status::CONNECT_INVALID_HOST,
                 data_off::HOSTNQN,
+                reason,
             ));
         }
         let is_discovery = subsys.is_discovery;
@@ -707,22 +919,39 @@ impl Target {
             sqsize: cmd.sqsize,
             disable_sq_flow_control: cmd.cattr & fabrics::CATTR_DISABLE_SQ_FLOW_CONTROL != 0,
             subnqn: subnqn.to_string(),
+            hostnqn: hostnqn.to_string(),
             is_discovery,
         };
         let cntlid = d.cntlid.get();
         if cmd.qid == 0 {
             if cntlid != fabrics::CNTLID_DYNAMIC {
-                return Err(ConnectError::data(invalid, data_off::CNTLID));
+                return Err(ConnectError::data(
+                    invalid,
+                    data_off::CNTLID,
+                    R::StaticControllerId { cntlid },
+                ));
             }
-            // At least the 32 entries the spec requires; more (up to MQES) is tolerated
-            // for hosts that size the admin queue like an I/O queue.
-            let max = (ADMIN_QUEUE_ENTRIES - 1).max(self.opts.max_queue_depth.saturating_sub(1));
-            if cmd.sqsize < ADMIN_QUEUE_ENTRIES - 1 || cmd.sqsize > max {
-                return Err(ConnectError::sqe(sqe_off::SQSIZE));
+            // Any non-zero size up to the 4096 entries an admin queue can have: nvmet
+            // accepts every non-zero SQSIZE here, SPDK's host asks for 2..=4096 entries.
+            if cmd.sqsize == 0 || cmd.sqsize > MAX_ADMIN_SQSIZE {
+                return Err(ConnectError::sqe(
+                    sqe_off::SQSIZE,
+                    R::AdminQueueSize {
+                        sqsize: cmd.sqsize,
+                        max: MAX_ADMIN_SQSIZE,
+                    },
+                ));
             }
-            let cntlid = self
-                .allocate_cntlid()
-                .ok_or(ConnectError::plain(Status::CONNECT_CONTROLLER_BUSY))?;
+            let cntlid = self.allocate_cntlid().ok_or(ConnectError::plain(
+                Status::CONNECT_CONTROLLER_BUSY,
+                R::ControllerIdsExhausted,
+            ))?;
+            if hostnqn.is_empty() && self.empty_hostnqn_seen.insert(subnqn.to_string()) {
+                self.notice(Notice::EmptyHostNqnAccepted {
+                    subnqn: subnqn.to_string(),
+                    key,
+                });
+            }
             let mut ctrl = Controller {
                 cntlid,
                 subnqn: subnqn.to_string(),
@@ -731,6 +960,11 @@ impl Target {
                 is_discovery,
                 admin_key: key,
                 io_queues: BTreeMap::new(),
+                origin: origin.clone(),
+                retired: false,
+                retired_since: None,
+                admin_closed: false,
+                ns_error_recovery: BTreeMap::new(),
                 cc: 0,
                 csts: 0,
                 kato_ms: cmd.kato,
@@ -750,31 +984,72 @@ impl Target {
             return Ok(ConnectOk { cntlid, ..ok });
         }
         if is_discovery {
-            return Err(ConnectError::sqe(sqe_off::QID));
+            return Err(ConnectError::sqe(sqe_off::QID, R::IoQueueOnDiscovery));
         }
         let mqes = self.opts.max_queue_depth.saturating_sub(1);
+        // Found by SUBNQN + HOSTNQN + CNTLID, as nvmet and SPDK do: user-space hosts that
+        // make a new HOSTID per connection still reach their controller, whose HOSTID
+        // stays the admin queue's (the one reservations will key on).
         let ctrl = self
             .controllers
             .get_mut(&cntlid)
-            .filter(|c| c.subnqn == subnqn && c.hostnqn == hostnqn)
-            .ok_or(ConnectError::data(invalid, data_off::CNTLID))?;
-        if ctrl.hostid != d.hostid {
-            return Err(ConnectError::data(invalid, data_off::HOSTID));
-        }
+            .filter(|c| !c.retired && c.subnqn == subnqn && c.hostnqn == hostnqn)
+            .ok_or(ConnectError::data(
+                invalid,
+                data_off::CNTLID,
+                R::UnknownController { cntlid },
+            ))?;
         if !ctrl.enabled() {
-            return Err(ConnectError::plain(Status::COMMAND_SEQUENCE_ERROR));
+            return Err(ConnectError::plain(
+                Status::COMMAND_SEQUENCE_ERROR,
+                R::ControllerNotEnabled,
+            )
+            .on(cntlid));
         }
         if cmd.qid > ctrl.features.io_queues {
-            return Err(ConnectError::sqe(sqe_off::QID));
+            let max = ctrl.features.io_queues;
+            return Err(ConnectError::sqe(
+                sqe_off::QID,
+                R::QueueIdOutOfRange { qid: cmd.qid, max },
+            )
+            .on(cntlid));
         }
         if ctrl.io_queues.contains_key(&cmd.qid) {
-            return Err(ConnectError::plain(Status::COMMAND_SEQUENCE_ERROR));
+            return Err(ConnectError::plain(
+                Status::COMMAND_SEQUENCE_ERROR,
+                R::QueueIdInUse { qid: cmd.qid },
+            )
+            .on(cntlid));
         }
         if cmd.sqsize == 0 || cmd.sqsize > mqes {
-            return Err(ConnectError::sqe(sqe_off::SQSIZE));
+            return Err(ConnectError::sqe(
+                sqe_off::SQSIZE,
+                R::IoQueueSize {
+                    sqsize: cmd.sqsize,
+                    max: mqes,
+                },
+            )
+            .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
         Ok(ConnectOk { cntlid, ..ok })
+    }
+
+    fn notice(&mut self, n: Notice) {
+        if self.notices.len() < NOTICE_LIMIT {
+            self.notices.push(n);
+        } else {
+            self.notices_dropped += 1;
+        }
+    }
+
+    /// Refusals and other news since the last call (see [`Notice`]), oldest first, and
+    /// how many were dropped because the queue was full ([`NOTICE_LIMIT`] kept).
+    pub fn take_notices(&mut self) -> (Vec<Notice>, u64) {
+        (
+            std::mem::take(&mut self.notices),
+            std::mem::take(&mut self.notices_dropped),
+        )
     }
 
     fn allocate_cntlid(&mut self) -> Option<u16> {
@@ -804,6 +1079,7 @@ impl Target {
         let cid = sqe.cid();
         match result {
             Ok(Reply::Held) => Outcome::Deferred,
+            Ok(Reply::Dropped) => Outcome::Dropped,
             Ok(Reply::Done { dw0, dw1, data_len }) => Outcome::Complete {
                 cqe: Cqe {
                     dw0,
@@ -840,25 +1116,33 @@ impl Target {
             .controllers
             .get_mut(&queue.cntlid)
             .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
-        let key = if queue.qid == 0 {
-            ctrl.admin_key
-        } else {
-            *ctrl
-                .io_queues
-                .get(&queue.qid)
-                .ok_or(Status::COMMAND_SEQUENCE_ERROR)?
-        };
+        if ctrl.retired {
+            return Ok(Reply::Dropped);
+        }
+        if queue.qid != 0 && !ctrl.io_queues.contains_key(&queue.qid) {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
         if sqe.is_fabrics() {
             return match sqe.fctype() {
                 opcodes::fabrics::PROPERTY_GET if queue.qid == 0 => {
                     property_get(ctrl, sqe, &self.opts)
                 }
                 opcodes::fabrics::PROPERTY_SET if queue.qid == 0 => {
-                    property_set(ctrl, sqe, &self.opts, &mut self.actions)
+                    property_set(ctrl, sqe, &self.opts, &mut self.actions, &mut self.notices)
                 }
                 opcodes::fabrics::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR),
+                // Disconnect deletes the I/O queue it arrives on (NVMe-oF 1.1 section
+                // 3.5; OFCS bit 0 advertises it). On the admin queue the spec's answer is
+                // Invalid Queue Type, and the association stays (Linux nvmet and SPDK,
+                // which do not implement Disconnect, answer Invalid Opcode: also an
+                // error that leaves everything in place).
+                opcodes::fabrics::DISCONNECT if queue.qid == 0 => Err(Status::INVALID_QUEUE_TYPE),
                 opcodes::fabrics::DISCONNECT => {
-                    self.actions.push(Action::Disconnect { queue, key });
+                    // The QID is free at once: a host may connect it again before the
+                    // transport has closed this connection.
+                    if let Some(key) = ctrl.io_queues.remove(&queue.qid) {
+                        self.actions.push(Action::Disconnect { queue, key });
+                    }
                     Reply::ok()
                 }
                 _ => Err(Status::INVALID_OPCODE),
@@ -870,36 +1154,93 @@ impl Target {
         if queue.qid == 0 {
             admin::execute(self, now, queue.cntlid, sqe, data, counters)
         } else {
-            let subsys = &self.subsystems[&ctrl.subnqn];
+            let subsys = self
+                .subsystems
+                .get(&ctrl.subnqn)
+                .ok_or(Status::INTERNAL_ERROR)?;
             io_command(subsys, sqe)
         }
     }
 
     /// The transport lost this queue (socket closed, QP error, Disconnect done). When
-    /// the admin queue goes the controller is destroyed and its I/O queues come back as
-    /// [`Action::Disconnect`]. Unknown queues (already torn down) are ignored.
+    /// the admin queue goes the association is over: the controller is retired (its I/O
+    /// queues come back as [`Action::Disconnect`], commands still arriving on them get no
+    /// answer) and destroyed once its last queue is reported closed. Unknown queues
+    /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
-            if queue.qid == 0 && c.admin_key == key {
-                let c = self.controllers.remove(&queue.cntlid).expect("present");
-                self.actions.extend(c.io_queue_disconnects());
+            if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
+                c.admin_closed = true;
+                if !c.retired {
+                    c.retired = true;
+                    c.deadline = None;
+                    c.aers.clear();
+                    c.pending_events.clear();
+                    self.actions.extend(c.io_queue_disconnects());
+                }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+            }
+            if c.admin_closed && c.io_queues.is_empty() {
+                self.controllers.remove(&queue.cntlid);
             }
         }
         self.take_actions()
     }
 
-    /// Keep alive: controllers whose KATO expired at `now` are destroyed; all their
-    /// queues come back as [`Action::Disconnect`].
+    /// Keep alive: controllers whose KATO expired at `now` are retired (all their queues
+    /// come back as [`Action::Disconnect`], and a [`Notice`] says why). Retired
+    /// controllers whose admin queue the transport has not reported closed within
+    /// [`RETIRED_LIMIT`] are dropped.
     pub fn poll_timeouts(&mut self, now: Instant) -> Vec<Action> {
-        self.destroy_controllers_where(|c| c.deadline.is_some_and(|d| d <= now));
+        let expired: Vec<(u16, u32, QueueKey, String, String)> = self
+            .controllers
+            .values()
+            .filter(|c| !c.retired && c.deadline.is_some_and(|d| d <= now))
+            .map(|c| {
+                (
+                    c.cntlid,
+                    c.effective_kato_ms(&self.opts),
+                    c.admin_key,
+                    c.hostnqn.clone(),
+                    c.subnqn.clone(),
+                )
+            })
+            .collect();
+        for (cntlid, kato_ms, key, hostnqn, subnqn) in expired {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::KeepAliveExpired { kato_ms },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(cntlid),
+                qid: Some(0),
+                status: None,
+            }));
+            self.retire_controllers_where(|c| c.cntlid == cntlid);
+        }
+        for c in self.controllers.values_mut().filter(|c| c.retired) {
+            c.retired_since.get_or_insert(now);
+        }
+        self.controllers.retain(|_, c| {
+            c.retired_since
+                .is_none_or(|t| now.saturating_duration_since(t) < RETIRED_LIMIT)
+        });
         self.take_actions()
     }
 
-    /// The earliest keep-alive deadline, for the caller's timer.
+    /// The earliest keep-alive deadline (or retirement limit), for the caller's timer.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.controllers.values().filter_map(|c| c.deadline).min()
+        self.controllers
+            .values()
+            .filter_map(|c| {
+                if c.retired {
+                    c.retired_since.map(|t| t + RETIRED_LIMIT)
+                } else {
+                    c.deadline
+                }
+            })
+            .min()
     }
 
     /// Actions produced since the last call (AER completions after namespace changes,
@@ -908,17 +1249,19 @@ impl Target {
         std::mem::take(&mut self.actions)
     }
 
-    fn destroy_controllers_where(&mut self, pred: impl Fn(&Controller) -> bool) {
-        let ids: Vec<u16> = self
-            .controllers
-            .values()
-            .filter(|c| pred(c))
-            .map(|c| c.cntlid)
-            .collect();
-        for id in ids {
-            if let Some(c) = self.controllers.remove(&id) {
-                self.actions.extend(c.all_queues());
+    /// Retires the controllers `pred` selects: every queue comes back as
+    /// [`Action::Disconnect`], held AERs are forgotten (they go with the admin queue),
+    /// the keep-alive timer stops, commands get no answer from now on.
+    fn retire_controllers_where(&mut self, pred: impl Fn(&Controller) -> bool) {
+        for c in self.controllers.values_mut() {
+            if c.retired || !pred(c) {
+                continue;
             }
+            c.retired = true;
+            c.deadline = None;
+            c.aers.clear();
+            c.pending_events.clear();
+            self.actions.extend(c.all_queues());
         }
     }
 
@@ -937,7 +1280,11 @@ impl Target {
             aen::INFO_NS_ATTRIBUTE_CHANGED,
             lid::CHANGED_NS_LIST,
         );
-        for c in self.controllers.values_mut().filter(|c| c.subnqn == subnqn) {
+        for c in self
+            .controllers
+            .values_mut()
+            .filter(|c| c.subnqn == subnqn && !c.retired)
+        {
             if !c.changed_ns.contains(&nsid) {
                 if c.changed_ns.len() >= crate::spec::identify::NamespaceList::CAPACITY {
                     c.changed_ns_overflow = true;
@@ -964,7 +1311,11 @@ impl Target {
             aen::INFO_DISCOVERY_LOG_CHANGED,
             lid::DISCOVERY,
         );
-        for c in self.controllers.values_mut().filter(|c| c.is_discovery) {
+        for c in self
+            .controllers
+            .values_mut()
+            .filter(|c| c.is_discovery && !c.retired)
+        {
             if c.features.async_event_config
                 & crate::spec::features::async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
                 != 0
@@ -975,12 +1326,21 @@ impl Target {
     }
 }
 
-/// CAP as this target reports it.
+/// CAP.TO (and CRTO.CRWMT/CRIMT), in 500 ms units: RDY follows CC.EN at once, 10 s is
+/// ample.
+const READY_TIMEOUT_UNITS: u64 = 20;
+
+/// CAP as this target reports it: CSS advertises the NVM command set (bit 0) and "one or
+/// more I/O command sets" (bit 6), as Linux nvmet does, so hosts may enable with CC.CSS
+/// 000b or 110b.
 fn cap_value(opts: &TargetOptions) -> u64 {
     use fabrics::cap;
     let mqes = opts.max_queue_depth.saturating_sub(1).max(1) as u64;
-    // TO is in 500 ms units; RDY follows CC.EN at once, 10 s is ample.
-    mqes & cap::MQES_MASK | cap::CQR | 20 << cap::TO_SHIFT | cap::CSS_NVM
+    mqes & cap::MQES_MASK
+        | cap::CQR
+        | READY_TIMEOUT_UNITS << cap::TO_SHIFT
+        | cap::CSS_NVM
+        | cap::CSS_IOCS
 }
 
 const VERSION_1_4: u32 = 0x0001_0400;
@@ -996,8 +1356,9 @@ fn property_get(ctrl: &Controller, sqe: &Sqe, opts: &TargetOptions) -> Result<Re
         (property::VS, false) => VERSION_1_4 as u64,
         (property::CC, false) => ctrl.cc as u64,
         (property::CSTS, false) => ctrl.csts as u64,
-        // CRTO: CRWMT and CRIMT in 500 ms units; the controller is ready at once.
-        (property::CRTO, false) => 1 | 1 << 16,
+        // CRTO: CRWMT (15:0) and CRIMT (31:16) in 500 ms units. CAP.TO shall be
+        // min(CRWMT, FFh) (NVMe Base 2.0, CAP.TO), so both say what CAP.TO says.
+        (property::CRTO, false) => READY_TIMEOUT_UNITS | READY_TIMEOUT_UNITS << 16,
         _ => return Err(Status::INVALID_FIELD),
     };
     Ok(Reply::Done {
@@ -1007,11 +1368,41 @@ fn property_get(ctrl: &Controller, sqe: &Sqe, opts: &TargetOptions) -> Result<Re
     })
 }
 
+/// The first CC field a controller of this kind cannot run with, by name and value.
+fn unsupported_cc_field(new: u32, is_discovery: bool) -> Option<(&'static str, u32)> {
+    // CAP.CSS advertises bit 0 and bit 6: CC.CSS 000b (NVM) and 110b (all supported I/O
+    // command sets, what NVMe 2.0 hosts such as SPDK's choose when CAP.CSS bit 6 is set).
+    if !matches!(
+        cc::css(new),
+        fabrics::cc::CSS_NVM | fabrics::cc::CSS_ALL_IOCS
+    ) {
+        return Some(("CC.CSS", cc::css(new)));
+    }
+    if cc::mps(new) != 0 {
+        return Some(("CC.MPS", cc::mps(new)));
+    }
+    if cc::ams(new) != 0 {
+        return Some(("CC.AMS", cc::ams(new)));
+    }
+    // A discovery controller has no I/O queues: hosts leave IOSQES/IOCQES 0 there
+    // (nvmet checks them only for I/O controllers, for the same reason).
+    if !is_discovery {
+        if cc::iosqes(new) != 6 {
+            return Some(("CC.IOSQES", cc::iosqes(new)));
+        }
+        if cc::iocqes(new) != 4 {
+            return Some(("CC.IOCQES", cc::iocqes(new)));
+        }
+    }
+    None
+}
+
 fn property_set(
     ctrl: &mut Controller,
     sqe: &Sqe,
     opts: &TargetOptions,
     actions: &mut Vec<Action>,
+    notices: &mut Vec<Notice>,
 ) -> Result<Reply, Status> {
     let p = fabrics::PropertyCommand::from_sqe(sqe);
     if p.attrib != 0 || p.offset != fabrics::property::CC {
@@ -1023,12 +1414,23 @@ fn property_set(
     if new & cc::EN != 0 && old & cc::EN == 0 {
         // What this controller can do: NVM command set, 4 KiB pages, round robin,
         // 64-byte SQEs and 16-byte CQEs. Anything else is a fatal configuration.
-        let valid = cc::css(new) == 0
-            && cc::mps(new) == 0
-            && cc::ams(new) == 0
-            && cc::iosqes(new) == 6
-            && cc::iocqes(new) == 4;
-        ctrl.csts = if valid { csts::RDY } else { csts::CFS };
+        match unsupported_cc_field(new, ctrl.is_discovery) {
+            None => ctrl.csts = csts::RDY,
+            Some((field, value)) => {
+                ctrl.csts = csts::CFS;
+                if notices.len() < NOTICE_LIMIT {
+                    notices.push(Notice::Refused(Refusal {
+                        reason: RefusalReason::InvalidControllerConfiguration { field, value },
+                        key: ctrl.admin_key,
+                        hostnqn: Some(ctrl.hostnqn.clone()),
+                        subnqn: Some(ctrl.subnqn.clone()),
+                        cntlid: Some(ctrl.cntlid),
+                        qid: Some(0),
+                        status: None,
+                    }));
+                }
+            }
+        }
     } else if new & cc::EN == 0 && old & cc::EN != 0 {
         ctrl.reset(opts.max_io_queues, actions);
         ctrl.csts = 0;

@@ -66,6 +66,9 @@ pub struct ControllerReport {
     pub errors: u64,
     /// Keep-alive timeout the host set, in milliseconds (0: none).
     pub kato_ms: u32,
+    /// Retired by the target (subsystem or host removed, keep-alive expired): its queues
+    /// are being disconnected.
+    pub retired: bool,
 }
 
 impl ControllerReport {
@@ -111,6 +114,7 @@ impl Target {
                     io_queues: c.io_queues.iter().map(|(q, k)| (*q, *k)).collect(),
                     errors: c.error_count,
                     kato_ms: c.kato_ms,
+                    retired: c.retired,
                 })
                 .collect(),
             listeners: self.listeners.clone(),
@@ -141,7 +145,13 @@ mod tests {
         }
         .to_sqe(1);
         let data = ConnectData::new([9; 16], cntlid, nqn, HOST);
-        let (cqe, ok) = t.connect(Instant::now(), key, &sqe, data.as_bytes());
+        let (cqe, ok) = t.connect(
+            Instant::now(),
+            key,
+            &crate::target::QueueOrigin::default(),
+            &sqe,
+            data.as_bytes(),
+        );
         assert!(cqe.status().is_success(), "connect: {}", cqe.status());
         ok.expect("connected").cntlid
     }

@@ -6,7 +6,7 @@ use super::*;
 use crate::spec::fabrics::{ConnectCommand, ConnectData, PropertyCommand};
 use crate::spec::features::{fid, FeatureCommand};
 use crate::spec::identify::{
-    cns, IdentifyController, IdentifyNamespace, NamespaceList, NsIdDescriptor,
+    cns, csi, IdentifyController, IdentifyNamespace, NamespaceList, NsIdDescriptor,
 };
 use crate::spec::log::{disc, lid, DiscoveryLogEntry, DiscoveryLogHeader, GetLogPage, SmartLog};
 use crate::spec::opcodes::{admin, io};
@@ -34,6 +34,14 @@ fn rdma() -> ListenerInfo {
         transport: Transport::Rdma,
         addr: "fd00::1".parse().unwrap(),
         port: 4421,
+    }
+}
+
+/// A queue that came in on the TCP listener, at its address.
+fn origin() -> QueueOrigin {
+    QueueOrigin {
+        listener: Some(tcp()),
+        local: Some(tcp().addr),
     }
 }
 
@@ -105,6 +113,7 @@ impl Conv {
         let (cqe, ok) = c.t.connect(
             c.now,
             100,
+            &origin(),
             &connect_sqe(0, 31, 5000),
             &connect_data(0xffff, subnqn, hostnqn),
         );
@@ -136,6 +145,7 @@ impl Conv {
                 (cqe, buf)
             }
             Outcome::Deferred => panic!("held"),
+            Outcome::Dropped => panic!("dropped"),
         }
     }
     fn property_set(&mut self, value: u64) -> (Cqe, Vec<u8>) {
@@ -157,7 +167,7 @@ impl Conv {
     fn io_connect(&mut self, qid: u16, key: QueueKey) -> (Cqe, Option<ConnectOk>) {
         let data = connect_data(self.admin.cntlid, SUB1, HOST1);
         self.t
-            .connect(self.now, key, &connect_sqe(qid, 127, 0), &data)
+            .connect(self.now, key, &origin(), &connect_sqe(qid, 127, 0), &data)
     }
 }
 
@@ -254,7 +264,7 @@ fn linux_host_connect_sequence() {
     assert_eq!(fabrics::nul_terminated_str(&id.subnqn), Some(SUB1));
     assert_eq!(id.ioccsz.get(), (64 + 8192) / 16);
     assert_eq!(id.iorcsz.get(), 1);
-    assert_eq!((id.sqes, id.cqes, id.msdbd, id.mdts), (0x66, 0x44, 1, 5));
+    assert_eq!((id.sqes, id.cqes, id.msdbd, id.mdts), (0x66, 0x44, 1, 8));
     assert_eq!(id.vwc, 0b101);
     assert_ne!(id.kas.get(), 0);
     assert_ne!(id.sgls.get() & (1 << 20), 0);
@@ -351,12 +361,29 @@ fn linux_host_connect_sequence() {
         Status::INVALID_OPCODE
     );
 
-    // Closing the admin queue takes the I/O queues down.
+    // Closing the admin queue takes the I/O queues down; commands still arriving on
+    // them get no answer; the controller goes with the last of them.
     let actions = c.t.queue_closed(q, 100);
     assert_eq!(actions.len(), 4);
     assert!(actions
         .iter()
         .all(|a| matches!(a, Action::Disconnect { queue, .. } if queue.qid != 0)));
+    let mut buf = vec![0u8; 512];
+    let ioq = QueueRef {
+        cntlid: q.cntlid,
+        qid: 1,
+    };
+    assert_eq!(
+        c.exec_on(ioq, admin_sqe(io::READ, 1), &mut buf),
+        Outcome::Dropped
+    );
+    for a in actions {
+        let Action::Disconnect { queue, key } = a else {
+            unreachable!()
+        };
+        assert_eq!(c.t.subsystem_of(q.cntlid), Some(SUB1));
+        assert!(c.t.queue_closed(queue, key).is_empty());
+    }
     assert_eq!(c.t.subsystem_of(q.cntlid), None);
 }
 
@@ -401,14 +428,49 @@ fn keep_alive_expiry_tears_down_all_queues() {
             },
         ]
     );
-    assert_eq!(c.t.next_timeout(), None);
-    // The transport's late reports are harmless.
+    // Retired: the expiry is a notice, commands in between get no answer, the only timer
+    // left is the retirement limit.
+    let (notices, _) = c.t.take_notices();
+    assert!(
+        matches!(
+            &notices[..],
+            [Notice::Refused(Refusal { reason: RefusalReason::KeepAliveExpired { kato_ms: 5000 }, key: 100, cntlid: Some(id), .. })] if *id == cntlid
+        ),
+        "{notices:?}"
+    );
+    assert_eq!(
+        c.t.next_timeout(),
+        Some(deadline + Duration::from_millis(1) + RETIRED_LIMIT)
+    );
+    let mut buf = [0u8; 0];
+    assert_eq!(
+        c.exec_on(c.admin, admin_sqe(admin::KEEP_ALIVE, 0), &mut buf),
+        Outcome::Dropped
+    );
+    // The transport reports the queues closed: the controller goes, nothing more to do.
+    for (qid, key) in [(1, 201), (2, 202)] {
+        assert!(c.t.queue_closed(QueueRef { cntlid, qid }, key).is_empty());
+    }
     assert!(c
         .t
         .queue_closed(QueueRef { cntlid, qid: 0 }, 100)
         .is_empty());
+    assert_eq!(c.t.next_timeout(), None);
+    assert_eq!(c.t.subsystem_of(cntlid), None);
     let (cqe, _) = c.admin(admin_sqe(admin::KEEP_ALIVE, 0));
     assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+}
+
+#[test]
+fn a_retired_controller_whose_queues_never_close_goes_after_the_limit() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let cntlid = c.admin.cntlid;
+    assert_eq!(c.t.remove_subsystem(SUB1).len(), 1);
+    let t0 = c.now;
+    assert!(c.t.poll_timeouts(t0).is_empty());
+    assert_eq!(c.t.subsystem_of(cntlid), Some(SUB1));
+    assert!(c.t.poll_timeouts(t0 + RETIRED_LIMIT).is_empty());
+    assert_eq!(c.t.subsystem_of(cntlid), None);
 }
 
 #[test]
@@ -418,6 +480,7 @@ fn kato_zero_disables_the_timer_and_set_features_restarts_it() {
     let (_, ok) = t.connect(
         now,
         1,
+        &origin(),
         &connect_sqe(0, 31, 0),
         &connect_data(0xffff, SUB1, HOST1),
     );
@@ -495,11 +558,24 @@ fn aer_completes_on_namespace_add() {
         }
         o => panic!("{o:?}"),
     }
-    // CC.EN = 0 drops the held AERs: nothing completes them later.
+    // CC.EN = 0 keeps the held AERs (nvmet does too): nothing is answered at the reset,
+    // and after the host enables again and asks for notices, the next event completes
+    // one of them; a shutdown keeps them as well.
+    let _ = c.t.take_actions();
+    let held: Vec<u16> = (0..4).map(|i| aer_cid + 2 + i).collect();
     c.property_set(0);
+    assert!(c.t.take_actions().is_empty(), "no completion at the reset");
     assert_eq!(c.property_get(fabrics::property::CSTS, false).dw0, 0);
+    c.property_set(CC_ENABLE);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
     c.t.add_namespace(SUB1, ns(5)).unwrap();
-    assert!(c.t.take_actions().is_empty());
+    let actions = c.t.take_actions();
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if held.contains(&cqe.cid) && cqe.dw0 == 0x04_00_02),
+        "{actions:?} (held {held:?})"
+    );
+    c.property_set(CC_ENABLE | 1 << 14);
+    assert!(c.t.take_actions().is_empty(), "no completion at shutdown");
 }
 
 #[test]
@@ -540,7 +616,7 @@ fn io_queue_commands_by_queue_type() {
     let mut buf = vec![0u8; 4096];
     let status = |o: Outcome| match o {
         Outcome::Complete { cqe, .. } => cqe.status(),
-        Outcome::Deferred => panic!("held"),
+        o => panic!("{o:?}"),
     };
     // A WRITE opcode on the admin queue is Create I/O SQ: not on fabrics.
     assert_eq!(
@@ -605,7 +681,7 @@ fn connect_rejections() {
     let now = Instant::now();
     let admin = connect_sqe(0, 31, 5000);
     let mut go = |sqe: &Sqe, data: &[u8]| {
-        let (cqe, ok) = t.connect(now, 1, sqe, data);
+        let (cqe, ok) = t.connect(now, 1, &origin(), sqe, data);
         assert!(ok.is_none());
         (cqe.status(), cqe.dw0)
     };
@@ -639,11 +715,11 @@ fn connect_rejections() {
         (invalid, 1 << 16 | 16)
     );
     assert_eq!(
-        go(&connect_sqe(0, 15, 0), &connect_data(0xffff, SUB1, HOST1)),
+        go(&connect_sqe(0, 0, 0), &connect_data(0xffff, SUB1, HOST1)),
         (invalid, 44)
     );
     assert_eq!(
-        go(&connect_sqe(0, 128, 0), &connect_data(0xffff, SUB1, HOST1)),
+        go(&connect_sqe(0, 4096, 0), &connect_data(0xffff, SUB1, HOST1)),
         (invalid, 44)
     );
     let mut bad = connect_sqe(0, 31, 0);
@@ -671,25 +747,23 @@ fn connect_rejections() {
         (invalid, 42)
     );
 
-    // An I/O Connect from another host, or with another host ID, is refused.
+    // An I/O Connect from another host is refused.
     let mut c = Conv::enabled(target(), SUB1, HOST1);
     c.t.set_hosts(SUB1, true, vec![]);
     let cntlid = c.admin.cntlid;
     let (cqe, _) = c.t.connect(
         c.now,
         5,
+        &origin(),
         &connect_sqe(1, 31, 0),
         &connect_data(cntlid, SUB1, HOST2),
     );
     assert_eq!((cqe.status(), cqe.dw0), (invalid, 1 << 16 | 16));
-    let other = ConnectData::new([9; 16], cntlid, SUB1, HOST1);
-    let (cqe, _) =
-        c.t.connect(c.now, 5, &connect_sqe(1, 31, 0), other.as_bytes());
-    assert_eq!((cqe.status(), cqe.dw0), (invalid, 1 << 16));
     // SQSIZE 0 and above MQES.
     let (cqe, _) = c.t.connect(
         c.now,
         5,
+        &origin(),
         &connect_sqe(1, 0, 0),
         &connect_data(cntlid, SUB1, HOST1),
     );
@@ -697,6 +771,7 @@ fn connect_rejections() {
     let (cqe, _) = c.t.connect(
         c.now,
         5,
+        &origin(),
         &connect_sqe(1, 128, 0),
         &connect_data(cntlid, SUB1, HOST1),
     );
@@ -797,7 +872,9 @@ fn discovery_log_paging_filtering_and_genctr() {
     assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), 3);
 
     // HOST1, allowed on SUB1 too, sees it on both listeners.
-    let Conv { t, .. } = c2;
+    // (The first host's admin queue closes first: Conv reuses its transport key.)
+    let Conv { mut t, admin, .. } = c2;
+    t.queue_closed(admin, 100);
     let mut c1 = Conv::enabled(t, DISCOVERY_NQN, HOST1);
     let (h1, e1) = discovery_log(&mut c1);
     assert_eq!(h1.numrec.get(), 5);
@@ -834,7 +911,7 @@ impl CounterSource for Counters {
             write_cmds: 1,
             read_bytes: 512 * 1000 * nsid as u64,
             write_bytes: 1,
-            errors: 2,
+            media_errors: 2,
         }
     }
 }
@@ -1043,16 +1120,16 @@ proptest! {
         let mut c = Conv::enabled(t, SUB1, HOST1);
         c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
         c.io_connect(1, 201);
-        let _ = c.t.connect(c.now, 9, &arb_sqe_fixed(&connect_bytes), &connect_bytes);
+        let _ = c.t.connect(c.now, 9, &origin(), &arb_sqe_fixed(&connect_bytes), &connect_bytes);
         for (i, (sqe, qid, len, add_ns)) in sqes.into_iter().enumerate() {
             c.now += Duration::from_millis(100);
             let mut data = vec![0u8; len];
             let q = QueueRef { cntlid: c.admin.cntlid, qid };
             match c.t.execute(c.now, q, &sqe, &mut data, &Counters) {
                 Outcome::Complete { data_len, .. } => prop_assert!(data_len as usize <= data.len()),
-                Outcome::Deferred => {}
+                Outcome::Deferred | Outcome::Dropped => {}
             }
-            let _ = c.t.connect(c.now, 50 + i as u64, &sqe, &data);
+            let _ = c.t.connect(c.now, 50 + i as u64, &origin(), &sqe, &data);
             if add_ns {
                 let _ = c.t.add_namespace(SUB1, ns(2 + i as u32));
             }
@@ -1117,7 +1194,7 @@ proptest! {
                 kato,
             };
             let sqe = cmd.to_sqe(i as u16);
-            let (cqe, ok) = t.connect(c.now, 500 + i as u64, &sqe, &data);
+            let (cqe, ok) = t.connect(c.now, 500 + i as u64, &origin(), &sqe, &data);
             prop_assert_eq!(cqe.cid, i as u16);
             match ok {
                 Some(ok) => {
@@ -1162,6 +1239,7 @@ proptest! {
                     prop_assert_eq!(sqe.opcode(), admin::ASYNC_EVENT_REQUEST);
                     prop_assert!(!sqe.is_fabrics());
                 }
+                Outcome::Dropped => prop_assert!(false, "a live controller dropped a command"),
             }
             for a in c.t.take_actions() {
                 if let Action::Disconnect { queue, key } = a {
@@ -1173,4 +1251,714 @@ proptest! {
             }
         }
     }
+}
+
+// ------------------------------------------------------------------------------------
+// Host behaviour of user-space hosts and conformance fixes: each of these failed before
+// the fix it names.
+
+fn refusals(t: &mut Target) -> Vec<Refusal> {
+    t.take_notices()
+        .0
+        .into_iter()
+        .filter_map(|n| match n {
+            Notice::Refused(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// CC as SPDK's host writes it when CAP.CSS bit 6 is set: CSS 110b (all supported I/O
+/// command sets), IOSQES 6, IOCQES 4.
+const CC_ENABLE_CSS_110: u64 = CC_ENABLE | 0b110 << 4;
+
+#[test]
+fn cap_advertises_css_nvm_and_iocs_and_cc_css_110b_enables() {
+    let mut c = Conv::connect(target(), SUB1, HOST1);
+    let cap = c.property_get(fabrics::property::CAP, true);
+    let cap = cap.dw0 as u64 | (cap.dw1 as u64) << 32;
+    assert_ne!(cap & fabrics::cap::CSS_NVM, 0, "CAP.CSS bit 0");
+    assert_ne!(cap & fabrics::cap::CSS_IOCS, 0, "CAP.CSS bit 6");
+    c.property_set(CC_ENABLE_CSS_110);
+    assert_eq!(
+        c.property_get(fabrics::property::CSTS, false).dw0,
+        csts::RDY,
+        "CC.CSS 110b must enable, not CFS"
+    );
+    assert!(refusals(&mut c.t).is_empty());
+    // What such a host asks next: I/O command set specific Identify for CSI 00h, the I/O
+    // command set vector (CNS 1Ch), the effects log for CSI 00h, the supported logs.
+    for (cns, nsid) in [
+        (cns::CS_NAMESPACE, 1),
+        (cns::CS_CONTROLLER, 0),
+        (cns::IO_COMMAND_SET, 0),
+    ] {
+        let (cqe, data) = c.admin(identify(cns, nsid, csi::NVM));
+        assert!(cqe.status().is_success(), "CNS {cns:#x}: {}", cqe.status());
+        assert_eq!(data.len(), 4096);
+    }
+    let (_, data) = c.admin(identify(cns::IO_COMMAND_SET, 0, 0));
+    assert_eq!(
+        u64::from_le_bytes(data[..8].try_into().unwrap()),
+        1,
+        "NVM only"
+    );
+    assert!(data[8..].iter().all(|&b| b == 0));
+    // CNTID (CDW10 31:16) naming another controller is Invalid Field.
+    let mut other = identify(cns::IO_COMMAND_SET, 0, 0);
+    other.cdw10 |= ((c.admin.cntlid + 1) as u32) << 16;
+    assert_eq!(c.admin(other).0.status(), Status::INVALID_FIELD);
+    let mut own = identify(cns::IO_COMMAND_SET, 0, 0);
+    own.cdw10 |= (c.admin.cntlid as u32) << 16;
+    assert!(c.admin(own).0.status().is_success());
+    // Identify for another command set (CSI 02h, zoned) is Invalid Field.
+    assert_eq!(
+        c.admin(identify(cns::CS_CONTROLLER, 0, 2)).0.status(),
+        Status::INVALID_FIELD
+    );
+    // Commands Supported and Effects per CSI: NVM answered, others Invalid Log Page.
+    let mut effects = get_log(lid::COMMANDS_EFFECTS, 4096, 0, false, 0);
+    let (cqe, data) = c.admin(effects);
+    assert!(cqe.status().is_success());
+    assert_eq!(data[1024 + 4 * io::READ as usize] & 1, 1);
+    effects.cdw14 = 2 << 24;
+    assert_eq!(c.admin(effects).0.status(), Status::INVALID_LOG_PAGE);
+    // Supported Log Pages.
+    let (cqe, data) = c.admin(get_log(lid::SUPPORTED_LOG_PAGES, 1024, 0, false, 0));
+    assert!(cqe.status().is_success());
+    for l in [0u8, 1, 2, 3, 4, 5] {
+        assert_eq!(data[l as usize * 4] & 1, 1, "LID {l:#x} supported");
+    }
+    assert_eq!(data[0x70 * 4], 0, "no discovery log on an I/O controller");
+}
+
+#[test]
+fn unsupported_cc_values_set_cfs_and_say_why() {
+    for (cc, field) in [
+        (CC_ENABLE | 0b001 << 4, "CC.CSS"),
+        (CC_ENABLE | 0b111 << 4, "CC.CSS"),
+        (CC_ENABLE | 1 << 7, "CC.MPS"),
+        (CC_ENABLE | 1 << 11, "CC.AMS"),
+        (0x0045_0001, "CC.IOSQES"),
+    ] {
+        let mut c = Conv::connect(target(), SUB1, HOST1);
+        c.property_set(cc);
+        assert_eq!(
+            c.property_get(fabrics::property::CSTS, false).dw0,
+            csts::CFS
+        );
+        let r = refusals(&mut c.t);
+        assert!(
+            matches!(&r[..], [Refusal { reason: RefusalReason::InvalidControllerConfiguration { field: f, .. }, hostnqn: Some(h), subnqn: Some(s), qid: Some(0), .. }] if *f == field && h == HOST1 && s == SUB1),
+            "{cc:#x}: {r:?}"
+        );
+        assert_eq!(r[0].reason.label(), "controller_fatal_status");
+    }
+}
+
+#[test]
+fn discovery_controller_enables_with_iosqes_and_iocqes_zero() {
+    let mut c = Conv::connect(target(), DISCOVERY_NQN, HOST1);
+    // What hosts that leave the I/O queue entry sizes alone on a discovery controller
+    // write: EN only (CSS 000b), and EN with CSS 110b.
+    c.property_set(1);
+    assert_eq!(
+        c.property_get(fabrics::property::CSTS, false).dw0,
+        csts::RDY
+    );
+    c.property_set(0);
+    c.property_set(1 | 0b110 << 4);
+    assert_eq!(
+        c.property_get(fabrics::property::CSTS, false).dw0,
+        csts::RDY
+    );
+    // An I/O controller still needs them.
+    let mut io = Conv::connect(target(), SUB1, HOST1);
+    io.property_set(1);
+    assert_eq!(
+        io.property_get(fabrics::property::CSTS, false).dw0,
+        csts::CFS
+    );
+}
+
+#[test]
+fn io_connect_with_another_hostid_reaches_the_controller() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let cntlid = c.admin.cntlid;
+    // A host that makes a random HOSTID per connection.
+    for (qid, id) in [(1u16, [0x77u8; 16]), (2, [0x88; 16])] {
+        let d = ConnectData::new(id, cntlid, SUB1, HOST1);
+        let (cqe, ok) = c.t.connect(
+            c.now,
+            300 + qid as u64,
+            &origin(),
+            &connect_sqe(qid, 31, 0),
+            d.as_bytes(),
+        );
+        assert!(cqe.status().is_success(), "qid {qid}: {}", cqe.status());
+        assert_eq!(ok.unwrap().queue(), QueueRef { cntlid, qid });
+    }
+    // The controller's HOSTID stays the admin queue's.
+    let (cqe, data) = c.admin(get_features(fid::HOST_IDENTIFIER, 0, 1));
+    assert!(cqe.status().is_success());
+    assert_eq!(data, HOSTID1);
+    // Another host NQN with the right CNTLID is still refused (the subsystem lets it in).
+    c.t.set_hosts(SUB1, true, vec![]);
+    let d = ConnectData::new(HOSTID1, cntlid, SUB1, HOST2);
+    let (cqe, _) =
+        c.t.connect(c.now, 310, &origin(), &connect_sqe(3, 31, 0), d.as_bytes());
+    assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS);
+}
+
+#[test]
+fn empty_host_nqn_with_allow_any_host_is_accepted_and_noticed_once() {
+    let mut t = target();
+    t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+    for key in [1u64, 2] {
+        let (cqe, ok) = t.connect(
+            Instant::now(),
+            key,
+            &origin(),
+            &connect_sqe(0, 31, 0),
+            &connect_data(0xffff, SUB2, ""),
+        );
+        assert!(cqe.status().is_success(), "{}", cqe.status());
+        assert_eq!(ok.unwrap().hostnqn, "");
+    }
+    let (notices, _) = t.take_notices();
+    assert_eq!(
+        notices,
+        vec![Notice::EmptyHostNqnAccepted {
+            subnqn: SUB2.into(),
+            key: 1
+        }],
+        "one notice per subsystem"
+    );
+    // The discovery subsystem accepts it too (and notices it separately).
+    let (cqe, _) = t.connect(
+        Instant::now(),
+        3,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, DISCOVERY_NQN, ""),
+    );
+    assert!(cqe.status().is_success());
+    assert_eq!(t.take_notices().0.len(), 1);
+}
+
+#[test]
+fn empty_host_nqn_with_a_host_list_is_an_invalid_host() {
+    let mut t = target();
+    let (cqe, ok) = t.connect(
+        Instant::now(),
+        1,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, ""),
+    );
+    assert!(ok.is_none());
+    assert_eq!(
+        (cqe.status(), cqe.dw0),
+        (Status::CONNECT_INVALID_HOST, 1 << 16 | 512)
+    );
+    let r = refusals(&mut t);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].reason, RefusalReason::EmptyHostNqnNotAllowed);
+    assert_eq!(r[0].reason.label(), "empty_host_nqn_not_allowed");
+    assert_eq!(
+        (r[0].hostnqn.as_deref(), r[0].subnqn.as_deref(), r[0].qid),
+        (Some(""), Some(SUB1), Some(0))
+    );
+    assert_eq!(r[0].status, Some(Status::CONNECT_INVALID_HOST));
+}
+
+#[test]
+fn every_connect_refusal_says_why() {
+    let mut t = target();
+    t.add_subsystem(SubsystemConfig {
+        listeners: Some(vec![rdma()]),
+        ..subsystem(SUB2, &[])
+    })
+    .unwrap();
+    let now = Instant::now();
+    let refuse = |t: &mut Target, sqe: Sqe, data: Vec<u8>| {
+        let (cqe, ok) = t.connect(now, 9, &origin(), &sqe, &data);
+        assert!(ok.is_none() && !cqe.status().is_success());
+        let r = refusals(t);
+        assert_eq!(r.len(), 1, "{r:?}");
+        (r[0].reason.clone(), r[0].status)
+    };
+    let admin = connect_sqe(0, 31, 0);
+    assert_eq!(
+        refuse(&mut t, admin, connect_data(0xffff, SUB1, HOST2)).0,
+        RefusalReason::HostNotAllowed
+    );
+    assert_eq!(
+        refuse(
+            &mut t,
+            admin,
+            connect_data(0xffff, "nqn.2024-01.io.example:nope", HOST1)
+        )
+        .0,
+        RefusalReason::UnknownSubsystem
+    );
+    assert_eq!(
+        refuse(&mut t, admin, connect_data(0xffff, SUB2, HOST1)).0,
+        RefusalReason::SubsystemNotOnListener
+    );
+    assert_eq!(
+        refuse(&mut t, admin, connect_data(0xffff, SUB1, "host")).0,
+        RefusalReason::InvalidHostNqn
+    );
+    assert_eq!(
+        refuse(&mut t, admin, connect_data(5, SUB1, HOST1)).0,
+        RefusalReason::StaticControllerId { cntlid: 5 }
+    );
+    assert_eq!(
+        refuse(
+            &mut t,
+            connect_sqe(0, 0, 0),
+            connect_data(0xffff, SUB1, HOST1)
+        )
+        .0,
+        RefusalReason::AdminQueueSize {
+            sqsize: 0,
+            max: MAX_ADMIN_SQSIZE
+        }
+    );
+    assert_eq!(
+        refuse(&mut t, connect_sqe(1, 31, 0), connect_data(9, SUB1, HOST1)),
+        (
+            RefusalReason::UnknownController { cntlid: 9 },
+            Some(Status::CONNECT_INVALID_PARAMETERS)
+        )
+    );
+    assert_eq!(
+        refuse(&mut t, admin, vec![0; 10]).0,
+        RefusalReason::ShortConnectData { len: 10 }
+    );
+}
+
+#[test]
+fn a_listener_restricted_subsystem_refuses_connects_on_other_listeners() {
+    let mut t = target();
+    t.add_listener(rdma());
+    t.add_subsystem(SubsystemConfig {
+        listeners: Some(vec![rdma()]),
+        ..subsystem(SUB2, &[])
+    })
+    .unwrap();
+    let now = Instant::now();
+    let on = |l: ListenerInfo| QueueOrigin {
+        local: Some(l.addr),
+        listener: Some(l),
+    };
+    let (cqe, ok) = t.connect(
+        now,
+        1,
+        &on(tcp()),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST1),
+    );
+    assert!(ok.is_none());
+    assert_eq!(
+        (cqe.status(), cqe.dw0),
+        (Status::CONNECT_INVALID_PARAMETERS, 1 << 16 | 256),
+        "as nvmet answers a Connect to a subsystem its port does not export"
+    );
+    assert_eq!(
+        refusals(&mut t)[0].reason,
+        RefusalReason::SubsystemNotOnListener
+    );
+    // Unknown origin: only subsystems open to every listener.
+    let (_, ok) = t.connect(
+        now,
+        2,
+        &QueueOrigin::default(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST1),
+    );
+    assert!(ok.is_none());
+    let (cqe, ok) = t.connect(
+        now,
+        3,
+        &on(rdma()),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST1),
+    );
+    assert!(cqe.status().is_success() && ok.is_some());
+    // The discovery subsystem is on every listener.
+    let (_, ok) = t.connect(
+        now,
+        4,
+        &on(tcp()),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, DISCOVERY_NQN, HOST1),
+    );
+    assert!(ok.is_some());
+}
+
+#[test]
+fn a_second_connect_on_a_connected_queue_is_a_sequence_error() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let before = c.t.report().controllers.len();
+    // On the admin queue's connection (key 100): no second controller.
+    let (cqe, ok) = c.t.connect(
+        c.now,
+        100,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    assert!(ok.is_none());
+    assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+    assert_eq!(c.t.report().controllers.len(), before);
+    assert_eq!(
+        refusals(&mut c.t)[0].reason,
+        RefusalReason::AlreadyConnected
+    );
+    // On an I/O queue's connection: not a second queue either.
+    assert!(c.io_connect(1, 201).0.status().is_success());
+    let (cqe, ok) = c.io_connect(2, 201);
+    assert!(ok.is_none());
+    assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+    let r = c.t.report();
+    assert_eq!(r.controllers[0].io_queues, vec![(1, 201)]);
+}
+
+#[test]
+fn admin_queue_sizes_hosts_use_are_accepted() {
+    // Linux: 31; SPDK's host: 2..=4096 entries (SQSIZE 1..=4095).
+    for sqsize in [1u16, 15, 31, 127, 128, 4095] {
+        let mut t = target();
+        let (cqe, ok) = t.connect(
+            Instant::now(),
+            1,
+            &origin(),
+            &connect_sqe(0, sqsize, 0),
+            &connect_data(0xffff, SUB1, HOST1),
+        );
+        assert!(
+            cqe.status().is_success(),
+            "SQSIZE {sqsize}: {}",
+            cqe.status()
+        );
+        assert_eq!(ok.unwrap().sqsize, sqsize);
+    }
+}
+
+#[test]
+fn disconnect_on_the_admin_queue_is_invalid_queue_type_and_keeps_the_association() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let mut d = Sqe {
+        nsid: opcodes::fabrics::DISCONNECT as u32,
+        ..Default::default()
+    };
+    d.set_opcode_cid(opcodes::FABRICS, 0);
+    assert_eq!(c.admin(d).0.status(), Status::INVALID_QUEUE_TYPE);
+    assert!(c.t.take_actions().is_empty(), "nothing torn down");
+    assert!(c
+        .admin(admin_sqe(admin::KEEP_ALIVE, 0))
+        .0
+        .status()
+        .is_success());
+}
+
+#[test]
+fn disconnect_on_an_io_queue_frees_its_qid_at_once() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let (_, ok) = c.io_connect(1, 201);
+    let ioq = ok.unwrap().queue();
+    let mut d = Sqe {
+        nsid: opcodes::fabrics::DISCONNECT as u32,
+        ..Default::default()
+    };
+    d.set_opcode_cid(opcodes::FABRICS, 0);
+    let mut buf = [0u8; 0];
+    assert!(
+        matches!(c.exec_on(ioq, d, &mut buf), Outcome::Complete { cqe, .. } if cqe.status().is_success())
+    );
+    assert_eq!(
+        c.t.take_actions(),
+        vec![Action::Disconnect {
+            queue: ioq,
+            key: 201
+        }]
+    );
+    // The host connects QID 1 again before the old connection is even closed.
+    let (cqe, ok) = c.io_connect(1, 202);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(ok.unwrap().queue(), ioq);
+    // The old connection's late close does not take the new queue.
+    assert!(c.t.queue_closed(ioq, 201).is_empty());
+    assert_eq!(c.t.report().controllers[0].io_queues, vec![(1, 202)]);
+}
+
+#[test]
+fn removing_a_subsystem_retires_its_controllers_before_they_go() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let (_, ok) = c.io_connect(1, 201);
+    let ioq = ok.unwrap().queue();
+    let actions = c.t.remove_subsystem(SUB1);
+    assert_eq!(actions.len(), 2, "both queues asked to go: {actions:?}");
+    // Commands that arrive before the transport has closed the queues: no answer (the
+    // host retries them on its next association), never Command Sequence Error + DNR.
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        c.exec_on(ioq, admin_sqe(io::READ, 1), &mut buf),
+        Outcome::Dropped
+    );
+    assert_eq!(
+        c.exec_on(c.admin, identify(cns::CONTROLLER, 0, 0), &mut buf),
+        Outcome::Dropped
+    );
+    // A reconnect finds no subsystem at once.
+    let (cqe, _) = c.t.connect(
+        c.now,
+        400,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    assert_eq!(
+        (cqe.status(), cqe.dw0),
+        (Status::CONNECT_INVALID_PARAMETERS, 1 << 16 | 256)
+    );
+    assert!(c.t.report().controllers.iter().all(|r| r.retired));
+    // Queues closed: the controller is gone.
+    assert!(c.t.queue_closed(ioq, 201).is_empty());
+    assert!(c.t.queue_closed(c.admin, 100).is_empty());
+    assert!(c.t.report().controllers.is_empty());
+}
+
+#[test]
+fn set_features_nsid_rules() {
+    let mut t = target();
+    t.add_namespace(SUB1, ns(2)).unwrap();
+    let mut c = Conv::enabled(t, SUB1, HOST1);
+    let with_nsid = |mut s: Sqe, nsid: u32| {
+        s.nsid = nsid;
+        s
+    };
+    // Controller-scoped features: Set with one NSID is Feature Not Namespace Specific;
+    // 0h and FFFFFFFFh are fine; Get ignores the NSID (nvme-cli on /dev/nvmeXnY).
+    assert_eq!(
+        c.admin(with_nsid(set_features(fid::ARBITRATION, 3), 1))
+            .0
+            .status(),
+        Status::FEATURE_NOT_NAMESPACE_SPECIFIC
+    );
+    assert_eq!(
+        c.admin(with_nsid(set_features(fid::NUMBER_OF_QUEUES, 0), 2))
+            .0
+            .status(),
+        Status::FEATURE_NOT_NAMESPACE_SPECIFIC
+    );
+    for nsid in [0, 0xffff_ffff] {
+        assert!(c
+            .admin(with_nsid(set_features(fid::ARBITRATION, 3), nsid))
+            .0
+            .status()
+            .is_success());
+    }
+    let (cqe, _) = c.admin(with_nsid(get_features(fid::NUMBER_OF_QUEUES, 0, 0), 1));
+    assert!(cqe.status().is_success());
+    // An NSID no namespace can have: Invalid Namespace.
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ARBITRATION, 0, 0), 5000))
+            .0
+            .status(),
+        Status::INVALID_NAMESPACE
+    );
+    // Error Recovery is per namespace: set on ns 2, read back per namespace.
+    assert!(c
+        .admin(with_nsid(set_features(fid::ERROR_RECOVERY, 7), 2))
+        .0
+        .status()
+        .is_success());
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ERROR_RECOVERY, 0, 0), 2))
+            .0
+            .dw0,
+        7
+    );
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ERROR_RECOVERY, 0, 0), 1))
+            .0
+            .dw0,
+        0
+    );
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ERROR_RECOVERY, 0, 0), 0))
+            .0
+            .dw0,
+        0
+    );
+    // A valid NSID with no namespace behind it.
+    assert_eq!(
+        c.admin(with_nsid(set_features(fid::ERROR_RECOVERY, 7), 9))
+            .0
+            .status(),
+        Status::INVALID_NAMESPACE
+    );
+    // FFFFFFFFh: every namespace.
+    assert!(c
+        .admin(with_nsid(set_features(fid::ERROR_RECOVERY, 9), 0xffff_ffff))
+        .0
+        .status()
+        .is_success());
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ERROR_RECOVERY, 0, 0), 2))
+            .0
+            .dw0,
+        9
+    );
+    assert_eq!(
+        c.admin(with_nsid(get_features(fid::ERROR_RECOVERY, 3, 0), 1))
+            .0
+            .dw0,
+        capabilities_changeable_ns()
+    );
+}
+
+fn capabilities_changeable_ns() -> u32 {
+    crate::spec::features::capabilities::CHANGEABLE
+        | crate::spec::features::capabilities::NAMESPACE_SPECIFIC
+}
+
+#[test]
+fn identify_controller_attributes_by_transport_and_kind() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    let (_, data) = c.admin(identify(cns::CONTROLLER, 0, 0));
+    let id = IdentifyController::read_from_bytes(&data).unwrap();
+    assert_eq!(
+        id.ctratt.get() & 1,
+        1,
+        "CTRATT.HIDS: 128-bit host identifier"
+    );
+    assert_eq!(id.sgls.get() & (1 << 2), 0, "no keyed SGLs on TCP");
+    assert_eq!((id.ioccsz.get(), id.iorcsz.get()), ((64 + 8192) / 16, 1));
+    // CRTO.CRWMT (and CRIMT) agree with CAP.TO.
+    let cap = c.property_get(fabrics::property::CAP, true);
+    let cap = cap.dw0 as u64 | (cap.dw1 as u64) << 32;
+    let to = (cap >> fabrics::cap::TO_SHIFT) & 0xff;
+    let crto = c.property_get(fabrics::property::CRTO, false).dw0;
+    assert_eq!(((crto & 0xffff) as u64, (crto >> 16) as u64), (to, to));
+
+    // Over RDMA the keyed-SGL bit is set.
+    let mut t = target();
+    t.add_listener(rdma());
+    let rdma_origin = QueueOrigin {
+        listener: Some(rdma()),
+        local: Some(rdma().addr),
+    };
+    let (_, ok) = t.connect(
+        c.now,
+        1,
+        &rdma_origin,
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    let mut r = Conv {
+        t,
+        now: c.now,
+        admin: ok.unwrap().queue(),
+        cid: 0,
+    };
+    r.property_set(CC_ENABLE);
+    let (_, data) = r.admin(identify(cns::CONTROLLER, 0, 0));
+    let id = IdentifyController::read_from_bytes(&data).unwrap();
+    assert_ne!(id.sgls.get() & (1 << 2), 0, "keyed SGLs on RDMA");
+
+    // A discovery controller reports IOCCSZ/IORCSZ 0.
+    let mut d = Conv::enabled(target(), DISCOVERY_NQN, HOST1);
+    let (_, data) = d.admin(identify(cns::CONTROLLER, 0, 0));
+    let id = IdentifyController::read_from_bytes(&data).unwrap();
+    assert_eq!((id.ioccsz.get(), id.iorcsz.get()), (0, 0));
+}
+
+#[test]
+fn discovery_over_a_wildcard_listener_publishes_the_address_the_host_reached() {
+    let wild4 = ListenerInfo {
+        transport: Transport::Tcp,
+        addr: "0.0.0.0".parse().unwrap(),
+        port: 4420,
+    };
+    let wild6 = ListenerInfo {
+        transport: Transport::Tcp,
+        addr: "::".parse().unwrap(),
+        port: 4421,
+    };
+    let mut t = Target::new(TargetOptions::default());
+    t.add_listener(wild4.clone());
+    t.add_listener(wild6.clone());
+    t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+    // The host came in on 192.0.2.7 (through the IPv4 wildcard).
+    let origin = QueueOrigin {
+        listener: Some(wild4.clone()),
+        local: Some("192.0.2.7".parse().unwrap()),
+    };
+    let (_, ok) = t.connect(
+        Instant::now(),
+        1,
+        &origin,
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, DISCOVERY_NQN, HOST1),
+    );
+    let mut c = Conv {
+        t,
+        now: Instant::now(),
+        admin: ok.unwrap().queue(),
+        cid: 0,
+    };
+    c.property_set(1);
+    let (_, e) = discovery_log(&mut c);
+    assert_eq!(e.len(), 4, "SUB2 and discovery on both listeners");
+    for x in &e {
+        assert_eq!(&x.traddr[..10], b"192.0.2.7 ", "never 0.0.0.0 or ::");
+        assert_eq!(x.adrfam, disc::ADRFAM_IPV4);
+    }
+    // An IPv6 host on the IPv6 wildcard: the IPv4 wildcard has no address to publish.
+    let origin6 = QueueOrigin {
+        listener: Some(wild6),
+        local: Some("2001:db8::5".parse().unwrap()),
+    };
+    let Conv { mut t, .. } = c;
+    let (_, ok) = t.connect(
+        Instant::now(),
+        2,
+        &origin6,
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, DISCOVERY_NQN, HOST1),
+    );
+    let mut c = Conv {
+        t,
+        now: Instant::now(),
+        admin: ok.unwrap().queue(),
+        cid: 0,
+    };
+    c.property_set(1);
+    let (_, e) = discovery_log(&mut c);
+    assert_eq!(e.len(), 2);
+    for x in &e {
+        assert_eq!(&x.traddr[..12], b"2001:db8::5 ");
+        assert_eq!(x.adrfam, disc::ADRFAM_IPV6);
+        assert_eq!(&x.trsvcid[..5], b"4421 ");
+    }
+}
+
+#[test]
+fn listener_covers_its_address_or_wildcard_family() {
+    let l = |a: &str| ListenerInfo {
+        transport: Transport::Tcp,
+        addr: a.parse().unwrap(),
+        port: 1,
+    };
+    let ip = |a: &str| -> IpAddr { a.parse().unwrap() };
+    assert!(l("0.0.0.0").covers(ip("10.1.1.1")));
+    assert!(!l("0.0.0.0").covers(ip("fd00::1")));
+    assert!(l("::").covers(ip("fd00::1")));
+    assert!(l("::").covers(ip("::ffff:10.1.1.1")));
+    assert!(l("10.1.1.1").covers(ip("::ffff:10.1.1.1")));
+    assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }

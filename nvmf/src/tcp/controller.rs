@@ -79,9 +79,11 @@ pub enum ControllerEvent<'a> {
         data: &'a [u8],
         complete: Option<bool>,
     },
-    /// The host sent H2CTermReq: close without answering.
+    /// The host sent H2CTermReq: close without answering. FES and FEI are the host's, or,
+    /// for a TermReq too malformed to read, what is wrong with it (no TermReq answers a
+    /// TermReq, NVMe/TCP 1.0 section 3.6.2.4).
     HostTerminated { fes: u16, fei: u32 },
-    /// A fatal error: a C2HTermReq is queued when one is owed; close once it is sent.
+    /// A fatal error: a C2HTermReq is queued; close once it is sent.
     Fatal {
         fes: u16,
         fei: u32,
@@ -182,6 +184,18 @@ impl ControllerQueue {
         let (pdu, used) = match self.framer.parse(buf) {
             Ok(Some(p)) => p,
             Ok(None) => return (0, None),
+            Err(e) if !e.send_term_req => {
+                // A malformed H2CTermReq: the host is ending the connection anyway.
+                self.state = State::Stopped;
+                self.transfers.clear();
+                return (
+                    0,
+                    Some(ControllerEvent::HostTerminated {
+                        fes: e.fes,
+                        fei: e.fei,
+                    }),
+                );
+            }
             Err(e) => {
                 let cause =
                     if self.state == State::AwaitIcReq && buf.first() == Some(&pdu_type::IC_REQ) {
@@ -190,10 +204,7 @@ impl ControllerQueue {
                         FatalCause::Malformed
                     };
                 let hdr = e.offending_header(buf);
-                return (
-                    0,
-                    Some(self.fatal(out, e.fes, e.fei, hdr, e.send_term_req, cause)),
-                );
+                return (0, Some(self.fatal(out, e.fes, e.fei, hdr, cause)));
             }
         };
         let ev = match pdu {
@@ -239,8 +250,8 @@ impl ControllerQueue {
                     } else {
                         fes::INVALID_HEADER_FIELD
                     };
-                    let hdr = &buf[..SHORT_HLEN.min(buf.len())];
-                    return (used, Some(self.fatal(out, fes, fei, hdr, true, cause)));
+                    let hdr = pdu_header(&buf[..used]);
+                    return (used, Some(self.fatal(out, fes, fei, hdr, cause)));
                 }
             },
             Pdu::H2CTermReq { fes, fei } => {
@@ -249,7 +260,7 @@ impl ControllerQueue {
             }
             // A controller-side framer yields nothing else.
             _ => {
-                let hdr = &buf[..COMMON_HEADER_LEN.min(buf.len())];
+                let hdr = pdu_header(&buf[..used]);
                 return (
                     used,
                     Some(self.fatal(
@@ -257,7 +268,6 @@ impl ControllerQueue {
                         fes::INVALID_HEADER_FIELD,
                         0,
                         hdr,
-                        true,
                         FatalCause::Malformed,
                     )),
                 );
@@ -302,14 +312,11 @@ impl ControllerQueue {
         fes: u16,
         fei: u32,
         offending_header: &[u8],
-        send: bool,
         cause: FatalCause,
     ) -> ControllerEvent<'static> {
-        if send {
-            self.scratch.clear();
-            encode_term_req(&mut self.scratch, true, fes, fei, offending_header);
-            out.header(&self.scratch);
-        }
+        self.scratch.clear();
+        encode_term_req(&mut self.scratch, true, fes, fei, offending_header);
+        out.header(&self.scratch);
         self.state = State::Stopped;
         self.transfers.clear();
         ControllerEvent::Fatal { fes, fei, cause }

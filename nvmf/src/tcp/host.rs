@@ -12,8 +12,13 @@
 //! Used by the repo's blocking test host (`nvmf-initiator`) and by in-memory
 //! conversations with the engine (the soft engine's pair harness).
 //!
-//! Not implemented: SQ flow control (SQHD is not checked; the caller keeps at most SQSIZE
-//! commands outstanding), TLS, more than one command per H2CData burst.
+//! SQ flow control: when the host disabled it (Connect CATTR bit 2, told to the machine with
+//! [`HostQueue::set_sq_flow_control_disabled`]), every CapsuleResp must report SQHD FFFFh
+//! and one that does not is [`HostError::Unexpected`].
+//!
+//! Not implemented: SQ flow-control accounting (with flow control on, SQHD is not checked;
+//! the caller keeps at most SQSIZE commands outstanding), TLS, more than one command per
+//! H2CData burst.
 
 use super::*;
 
@@ -105,6 +110,8 @@ pub struct HostQueue {
     scratch: Vec<u8>,
     /// A C2HData with SUCCESS was reported as data; its completion comes next.
     pending_success: Option<u16>,
+    /// SQ flow control is disabled on this queue: completions must report SQHD FFFFh.
+    sqhd_disabled: bool,
 }
 
 impl HostQueue {
@@ -122,6 +129,7 @@ impl HostQueue {
             free: Vec::new(),
             scratch: Vec::with_capacity(TERM_REQ_MAX_PLEN),
             pending_success: None,
+            sqhd_disabled: false,
         };
         q.set_depth(depth);
         q
@@ -150,6 +158,13 @@ impl HostQueue {
         }
         // Lowest CIDs first, for readable traces.
         self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// The host asked for SQ flow control to be disabled on this queue (Connect CATTR bit
+    /// 2): from now on every CapsuleResp must report SQHD FFFFh (the Connect's own
+    /// completion included: nvmet and this target both report it there already).
+    pub fn set_sq_flow_control_disabled(&mut self, disabled: bool) {
+        self.sqhd_disabled = disabled;
     }
 
     /// In-capsule data limit for the commands submitted from now on.
@@ -288,7 +303,18 @@ impl HostQueue {
                 }
                 HostEvent::Connected(r)
             }
-            Pdu::CapsuleResp { cqe } => self.complete(cqe)?,
+            Pdu::CapsuleResp { cqe } => {
+                // (The completion made up for a C2HData with SUCCESS has no SQHD to
+                // check.)
+                if self.sqhd_disabled && cqe.sqhd != crate::queue::SQHD_FLOW_CONTROL_DISABLED {
+                    return Err(unexpected(format!(
+                        "SQHD {:#06x} in the completion of CID {}: SQ flow control is \
+                         disabled on this queue, it must be 0xffff",
+                        cqe.sqhd, cqe.cid
+                    )));
+                }
+                self.complete(cqe)?
+            }
             Pdu::C2HData {
                 cccid,
                 datao,

@@ -355,6 +355,15 @@ impl TermError {
     }
 }
 
+/// The header of the PDU at the front of `buf` (its HLEN bytes, at most 128), for the
+/// PDU Header field of a TermReq that answers it (NVMe/TCP 1.0 Figures 22/24).
+pub fn pdu_header(buf: &[u8]) -> &[u8] {
+    let hlen = buf.get(2).map_or(COMMON_HEADER_LEN, |&h| h as usize);
+    &buf[..hlen
+        .clamp(COMMON_HEADER_LEN, TERM_REQ_MAX_DATA)
+        .min(buf.len())]
+}
+
 /// CRC32C of `data`, as NVMe/TCP header and data digests use it (sent little-endian).
 #[inline]
 pub fn data_digest(data: &[u8]) -> u32 {

@@ -67,8 +67,6 @@ pub(super) struct Cmd {
     pub status: Status,
     pub ns: u32,
     pub user: u64,
-    /// Write Zeroes with FUA: a Flush follows the zeroing before the completion.
-    pub flush_after: bool,
     /// Capsule arrival, for the latency histograms and the backend timeout.
     pub start: Instant,
     /// The backend timeout was reported for this command.
@@ -90,7 +88,6 @@ impl Cmd {
             status: Status::SUCCESS,
             ns: 0,
             user: 0,
-            flush_after: false,
             start: now,
             timeout_reported: false,
         }
@@ -306,7 +303,6 @@ impl Core {
         c.pending = 0;
         c.status = Status::SUCCESS;
         c.user = 0;
-        c.flush_after = false;
         c.timeout_reported = false;
         c.start = if self.manual_time {
             self.now
@@ -629,11 +625,10 @@ impl Core {
             OffloadOp::Read => Some((Op::Read, lba, nblocks, c.buf.take())),
             OffloadOp::Write => Some((Op::Write { fua: sqe.fua() }, lba, nblocks, c.buf.take())),
             OffloadOp::Flush => Some((Op::Flush, 0, 0, None)),
+            // FUA (CDW12 bit 30, as for Write) goes down with the request: the backend
+            // makes the zeroes durable before it completes.
             OffloadOp::WriteZeroes => {
-                // FUA (CDW12 bit 30): the zeroes are durable before the completion; the
-                // backend's Flush after the zeroing gives that.
-                c.flush_after = sqe.fua();
-                Some((Op::WriteZeroes, lba, nblocks, None))
+                Some((Op::WriteZeroes { fua: sqe.fua() }, lba, nblocks, None))
             }
             OffloadOp::Compare | OffloadOp::DatasetManagement => None,
         };
@@ -716,7 +711,12 @@ impl Core {
                         NsCounters::bump(&k.write_cmds, 1);
                         NsCounters::bump(&k.write_bytes, len as u64);
                     }
-                    Some(OffloadOp::Compare) => NsCounters::bump(&k.read_cmds, 1),
+                    // SMART counts Compare as a read: Host Read Commands and, for the
+                    // logical blocks it compares, Data Units Read (NVMe Base 2.0 Fig. 207).
+                    Some(OffloadOp::Compare) => {
+                        NsCounters::bump(&k.read_cmds, 1);
+                        NsCounters::bump(&k.read_bytes, len as u64);
+                    }
                     _ => NsCounters::bump(&k.other_cmds, 1),
                 }
             }
@@ -776,18 +776,6 @@ impl Core {
         c.pending = c.pending.saturating_sub(1);
         if c.pending > 0 {
             return;
-        }
-        if c.flush_after && c.status.is_success() {
-            c.flush_after = false;
-            c.pending = 1;
-            let req = Request {
-                tag: comp.tag,
-                op: Op::Flush,
-                lba: 0,
-                nblocks: 0,
-                buf: None,
-            };
-            return self.push_req(ns_idx, req);
         }
         let status = c.status;
         let qh = c.qp;

@@ -398,7 +398,6 @@ impl StaIo {
                 continue;
             }
             c.pending = 0;
-            c.flush_after = false;
             let qh = c.qp;
             match qp_ref(&mut self.qps, qh) {
                 Some(q) if q.st.disconnect.is_none() => core.fail(

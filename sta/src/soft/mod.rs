@@ -67,13 +67,37 @@ pub struct SoftConfig {
     pub backend_timeout: std::time::Duration,
 }
 
+/// Default largest transfer of one command: 1 MiB (MDTS 8). Linux nvmet sets no limit on
+/// TCP; 128 KiB made the Linux host's unsplit passthrough I/O (`nvme read`/`nvme write`
+/// of 256 KiB) fail. Buffers are pooled by power-of-two size class, so small I/O still
+/// takes small buffers.
+pub const DEFAULT_MAX_IO_SIZE: u32 = 1 << 20;
+/// Largest H2CData PDU the engine accepts (MAXH2CDATA), unless the max I/O size is
+/// smaller: a larger transfer arrives in several H2CData PDUs into one buffer.
+pub const DEFAULT_MAX_H2C_DATA: u32 = 128 * 1024;
+
+impl SoftConfig {
+    /// The settings for a largest transfer of `max_io_size` bytes: MAXH2CDATA no larger
+    /// than it, and a per-thread buffer pool that holds at least 64 transfers of that size
+    /// (and never less than the 256 MiB default).
+    pub fn with_max_io_size(max_io_size: u32) -> SoftConfig {
+        let d = SoftConfig::default();
+        SoftConfig {
+            max_io_size,
+            max_h2c_data: DEFAULT_MAX_H2C_DATA.min(max_io_size),
+            buffer_pool_bytes: d.buffer_pool_bytes.max(64 * max_io_size as usize),
+            ..d
+        }
+    }
+}
+
 impl Default for SoftConfig {
     fn default() -> Self {
         SoftConfig {
-            max_io_size: 128 * 1024,
+            max_io_size: DEFAULT_MAX_IO_SIZE,
             max_queue_depth: 128,
             max_incapsule_data: 8192,
-            max_h2c_data: 128 * 1024,
+            max_h2c_data: DEFAULT_MAX_H2C_DATA,
             buffer_pool_bytes: 256 << 20,
             backend_queue_depth: 256,
             backend_timeout: std::time::Duration::from_secs(30),

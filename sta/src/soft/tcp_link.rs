@@ -7,10 +7,10 @@ use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
 
-use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, TxSink};
+use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, FatalCause, TxSink};
 
 use super::cmd::{Cmd, Core, QpState};
-use crate::{QpHandle, TransportErrorKind};
+use crate::{Event, QpHandle, TransportErrorKind};
 
 /// Most slices in one `writev`.
 const IOV_MAX: usize = 64;
@@ -343,24 +343,42 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
             data,
             complete,
         } => core.on_host_data(h, st, ttag as u32, offset, data, complete),
+        // Terminations are logged (rate-limited) and counted by the application from
+        // `Event::Terminated`; here only at debug level.
         ControllerEvent::HostTerminated { fes, fei } => {
-            tracing::info!(
+            tracing::debug!(
                 qp = h.as_u64(),
                 fes,
                 fei,
                 "host terminated the connection (H2CTermReq)"
             );
+            core.events.push_back(Event::Terminated {
+                qp: h,
+                qp_user: st.user,
+                by_host: true,
+                icreq: false,
+                fes,
+                fei,
+            });
             st.rx_stopped = true;
             core.transport_error(h, st, TransportErrorKind::PeerClosed);
         }
         ControllerEvent::Fatal { fes, fei, cause } => {
-            tracing::warn!(
+            tracing::debug!(
                 qp = h.as_u64(),
                 fes,
                 fei,
                 ?cause,
                 "fatal NVMe/TCP error from host: C2HTermReq sent, closing"
             );
+            core.events.push_back(Event::Terminated {
+                qp: h,
+                qp_user: st.user,
+                by_host: false,
+                icreq: cause == FatalCause::IcReqRejected,
+                fes,
+                fei,
+            });
             st.rx_stopped = true;
             st.tx_dirty = true;
             core.transport_error(h, st, TransportErrorKind::Protocol);

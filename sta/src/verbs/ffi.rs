@@ -201,13 +201,22 @@ pub struct RdmaEventChannel {
     pub fd: c_int,
 }
 
+/// The front of `struct rdma_cm_id` (rdma_cma.h), up to `route.addr`'s source and
+/// destination addresses (`struct rdma_addr` opens with two `sockaddr_storage` unions).
+/// Only ever read through pointers librdmacm gives us; never allocated here.
 #[repr(C)]
 pub struct RdmaCmIdRaw {
     pub verbs: *mut IbvContext,
     pub channel: *mut RdmaEventChannel,
     pub context: *mut c_void,
     pub qp: *mut IbvQp,
+    /// `route.addr.src_storage`: our side of the connection.
+    pub src: libc::sockaddr_storage,
+    /// `route.addr.dst_storage`: the peer.
+    pub dst: libc::sockaddr_storage,
 }
+const _: () = assert!(std::mem::offset_of!(RdmaCmIdRaw, src) == 32);
+const _: () = assert!(std::mem::offset_of!(RdmaCmIdRaw, dst) == 160);
 
 #[repr(C)]
 #[derive(Clone, Copy)]

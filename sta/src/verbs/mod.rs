@@ -15,7 +15,11 @@
 //! protocol live in `nvmf::rdma`; the verbs side of an engine QP in
 //! `crate::soft::rdma_link`.
 
-pub(crate) mod ffi;
+/// The raw rdma-core declarations. Public (and hidden from the docs) only for the DOCA STA
+/// test double (`sta/doca-double`), which drives verbs itself with the same table; nothing
+/// else outside `sta` may use it.
+#[doc(hidden)]
+pub mod ffi;
 
 use std::ffi::c_void;
 use std::net::SocketAddr;
@@ -63,8 +67,9 @@ impl VerbsError {
 
 static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
 
-/// rdma-core, loaded once.
-pub(crate) fn lib() -> Result<&'static Lib, VerbsError> {
+/// rdma-core, loaded once (also used by the DOCA STA test double).
+#[doc(hidden)]
+pub fn lib() -> Result<&'static Lib, VerbsError> {
     LIB.get_or_init(|| Lib::load().map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| VerbsError::Missing(e.clone()))
@@ -158,6 +163,11 @@ pub struct ConnRequest {
     /// RDMA READs we may have in flight toward the host (its responder resources); 0
     /// means we could never fetch host data.
     pub initiator_depth: u8,
+    /// Our address of the connection (which listener it reached, which address the host
+    /// used), from the new id's route.
+    pub local: Option<SocketAddr>,
+    /// The host's address, for logs.
+    pub peer: Option<SocketAddr>,
 }
 
 impl ConnRequest {
@@ -266,6 +276,26 @@ impl Drop for CmListener {
 impl CmListener {
     pub fn key(&self) -> CmIdKey {
         CmIdKey(self.id as u64)
+    }
+}
+
+/// A `sockaddr_storage` holding an IPv4 or IPv6 address, as a `SocketAddr`.
+fn socket_addr_from(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says it holds a sockaddr_in, which it is large enough
+            // and aligned for.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
     }
 }
 
@@ -397,7 +427,16 @@ impl CmChannel {
                         )
                         .to_vec()
                     };
+                    // The new id's route holds both ends of the connection.
+                    let (local, peer) = if e.id.is_null() {
+                        (None, None)
+                    } else {
+                        let raw = &*e.id;
+                        (socket_addr_from(&raw.src), socket_addr_from(&raw.dst))
+                    };
                     CmEvent::ConnectRequest(ConnRequest {
+                        local,
+                        peer,
                         id: Some(CmId(e.id)),
                         private_data: pd,
                         responder_resources: c.responder_resources,

@@ -76,19 +76,26 @@ fn flush_write_zeroes_fua_dsm_and_compare() {
             .0,
         "compare",
     );
+    // SMART counts a Compare as a read: Host Read Commands and Data Units Read.
+    let t = p.sta.stats().namespace(p.subsys, 1);
+    assert_eq!(
+        (t.read_cmds, t.read_bytes),
+        (1, 4096),
+        "Compare counts as a read"
+    );
     let mut other = data.clone();
     other[100] ^= 1;
     let (cqe, _) = p.exec(q, rw(io::COMPARE, 10, 8), Xfer::ToController, other);
     assert_eq!(cqe.status(), Status::COMPARE_FAILURE);
-    // Write Zeroes with FUA (a Flush follows the zeroing before the completion) and
-    // without (no Flush).
+    // Write Zeroes with FUA: the backend is asked for durable zeroes (one request, no
+    // separate Flush), and without FUA it is not.
     let mut wz = rw(io::WRITE_ZEROES, 12, 2);
     wz.cdw12 |= 1 << 30;
     p.backend_ops.lock().unwrap().clear();
     ok(&p.exec(q, wz, Xfer::None, Vec::new()).0, "write zeroes FUA");
     assert_eq!(
         *p.backend_ops.lock().unwrap(),
-        [backend::Op::WriteZeroes, backend::Op::Flush]
+        [backend::Op::WriteZeroes { fua: true }]
     );
     let mut want = data.clone();
     want[1024..2048].fill(0);
@@ -136,12 +143,12 @@ fn error_statuses() {
         vec![0; 1024],
     );
     assert_eq!(cqe.status(), Status::LBA_OUT_OF_RANGE);
-    // Beyond MDTS (128 KiB by default): Invalid Field.
+    // Beyond MDTS (1 MiB by default): Invalid Field.
     let (cqe, _) = p.exec(
         q,
-        rw(io::READ, 0, 512),
+        rw(io::READ, 0, 4096),
         Xfer::FromController,
-        vec![0; 262144],
+        vec![0; 2 << 20],
     );
     assert_eq!(cqe.status(), Status::INVALID_FIELD);
     // A namespace the subsystem does not have: not offloaded, the target answers.
@@ -293,26 +300,25 @@ fn admin_sqhd_wraps_at_negotiated_size() {
     assert_eq!(last, 42);
 }
 
-/// A bigger MDTS configured in the engine: 1 MiB writes and reads in one command.
+/// A bigger MDTS configured in the engine (`SoftConfig::with_max_io_size`): 2 MiB writes
+/// (in 128 KiB H2CData PDUs) and reads in one command.
 #[test]
-fn one_mib_transfers_with_a_larger_max_io_size() {
-    let mut p = Pair::with_config(SoftConfig {
-        max_io_size: 1 << 20,
-        max_h2c_data: 128 * 1024,
-        ..SoftConfig::default()
-    });
+fn two_mib_transfers_with_a_larger_max_io_size() {
+    let cfg = SoftConfig::with_max_io_size(2 << 20);
+    assert_eq!(cfg.max_h2c_data, 128 * 1024);
+    let mut p = Pair::with_config(cfg);
     let (_, q) = p.controller(Digests::BOTH, 31, 0);
-    let data = pattern(9, 1 << 20);
+    let data = pattern(9, 2 << 20);
     ok(
-        &p.exec(q, rw(io::WRITE, 0, 2048), Xfer::ToController, data.clone())
+        &p.exec(q, rw(io::WRITE, 0, 4096), Xfer::ToController, data.clone())
             .0,
         "write",
     );
     let (cqe, back) = p.exec(
         q,
-        rw(io::READ, 0, 2048),
+        rw(io::READ, 0, 4096),
         Xfer::FromController,
-        vec![0; 1 << 20],
+        vec![0; 2 << 20],
     );
     ok(&cqe, "read");
     assert!(back == data);

@@ -146,6 +146,18 @@ fn bad_h2cdata_terminates_with_the_header_and_frees_everything() {
             .transport_errors
             .iter()
             .any(|&(h, k)| h == p.conns[q].qp && k == TransportErrorKind::Protocol));
+        // The application hears why, once, for its refusal log and metrics.
+        assert_eq!(
+            p.terminations,
+            [Termination {
+                qp: p.conns[q].qp,
+                by_host: false,
+                icreq: false,
+                fes: fes_want,
+                fei: fei_want,
+            }],
+            "{what}"
+        );
         assert_eq!(p.io.commands_in_flight(), 0, "{what}: slots freed");
         // The other queue of the controller was torn down with it? No: only the admin
         // queue's loss ends the controller; I/O queue 2 keeps serving.
@@ -239,6 +251,53 @@ fn host_term_req_closes_quietly() {
     let wire = raw_exchange(&mut p, q);
     assert!(wire.is_empty(), "nothing sent back");
     assert!(p.conns[q].target_closed());
+    assert_eq!(
+        p.terminations,
+        [Termination {
+            qp: p.conns[q].qp,
+            by_host: true,
+            icreq: false,
+            fes: fes::PDU_SEQUENCE_ERROR,
+            fei: 0,
+        }]
+    );
+}
+
+/// An ICReq the target cannot accept (PFV 1, NVMe/TCP 1.0 section 3.6.2.2): a C2HTermReq
+/// with the ICReq's header, and the application is told the ICReq itself was rejected.
+#[test]
+fn rejected_icreq_is_reported_as_such() {
+    let mut p = Pair::new();
+    let q = p.open_without_icreq(Digests::NONE, 0);
+    let mut icreq = Vec::new();
+    tcp::encode_ic_req(
+        &mut icreq,
+        &tcp::IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: Digests::NONE,
+            maxr2t: 0,
+        },
+    );
+    icreq[8] = 1; // PFV (bytes 8-9 of the ICReq)
+    p.conns[q].send_raw(&icreq);
+    let wire = raw_exchange(&mut p, q);
+    assert_eq!(wire[0], tcp::pdu_type::C2H_TERM_REQ);
+    assert_eq!(&wire[24..], &icreq[..], "the whole 128-byte ICReq header");
+    assert!(p.conns[q].target_closed());
+    let t = p.terminations.as_slice();
+    assert!(
+        matches!(
+            t,
+            [Termination {
+                by_host: false,
+                icreq: true,
+                ..
+            }]
+        ),
+        "{t:?}"
+    );
+    assert_eq!(t[0].qp, p.conns[q].qp);
 }
 
 #[derive(Clone, Debug)]

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::{opcodes, Cqe, DataDirection, Sqe, Status};
 use nvmf::target::{
-    Action, NamespaceConfig, NoCounters, Outcome, QueueRef, SubsystemConfig, Target, TargetOptions,
+    Action, NamespaceConfig, NoCounters, Outcome, QueueOrigin, QueueRef, SubsystemConfig, Target,
+    TargetOptions,
 };
 use nvmf::tcp::{Digests, HostConfig, HostError, HostEvent, HostQueue, TxSink, Xfer};
 use zerocopy::IntoBytes;
@@ -101,6 +102,16 @@ struct QpApp {
     closed: bool,
 }
 
+/// One [`Event::Terminated`] as the application saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Termination {
+    pub qp: QpHandle,
+    pub by_host: bool,
+    pub icreq: bool,
+    pub fes: u16,
+    pub fei: u32,
+}
+
 /// An engine, a target and their hosts, with simulated time.
 pub struct Pair {
     pub sta: Sta,
@@ -118,6 +129,8 @@ pub struct Pair {
     next_wait: u64,
     /// Transport errors the engine reported, by QP.
     pub transport_errors: Vec<(QpHandle, crate::TransportErrorKind)>,
+    /// NVMe/TCP terminations the engine reported ([`Event::Terminated`]), in order.
+    pub terminations: Vec<Termination>,
     pub disconnected: Vec<QpHandle>,
 }
 
@@ -182,23 +195,40 @@ impl Pair {
             held: HashMap::new(),
             next_wait: 1,
             transport_errors: Vec::new(),
+            terminations: Vec::new(),
             disconnected: Vec::new(),
         }
     }
 
     /// A new connection after ICReq/ICResp; returns its index.
     pub fn open(&mut self, digests: Digests, hpda: u8) -> usize {
+        let i = self.open_without_icreq(digests, hpda);
+        let c = &mut self.conns[i];
+        c.host.start(&mut c.out);
+        c.flush_out();
+        self.pump();
+        assert!(
+            self.conns[i].host.ic_resp().is_some(),
+            "no ICResp: {:?}",
+            self.conns[i].error
+        );
+        i
+    }
+
+    /// A new connection whose host has sent nothing yet (tests that forge the ICReq);
+    /// returns its index.
+    pub fn open_without_icreq(&mut self, digests: Digests, hpda: u8) -> usize {
         let pipe = Rc::new(RefCell::new(MemPipe::default()));
         let qp = self.io.qp_accept_memory(pipe.clone(), 0);
         self.apps.insert(qp, QpApp::default());
-        let mut c = Conn {
+        let c = Conn {
             pipe,
             host: HostQueue::new(
                 HostConfig {
                     digests,
                     hpda,
                     maxr2t: 0,
-                    max_c2h_data: 1 << 20,
+                    max_c2h_data: 16 << 20,
                 },
                 31,
             ),
@@ -214,17 +244,8 @@ impl Pair {
             r2ts: Vec::new(),
             cntlid: 0,
         };
-        c.host.start(&mut c.out);
-        c.flush_out();
         self.conns.push(c);
-        let i = self.conns.len() - 1;
-        self.pump();
-        assert!(
-            self.conns[i].host.ic_resp().is_some(),
-            "no ICResp: {:?}",
-            self.conns[i].error
-        );
-        i
+        self.conns.len() - 1
     }
 
     /// Submit a command on connection `i` (no waiting).
@@ -306,6 +327,10 @@ impl Pair {
             kato,
         };
         let data = ConnectData::new([9; 16], cntlid, NQN, HOSTNQN);
+        // With flow control disabled the host machine checks SQHD FFFFh from here on.
+        self.conns[i]
+            .host
+            .set_sq_flow_control_disabled(cattr & fabrics::CATTR_DISABLE_SQ_FLOW_CONTROL != 0);
         let (cqe, _) = self.exec(
             i,
             cmd.to_sqe(0),
@@ -402,6 +427,20 @@ impl Pair {
                 self.disconnected.push(qp);
             }
             Event::TaskDone { .. } => {}
+            Event::Terminated {
+                qp,
+                by_host,
+                icreq,
+                fes,
+                fei,
+                ..
+            } => self.terminations.push(Termination {
+                qp,
+                by_host,
+                icreq,
+                fes,
+                fei,
+            }),
             Event::TransportError { qp, kind, .. } => {
                 self.transport_errors.push((qp, kind));
                 self.close_queue(qp);
@@ -454,7 +493,9 @@ impl Pair {
             return;
         };
         if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
-            let (cqe, ok) = self.target.connect(now, key, sqe, payload);
+            let (cqe, ok) = self
+                .target
+                .connect(now, key, &QueueOrigin::default(), sqe, payload);
             if let Some(ok) = ok {
                 if let Some(a) = self.apps.get_mut(&qp) {
                     a.queue = Some(ok.queue());
@@ -489,6 +530,8 @@ impl Pair {
             Outcome::Deferred => {
                 self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
             }
+            // A retired controller's queue: its Disconnect action is on the way.
+            Outcome::Dropped => {}
         }
         let actions = self.target.take_actions();
         self.apply(actions);

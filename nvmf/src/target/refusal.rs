@@ -1,0 +1,254 @@
+//! Why the target refused a host or took something away from it, in a form a daemon can
+//! log and count: every refused Connect, every CC.EN that ended in CSTS.CFS and every
+//! keep-alive expiry becomes a [`Refusal`] (and a few noteworthy acceptances a
+//! [`Notice::EmptyHostNqnAccepted`]), queued in the [`Target`](super::Target) until
+//! [`Target::take_notices`](super::Target::take_notices) drains them.
+//!
+//! Each [`RefusalReason`] has a stable snake_case [`label`](RefusalReason::label) for
+//! metrics (the set is [`RefusalReason::LABELS`]) and a sentence (`Display`) for logs.
+
+use super::QueueKey;
+use crate::spec::Status;
+use std::fmt;
+
+/// What was refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalReason {
+    /// A command other than Connect on a queue that has not connected.
+    NotConnected,
+    /// A second Connect on a queue that is already connected.
+    AlreadyConnected,
+    /// Connect RECFMT other than 0.
+    IncompatibleFormat { recfmt: u16 },
+    /// Connect data shorter than its 1024 bytes.
+    ShortConnectData { len: usize },
+    /// SUBNQN not NUL-terminated UTF-8 or not an NQN.
+    InvalidSubsystemNqn,
+    /// HOSTNQN not NUL-terminated UTF-8 or not an NQN.
+    InvalidHostNqn,
+    /// No subsystem has that NQN.
+    UnknownSubsystem,
+    /// The subsystem exists but is not exposed on the listener the host came in on.
+    SubsystemNotOnListener,
+    /// The subsystem's host list does not name the host.
+    HostNotAllowed,
+    /// An empty Host NQN (what SPDK's `spdk_nvme_perf` sends when `-r` has no hostnqn)
+    /// to a subsystem with a host list.
+    EmptyHostNqnNotAllowed,
+    /// Admin Connect naming a CNTLID (only the dynamic model, FFFFh, exists).
+    StaticControllerId { cntlid: u16 },
+    /// Admin queue SQSIZE (0's based) out of range.
+    AdminQueueSize { sqsize: u16, max: u16 },
+    /// I/O queue SQSIZE (0's based) out of range.
+    IoQueueSize { sqsize: u16, max: u16 },
+    /// Every controller ID is in use.
+    ControllerIdsExhausted,
+    /// I/O Connect naming a CNTLID that is not a live controller of that subsystem and host.
+    UnknownController { cntlid: u16 },
+    /// I/O Connect to a discovery controller.
+    IoQueueOnDiscovery,
+    /// I/O Connect before the controller was enabled (CC.EN = 1, CSTS.RDY = 1).
+    ControllerNotEnabled,
+    /// I/O Connect for a QID above the granted number of queues.
+    QueueIdOutOfRange { qid: u16, max: u16 },
+    /// I/O Connect for a QID that is already connected.
+    QueueIdInUse { qid: u16 },
+    /// CC.EN = 1 with a configuration the controller cannot run: it reports CSTS.CFS.
+    InvalidControllerConfiguration { field: &'static str, value: u32 },
+    /// No Keep Alive (or other admin command) within KATO: the controller is destroyed.
+    KeepAliveExpired { kato_ms: u32 },
+}
+
+impl RefusalReason {
+    /// Every label [`label`](Self::label) can return, for metrics that export them all.
+    pub const LABELS: &'static [&'static str] = &[
+        "not_connected",
+        "already_connected",
+        "incompatible_format",
+        "short_connect_data",
+        "invalid_subsystem_nqn",
+        "invalid_host_nqn",
+        "unknown_subsystem",
+        "subsystem_not_on_listener",
+        "host_not_allowed",
+        "empty_host_nqn_not_allowed",
+        "static_controller_id",
+        "invalid_admin_queue_size",
+        "invalid_io_queue_size",
+        "controller_ids_exhausted",
+        "unknown_controller",
+        "io_queue_on_discovery",
+        "controller_not_enabled",
+        "queue_id_out_of_range",
+        "queue_id_in_use",
+        "controller_fatal_status",
+        "keep_alive_expired",
+    ];
+
+    /// A stable snake_case name for metrics labels.
+    pub fn label(&self) -> &'static str {
+        use RefusalReason as R;
+        match self {
+            R::NotConnected => "not_connected",
+            R::AlreadyConnected => "already_connected",
+            R::IncompatibleFormat { .. } => "incompatible_format",
+            R::ShortConnectData { .. } => "short_connect_data",
+            R::InvalidSubsystemNqn => "invalid_subsystem_nqn",
+            R::InvalidHostNqn => "invalid_host_nqn",
+            R::UnknownSubsystem => "unknown_subsystem",
+            R::SubsystemNotOnListener => "subsystem_not_on_listener",
+            R::HostNotAllowed => "host_not_allowed",
+            R::EmptyHostNqnNotAllowed => "empty_host_nqn_not_allowed",
+            R::StaticControllerId { .. } => "static_controller_id",
+            R::AdminQueueSize { .. } => "invalid_admin_queue_size",
+            R::IoQueueSize { .. } => "invalid_io_queue_size",
+            R::ControllerIdsExhausted => "controller_ids_exhausted",
+            R::UnknownController { .. } => "unknown_controller",
+            R::IoQueueOnDiscovery => "io_queue_on_discovery",
+            R::ControllerNotEnabled => "controller_not_enabled",
+            R::QueueIdOutOfRange { .. } => "queue_id_out_of_range",
+            R::QueueIdInUse { .. } => "queue_id_in_use",
+            R::InvalidControllerConfiguration { .. } => "controller_fatal_status",
+            R::KeepAliveExpired { .. } => "keep_alive_expired",
+        }
+    }
+}
+
+impl fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use RefusalReason as R;
+        match self {
+            R::NotConnected => f.write_str("a command other than Fabrics Connect on a queue that has not connected"),
+            R::AlreadyConnected => f.write_str("a second Fabrics Connect on a queue that is already connected"),
+            R::IncompatibleFormat { recfmt } => {
+                write!(f, "Connect record format {recfmt} is not supported (only 0)")
+            }
+            R::ShortConnectData { len } => {
+                write!(f, "Connect data is {len} bytes, it must be 1024")
+            }
+            R::InvalidSubsystemNqn => f.write_str("the subsystem NQN in the Connect data is not a valid NQN"),
+            R::InvalidHostNqn => f.write_str("the host NQN in the Connect data is not a valid NQN"),
+            R::UnknownSubsystem => f.write_str("no subsystem has this NQN"),
+            R::SubsystemNotOnListener => f.write_str("the subsystem is not exposed on the listener the host connected to"),
+            R::HostNotAllowed => f.write_str("the host NQN is not in the subsystem's hosts list"),
+            R::EmptyHostNqnNotAllowed => f.write_str(
+                "the host sent an empty host NQN (SPDK's spdk_nvme_perf does when -r has no hostnqn) \
+                 and the subsystem only allows the hosts in its list",
+            ),
+            R::StaticControllerId { cntlid } => write!(
+                f,
+                "admin Connect asked for controller ID {cntlid:#06x}; only the dynamic model (0xffff) is supported"
+            ),
+            R::AdminQueueSize { sqsize, max } => write!(
+                f,
+                "admin queue SQSIZE {sqsize} (0's based) is outside 1..={max}"
+            ),
+            R::IoQueueSize { sqsize, max } => write!(
+                f,
+                "I/O queue SQSIZE {sqsize} (0's based) is outside 1..={max}"
+            ),
+            R::ControllerIdsExhausted => f.write_str("every controller ID is in use"),
+            R::UnknownController { cntlid } => write!(
+                f,
+                "I/O queue Connect names controller {cntlid}, which is not a live controller of this subsystem and host"
+            ),
+            R::IoQueueOnDiscovery => f.write_str("I/O queue Connect to a discovery controller"),
+            R::ControllerNotEnabled => f.write_str("I/O queue Connect before the controller was enabled (CC.EN=1)"),
+            R::QueueIdOutOfRange { qid, max } => write!(
+                f,
+                "I/O queue ID {qid} is above the {max} queue(s) granted (Set Features Number of Queues)"
+            ),
+            R::QueueIdInUse { qid } => write!(f, "I/O queue ID {qid} is already connected"),
+            R::InvalidControllerConfiguration { field, value } => write!(
+                f,
+                "CC.EN=1 with {field}={value}, which this controller does not support: CSTS.CFS set"
+            ),
+            R::KeepAliveExpired { kato_ms } => write!(
+                f,
+                "no Keep Alive within the keep-alive timeout ({kato_ms} ms): controller destroyed"
+            ),
+        }
+    }
+}
+
+/// One refusal, with what is known of who was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: RefusalReason,
+    /// The transport queue it happened on (for keep-alive expiry: the admin queue).
+    pub key: QueueKey,
+    pub hostnqn: Option<String>,
+    pub subnqn: Option<String>,
+    pub cntlid: Option<u16>,
+    pub qid: Option<u16>,
+    /// The status the host got; `None` when no command was answered (keep-alive expiry,
+    /// CSTS.CFS which the host reads with Property Get).
+    pub status: Option<Status>,
+}
+
+/// Something the daemon should tell the operator about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Refused(Refusal),
+    /// The first Connect with an empty Host NQN to this subsystem was accepted (it allows
+    /// any host, as SPDK's target does). Reported once per subsystem for the target's
+    /// lifetime.
+    EmptyHostNqnAccepted {
+        subnqn: String,
+        key: QueueKey,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_listed_snake_case_and_unique() {
+        let samples = [
+            RefusalReason::NotConnected,
+            RefusalReason::AlreadyConnected,
+            RefusalReason::IncompatibleFormat { recfmt: 1 },
+            RefusalReason::ShortConnectData { len: 5 },
+            RefusalReason::InvalidSubsystemNqn,
+            RefusalReason::InvalidHostNqn,
+            RefusalReason::UnknownSubsystem,
+            RefusalReason::SubsystemNotOnListener,
+            RefusalReason::HostNotAllowed,
+            RefusalReason::EmptyHostNqnNotAllowed,
+            RefusalReason::StaticControllerId { cntlid: 1 },
+            RefusalReason::AdminQueueSize {
+                sqsize: 0,
+                max: 4095,
+            },
+            RefusalReason::IoQueueSize {
+                sqsize: 0,
+                max: 127,
+            },
+            RefusalReason::ControllerIdsExhausted,
+            RefusalReason::UnknownController { cntlid: 9 },
+            RefusalReason::IoQueueOnDiscovery,
+            RefusalReason::ControllerNotEnabled,
+            RefusalReason::QueueIdOutOfRange { qid: 9, max: 4 },
+            RefusalReason::QueueIdInUse { qid: 1 },
+            RefusalReason::InvalidControllerConfiguration {
+                field: "CC.MPS",
+                value: 1,
+            },
+            RefusalReason::KeepAliveExpired { kato_ms: 5000 },
+        ];
+        assert_eq!(samples.len(), RefusalReason::LABELS.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for r in &samples {
+            let l = r.label();
+            assert!(RefusalReason::LABELS.contains(&l), "{l} not in LABELS");
+            assert!(
+                l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{l}"
+            );
+            assert!(seen.insert(l), "{l} twice");
+            assert!(!r.to_string().is_empty());
+        }
+    }
+}
