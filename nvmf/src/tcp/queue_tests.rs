@@ -346,6 +346,55 @@ fn bad_h2cdata_gets_term_req_with_its_header() {
     }
 }
 
+/// A PDU only a controller sends (here a CapsuleResp, HLEN 24), arriving at the
+/// controller: C2HTermReq Invalid PDU Header Field carrying that PDU's whole header (its
+/// HLEN bytes, section 3.6.2.4), not just the common header.
+#[test]
+fn controller_pdu_from_the_host_gets_term_req_with_its_whole_header() {
+    let (mut q, _) = connected(Digests::NONE, 0);
+    let mut resp = Vec::new();
+    encode_capsule_resp(&mut resp, &Cqe::success(3), Digests::NONE);
+    assert_eq!(resp.len(), 24);
+    let mut w = Wire::default();
+    let ev = feed(&mut q, &resp, &mut w);
+    assert_eq!(
+        ev,
+        Some(ControllerEvent::Fatal {
+            fes: fes::INVALID_HEADER_FIELD,
+            fei: 0,
+            cause: FatalCause::Malformed
+        })
+    );
+    let (ty, _, _, hdr) = term_of(&w);
+    assert_eq!(ty, pdu_type::C2H_TERM_REQ);
+    assert_eq!(hdr, resp, "the CapsuleResp's 24-byte header");
+    assert!(q.stopped());
+}
+
+/// A malformed H2CTermReq (HLEN 8): the host is ending the connection; the machine says
+/// so and sends nothing back (no TermReq answers a TermReq).
+#[test]
+fn malformed_h2c_term_req_is_the_host_terminating() {
+    let (mut q, _) = connected(Digests::NONE, 0);
+    let mut t = Vec::new();
+    encode_term_req(&mut t, false, fes::PDU_SEQUENCE_ERROR, 0, &[]);
+    t[2] = 8; // HLEN
+    let mut w = Wire::default();
+    let (_, ev) = q.receive(
+        &t,
+        &mut Sink {
+            wire: &mut w,
+            bufs: &no_bufs,
+        },
+    );
+    assert!(
+        matches!(ev, Some(ControllerEvent::HostTerminated { .. })),
+        "{ev:?}"
+    );
+    assert!(w.bytes.is_empty(), "nothing sent back");
+    assert!(q.stopped());
+}
+
 /// With SQ flow control disabled a successful read's completion rides on C2HData
 /// (Figure 29: FLAGS LAST_PDU | SUCCESS = 0Ch) and no CapsuleResp follows; a completion
 /// with DW0 set, or an error, still gets its CapsuleResp, with SQHD FFFFh.
