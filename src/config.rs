@@ -66,8 +66,30 @@ pub struct Config {
     /// of two in [`MIN_MAX_IO_SIZE`]..=[`MAX_MAX_IO_SIZE`], [`DEFAULT_MAX_IO_SIZE`] when
     /// the file does not say.
     pub max_io_size: u32,
+    /// Which offload engine runs the data path (`engine:`, default `soft`).
+    pub engine: EngineKind,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
+}
+
+/// `engine:`: the offload engine (see `crate::engine`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The CPU engine (`sta::soft`).
+    #[default]
+    Soft,
+    /// DOCA STA on a BlueField DPA (not built yet).
+    Doca,
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Soft => "soft",
+            EngineKind::Doca => "doca",
+        })
+    }
 }
 
 /// IO thread layout.

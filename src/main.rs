@@ -1,11 +1,13 @@
 //! `nvmf-target`: an NVMe-over-Fabrics target daemon (see DESIGN.md).
 //!
 //! This file is the command line: parse arguments, set up logging, load and check the
-//! config, then hand over to [`daemon::run`]. With `--check-config` it stops after the
+//! config, then hand over to [`engine::run`], which starts the configured engine and runs
+//! [`daemon::run`] on it. With `--check-config` it stops after the
 //! check, so operators (and `ExecStartPre=`) can validate a file without starting anything.
 
 mod config;
 mod daemon;
+mod engine;
 mod metrics;
 mod notify;
 mod rdma_cm;
@@ -75,7 +77,7 @@ fn main() -> ExitCode {
     }
 
     log_config(&cfg);
-    match daemon::run(cfg, cli.config) {
+    match engine::run(cfg, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");

@@ -535,17 +535,13 @@ impl Snapshot {
             let l = |k: &'static str, v: &str| -> Labels {
                 vec![("thread", i.to_string()), (k, v.to_string())]
             };
-            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            s.thread_polls
-                .push((l("state", "busy"), get(&t.busy_polls)));
-            s.thread_polls
-                .push((l("state", "idle"), get(&t.idle_polls)));
+            s.thread_polls.push((l("state", "busy"), t.busy_polls));
+            s.thread_polls.push((l("state", "idle"), t.idle_polls));
             s.thread_capsules
-                .push((l("path", "offloaded"), get(&t.offloaded)));
+                .push((l("path", "offloaded"), t.offloaded));
             s.thread_capsules
-                .push((l("path", "non_offloaded"), get(&t.non_offloaded)));
-            s.thread_qps
-                .push((vec![("thread", i.to_string())], get(&t.qps)));
+                .push((l("path", "non_offloaded"), t.non_offloaded));
+            s.thread_qps.push((vec![("thread", i.to_string())], t.qps));
         }
 
         s.refusals = (src.refusals)()
@@ -776,6 +772,7 @@ impl Collector for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sta::Engine;
 
     fn req(s: &str) -> Result<Request, ()> {
         parse_request(s.as_bytes())
@@ -853,8 +850,10 @@ mod tests {
 
     #[test]
     fn scrape_of_an_idle_engine_is_well_formed() {
-        let mut sta = sta::Sta::new(sta::SoftConfig::default());
-        let id = sta.subsystem_create("nqn.2026-11.dev.nvmf-target:m");
+        let mut sta = crate::engine::for_tests();
+        let id = sta
+            .subsystem_create("nqn.2026-11.dev.nvmf-target:m")
+            .expect("subsystem");
         let mut src = source(sta.stats());
         src.subsystems = Box::new(move || vec![(id, "nqn.2026-11.dev.nvmf-target:m".into())]);
         let om = scrape(&src);
@@ -918,7 +917,7 @@ mod tests {
         let probe = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        let sta = sta::Sta::new(sta::SoftConfig::default());
+        let sta = crate::engine::for_tests();
         serve(addr, source(sta.stats())).expect("serve");
         // The port is ours now: a second server must fail to bind.
         assert!(serve(addr, source(sta.stats())).is_err());

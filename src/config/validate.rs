@@ -12,9 +12,9 @@ use super::raw::{RawBackend, RawBackendType, RawConfig, RawListener, RawSize, Ra
 use super::yaml_path::{PathIndex, ROOT};
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, BackendConfig, BackendKind,
-    Config, ConfigError, Diagnostic, IoThreads, ListenerConfig, NamespaceConfig, SubsystemConfig,
-    TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
-    MIN_MAX_IO_SIZE,
+    Config, ConfigError, Diagnostic, EngineKind, IoThreads, ListenerConfig, NamespaceConfig,
+    SubsystemConfig, TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS,
+    MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -187,6 +187,12 @@ impl Checker<'_> {
             .max_io_size
             .as_ref()
             .map_or(DEFAULT_MAX_IO_SIZE, |m| self.max_io_size(m));
+        let engine = raw.engine.as_ref().map_or(EngineKind::Soft, |e| {
+            if let Some(why) = crate::engine::unavailable(e.value) {
+                self.error(e, "engine", why);
+            }
+            e.value
+        });
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
@@ -194,6 +200,7 @@ impl Checker<'_> {
             subsystems,
             metrics,
             max_io_size,
+            engine,
             source: self.source.to_owned(),
         }
     }

@@ -15,12 +15,13 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nvmf::tcp::ControllerLimits;
 
 use super::cmd::{free_cmd, Core, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
+use super::counters::{bump, StatsRegistry};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
 use crate::verbs::ffi::IbvWc;
 use crate::verbs::{ConnRequest, RdmaCmEvent};
-use crate::{Event, NsCounters, QpHandle, StatsRegistry, TaskKind, TransportErrorKind};
+use crate::{Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
 
 /// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
 /// use their slot index.
@@ -87,12 +88,12 @@ impl StaIo {
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
-    pub fn commands_in_flight(&self) -> usize {
+    pub(crate) fn commands_in_flight(&self) -> usize {
         self.core.cmds.len() - self.core.free_cmds.len()
     }
 
     /// Number of live QPs (the acceptor balances threads by it).
-    pub fn qp_count(&self) -> usize {
+    pub(crate) fn qp_count(&self) -> usize {
         self.qps.iter().filter(|s| s.qp.is_some()).count()
     }
 
@@ -119,7 +120,11 @@ impl StaIo {
 
     /// DOCA `qp_alloc` + `qp_accept`, for a TCP connection: the engine runs the
     /// ICReq/ICResp exchange itself, then hands capsules up or serves them.
-    pub fn qp_accept_tcp(&mut self, sock: TcpStream, user: u64) -> std::io::Result<QpHandle> {
+    pub(crate) fn qp_accept_tcp(
+        &mut self,
+        sock: TcpStream,
+        user: u64,
+    ) -> std::io::Result<QpHandle> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let idx = self.alloc_qp_slot();
@@ -173,7 +178,7 @@ impl StaIo {
                 tx_dirty,
             },
         });
-        NsCounters::bump(&self.core.counters.qps, 1);
+        bump(&self.core.counters.qps, 1);
         QpHandle { idx, gen: slot.gen }
     }
 
@@ -182,7 +187,7 @@ impl StaIo {
     /// this thread's PD, post `depth` receives of SQE + in-capsule size, and accept with
     /// the NVMe-oF accept private data. On error the request is rejected (no resources)
     /// and its cm_id freed.
-    pub fn qp_accept_rdma(
+    pub(crate) fn qp_accept_rdma(
         &mut self,
         mut req: ConnRequest,
         depth: u16,
@@ -228,12 +233,14 @@ impl StaIo {
     /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
     /// `qp_connect_established`; DISCONNECTED, DEVICE_REMOVAL, TIMEWAIT_EXIT and connect
     /// errors report [`Event::TransportError`] (the application then runs `qp_disconnect`).
-    pub fn qp_rdma_cm_event(&mut self, qp: QpHandle, ev: RdmaCmEvent) {
-        let Some(q) = qp_ref(&mut self.qps, qp) else {
-            return;
-        };
+    pub(crate) fn qp_rdma_cm_event(
+        &mut self,
+        qp: QpHandle,
+        ev: RdmaCmEvent,
+    ) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         let Link::Rdma(r) = &mut q.st.link else {
-            return;
+            return Err(TaskError::BadState);
         };
         match ev {
             RdmaCmEvent::Established => {
@@ -253,16 +260,17 @@ impl StaIo {
                     .transport_error(qp, &mut q.st, TransportErrorKind::Io);
             }
         }
+        Ok(())
     }
 
     /// The next event, if any (call after `progress`).
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.core.events.pop_front()
     }
 
     /// Whether the engine has work that needs another pass soon (I/O in flight, output
     /// waiting, events to deliver).
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         !self.core.events.is_empty()
             || self
                 .core
@@ -279,7 +287,7 @@ impl StaIo {
     /// One pass: control messages, sockets, backend completions, output. Waits up to
     /// `max_wait` for socket input when there is nothing else to do. Returns whether
     /// anything happened.
-    pub fn progress(&mut self, max_wait: Duration) -> bool {
+    pub(crate) fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
         did |= self.poll_rdma();
         let mut wait = if did || self.busy() {
@@ -347,7 +355,7 @@ impl StaIo {
             self.check_backend_timeouts(now);
         }
         let c = &self.core.counters;
-        NsCounters::bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
+        bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
         did
     }
 
