@@ -42,7 +42,8 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size` and the metrics address;
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine and the
+//!   metrics address;
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial, model or named listeners (a changed address of a listener it
 //!   names too). A subsystem that names no listeners is on all of them, and follows
@@ -163,6 +164,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             "max_io_size: {} -> {} bytes",
             old.max_io_size, new.max_io_size
         ));
+    }
+    if old.engine != new.engine {
+        d.restart_required
+            .push(format!("engine: {} -> {}", old.engine, new.engine));
     }
     if old.metrics != new.metrics {
         let text = |m: Option<std::net::SocketAddr>| m.map_or("off".to_string(), |a| a.to_string());

@@ -212,8 +212,8 @@ impl Checker<'_> {
             RawSize::Bytes(n) => *n,
             RawSize::Text(text) => match parse_size(text) {
                 Ok(n) => n,
-                Err(msg) => {
-                    self.error(m, "max_io_size", msg);
+                Err(e) => {
+                    self.error(m, "max_io_size", e.to_string());
                     return DEFAULT_MAX_IO_SIZE;
                 }
             },
@@ -447,8 +447,8 @@ impl Checker<'_> {
                 RawSize::Bytes(n) => *n,
                 RawSize::Text(text) => match parse_size(text) {
                     Ok(n) => n,
-                    Err(msg) => {
-                        self.error(size, field, msg);
+                    Err(e) => {
+                        self.error(size, field, e.to_string());
                         return None;
                     }
                 },
@@ -655,8 +655,8 @@ impl Checker<'_> {
             .map(|(i, subsystem)| {
                 let p = format!("subsystems[{i}]");
                 let nqn = &subsystem.value.nqn;
-                if let Err(msg) = check_nqn(&nqn.value) {
-                    self.error(nqn, format!("{p}.nqn"), msg);
+                if let Err(e) = check_nqn(&nqn.value) {
+                    self.error(nqn, format!("{p}.nqn"), e.to_string());
                 }
                 if let Some(first) = nqns.get(&nqn.value) {
                     let msg = format!("duplicate subsystem NQN {:?} (first: {first})", nqn.value);
@@ -689,8 +689,8 @@ impl Checker<'_> {
         let mut hosts_seen: HashMap<String, Seen> = HashMap::new();
         for (i, host) in s.hosts.iter().enumerate() {
             let field = format!("{p}.hosts[{i}]");
-            if let Err(msg) = check_nqn(&host.value) {
-                self.error(host, &field, msg);
+            if let Err(e) = check_nqn(&host.value) {
+                self.error(host, &field, e.to_string());
             }
             if let Some(first) = hosts_seen.get(&host.value) {
                 let msg = format!("host {:?} is listed twice (first: {first})", host.value);
@@ -970,19 +970,21 @@ fn known(what: &str, names: &[String]) -> String {
 /// NVMe Qualified Name syntax (NVMe Base Specification, "NVMe Qualified Names"):
 /// `nqn.yyyy-mm.<reverse domain>:<name>` or `nqn.2014-08.org.nvmexpress:uuid:<uuid>`,
 /// ASCII, at most 223 bytes.
-pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
-    let fail = |why: &str| Err(format!("invalid NQN {nqn:?}: {why}"));
+pub(super) fn check_nqn(nqn: &str) -> Result<(), NqnError> {
+    let fail = |why: NqnProblem| {
+        Err(NqnError {
+            nqn: nqn.to_owned(),
+            why,
+        })
+    };
     if !nqn.is_ascii() {
-        return fail("must be ASCII");
+        return fail(NqnProblem::NotAscii);
     }
     if nqn.len() > NQN_MAX_LEN {
-        return fail(&format!(
-            "is {} bytes long; the limit is {NQN_MAX_LEN}",
-            nqn.len()
-        ));
+        return fail(NqnProblem::TooLong(nqn.len()));
     }
     if nqn == DISCOVERY_NQN {
-        return fail("is the well-known discovery NQN, which the target serves itself");
+        return fail(NqnProblem::Discovery);
     }
     if let Some(uuid) = nqn.strip_prefix(UUID_NQN_PREFIX) {
         let hyphenated =
@@ -990,11 +992,11 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
         return if hyphenated && uuid::Uuid::try_parse(uuid).is_ok() {
             Ok(())
         } else {
-            fail("the UUID form needs a UUID in 8-4-4-4-12 hex digits after \"uuid:\"")
+            fail(NqnProblem::BadUuid)
         };
     }
     let Some(rest) = nqn.strip_prefix("nqn.") else {
-        return fail("must start with \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)");
+        return fail(NqnProblem::NoPrefix);
     };
     let date = rest.as_bytes();
     let date_ok = date.len() >= 8
@@ -1007,14 +1009,14 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
             "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
         );
     if !date_ok {
-        return fail("expected a date yyyy-mm. after \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)");
+        return fail(NqnProblem::BadDate);
     }
     let rest = &rest[8..];
     let Some((domain, name)) = rest.split_once(':') else {
-        return fail("expected \":name\" after the reverse domain name");
+        return fail(NqnProblem::NoName);
     };
     if name.is_empty() {
-        return fail("expected a name after the ':'");
+        return fail(NqnProblem::EmptyName);
     }
     let label_ok = |label: &str| {
         !label.is_empty()
@@ -1024,9 +1026,39 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
             && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
     if !domain.split('.').all(label_ok) {
-        return fail(&format!("invalid reverse domain name {domain:?}"));
+        return fail(NqnProblem::BadDomain(domain.to_owned()));
     }
     Ok(())
+}
+
+/// An NQN that breaks the syntax rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid NQN {nqn:?}: {why}")]
+pub(super) struct NqnError {
+    nqn: String,
+    why: NqnProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum NqnProblem {
+    #[error("must be ASCII")]
+    NotAscii,
+    #[error("is {0} bytes long; the limit is {NQN_MAX_LEN}")]
+    TooLong(usize),
+    #[error("is the well-known discovery NQN, which the target serves itself")]
+    Discovery,
+    #[error("the UUID form needs a UUID in 8-4-4-4-12 hex digits after \"uuid:\"")]
+    BadUuid,
+    #[error("must start with \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)")]
+    NoPrefix,
+    #[error("expected a date yyyy-mm. after \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)")]
+    BadDate,
+    #[error("expected \":name\" after the reverse domain name")]
+    NoName,
+    #[error("expected a name after the ':'")]
+    EmptyName,
+    #[error("invalid reverse domain name {0:?}")]
+    BadDomain(String),
 }
 
 /// CPUs this process may run on, or `None` if that cannot be found out.

@@ -235,7 +235,7 @@ fn stop<E: Engine>(mut rt: Runtime<E>, threads: IoThreadSet, reason: &str) -> an
             failed = true;
         }
     }
-    tracing::info!("stopped");
+    tracing::info!("daemon: stopped");
     if failed {
         bail!("some backends could not be flushed");
     }
