@@ -215,14 +215,8 @@ impl StaIo {
             }
         };
         if let Some(fd) = new_fd {
-            // SAFETY: the completion channel's descriptor lives as long as this thread's
-            // verbs state (never closed before the IO context goes away).
-            let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let tag = COMP_TAG | rq.dev() as u64;
-            if let Err(e) = self
-                .epoll
-                .add(bfd, EpollEvent::new(EpollFlags::EPOLLIN, tag))
-            {
+            if let Err(e) = rdma_link::watch_channel(&self.epoll, fd, tag) {
                 tracing::warn!("epoll add of an RDMA completion channel: {e}");
             }
         }
