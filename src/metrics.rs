@@ -128,6 +128,7 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                 if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
                     active.fetch_sub(1, Ordering::SeqCst);
                     let mut s = stream;
+                    // A scraper that cannot be told "busy" gets the close instead.
                     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
                     let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
                     continue;
@@ -151,6 +152,8 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
 
 /// Serves one request on `stream`, then closes it.
 fn handle(mut stream: TcpStream, source: &MetricsSource) {
+    // Results on this socket are the scraper's problem: a failed timeout setting or reply
+    // ends in the close, and the next scrape starts over.
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let head = match read_head(&mut stream) {
         Ok(h) => h,
@@ -354,7 +357,8 @@ fn respond(
         stream.write_all(body)?;
     }
     stream.flush()?;
-    // Let the client read everything before the close (no RST over unread request bytes).
+    // Let the client read everything before the close (no RST over unread request bytes);
+    // a client that left already needs nothing more.
     let _ = stream.shutdown(std::net::Shutdown::Write);
     Ok(())
 }

@@ -370,6 +370,7 @@ impl StaIo {
         // Nothing more is read; drop the interest so a dead socket does not spin.
         if let Link::Tcp(t) = &qp.st.link {
             if let Some(sock) = t.wire.socket() {
+                // Fails only if it was removed already: nothing left to undo.
                 let _ = self.epoll.delete(sock);
             }
         }
@@ -438,13 +439,17 @@ impl StaIo {
                     commands,
                     "backend commands outstanding longer than {limit:?}"
                 );
-                let _ = self.ack.send(Ack::BackendTimeout {
+                self.ack(Ack::BackendTimeout {
                     subsys,
                     nsid,
                     commands,
                 });
             }
         }
+    }
+
+    fn ack(&self, a: Ack) {
+        send_ack(&self.ack, a);
     }
 
     fn drain_ctrl(&mut self) -> bool {
@@ -507,11 +512,11 @@ impl StaIo {
                             if let Some(s) = self.core.ns[i as usize].as_mut() {
                                 s.acked = true;
                             }
-                            let _ = self.ack.send(Ack::NsRemoved { task });
+                            self.ack(Ack::NsRemoved { task });
                         }
                     }
                     None => {
-                        let _ = self.ack.send(Ack::NsRemoved { task });
+                        self.ack(Ack::NsRemoved { task });
                     }
                 },
             }
@@ -521,7 +526,7 @@ impl StaIo {
             if let Some(s) = slot {
                 if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
                     if !s.acked {
-                        let _ = self.ack.send(Ack::NsRemoved { task });
+                        send_ack(&self.ack, Ack::NsRemoved { task });
                     }
                     *slot = None;
                 }
@@ -667,6 +672,7 @@ impl StaIo {
             }
             if let Link::Tcp(t) = &qp.st.link {
                 if let Some(sock) = t.wire.socket() {
+                    // Fails only if it was removed already: nothing left to undo.
                     let _ = self.epoll.delete(sock);
                 }
                 t.wire.shutdown();
@@ -743,6 +749,14 @@ impl StaIo {
             }
         }
         did
+    }
+}
+
+/// Tell the main context. It fails only when the main context was dropped (the
+/// application is tearing down): nobody waits for the answer then.
+fn send_ack(tx: &Sender<Ack>, a: Ack) {
+    if tx.send(a).is_err() {
+        tracing::debug!("engine: the main context is gone; acknowledgement dropped");
     }
 }
 

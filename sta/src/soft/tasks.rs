@@ -93,7 +93,10 @@ impl StaIo {
                 // Post what is queued (a final response) best effort, then disconnect: the
                 // QP goes to the error state and everything outstanding flushes.
                 if let Some(rt) = self.rdma.as_mut() {
-                    let _ = post_rdma(rt, r, &self.core.cmds);
+                    if let Err(e) = post_rdma(rt, r, &self.core.cmds) {
+                        // The QP is going down anyway; the host sees the disconnect.
+                        tracing::debug!(qp = qp.as_u64(), "disconnect: last post failed: {e}");
+                    }
                     r.machine.discard_work();
                     r.disconnect(rt.lib);
                 }
@@ -101,7 +104,10 @@ impl StaIo {
             Link::Tcp(t) => {
                 // Flush what is already queued (e.g. a final response) best effort, then
                 // drop the rest.
-                let _ = tcp_link::flush(t, &self.core.cmds, &mut self.released);
+                if let Err(e) = tcp_link::flush(t, &self.core.cmds, &mut self.released) {
+                    // The socket is closing anyway; the host sees the connection go.
+                    tracing::debug!(qp = qp.as_u64(), "disconnect: last write failed: {e}");
+                }
                 t.tx.discard(&mut self.released);
                 for c in self.released.drain(..) {
                     self.core.release(&mut q.st, c);

@@ -59,6 +59,7 @@ impl Wire {
     pub fn shutdown(&self) {
         match self {
             Wire::Socket(s) => {
+                // Fails only when the peer already closed it: closed either way.
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             #[cfg(test)]
