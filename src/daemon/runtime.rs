@@ -86,11 +86,17 @@ impl<E: Engine> Runtime<E> {
     /// A runtime serving nothing yet; `cfg` keeps what cannot change without a restart
     /// (IO threads, metrics, max I/O size) and lists no listener, backend or subsystem.
     pub fn new(cfg: &Config, engine: E, shared: Arc<Shared>) -> Runtime<E> {
+        // Every field spelled out (no `..cfg`): a field added to `Config` must be decided
+        // here, empty (applied at start-up as a change) or kept (restart-only).
         let empty = Config {
+            threads: cfg.threads.clone(),
             listeners: Vec::new(),
             backends: Vec::new(),
             subsystems: Vec::new(),
-            ..cfg.clone()
+            metrics: cfg.metrics,
+            max_io_size: cfg.max_io_size,
+            engine: cfg.engine,
+            source: cfg.source.clone(),
         };
         Runtime {
             cfg: empty,
