@@ -22,12 +22,12 @@ pub fn unavailable(kind: EngineKind) -> Option<&'static str> {
 }
 
 /// Build the configured engine and run the daemon on it.
-pub fn run(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(cfg: Config, text: String, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     match cfg.engine {
         EngineKind::Soft => {
             let engine =
                 sta::soft::Sta::new(sta::soft::SoftConfig::with_max_io_size(cfg.max_io_size));
-            crate::daemon::run(engine, cfg, config_path)
+            crate::daemon::run(engine, cfg, text, config_path)
         }
         EngineKind::Doca => anyhow::bail!(
             "engine: doca: {}",

@@ -25,6 +25,7 @@ pub(super) struct RawConfig {
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
     pub engine: Option<Spanned<EngineKind>>,
+    pub control: Option<Spanned<super::control::RawControl>>,
 }
 
 #[derive(Debug, Deserialize)]

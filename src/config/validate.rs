@@ -201,6 +201,10 @@ impl Checker<'_> {
             }
             e.value
         });
+        let (control, problems) = super::control::check(raw.control.as_ref());
+        for (at, field, message) in problems {
+            self.error_at(at, field, message);
+        }
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
@@ -209,6 +213,7 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             engine,
+            control,
             source: self.source.to_owned(),
         }
     }

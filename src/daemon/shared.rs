@@ -13,6 +13,7 @@ use nvmf::target::{Action, CounterSource, IoCounters, ListenerInfo, Notice, Targ
 use sta::QpHandle;
 
 use super::listeners::ListenerDirectory;
+use super::queue_facts::QueueFacts;
 use super::subsystems::Subsystems;
 use crate::rdma_cm::RdmaMsg;
 use crate::refusals::{ConnInfo, RefusalLog};
@@ -69,6 +70,8 @@ pub(super) struct Shared {
     conns: Mutex<HashMap<u64, ConnInfo>>,
     /// Refusal counters and the rate-limited refusal log.
     pub refusals: RefusalLog,
+    /// Accept time and depth of every queue, for the control socket.
+    pub queue_facts: QueueFacts,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,6 +93,7 @@ impl Shared {
             rdma_queues: Mutex::new(HashSet::new()),
             conns: Mutex::new(HashMap::new()),
             refusals: RefusalLog::new(),
+            queue_facts: QueueFacts::default(),
         }
     }
 
@@ -141,6 +145,7 @@ impl Shared {
     /// A connection was accepted as queue `key` (`rdma`: over NVMe/RDMA).
     pub fn conn_opened(&self, key: u64, info: ConnInfo, rdma: bool) {
         lock(&self.conns).insert(key, info);
+        self.queue_facts.opened(key);
         if rdma {
             lock(&self.rdma_queues).insert(key);
         }
@@ -149,6 +154,7 @@ impl Shared {
     /// Queue `key` is gone.
     pub fn conn_closed(&self, key: u64) {
         lock(&self.conns).remove(&key);
+        self.queue_facts.closed(key);
         lock(&self.rdma_queues).remove(&key);
     }
 

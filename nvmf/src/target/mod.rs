@@ -55,6 +55,7 @@
 
 mod admin;
 mod discovery;
+pub mod operator;
 pub mod refusal;
 pub mod report;
 #[cfg(test)]
