@@ -100,6 +100,17 @@ impl<'de> Deserialize<'de> for RawMode {
                     .map(RawMode::Int)
                     .map_err(|_| E::custom(format!("a mode cannot be negative, got {v}")))
             }
+            /// serde-saphyr reads an unquoted `0600` as the number 600 (decimal, with the
+            /// leading zero): its digits are what the user wrote.
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawMode, E> {
+                if v >= 0.0 && v.fract() == 0.0 && v < 1e6 {
+                    Ok(RawMode::Int(v as u64))
+                } else {
+                    Err(E::custom(format!(
+                        "{v} is not a file mode; write it as \"0600\""
+                    )))
+                }
+            }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawMode, E> {
                 Ok(RawMode::Text(v.to_owned()))
             }

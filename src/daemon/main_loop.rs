@@ -1,6 +1,6 @@
 //! The main thread's loop: wait (at most 100 ms) for a TCP connection or a signal, then
-//! accept, reload on SIGHUP, answer the control socket, run the keep-alive timers, drain the engine's main events
-//! and feed the systemd watchdog. Returns why it stopped.
+//! accept, reload on SIGHUP, answer the control socket, run the keep-alive timers, drain
+//! the engine's main events and feed the systemd watchdog. Returns why it stopped.
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
