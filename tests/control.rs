@@ -612,4 +612,49 @@ fn another_user_is_refused() {
     );
     // Root still is served.
     assert!(ctl_ok(&d2, &["status"]).contains("engine soft"));
+
+    // control.group: members (by primary group) are served, but do not get the config
+    // text (it may hold secrets), so --diff is refused to them.
+    let d3 = Daemon::start(
+        "control: {path: \"{dir}/ctl/control.sock\", mode: \"0660\", group: nogroup}
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 4MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    namespaces:
+      - {nsid: 1, backend: ram0}
+",
+    );
+    std::fs::set_permissions(d3.dir(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let cfg = d3.dir().join("nvmf-target.yaml");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = ctl_as_nobody(&socket(&d3));
+    assert!(
+        o.status.success(),
+        "a member of control.group was refused: {}",
+        text(&o)
+    );
+    assert!(text(&o).contains("engine soft"), "{}", text(&o));
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(daemon_binary())
+        .args(["--check-config", "--diff", "--socket"])
+        .arg(socket(&d3))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .expect("run setpriv");
+    assert!(
+        !o.status.success(),
+        "a group member read the config: {}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("may not read the running config"),
+        "{}",
+        text(&o)
+    );
 }

@@ -177,14 +177,14 @@ pub fn request(path: &Path, command: &Command) -> anyhow::Result<Value> {
     })?;
     stream.set_read_timeout(Some(REPLY_WAIT))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    stream
-        .write_all(format!("{}\n", command.to_request()).as_bytes())
-        .with_context(|| format!("{}: sending the request", path.display()))?;
+    // A peer the daemon refuses (permission, busy) gets its reason and is closed before
+    // its request is read: the write may fail, and the reason is still there to read.
+    let sent = stream.write_all(format!("{}\n", command.to_request()).as_bytes());
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .with_context(|| format!("{}: reading the reply", path.display()))?;
+    let read = BufReader::new(&stream).read_line(&mut line);
     if line.trim().is_empty() {
+        sent.with_context(|| format!("{}: sending the request", path.display()))?;
+        read.with_context(|| format!("{}: reading the reply", path.display()))?;
         bail!(
             "{}: the daemon closed the connection without a reply",
             path.display()

@@ -79,7 +79,11 @@ struct Allowed {
 
 impl Allowed {
     fn permits(&self, uid: u32, gid: u32) -> bool {
-        uid == 0 || uid == self.uid || self.gid == Some(gid)
+        self.owner(uid) || self.gid == Some(gid)
+    }
+    /// Root or the daemon's own user.
+    fn owner(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.uid
     }
 }
 
@@ -338,6 +342,16 @@ fn serve_client(
             ReadLine::Line(line) => {
                 let text = String::from_utf8_lossy(&line);
                 match parse_request(text.trim()) {
+                    // The config text may hold secrets (keys, PSKs): only root and the
+                    // daemon's user, who can read the file anyway, get it; not `group`.
+                    Ok(Command::Config) if !allowed.owner(cred.uid()) => {
+                        counters.refused_permission.fetch_add(1, Ordering::Relaxed);
+                        reply_err(&format!(
+                            "permission denied: uid {} may not read the running config (root \
+                             and the daemon's user only)",
+                            cred.uid()
+                        ))
+                    }
                     Ok(command) => {
                         counters.commands.fetch_add(1, Ordering::Relaxed);
                         ask_main(to_main, command, &peer)
