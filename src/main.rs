@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         };
         return match control::client::diff_against_running(&cfg, file, cli.socket.as_deref()) {
             Ok(text) => {
-                print!("{text}");
+                control::client::emit(&text);
                 ExitCode::SUCCESS
             }
             Err(e) => {

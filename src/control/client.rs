@@ -96,7 +96,7 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
     };
     let result = request(&path, &command)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&result)?));
         let failed = matches!(command, Command::Reload)
             && result
                 .get("errors")
@@ -109,26 +109,20 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
         });
     }
     match command {
-        Command::Status => print!("{}", render_status(&decode::<Status>(result)?)),
-        Command::Subsystems => print!(
-            "{}",
-            render_subsystems(&decode::<Vec<SubsystemInfo>>(result)?)
-        ),
-        Command::Controllers => print!(
-            "{}",
-            render_controllers(&decode::<Vec<ControllerInfo>>(result)?)
-        ),
+        Command::Status => emit(&render_status(&decode::<Status>(result)?)),
+        Command::Subsystems => emit(&render_subsystems(&decode::<Vec<SubsystemInfo>>(result)?)),
+        Command::Controllers => emit(&render_controllers(&decode::<Vec<ControllerInfo>>(result)?)),
         Command::Disconnect(_) => {
             for c in decode::<Disconnected>(result)?.controllers {
-                println!(
-                    "disconnected controller {} (host {}, subsystem {}, {} queue(s))",
+                emit(&format!(
+                    "disconnected controller {} (host {}, subsystem {}, {} queue(s))\n",
                     c.cntlid, c.host_nqn, c.subsystem, c.queues
-                );
+                ));
             }
         }
         Command::Reload => {
             let r = decode::<ReloadResult>(result)?;
-            print!("{}", render_reload(&r));
+            emit(&render_reload(&r));
             if !r.errors.is_empty() {
                 return Ok(ExitCode::FAILURE);
             }
@@ -136,6 +130,19 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
         Command::Config => unreachable!("not a ctl subcommand"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes to stdout; a reader that went away (`ctl status | head -1`, `grep -q`) ends
+/// the output quietly instead of a panic (what `print!` does on EPIPE).
+pub fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        // Nothing more can be said to anyone; the exit status still tells the result.
+    }
 }
 
 /// `SUBNQN:CNTLID`: NQNs contain colons, so the CNTLID is after the last one.

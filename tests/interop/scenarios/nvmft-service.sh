@@ -147,7 +147,7 @@ if check ctl-disconnect $CTL disconnect --controller "$NQN:$CNTLID"; then
     else
         fail kernel-host-reconnects-after-ctl-disconnect "state $(ctrl_state "$CTRL"), cntlid $(cat /sys/class/nvme/$CTRL/cntlid 2>/dev/null) (was $CNTLID) 90 s after ctl disconnect"
     fi
-    check ctl-disconnect-logged journal_has "ctl disconnect by uid 0: controller $CNTLID"
+    check ctl-disconnect-logged journal_has "ctl disconnect by uid 0 pid [0-9]*: controller $CNTLID ("
     check kernel-logged-reset sh -c "dmesg | tail -50 | grep -Ei 'nvme.*(reset|reconnect|error recovery|Successfully reconnected)'"
     CNTLID=$(cat "/sys/class/nvme/$CTRL/cntlid" 2>/dev/null)
     check ctl-lists-new-cntlid sh -c "$CTL --json controllers | grep -q '\"cntlid\": $CNTLID,'"
