@@ -246,7 +246,7 @@ fn accept_loop(
             }
         }
         loop {
-            let stream = match listener.accept() {
+            let mut stream = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -261,7 +261,7 @@ fn accept_loop(
                     "control socket: {MAX_CLIENTS} clients already connected; refusing one"
                 );
                 refuse(
-                    stream,
+                    &mut stream,
                     &format!(
                         "busy: {MAX_CLIENTS} control clients are already connected; try again"
                     ),
@@ -269,23 +269,38 @@ fn accept_loop(
                 continue;
             }
             active.fetch_add(1, Ordering::SeqCst);
-            let (a, tx, c) = (active.clone(), to_main.clone(), counters.clone());
+            let client = Client {
+                stream,
+                active: active.clone(),
+            };
+            let (tx, c) = (to_main.clone(), counters.clone());
             let spawned = std::thread::Builder::new()
                 .name("nvmft-ctl-client".into())
-                .spawn(move || {
-                    serve_client(stream, allowed, &tx, &c);
-                    a.fetch_sub(1, Ordering::SeqCst);
-                });
+                .spawn(move || serve_client(client, allowed, &tx, &c));
             if let Err(e) = spawned {
-                active.fetch_sub(1, Ordering::SeqCst);
+                // The closure, and the client in it, is dropped: its slot is freed.
                 tracing::warn!("control socket: cannot start a client thread: {e}");
             }
         }
     }
 }
 
+/// One client's connection and its slot among [`MAX_CLIENTS`]: the slot is given back
+/// before the connection closes, so a client that saw the close can count on it.
+struct Client {
+    stream: UnixStream,
+    active: Arc<AtomicUsize>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        // `stream` is dropped (closed) after this body.
+    }
+}
+
 /// Best effort: a refused client may already be gone.
-fn refuse(mut stream: UnixStream, why: &str) {
+fn refuse(stream: &mut UnixStream, why: &str) {
     if stream.set_nonblocking(false).is_ok() {
         let _ = stream.set_write_timeout(Some(WRITE_DEADLINE));
         let _ = stream.write_all(format!("{}\n", reply_err(why)).as_bytes());
@@ -300,12 +315,13 @@ enum ReadLine {
 }
 
 fn serve_client(
-    mut stream: UnixStream,
+    mut client: Client,
     allowed: Allowed,
     to_main: &Sender<ControlRequest>,
     counters: &ControlCounters,
 ) {
-    let cred = match getsockopt(&stream, PeerCredentials) {
+    let stream = &mut client.stream;
+    let cred = match getsockopt(&*stream, PeerCredentials) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("control socket: cannot read the peer's credentials: {e}");
@@ -338,7 +354,7 @@ fn serve_client(
     }
     let mut buf = Vec::new();
     loop {
-        let reply = match read_line(&mut stream, &mut buf) {
+        let reply = match read_line(stream, &mut buf) {
             ReadLine::Line(line) => {
                 let text = String::from_utf8_lossy(&line);
                 match parse_request(text.trim()) {
