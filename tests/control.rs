@@ -51,10 +51,14 @@ fn main() {
     ]);
 }
 
-/// The default test config with the control socket in the test's directory, in a
-/// subdirectory the daemon creates (0711) so the permission test can reach it.
+/// The default test config ([`CONFIG`] has the control socket in the test's directory,
+/// in a subdirectory the daemon creates (0711), so the permission test can reach it)
+/// with the socket's mode set.
 fn config_with_control(mode: &str) -> String {
-    format!("control: {{path: \"{{dir}}/ctl/control.sock\", mode: \"{mode}\"}}\n{CONFIG}")
+    let with_mode = format!("control: {{path: \"{{dir}}/ctl/control.sock\", mode: \"{mode}\"}}");
+    let cfg = CONFIG.replace("control: {path: \"{dir}/ctl/control.sock\"}", &with_mode);
+    assert_ne!(cfg, CONFIG, "common::CONFIG's control line changed");
+    cfg
 }
 
 fn socket(d: &Daemon) -> PathBuf {
@@ -328,6 +332,31 @@ fn bad_oversized_slow_and_surplus_clients_get_errors_and_the_daemon_serves_on() 
     let _w = watchdog("bad_requests", Duration::from_secs(90));
     let mut d = Daemon::start(&config_with_control("0600"));
 
+    // The client cap, first, while no other client holds a slot (a closed client's
+    // thread frees its slot a moment after the close): 8 idle clients hold every slot, a
+    // 9th is refused at once; the idle ones are dropped at the read deadline (5 s) with
+    // an error.
+    let started = Instant::now();
+    let mut idle: Vec<UnixStream> = (0..8).map(|_| connect(&d)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut extra = connect(&d);
+    let mut reply = String::new();
+    BufReader::new(&mut extra)
+        .read_line(&mut reply)
+        .expect("busy reply");
+    assert!(reply.contains("busy"), "{reply}");
+    for s in &mut idle {
+        let mut reply = String::new();
+        BufReader::new(&*s)
+            .read_line(&mut reply)
+            .expect("timeout reply");
+        assert!(reply.contains("timeout"), "{reply}");
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(12),
+        "idle clients dropped after {waited:?}, expected the 5 s deadline"
+    );
     // Malformed and unknown requests: an error each, the connection stays usable.
     let mut s = connect(&d);
     for (line, want) in [
@@ -373,29 +402,6 @@ fn bad_oversized_slow_and_surplus_clients_get_errors_and_the_daemon_serves_on() 
     s.read_to_end(&mut rest).expect("closed after the error");
     assert!(rest.is_empty());
 
-    // The client cap: 8 idle clients hold every slot, a 9th is refused at once; the
-    // idle ones are dropped at the read deadline (5 s) with an error.
-    let started = Instant::now();
-    let mut idle: Vec<UnixStream> = (0..8).map(|_| connect(&d)).collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let mut extra = connect(&d);
-    let mut reply = String::new();
-    BufReader::new(&mut extra)
-        .read_line(&mut reply)
-        .expect("busy reply");
-    assert!(reply.contains("busy"), "{reply}");
-    for s in &mut idle {
-        let mut reply = String::new();
-        BufReader::new(&*s)
-            .read_line(&mut reply)
-            .expect("timeout reply");
-        assert!(reply.contains("timeout"), "{reply}");
-    }
-    let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_secs(4) && waited < Duration::from_secs(12),
-        "idle clients dropped after {waited:?}, expected the 5 s deadline"
-    );
     // A slow client that trickles a line over the deadline is dropped too.
     let mut slow = connect(&d);
     slow.write_all(b"{\"version\":1,").unwrap();
@@ -495,11 +501,7 @@ fn diff_and_ctl_reload_print_each_kind_of_change() {
         "hosts: [nqn.2014-08.org.nvmexpress:uuid:0b5c1d2e-3f40-4152-8364-a5b6c7d8e9f0]",
         "hosts: [nqn.2014-08.org.nvmexpress:uuid:0b5c1d2e-3f40-4152-8364-a5b6c7d8e9f0, nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555]",
     );
-    let hosts_file = write_file(
-        &d,
-        "hosts.yaml",
-        &format!("control: {{path: \"{{dir}}/ctl/control.sock\", mode: \"0600\"}}\n{hosts_only}"),
-    );
+    let hosts_file = write_file(&d, "hosts.yaml", &hosts_only);
     let o = check_diff(&hosts_file);
     let hosts_out = text(&o);
     assert!(
