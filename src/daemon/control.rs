@@ -138,14 +138,21 @@ impl ControlHook {
                     non_offloaded: t.non_offloaded,
                 })
                 .collect(),
+            // What is open, not what the file says (a listener a reload could not
+            // open is not listening).
             listeners: rt
-                .cfg
+                .shared
                 .listeners
-                .iter()
-                .map(|l| ListenerStatus {
-                    name: l.name.clone(),
-                    transport: l.transport.to_string(),
-                    address: l.address.to_string(),
+                .all()
+                .into_iter()
+                .map(|(name, l)| ListenerStatus {
+                    name,
+                    transport: match l.transport {
+                        nvmf::target::Transport::Tcp => "tcp",
+                        nvmf::target::Transport::Rdma => "rdma",
+                    }
+                    .to_string(),
+                    address: l.addr.to_string(),
                     port: l.port,
                 })
                 .collect(),
