@@ -9,11 +9,15 @@
 //! - [`queue`]: submission-queue rules the transports share (SQHD, SGL lengths).
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (secrets, FFDHE, messages, both
+//!   sides' state machines) and the PSK derivations of TLS for NVMe/TCP.
 //!
-//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, reservations, ANA,
+//! Not implemented: the TLS handshake itself (the transport's socket shell runs it with
+//! the PSKs [`auth::tls`] derives), reservations, ANA,
 //! namespace management, metadata/protection information.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod queue;
 pub mod spec;
 pub mod target;
