@@ -153,6 +153,23 @@ impl Shared {
                         crate::refusals::where_from(c.as_ref())
                     );
                 }
+                Notice::Authenticated(a) => {
+                    tracing::info!(
+                        "host {:?} authenticated to subsystem {:?} (cntlid {}, qid {}) with \
+                         DH-HMAC-CHAP: hash {}, DH group {}, {}",
+                        a.hostnqn,
+                        a.subnqn,
+                        a.cntlid,
+                        a.qid,
+                        a.hash.name(),
+                        a.dhgroup.name(),
+                        if a.bidirectional {
+                            "bidirectional"
+                        } else {
+                            "unidirectional"
+                        }
+                    );
+                }
             }
         }
     }

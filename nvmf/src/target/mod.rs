@@ -45,15 +45,20 @@
 //!   Asynchronous Event Request (namespace attribute and discovery log change notices;
 //!   held across a controller reset, as nvmet does); Abort (never aborts).
 //! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
+//! - In-band authentication (DH-HMAC-CHAP): Authentication Send/Receive, ATR in the
+//!   Connect response, Authentication Required until a queue authenticates,
+//!   re-authentication, timeouts (see [`authn`]).
 //!
 //! # Not implemented
 //!
-//! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
+//! TLS (the transport's business; Connect does not check a TLS identity yet), secure
+//! channel concatenation (ASCR is never set), the static controller model,
 //! reservations, ANA, namespace management/attachment, firmware download/commit, format,
 //! sanitize, self-test, telemetry, saveable features, SMART/temperature events,
 //! I/O command set profiles (Set Features 19h), referrals.
 
 mod admin;
+mod authn;
 mod discovery;
 pub mod refusal;
 pub mod report;
@@ -66,9 +71,11 @@ use crate::spec::fabrics::{
 };
 use crate::spec::log::ErrorInformationEntry;
 use crate::spec::{opcodes, Cqe, Sqe, Status};
+pub use authn::{Authenticated, HostCredentials, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The well-known discovery subsystem NQN (NVMe Base 2.0 section 4.5).
@@ -233,6 +240,9 @@ pub struct ConnectOk {
     /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
     pub hostnqn: String,
     pub is_discovery: bool,
+    /// The queue must authenticate (DH-HMAC-CHAP) before anything else: ATR was set in
+    /// the Connect response.
+    pub authentication_required: bool,
 }
 
 impl ConnectOk {
@@ -394,6 +404,10 @@ struct Controller {
     changed_ns_overflow: bool,
     error_log: VecDeque<ErrorInformationEntry>,
     error_count: u64,
+    /// Every queue of this controller must authenticate (the host has credentials).
+    auth_required: bool,
+    /// Authentication state per QID.
+    queue_auth: BTreeMap<u16, authn::QueueAuth>,
 }
 
 impl Controller {
@@ -478,6 +492,7 @@ impl Controller {
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
+        self.queue_auth.retain(|&qid, _| qid == 0);
         self.ns_error_recovery.clear();
         self.pending_events.clear();
         self.masked_ns_attr = false;
@@ -573,6 +588,12 @@ pub struct Target {
     empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
+    /// DH-HMAC-CHAP credentials by host NQN.
+    credentials: BTreeMap<String, Arc<HostCredentials>>,
+    /// Subsystems that refuse hosts without credentials.
+    auth_required_subsystems: BTreeSet<String>,
+    /// Random bytes for authentication (challenges, DH keys).
+    entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
 }
 
 impl Target {
@@ -607,6 +628,9 @@ impl Target {
             notices_dropped: 0,
             empty_hostnqn_seen: BTreeSet::new(),
             started: None,
+            credentials: BTreeMap::new(),
+            auth_required_subsystems: BTreeSet::new(),
+            entropy: None,
         }
     }
 
@@ -767,8 +791,13 @@ impl Target {
         let cmd = ConnectCommand::from_sqe(sqe);
         match self.try_connect(now, key, origin, sqe, &cmd, data) {
             Ok(ok) => {
+                let atr = if ok.authentication_required {
+                    crate::auth::CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let mut cqe = Cqe {
-                    dw0: ok.cntlid as u32,
+                    dw0: ok.cntlid as u32 | atr,
                     sqid: ok.qid,
                     ..Cqe::success(sqe.cid())
                 };
@@ -913,6 +942,9 @@ impl Target {
             ));
         }
         let is_discovery = subsys.is_discovery;
+        let auth_required = self
+            .auth_needed(subnqn, hostnqn, is_discovery)
+            .map_err(|r| ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r))?;
         let ok = ConnectOk {
             cntlid: 0,
             qid: cmd.qid,
@@ -921,6 +953,7 @@ impl Target {
             subnqn: subnqn.to_string(),
             hostnqn: hostnqn.to_string(),
             is_discovery,
+            authentication_required: auth_required,
         };
         let cntlid = d.cntlid.get();
         if cmd.qid == 0 {
@@ -978,7 +1011,12 @@ impl Target {
                 changed_ns_overflow: false,
                 error_log: VecDeque::new(),
                 error_count: 0,
+                auth_required,
+                queue_auth: BTreeMap::new(),
             };
+            if auth_required {
+                ctrl.queue_auth.insert(0, authn::QueueAuth::new(now));
+            }
             ctrl.restart_keep_alive(now, &self.opts);
             self.controllers.insert(cntlid, ctrl);
             return Ok(ConnectOk { cntlid, ..ok });
@@ -1032,7 +1070,19 @@ impl Target {
             .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
-        Ok(ConnectOk { cntlid, ..ok })
+        // Every queue of a controller that authenticates authenticates (the credentials
+        // may have changed since the admin queue connected: the controller's rule holds).
+        let authentication_required = ctrl.auth_required;
+        if authentication_required {
+            ctrl.queue_auth.insert(cmd.qid, authn::QueueAuth::new(now));
+        } else {
+            ctrl.queue_auth.remove(&cmd.qid);
+        }
+        Ok(ConnectOk {
+            cntlid,
+            authentication_required,
+            ..ok
+        })
     }
 
     fn notice(&mut self, n: Notice) {
@@ -1122,6 +1172,31 @@ impl Target {
         if queue.qid != 0 && !ctrl.io_queues.contains_key(&queue.qid) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        if authn::is_auth_command(sqe) {
+            return self.auth_command(now, queue, sqe, data);
+        }
+        // Until the queue has authenticated, nothing but authentication (NVMe Base 2.0
+        // section 8.13.1; nvmet answers the same status).
+        if !ctrl.queue_may_run(queue.qid) {
+            let (key, hostnqn, subnqn) =
+                (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationRequired {
+                    opcode: sqe.opcode(),
+                },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(queue.qid),
+                status: Some(Status::AUTHENTICATION_REQUIRED),
+            }));
+            return Err(Status::AUTHENTICATION_REQUIRED);
+        }
+        let ctrl = self
+            .controllers
+            .get_mut(&queue.cntlid)
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
         if sqe.is_fabrics() {
             return match sqe.fctype() {
                 opcodes::fabrics::PROPERTY_GET if queue.qid == 0 => {
@@ -1141,6 +1216,7 @@ impl Target {
                     // The QID is free at once: a host may connect it again before the
                     // transport has closed this connection.
                     if let Some(key) = ctrl.io_queues.remove(&queue.qid) {
+                        ctrl.queue_auth.remove(&queue.qid);
                         self.actions.push(Action::Disconnect { queue, key });
                     }
                     Reply::ok()
@@ -1168,9 +1244,13 @@ impl Target {
     /// answer) and destroyed once its last queue is reported closed. Unknown queues
     /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
+        let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
             if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
                 c.admin_closed = true;
+                if !c.retired && !c.queue_may_run(0) {
+                    abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
+                }
                 if !c.retired {
                     c.retired = true;
                     c.deadline = None;
@@ -1180,16 +1260,29 @@ impl Target {
                 }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+                c.queue_auth.remove(&queue.qid);
             }
             if c.admin_closed && c.io_queues.is_empty() {
                 self.controllers.remove(&queue.cntlid);
             }
         }
+        if let Some((hostnqn, subnqn)) = abandoned {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationAbandoned,
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(0),
+                status: None,
+            }));
+        }
         self.take_actions()
     }
 
     /// Keep alive: controllers whose KATO expired at `now` are retired (all their queues
-    /// come back as [`Action::Disconnect`], and a [`Notice`] says why). Retired
+    /// come back as [`Action::Disconnect`], and a [`Notice`] says why); so are those with
+    /// a queue that did not authenticate within [`AUTH_TIMEOUT`]. Retired
     /// controllers whose admin queue the transport has not reported closed within
     /// [`RETIRED_LIMIT`] are dropped.
     pub fn poll_timeouts(&mut self, now: Instant) -> Vec<Action> {
@@ -1219,6 +1312,7 @@ impl Target {
             }));
             self.retire_controllers_where(|c| c.cntlid == cntlid);
         }
+        self.poll_auth_timeouts(now);
         for c in self.controllers.values_mut().filter(|c| c.retired) {
             c.retired_since.get_or_insert(now);
         }
@@ -1229,9 +1323,11 @@ impl Target {
         self.take_actions()
     }
 
-    /// The earliest keep-alive deadline (or retirement limit), for the caller's timer.
+    /// The earliest keep-alive or authentication deadline (or retirement limit), for the
+    /// caller's timer.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.controllers
+        let keep_alive = self
+            .controllers
             .values()
             .filter_map(|c| {
                 if c.retired {
@@ -1240,7 +1336,11 @@ impl Target {
                     c.deadline
                 }
             })
-            .min()
+            .min();
+        match (keep_alive, self.next_auth_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Actions produced since the last call (AER completions after namespace changes,

@@ -1962,3 +1962,5 @@ fn listener_covers_its_address_or_wildcard_family() {
     assert!(l("10.1.1.1").covers(ip("::ffff:10.1.1.1")));
     assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }
+
+mod auth;

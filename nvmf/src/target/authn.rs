@@ -1,0 +1,270 @@
+//! DH-HMAC-CHAP on the target: which hosts must authenticate, the Authentication
+//! Send/Receive commands, and the rule that an unauthenticated queue can do nothing else
+//! (NVMe Base 2.0 section 8.13; the state machine itself is [`crate::auth::ctrl`]).
+//!
+//! - A host with credentials ([`Target::set_host_credentials`]) gets ATR in every
+//!   Connect response to a non-discovery subsystem (admin and I/O queues: each queue
+//!   authenticates, as the Linux host does), and until that queue has authenticated every
+//!   command but Authentication Send/Receive is answered Authentication Required.
+//! - A subsystem marked [`Target::set_subsystem_auth_required`] refuses Connects from
+//!   hosts without credentials (Connect Invalid Host).
+//! - A failed transaction (AUTH_Failure1 sent or AUTH_Failure2 received) destroys the
+//!   controller, as nvmet's fatal error does; a queue that has not authenticated within
+//!   [`AUTH_TIMEOUT`] of its Connect does too. A re-authentication the host starts on an
+//!   authenticated queue runs beside normal commands; if one of its steps times out the
+//!   transaction is dropped and the queue stays authenticated (nvmet does the same).
+//! - Credentials are looked up when a transaction starts, so a reload that rotates a
+//!   secret applies from the next (re-)authentication; connected controllers stay.
+
+use super::{Controller, Notice, QueueRef, Refusal, RefusalReason, Reply, Target};
+use crate::auth::ctrl::{CommandError, Event, Peer, Policy, Secrets, Transaction};
+use crate::auth::msg::AuthCommand;
+use crate::auth::{DhGroup, Entropy, HashId, SECP_NVME_AUTH, SPSP_DHCHAP};
+use crate::spec::{opcodes, Sqe, Status};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a queue has from its Connect to finish authenticating, and each step of a
+/// re-authentication to arrive. The Linux host runs the whole exchange right after
+/// Connect; nvmet allows KATO or 120 s per step. 30 s leaves room for a slow host
+/// (FFDHE-8192 in an emulated guest) while bounding what an unauthenticated peer holds.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A host's DH-HMAC-CHAP credentials and what it may negotiate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostCredentials {
+    pub secrets: Secrets,
+    pub policy: Policy,
+}
+
+/// One queue's authentication state.
+pub(super) struct QueueAuth {
+    pub(super) tx: Transaction,
+    /// Until when the queue may stay unauthenticated.
+    pub(super) deadline: Instant,
+}
+
+impl QueueAuth {
+    pub(super) fn new(now: Instant) -> QueueAuth {
+        QueueAuth {
+            tx: Transaction::new(),
+            deadline: now + AUTH_TIMEOUT,
+        }
+    }
+}
+
+/// How a queue authenticated, for the operator's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Authenticated {
+    pub hostnqn: String,
+    pub subnqn: String,
+    pub cntlid: u16,
+    pub qid: u16,
+    pub hash: HashId,
+    pub dhgroup: DhGroup,
+    pub bidirectional: bool,
+}
+
+impl Controller {
+    /// Whether this queue may run commands other than Authentication Send/Receive.
+    pub(super) fn queue_may_run(&self, qid: u16) -> bool {
+        !self.auth_required
+            || self
+                .queue_auth
+                .get(&qid)
+                .is_some_and(|a| a.tx.authenticated())
+    }
+}
+
+pub(super) fn is_auth_command(sqe: &Sqe) -> bool {
+    sqe.is_fabrics()
+        && matches!(
+            sqe.fctype(),
+            opcodes::fabrics::AUTHENTICATION_SEND | opcodes::fabrics::AUTHENTICATION_RECEIVE
+        )
+}
+
+impl Target {
+    /// Replaces every host's DH-HMAC-CHAP credentials (host NQN -> credentials).
+    /// Controllers already connected keep running; a changed secret applies from the
+    /// next (re-)authentication.
+    pub fn set_host_credentials(
+        &mut self,
+        creds: impl IntoIterator<Item = (String, HostCredentials)>,
+    ) {
+        self.credentials = creds.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+    }
+
+    /// Whether hosts without credentials are refused by this subsystem.
+    pub fn set_subsystem_auth_required(&mut self, nqn: &str, required: bool) {
+        if required {
+            self.auth_required_subsystems.insert(nqn.to_string());
+        } else {
+            self.auth_required_subsystems.remove(nqn);
+        }
+    }
+
+    /// The random source for challenges and DH keys. Until one is set, authentication
+    /// commands fail with Internal Error.
+    pub fn set_entropy(&mut self, e: Box<dyn Entropy + Send>) {
+        self.entropy = Some(e);
+    }
+
+    /// Whether a host connecting to a subsystem must authenticate: `Err` when it cannot
+    /// (the subsystem requires it and the host has no credentials).
+    pub(super) fn auth_needed(
+        &self,
+        subnqn: &str,
+        hostnqn: &str,
+        is_discovery: bool,
+    ) -> Result<bool, RefusalReason> {
+        if is_discovery {
+            return Ok(false);
+        }
+        let has = self.credentials.contains_key(hostnqn);
+        if !has && self.auth_required_subsystems.contains(subnqn) {
+            return Err(RefusalReason::NoCredentials);
+        }
+        Ok(has)
+    }
+
+    /// Authentication Send or Receive on a connected queue.
+    pub(super) fn auth_command(
+        &mut self,
+        now: Instant,
+        queue: QueueRef,
+        sqe: &Sqe,
+        data: &mut [u8],
+    ) -> Result<Reply, Status> {
+        let cmd = AuthCommand::from_sqe(sqe);
+        if cmd.secp != SECP_NVME_AUTH || cmd.spsp0 != SPSP_DHCHAP || cmd.spsp1 != SPSP_DHCHAP {
+            return Err(Status::INVALID_FIELD);
+        }
+        if cmd.len == 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        let send = sqe.fctype() == opcodes::fabrics::AUTHENTICATION_SEND;
+        let ctrl = self
+            .controllers
+            .get_mut(&queue.cntlid)
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
+        // No secret for this host: the protocol cannot run (the Linux host only starts it
+        // when Connect asked for it).
+        let creds = self
+            .credentials
+            .get(&ctrl.hostnqn)
+            .cloned()
+            .ok_or(Status::INVALID_FIELD)?;
+        let peer = Peer {
+            hostnqn: &ctrl.hostnqn,
+            subnqn: &ctrl.subnqn,
+            secrets: &creds.secrets,
+            policy: &creds.policy,
+        };
+        let qa = ctrl
+            .queue_auth
+            .entry(queue.qid)
+            .or_insert_with(|| QueueAuth::new(now));
+        let (event, reply) = if send {
+            let tl = cmd.len as usize;
+            let payload = data.get(..tl).ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
+            (qa.tx.send(now, AUTH_TIMEOUT, peer, payload), Reply::ok()?)
+        } else {
+            let entropy = self.entropy.as_mut().ok_or(Status::INTERNAL_ERROR)?;
+            let al = (cmd.len as usize).min(data.len());
+            let (msg, ev) = qa
+                .tx
+                .receive(now, AUTH_TIMEOUT, peer, entropy.as_mut(), al)
+                .map_err(|CommandError::AllocationLength { .. }| Status::INVALID_FIELD)?;
+            data[..msg.len()].copy_from_slice(&msg);
+            data[msg.len()..al].fill(0);
+            (ev, Reply::data(al)?)
+        };
+        let (hash, dhgroup) = qa.tx.selected();
+        let (hostnqn, subnqn, key) = (ctrl.hostnqn.clone(), ctrl.subnqn.clone(), ctrl.admin_key);
+        match event {
+            Event::None => {}
+            Event::Authenticated { bidirectional } => {
+                self.notice(Notice::Authenticated(Authenticated {
+                    hostnqn,
+                    subnqn,
+                    cntlid: queue.cntlid,
+                    qid: queue.qid,
+                    hash,
+                    dhgroup,
+                    bidirectional,
+                }));
+            }
+            Event::Failed { reason, by_host } => {
+                self.notice(Notice::Refused(Refusal {
+                    reason: RefusalReason::AuthenticationFailed { reason, by_host },
+                    key,
+                    hostnqn: Some(hostnqn),
+                    subnqn: Some(subnqn),
+                    cntlid: Some(queue.cntlid),
+                    qid: Some(queue.qid),
+                    status: None,
+                }));
+                // The answer still goes out (the transport sends completions before it
+                // tears the queue down): the host reads Failure1 and then sees the
+                // connection close.
+                self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Authentication deadlines at `now`: controllers with a queue that did not
+    /// authenticate in time are retired (with a notice); re-authentication steps that
+    /// timed out are dropped.
+    pub(super) fn poll_auth_timeouts(&mut self, now: Instant) {
+        let mut late = Vec::new();
+        for c in self.controllers.values_mut().filter(|c| !c.retired) {
+            for (&qid, qa) in c.queue_auth.iter_mut() {
+                qa.tx.poll_timeout(now);
+                if c.auth_required && !qa.tx.authenticated() && qa.deadline <= now {
+                    late.push((
+                        c.cntlid,
+                        qid,
+                        c.admin_key,
+                        c.hostnqn.clone(),
+                        c.subnqn.clone(),
+                    ));
+                    break;
+                }
+            }
+        }
+        for (cntlid, qid, key, hostnqn, subnqn) in late {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationTimeout {
+                    secs: AUTH_TIMEOUT.as_secs(),
+                },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(cntlid),
+                qid: Some(qid),
+                status: None,
+            }));
+            self.retire_controllers_where(|c| c.cntlid == cntlid);
+        }
+    }
+
+    /// The earliest authentication deadline of live controllers.
+    pub(super) fn next_auth_timeout(&self) -> Option<Instant> {
+        self.controllers
+            .values()
+            .filter(|c| !c.retired)
+            .flat_map(|c| {
+                c.queue_auth.values().filter_map(move |qa| {
+                    let initial =
+                        (c.auth_required && !qa.tx.authenticated()).then_some(qa.deadline);
+                    match (initial, qa.tx.deadline()) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                })
+            })
+            .min()
+    }
+}
