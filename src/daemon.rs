@@ -498,6 +498,9 @@ impl Runtime {
             shared.route(actions);
             tracing::info!("subsystem {nqn}: host access updated");
         }
+        if d.auth_changed {
+            apply_auth(&shared, new);
+        }
         for line in &d.restart_required {
             tracing::warn!("needs a restart to take effect: {line}");
         }
@@ -534,6 +537,39 @@ impl Runtime {
         }
         self.cfg = new;
     }
+}
+
+/// Host credentials and `require_auth` into the target (start-up and reload). The secrets
+/// were read and checked when the config was loaded.
+fn apply_auth(shared: &Shared, cfg: &Config) {
+    let creds: Vec<(String, nvmf::target::HostCredentials)> = cfg
+        .hosts
+        .iter()
+        .filter_map(|h| {
+            let d = h.dhchap.as_ref()?;
+            Some((
+                h.nqn.clone(),
+                nvmf::target::HostCredentials {
+                    secrets: nvmf::auth::ctrl::Secrets {
+                        host: d.secret.clone(),
+                        ctrl: d.ctrl_secret.clone(),
+                    },
+                    policy: nvmf::auth::ctrl::Policy {
+                        hashes: d.hashes.clone(),
+                        dhgroups: d.dhgroups.clone(),
+                    },
+                },
+            ))
+        })
+        .collect();
+    let n = creds.len();
+    let mut t = shared.target();
+    t.set_host_credentials(creds);
+    for s in &cfg.subsystems {
+        t.set_subsystem_auth_required(&s.nqn, s.require_auth);
+    }
+    drop(t);
+    tracing::info!("DH-HMAC-CHAP: {n} host(s) with secrets");
 }
 
 /// Start the RDMA CM service: connections go to the IO thread with the fewest QPs.
@@ -643,7 +679,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         (caps.max_io_size / 4096).trailing_zeros(),
         caps.max_h2c_data / 1024
     );
-    let target = Target::new(TargetOptions {
+    let mut target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
         max_io_queues: MAX_IO_QUEUES,
         mdts: (caps.max_io_size / 4096).trailing_zeros() as u8,
@@ -652,6 +688,11 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
     });
+    // Challenges and DH private keys come from the kernel's generator (getrandom(2)),
+    // which only fails on kernels older than 3.17 without /dev/urandom.
+    target.set_entropy(Box::new(|buf: &mut [u8]| {
+        getrandom::getrandom(buf).expect("the operating system's random generator failed")
+    }));
 
     // IO threads.
     let (count, cpus) = match &cfg.threads {
@@ -726,6 +767,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         metrics: cfg.metrics,
         max_io_size: cfg.max_io_size,
         source: cfg.source.clone(),
+        hosts: Vec::new(),
     };
     let mut rt = Runtime {
         cfg: empty,

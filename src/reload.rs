@@ -37,7 +37,9 @@
 //!    listed in `namespaces_added` as well, which is authoritative;
 //! 8. `namespaces_added` — includes every namespace of an added subsystem;
 //! 9. `hosts_changed` — subsystems present in both configs only (an added subsystem
-//!    carries its hosts in its `SubsystemConfig`).
+//!    carries its hosts in its `SubsystemConfig`);
+//! 10. `auth_changed` — replace every host's credentials and every subsystem's
+//!    `require_auth` with the new config's.
 //!
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
@@ -80,6 +82,10 @@ pub struct ConfigDiff {
     pub hosts_changed: Vec<(String, bool, Vec<String>)>,
     /// Changes that take effect only after a restart, one human-readable line each.
     pub restart_required: Vec<String>,
+    /// Host credentials (`hosts[]`, secrets re-read from their files) or a subsystem's
+    /// `require_auth` changed: apply the new config's whole set (step 10). Connected
+    /// controllers stay; new secrets apply from the next (re-)authentication.
+    pub auth_changed: bool,
 }
 
 impl ConfigDiff {
@@ -139,6 +145,9 @@ impl ConfigDiff {
         for (nqn, any, hosts) in &self.hosts_changed {
             out.push(format!("subsystem {nqn}: {}", hosts_text(*any, hosts)));
         }
+        if self.auth_changed {
+            out.push("host credentials or require_auth: updated".to_string());
+        }
         for line in &self.restart_required {
             out.push(format!("restart required: {line}"));
         }
@@ -150,6 +159,17 @@ impl ConfigDiff {
 /// docs for how entries are matched and what each list means.
 pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     let mut d = ConfigDiff::default();
+    let require = |c: &Config| -> BTreeSet<String> {
+        c.subsystems
+            .iter()
+            .filter(|s| s.require_auth)
+            .map(|s| s.nqn.clone())
+            .collect()
+    };
+    let hosts = |c: &Config| -> BTreeMap<String, crate::config::HostConfig> {
+        c.hosts.iter().map(|h| (h.nqn.clone(), h.clone())).collect()
+    };
+    d.auth_changed = hosts(old) != hosts(new) || require(old) != require(new);
 
     if !same_threads(&old.threads, &new.threads) {
         d.restart_required.push(format!(
@@ -349,6 +369,9 @@ fn listeners_change(
 }
 
 fn listener_text(l: &ListenerConfig) -> String {
+    if l.tls != crate::config::TlsMode::None {
+        return format!("{} {}, tls {}", l.transport, l.socket_addr(), l.tls);
+    }
     format!("{} {}", l.transport, l.socket_addr())
 }
 
@@ -594,6 +617,7 @@ io_threads: 2
                     transport: crate::config::TransportKind::Tcp,
                     address: "::1".parse().unwrap(),
                     port: 4420,
+                    tls: crate::config::TlsMode::None,
                 }],
                 ..ConfigDiff::default()
             }
