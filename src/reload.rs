@@ -39,7 +39,7 @@
 //! 9. `hosts_changed` — subsystems present in both configs only (an added subsystem
 //!    carries its hosts in its `SubsystemConfig`);
 //! 10. `auth_changed` — replace every host's credentials and every subsystem's
-//!    `require_auth` with the new config's.
+//!     `require_auth` with the new config's.
 //!
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of

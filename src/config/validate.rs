@@ -263,7 +263,7 @@ impl Checker<'_> {
                 Some(list) => self.names(
                     list,
                     &format!("{p}.dhchap_hashes"),
-                    |s| nvmf::auth::HashId::from_name(s),
+                    nvmf::auth::HashId::from_name,
                     "sha256, sha384, sha512",
                 ),
             };
@@ -272,7 +272,7 @@ impl Checker<'_> {
                 Some(list) => self.names(
                     list,
                     &format!("{p}.dhchap_dhgroups"),
-                    |s| nvmf::auth::DhGroup::from_name(s),
+                    nvmf::auth::DhGroup::from_name,
                     "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
                 ),
             };
