@@ -521,6 +521,7 @@ subsystems:
     ] {
         assert!(all.contains(want), "missing {want:?} in\n{all}");
     }
+}
 
 #[test]
 fn nvme_backend_parses_with_defaults() {
