@@ -413,6 +413,13 @@ impl Runtime {
                 continue;
             }
             let addr = SocketAddr::new(l.address, l.port);
+            if l.tls != crate::config::TlsMode::None {
+                err(format!(
+                    "listener {}: tls {} is not served by this engine yet; the listener is not opened",
+                    l.name, l.tls
+                ));
+                continue;
+            }
             match TcpListener::bind(addr).and_then(|s| s.set_nonblocking(true).map(|_| s)) {
                 Ok(sock) => {
                     let info = listener_info(l);

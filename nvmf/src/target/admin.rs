@@ -37,6 +37,7 @@ pub(super) fn execute(
         controllers,
         subsystems,
         listeners,
+        listener_tls,
         genctr,
         started,
         ..
@@ -54,6 +55,7 @@ pub(super) fn execute(
                 (_, lid::ERROR_INFORMATION) => error_log(ctrl),
                 (true, lid::DISCOVERY) => discovery::log_page(
                     listeners,
+                    listener_tls,
                     subsystems,
                     *genctr,
                     &ctrl.hostnqn,

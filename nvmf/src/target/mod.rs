@@ -160,6 +160,19 @@ impl ListenerInfo {
     }
 }
 
+/// TLS on a TCP listener, as the discovery log publishes it (TREQ and TSAS SECTYPE).
+/// The handshake itself is the transport's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ListenerTls {
+    /// Plain TCP (SECTYPE none, TREQ "not specified").
+    #[default]
+    None,
+    /// TLS 1.3 or plain TCP (SECTYPE TLS 1.3, TREQ "not required").
+    Optional,
+    /// TLS 1.3 only (SECTYPE TLS 1.3, TREQ "required").
+    Required,
+}
+
 /// Where a queue's transport connection came in. `Default` is "unknown", which only
 /// subsystems open to every listener accept.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -573,6 +586,8 @@ pub struct Target {
     opts: TargetOptions,
     /// Listeners with their discovery PORTID, in the order they were added.
     listeners: Vec<(u16, ListenerInfo)>,
+    /// TLS of TCP listeners that have it.
+    listener_tls: std::collections::HashMap<ListenerInfo, ListenerTls>,
     next_portid: u16,
     subsystems: BTreeMap<String, Subsystem>,
     controllers: BTreeMap<u16, Controller>,
@@ -618,6 +633,7 @@ impl Target {
         Target {
             opts,
             listeners: Vec::new(),
+            listener_tls: std::collections::HashMap::new(),
             next_portid: 1,
             subsystems,
             controllers: BTreeMap::new(),
@@ -646,6 +662,15 @@ impl Target {
         self.listeners.push((self.next_portid, l));
         self.next_portid = self.next_portid.wrapping_add(1).max(1);
         self.discovery_changed();
+    }
+
+    /// Sets what the discovery log says about a listener's TLS (before or after
+    /// [`Target::add_listener`]); discovery controllers get a log change notice.
+    pub fn set_listener_tls(&mut self, l: &ListenerInfo, tls: ListenerTls) {
+        let old = self.listener_tls.insert(l.clone(), tls).unwrap_or_default();
+        if old != tls {
+            self.discovery_changed();
+        }
     }
 
     /// Removes a listener from the discovery log. Connected queues are the transport's

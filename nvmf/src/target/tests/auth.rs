@@ -409,3 +409,42 @@ fn no_entropy_no_challenge() {
     let (cqe, _) = receive(&mut c, admin);
     assert_eq!(cqe.status(), Status::INTERNAL_ERROR);
 }
+
+/// TLS listeners in the discovery log: SECTYPE TLS 1.3 and TREQ required / not
+/// required (nvmet's values); plain TCP and RDMA listeners unchanged; GENCTR moves.
+#[test]
+fn discovery_log_publishes_listener_tls() {
+    let mut t = target();
+    t.add_listener(rdma());
+    let tls_l = ListenerInfo {
+        port: 4421,
+        ..tcp()
+    };
+    t.add_listener(tls_l.clone());
+    t.set_listener_tls(&tls_l, ListenerTls::Required);
+    let mut c = Conv::enabled(t, DISCOVERY_NQN, HOST1);
+    let (h1, e) = discovery_log(&mut c);
+    let by_port = |e: &[DiscoveryLogEntry], port: &[u8], sub: u8| {
+        e.iter()
+            .find(|x| {
+                x.trsvcid.starts_with(port) && x.subtype == sub && x.trtype == disc::TRTYPE_TCP
+            })
+            .copied()
+            .unwrap()
+    };
+    for sub in [disc::SUBTYPE_NVME, disc::SUBTYPE_CURRENT_DISCOVERY] {
+        let plain = by_port(&e, b"4420", sub);
+        assert_eq!(plain.tsas[0], disc::TCP_SECTYPE_NONE);
+        assert_eq!(plain.treq & 3, disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED);
+        let tls = by_port(&e, b"4421", sub);
+        assert_eq!(tls.tsas[0], disc::TCP_SECTYPE_TLS13);
+        assert_eq!(tls.treq & 3, disc::TREQ_SECURE_CHANNEL_REQUIRED);
+        assert_ne!(tls.treq & disc::TREQ_DISABLE_SQ_FLOW, 0);
+    }
+    c.t.set_listener_tls(&tls_l, ListenerTls::Optional);
+    let (h2, e) = discovery_log(&mut c);
+    assert!(h2.genctr.get() > h1.genctr.get());
+    let tls = by_port(&e, b"4421", disc::SUBTYPE_NVME);
+    assert_eq!(tls.treq & 3, disc::TREQ_SECURE_CHANNEL_NOT_REQUIRED);
+    assert_eq!(tls.tsas[0], disc::TCP_SECTYPE_TLS13);
+}
