@@ -25,9 +25,10 @@ fn table(psks: &[&ConfiguredPsk]) -> Arc<RwLock<PskTable>> {
 
 /// Serves one connection: handshake, read a line, answer "pong <host NQN> <cipher>".
 /// Returns the port and a receiver for the server's view (Ok(host, cipher) or the error).
-fn serve_one(
-    table: Arc<RwLock<PskTable>>,
-) -> (u16, mpsc::Receiver<Result<(String, String), String>>) {
+/// What the server saw: (host NQN of the PSK, cipher suite) or the handshake error.
+type ServerView = Result<(String, String), String>;
+
+fn serve_one(table: Arc<RwLock<PskTable>>) -> (u16, mpsc::Receiver<ServerView>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let ctx = server_context(table).unwrap();
