@@ -84,7 +84,21 @@ pub(super) fn is_auth_command(sqe: &Sqe) -> bool {
         )
 }
 
+/// Who a queue's TLS PSK belongs to (from the configuration the PSK came from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsPeer {
+    pub identity: String,
+    pub hostnqn: String,
+    pub subnqn: String,
+}
+
 impl Target {
+    /// The transport finished a TLS handshake on queue `key` with this PSK: its Connect
+    /// must name the same host and subsystem. Forgotten when the queue closes.
+    pub fn set_queue_tls(&mut self, key: super::QueueKey, peer: TlsPeer) {
+        self.queue_tls.insert(key, peer);
+    }
+
     /// Replaces every host's DH-HMAC-CHAP credentials (host NQN -> credentials).
     /// Controllers already connected keep running; a changed secret applies from the
     /// next (re-)authentication.

@@ -71,7 +71,7 @@ use crate::spec::fabrics::{
 };
 use crate::spec::log::ErrorInformationEntry;
 use crate::spec::{opcodes, Cqe, Sqe, Status};
-pub use authn::{Authenticated, HostCredentials, AUTH_TIMEOUT};
+pub use authn::{Authenticated, HostCredentials, TlsPeer, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -609,6 +609,8 @@ pub struct Target {
     auth_required_subsystems: BTreeSet<String>,
     /// Random bytes for authentication (challenges, DH keys).
     entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
+    /// TLS PSK owners of queues that came over TLS, by transport key.
+    queue_tls: BTreeMap<QueueKey, TlsPeer>,
 }
 
 impl Target {
@@ -647,6 +649,7 @@ impl Target {
             credentials: BTreeMap::new(),
             auth_required_subsystems: BTreeSet::new(),
             entropy: None,
+            queue_tls: BTreeMap::new(),
         }
     }
 
@@ -832,6 +835,10 @@ impl Target {
                 (cqe, Some(ok))
             }
             Err(e) => {
+                // A refused queue is closed by the host; nothing to keep for it.
+                if !matches!(e.reason, RefusalReason::AlreadyConnected) {
+                    self.queue_tls.remove(&key);
+                }
                 // What the host said, as far as it can be read, for the log.
                 let d = ConnectData::from_bytes(data);
                 let text = |f: fn(&ConnectData) -> Option<&str>| {
@@ -953,6 +960,19 @@ impl Target {
                 data_off::SUBNQN,
                 R::SubsystemNotOnListener,
             ));
+        }
+        // A TLS PSK is for one host and one subsystem (its identity names both; TP 8011):
+        // a queue may not use one host's PSK to connect as another.
+        if let Some(peer) = self.queue_tls.get(&key) {
+            if peer.hostnqn != hostnqn || peer.subnqn != subnqn {
+                return Err(ConnectError::data(
+                    Status::CONNECT_INVALID_HOST,
+                    data_off::HOSTNQN,
+                    R::TlsIdentityMismatch {
+                        identity: peer.identity.clone(),
+                    },
+                ));
+            }
         }
         if !subsys.allows(hostnqn) {
             let reason = if hostnqn.is_empty() {
@@ -1269,6 +1289,7 @@ impl Target {
     /// answer) and destroyed once its last queue is reported closed. Unknown queues
     /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
+        self.queue_tls.remove(&key);
         let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
             if queue.qid == 0 && c.admin_key == key && !c.admin_closed {

@@ -75,6 +75,9 @@ pub enum RefusalReason {
     AuthenticationAbandoned,
     /// A command other than Authentication Send/Receive before the queue authenticated.
     AuthenticationRequired { opcode: u8 },
+    /// The queue came over TLS with a PSK for another host or subsystem than the Connect
+    /// names (a PSK is bound to one host NQN and one subsystem NQN).
+    TlsIdentityMismatch { identity: String },
 }
 
 impl RefusalReason {
@@ -106,6 +109,7 @@ impl RefusalReason {
         "authentication_timeout",
         "authentication_abandoned",
         "authentication_required",
+        "tls_identity_mismatch",
     ];
 
     /// A stable snake_case name for metrics labels.
@@ -138,6 +142,7 @@ impl RefusalReason {
             R::AuthenticationTimeout { .. } => "authentication_timeout",
             R::AuthenticationAbandoned => "authentication_abandoned",
             R::AuthenticationRequired { .. } => "authentication_required",
+            R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
         }
     }
 }
@@ -220,6 +225,10 @@ impl fmt::Display for RefusalReason {
                 f,
                 "command (opcode {opcode:#04x}) before the queue authenticated: answered Authentication Required"
             ),
+            R::TlsIdentityMismatch { identity } => write!(
+                f,
+                "the connection's TLS PSK ({identity:?}) is not for this host and subsystem"
+            ),
         }
     }
 }
@@ -299,6 +308,9 @@ mod tests {
             RefusalReason::AuthenticationTimeout { secs: 30 },
             RefusalReason::AuthenticationAbandoned,
             RefusalReason::AuthenticationRequired { opcode: 6 },
+            RefusalReason::TlsIdentityMismatch {
+                identity: "NVMe0R01 a b".into(),
+            },
         ];
         assert_eq!(samples.len(), RefusalReason::LABELS.len());
         let mut seen = std::collections::BTreeSet::new();

@@ -448,3 +448,49 @@ fn discovery_log_publishes_listener_tls() {
     assert_eq!(tls.treq & 3, disc::TREQ_SECURE_CHANNEL_NOT_REQUIRED);
     assert_eq!(tls.tsas[0], disc::TCP_SECTYPE_TLS13);
 }
+
+/// A queue that came over TLS with HOST1's PSK for SUB1 can connect as HOST1 to SUB1
+/// only.
+#[test]
+fn tls_psk_binds_host_and_subsystem() {
+    let mut t = target();
+    t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+    let now = Instant::now();
+    let peer = TlsPeer {
+        identity: format!("NVMe0R01 {HOST1} {SUB1}"),
+        hostnqn: HOST1.into(),
+        subnqn: SUB1.into(),
+    };
+    for (key, sub, host, ok) in [
+        (1, SUB1, HOST2, false),
+        (2, SUB2, HOST1, false),
+        (3, SUB1, HOST1, true),
+    ] {
+        t.set_queue_tls(key, peer.clone());
+        let (cqe, c) = t.connect(
+            now,
+            key,
+            &origin(),
+            &connect_sqe(0, 31, 0),
+            &connect_data(0xffff, sub, host),
+        );
+        assert_eq!(c.is_some(), ok, "{sub} {host}");
+        if !ok {
+            assert_eq!(cqe.status(), Status::CONNECT_INVALID_HOST);
+            let r = refusals(&mut t);
+            assert!(matches!(
+                &r[0].reason,
+                RefusalReason::TlsIdentityMismatch { identity } if identity.starts_with("NVMe0R01 ")
+            ));
+        }
+    }
+    // A plain queue is not affected.
+    let (_, c) = t.connect(
+        now,
+        4,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST2),
+    );
+    assert!(c.is_some());
+}
