@@ -11,6 +11,7 @@ mod notify;
 mod rdma;
 mod refusals;
 mod reload;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
