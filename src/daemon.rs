@@ -170,6 +170,15 @@ impl Shared {
                         }
                     );
                 }
+                Notice::GeneratedPsk(g) => {
+                    tracing::info!(
+                        "host {:?}, subsystem {:?}: secure channel concatenation generated \
+                         TLS PSK {:?}",
+                        g.hostnqn,
+                        g.subnqn,
+                        g.psk.identity
+                    );
+                }
             }
         }
     }

@@ -71,6 +71,10 @@ pub struct Peer<'a> {
     pub subnqn: &'a str,
     pub secrets: &'a Secrets,
     pub policy: &'a Policy,
+    /// The secure channel concatenation this queue may ask for besides none:
+    /// [`sc_c::NEWTLSPSK`] on an admin queue without TLS, [`sc_c::REPLACETLSPSK`] on one
+    /// with TLS, [`sc_c::NOSC`] (none) on I/O queues (TP 8018; nvmet's rules).
+    pub concat: u8,
 }
 
 /// What a step changed.
@@ -307,7 +311,7 @@ impl Transaction {
         hashes: &[u8],
         dhgroups: &[u8],
     ) -> Result<(), FailureReason> {
-        if !matches!(sc, sc_c::NOSC | sc_c::NEWTLSPSK | sc_c::REPLACETLSPSK) {
+        if sc != sc_c::NOSC && sc != peer.concat {
             return Err(FailureReason::ConcatMismatch);
         }
         self.hash = peer
@@ -315,6 +319,8 @@ impl Transaction {
             .hashes
             .iter()
             .copied()
+            // The TLS PSK derivation is defined for SHA-256 and SHA-384 only.
+            .filter(|h| sc == sc_c::NOSC || *h != HashId::Sha512)
             .find(|h| hashes.contains(&h.id()))
             .ok_or(FailureReason::HashUnusable)?;
         self.group = peer

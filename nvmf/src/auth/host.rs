@@ -302,6 +302,7 @@ mod tests {
             subnqn: SUB,
             secrets,
             policy,
+            concat: sc_c::NEWTLSPSK,
         };
         let mut c = Transaction::new();
         let mut h = HostTransaction::new(host, 0x42);
@@ -529,6 +530,7 @@ mod tests {
             subnqn: SUB,
             secrets: &secrets,
             policy: &policy,
+            concat: sc_c::NEWTLSPSK,
         };
         let mut e = entropy(5);
         // Receive before any Negotiate.
@@ -588,6 +590,7 @@ mod tests {
             subnqn: SUB,
             secrets: &secrets,
             policy: &policy,
+            concat: sc_c::NEWTLSPSK,
         };
         let mut c = Transaction::new();
         let h = HostTransaction::new(HostConfig::new(HOST, SUB, key(None, 1, 32), None), 1);
@@ -620,6 +623,7 @@ mod tests {
             subnqn: SUB,
             secrets: &secrets,
             policy: &policy,
+            concat: sc_c::NEWTLSPSK,
         };
         let mut h = HostTransaction::new(HostConfig::new(HOST, SUB, hk, None), 7);
         let mut e = entropy(9);

@@ -71,7 +71,7 @@ use crate::spec::fabrics::{
 };
 use crate::spec::log::ErrorInformationEntry;
 use crate::spec::{opcodes, Cqe, Sqe, Status};
-pub use authn::{Authenticated, HostCredentials, TlsPeer, AUTH_TIMEOUT};
+pub use authn::{Authenticated, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -987,9 +987,15 @@ impl Target {
             ));
         }
         let is_discovery = subsys.is_discovery;
-        let auth_required = self
-            .auth_needed(subnqn, hostnqn, is_discovery)
-            .map_err(|r| ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r))?;
+        // A queue over TLS with a PSK that DH-HMAC-CHAP generated (secure channel
+        // concatenation) has proven the host already.
+        let generated_tls = self.queue_tls.get(&key).is_some_and(|p| p.generated);
+        let auth_required = !generated_tls
+            && self
+                .auth_needed(subnqn, hostnqn, is_discovery)
+                .map_err(|r| {
+                    ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r)
+                })?;
         let ok = ConnectOk {
             cntlid: 0,
             qid: cmd.qid,
@@ -1116,8 +1122,9 @@ impl Target {
         }
         ctrl.io_queues.insert(cmd.qid, key);
         // Every queue of a controller that authenticates authenticates (the credentials
-        // may have changed since the admin queue connected: the controller's rule holds).
-        let authentication_required = ctrl.auth_required;
+        // may have changed since the admin queue connected: the controller's rule holds),
+        // except over a concatenated secure channel.
+        let authentication_required = ctrl.auth_required && !generated_tls;
         if authentication_required {
             ctrl.queue_auth.insert(cmd.qid, authn::QueueAuth::new(now));
         } else {

@@ -261,6 +261,8 @@ pub enum Notice {
     },
     /// A queue completed DH-HMAC-CHAP authentication.
     Authenticated(super::Authenticated),
+    /// Secure channel concatenation made a TLS PSK the transport must now accept.
+    GeneratedPsk(super::GeneratedPsk),
 }
 
 #[cfg(test)]

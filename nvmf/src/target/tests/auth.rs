@@ -460,6 +460,7 @@ fn tls_psk_binds_host_and_subsystem() {
         identity: format!("NVMe0R01 {HOST1} {SUB1}"),
         hostnqn: HOST1.into(),
         subnqn: SUB1.into(),
+        generated: false,
     };
     for (key, sub, host, ok) in [
         (1, SUB1, HOST2, false),
@@ -493,4 +494,73 @@ fn tls_psk_binds_host_and_subsystem() {
         &connect_data(0xffff, SUB2, HOST2),
     );
     assert!(c.is_some());
+}
+
+/// Secure channel concatenation (TP 8018): DH-HMAC-CHAP on a plain admin queue asking for
+/// a new TLS PSK yields the same `NVMe1G..` identity and key on both sides; a queue that
+/// comes back over TLS with it connects without authenticating again; I/O queues cannot
+/// ask for concatenation.
+#[test]
+fn secure_channel_concatenation() {
+    use crate::auth::sc_c;
+    use crate::auth::tls::TlsPsk;
+    let (mut c, _) = connect_raw(auth_target(), SUB1, HOST1);
+    let admin = c.admin;
+    let mut cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
+    cfg.sc_c = sc_c::NEWTLSPSK;
+    let mut h = HostTransaction::new(cfg.clone(), 9);
+    let mut e = seeded(5);
+    assert!(send(&mut c, admin, &h.negotiate()).status().is_success());
+    let (_, chal) = receive(&mut c, admin);
+    let reply = h.on_challenge(&chal, &mut *e).unwrap();
+    send(&mut c, admin, &reply);
+    let (_, s1) = receive(&mut c, admin);
+    assert_eq!(h.on_success1(&s1).unwrap(), None);
+    let (hash, input) = h.generated_psk().unwrap();
+    // SHA-512 is never chosen for concatenation (no TLS PSK derivation for it).
+    assert_ne!(hash, HashId::Sha512);
+    let host_psk = TlsPsk::v1(hash, &input, HOST1, SUB1, true);
+    let g =
+        c.t.take_notices()
+            .0
+            .into_iter()
+            .find_map(|n| match n {
+                Notice::GeneratedPsk(g) => Some(g),
+                _ => None,
+            })
+            .expect("a generated PSK notice");
+    assert_eq!(g.psk.identity, host_psk.identity);
+    assert!(g.psk.identity.starts_with("NVMe1G0"));
+    assert_eq!(*g.psk.key, *host_psk.key);
+    // The host reconnects over TLS with it: no ATR, commands run at once.
+    c.t.set_queue_tls(
+        300,
+        TlsPeer {
+            identity: g.psk.identity.clone(),
+            hostnqn: HOST1.into(),
+            subnqn: SUB1.into(),
+            generated: true,
+        },
+    );
+    let (cqe, ok) = c.t.connect(
+        c.now,
+        300,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    assert_eq!(cqe.dw0 & CONNECT_AUTHREQ_ATR, 0);
+    assert!(!ok.unwrap().authentication_required);
+
+    // Concatenation asked on an I/O queue: Concatenation Mismatch.
+    let (mut c, _) = connect_raw(auth_target(), SUB1, HOST1);
+    let admin = c.admin;
+    authenticate(&mut c, admin, 0x11, None, 1).unwrap();
+    assert!(c.property_set(CC_ENABLE).0.status().is_success());
+    let (_, ok) = c.io_connect(1, 201);
+    let io = ok.unwrap().queue();
+    let h = HostTransaction::new(cfg, 3);
+    send(&mut c, io, &h.negotiate());
+    let (_, m) = receive(&mut c, io);
+    assert_eq!((m[1], m[7]), (0xf1, FailureReason::ConcatMismatch.code()));
 }
