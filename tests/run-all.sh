@@ -12,6 +12,8 @@ stage "host tools the tests need (installed when missing)"
 need=()
 command -v promtool >/dev/null || need+=(prometheus)          # promtool check metrics
 command -v systemd-analyze >/dev/null || need+=(systemd)      # unit file verification
+command -v gnutls-cli >/dev/null || need+=(gnutls-bin)        # nvmf-tls against GnuTLS (tlshd's library)
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev pkg-config)   # openssl-sys (nvmf-tls)
 if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
@@ -51,6 +53,9 @@ stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
 
 # (the benchmark scenario nvmft-vfio-bench is not a test: run it by hand, see tests/interop/README.md)
+stage "interop: DH-HMAC-CHAP with the kernel 6.12 host (the trixie guest: its own image and boot)"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-auth
+
 stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio
 
