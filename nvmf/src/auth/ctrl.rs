@@ -418,6 +418,13 @@ impl Transaction {
         entropy: &mut dyn Entropy,
         al: usize,
     ) -> Result<(Vec<u8>, Event), CommandError> {
+        // Every answer is at least a Failure1 (found by the `auth` fuzz target: an AL
+        // below 8 bytes after a failed Send).
+        if al < msg::FAILURE_SIZE {
+            return Err(CommandError::AllocationLength {
+                need: msg::FAILURE_SIZE,
+            });
+        }
         match self.step {
             Step::Challenge => {
                 let hl = self.hash.output_len();

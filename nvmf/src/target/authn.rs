@@ -215,6 +215,9 @@ impl Target {
                 .tx
                 .receive(now, AUTH_TIMEOUT, peer, entropy.as_mut(), al)
                 .map_err(|CommandError::AllocationLength { .. }| Status::INVALID_FIELD)?;
+            if msg.len() > al {
+                return Err(Status::INVALID_FIELD);
+            }
             data[..msg.len()].copy_from_slice(&msg);
             data[msg.len()..al].fill(0);
             (ev, Reply::data(al)?)

@@ -564,3 +564,23 @@ fn secure_channel_concatenation() {
     let (_, m) = receive(&mut c, io);
     assert_eq!((m[1], m[7]), (0xf1, FailureReason::ConcatMismatch.code()));
 }
+
+/// An Authentication Receive with an allocation length below the smallest answer (8
+/// bytes) after a failed Send is an error status, not a crash (found by fuzzing).
+#[test]
+fn tiny_allocation_length() {
+    let (mut c, _) = connect_raw(auth_target(), SUB1, HOST1);
+    let admin = c.admin;
+    send(&mut c, admin, &[0xff; 16]);
+    for al in [1u32, 7] {
+        let sqe = AuthCommand::dhchap(al).to_sqe(0, false);
+        let mut buf = vec![0u8; al as usize];
+        match c.exec_on(admin, sqe, &mut buf) {
+            Outcome::Complete { cqe, .. } => assert_eq!(cqe.status(), Status::INVALID_FIELD),
+            o => panic!("{o:?}"),
+        }
+    }
+    let (cqe, m) = receive(&mut c, admin);
+    assert!(cqe.status().is_success());
+    assert_eq!(m[1], 0xf1);
+}
