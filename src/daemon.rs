@@ -1007,6 +1007,9 @@ struct QpApp {
     closed: bool,
     /// Where the connection came in (for Connect).
     origin: QueueOrigin,
+    /// An I/O queue that must authenticate first: its subsystem is bound to the QP (the
+    /// engine then serves I/O itself, past the target) only once it has.
+    offload_after_auth: Option<SubsysId>,
 }
 
 struct IoThread {
@@ -1390,7 +1393,13 @@ impl IoThread {
                         .get(&ok.subnqn)
                         .copied();
                     if let Some(id) = id {
-                        let _ = self.io.qp_add_subsystem(qp, id);
+                        if ok.authentication_required {
+                            if let Some(a) = self.qps.get_mut(&qp) {
+                                a.offload_after_auth = Some(id);
+                            }
+                        } else {
+                            let _ = self.io.qp_add_subsystem(qp, id);
+                        }
                     }
                 }
                 let _ = self.io.qp_connect_set_params(
@@ -1417,11 +1426,20 @@ impl IoThread {
             let _ = self.io.rdma_send(qp, token, &cqe, 0);
             return;
         };
-        let (outcome, actions, notices) = {
+        let pending = self.qps.get(&qp).and_then(|a| a.offload_after_auth);
+        let (outcome, actions, notices, authenticated) = {
             let mut t = shared.target();
             let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
-            (o, t.take_actions(), t.take_notices())
+            let authenticated = pending.is_some() && t.queue_authenticated(queue);
+            (o, t.take_actions(), t.take_notices(), authenticated)
         };
+        if let (true, Some(id)) = (authenticated, pending) {
+            // Authenticated: from now on the engine serves this queue's I/O itself.
+            let _ = self.io.qp_add_subsystem(qp, id);
+            if let Some(a) = self.qps.get_mut(&qp) {
+                a.offload_after_auth = None;
+            }
+        }
         shared.report_notices(notices);
         match outcome {
             Outcome::Complete { cqe, data_len } if data_len > 0 => {

@@ -125,6 +125,15 @@ impl Target {
         self.credentials = creds.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
     }
 
+    /// Whether a connected queue may run commands other than authentication (it
+    /// authenticated, or its controller does not authenticate). The engine must not serve
+    /// I/O on a queue for which this is false.
+    pub fn queue_authenticated(&self, queue: QueueRef) -> bool {
+        self.controllers
+            .get(&queue.cntlid)
+            .is_some_and(|c| !c.retired && c.queue_may_run(queue.qid))
+    }
+
     /// Whether hosts without credentials are refused by this subsystem.
     pub fn set_subsystem_auth_required(&mut self, nqn: &str, required: bool) {
         if required {
