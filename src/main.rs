@@ -8,7 +8,7 @@ mod config;
 mod daemon;
 mod metrics;
 mod notify;
-mod rdma;
+mod rdma_cm;
 mod refusals;
 mod reload;
 mod tls;

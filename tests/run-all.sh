@@ -34,7 +34,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 (
     cd fuzz
     CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
-    for t in tcp_framer capsule connect_data config auth; do
+    for t in tcp_framer tcp_queue capsule connect_data config auth; do
         ../target/fuzz/release/"$t" --secs 15
     done
 )

@@ -5,8 +5,12 @@
 //!
 //! - [`spec`]: NVMe Base 2.0 / NVM Command Set 1.0 / NVMe-oF 1.1 structures (SQE, CQE,
 //!   status, SGL, Identify, log pages, features, Fabrics Connect).
-//! - [`tcp`]: NVMe/TCP Transport Specification 1.0 PDUs, digests and the receive framer.
-//! - [`queue`]: submission-queue rules the transports share (SQHD, SGL lengths).
+//! - [`tcp`]: NVMe/TCP Transport Specification 1.0 PDUs, digests, the receive framer and
+//!   the queue state machines of both sides.
+//! - [`rdma`]: the NVMe/RDMA binding (NVMe-oF 1.1 section 7.3): CM private data, keyed
+//!   SGLs, send-queue credits and the controller-side queue machine.
+//! - [`queue`] (SQHD and Connect parameters) and [`command`] (offloaded opcodes, transfer
+//!   lengths, SGL checks): what both transports share.
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
 //! - [`auth`]: DH-HMAC-CHAP in-band authentication (secrets, FFDHE, messages, both
@@ -18,7 +22,9 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod command;
 pub mod queue;
+pub mod rdma;
 pub mod spec;
 pub mod target;
 pub mod tcp;
