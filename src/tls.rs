@@ -9,8 +9,6 @@ use nvmf_tls::PskTable;
 /// Every (identity -> TLS PSK) the configured hosts may present: for each host with a
 /// PSK, each subsystem that lets it in, and the discovery subsystem; both identity
 /// versions (the Linux host's tlshd offers the key's description, version 0 or 1).
-// Used by the TCP listeners once the engine serves TLS (see the daemon).
-#[allow(dead_code)]
 pub fn psk_table(cfg: &Config) -> PskTable {
     let mut t = PskTable::default();
     for h in &cfg.hosts {

@@ -32,9 +32,10 @@ use nvmf::auth::HashId;
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    ClientHelloResponse, HandshakeError, MidHandshakeSslStream, Ssl, SslContext, SslContextBuilder,
-    SslMethod, SslOptions, SslRef, SslStream, SslVerifyMode, SslVersion,
+    ClientHelloResponse, HandshakeError, Ssl, SslContextBuilder, SslMethod, SslOptions, SslRef,
+    SslVerifyMode, SslVersion,
 };
+pub use openssl::ssl::{MidHandshakeSslStream, SslContext, SslStream};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::raw::c_int;
