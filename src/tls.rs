@@ -13,10 +13,10 @@ pub fn psk_table(cfg: &Config) -> PskTable {
     let mut t = PskTable::default();
     for h in &cfg.hosts {
         let Some(psk) = &h.tls_psk else { continue };
-        t.insert_configured(psk, &h.nqn, DISCOVERY_NQN);
+        t.insert_configured_with(psk, &h.nqn, DISCOVERY_NQN, h.tls_derivation);
         for s in &cfg.subsystems {
             if s.allow_any_host || s.hosts.contains(&h.nqn) {
-                t.insert_configured(psk, &h.nqn, &s.nqn);
+                t.insert_configured_with(psk, &h.nqn, &s.nqn, h.tls_derivation);
             }
         }
     }
