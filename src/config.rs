@@ -81,6 +81,9 @@ pub struct HostConfig {
     pub dhchap: Option<DhchapConfig>,
     /// The configured TLS PSK (`NVMeTLSkey-1:` interchange format).
     pub tls_psk: Option<nvmf::auth::tls::ConfiguredPsk>,
+    /// How the host derives its TLS PSK from it: `rfc8446` (default) or `libnvme-compat`
+    /// (nvme-cli 2.13 / libnvme 1.13, e.g. Debian trixie).
+    pub tls_derivation: nvmf::auth::tls::Derivation,
 }
 
 /// DH-HMAC-CHAP settings of a host.

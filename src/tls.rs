@@ -9,16 +9,14 @@ use nvmf_tls::PskTable;
 /// Every (identity -> TLS PSK) the configured hosts may present: for each host with a
 /// PSK, each subsystem that lets it in, and the discovery subsystem; both identity
 /// versions (the Linux host's tlshd offers the key's description, version 0 or 1).
-// Used by the TCP listeners once the engine serves TLS (see the daemon).
-#[allow(dead_code)]
 pub fn psk_table(cfg: &Config) -> PskTable {
     let mut t = PskTable::default();
     for h in &cfg.hosts {
         let Some(psk) = &h.tls_psk else { continue };
-        t.insert_configured(psk, &h.nqn, DISCOVERY_NQN);
+        t.insert_configured_with(psk, &h.nqn, DISCOVERY_NQN, h.tls_derivation);
         for s in &cfg.subsystems {
             if s.allow_any_host || s.hosts.contains(&h.nqn) {
-                t.insert_configured(psk, &h.nqn, &s.nqn);
+                t.insert_configured_with(psk, &h.nqn, &s.nqn, h.tls_derivation);
             }
         }
     }

@@ -41,6 +41,7 @@ pub(super) struct RawHost {
     pub dhchap_dhgroups: Option<Spanned<Vec<Spanned<String>>>>,
     pub tls_psk: Option<Spanned<String>>,
     pub tls_psk_file: Option<Spanned<String>>,
+    pub tls_psk_derivation: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

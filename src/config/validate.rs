@@ -290,8 +290,24 @@ impl Checker<'_> {
                         .map_err(|e| self.error_at(at, field, e.to_string()))
                         .ok()
                 });
+            let tls_derivation = match &h.tls_psk_derivation {
+                None => nvmf::auth::tls::Derivation::Rfc8446,
+                Some(d) => match d.value.as_str() {
+                    "rfc8446" => nvmf::auth::tls::Derivation::Rfc8446,
+                    "libnvme-compat" => nvmf::auth::tls::Derivation::LibnvmeCompat,
+                    other => {
+                        self.error(
+                            d,
+                            format!("{p}.tls_psk_derivation"),
+                            format!("unknown {other:?}; known: rfc8446, libnvme-compat"),
+                        );
+                        nvmf::auth::tls::Derivation::Rfc8446
+                    }
+                },
+            };
             out.push(HostConfig {
                 nqn: h.nqn.value.clone(),
+                tls_derivation,
                 dhchap: secret.map(|secret| DhchapConfig {
                     secret,
                     ctrl_secret,

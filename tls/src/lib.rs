@@ -32,9 +32,10 @@ use nvmf::auth::HashId;
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    ClientHelloResponse, HandshakeError, MidHandshakeSslStream, Ssl, SslContext, SslContextBuilder,
-    SslMethod, SslOptions, SslRef, SslStream, SslVerifyMode, SslVersion,
+    ClientHelloResponse, HandshakeError, Ssl, SslContextBuilder, SslMethod, SslOptions, SslRef,
+    SslVerifyMode, SslVersion,
 };
+pub use openssl::ssl::{MidHandshakeSslStream, SslContext, SslStream};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::raw::c_int;
@@ -104,7 +105,18 @@ impl PskTable {
     /// Adds every identity a host may offer for its configured PSK and this subsystem
     /// (version 1 with digest, version 0).
     pub fn insert_configured(&mut self, psk: &ConfiguredPsk, hostnqn: &str, subnqn: &str) {
-        for p in psk.tls_psks(hostnqn, subnqn) {
+        self.insert_configured_with(psk, hostnqn, subnqn, Default::default());
+    }
+    /// [`insert_configured`](Self::insert_configured) for a host that derives its PSKs
+    /// with `d`.
+    pub fn insert_configured_with(
+        &mut self,
+        psk: &ConfiguredPsk,
+        hostnqn: &str,
+        subnqn: &str,
+        d: nvmf::auth::tls::Derivation,
+    ) {
+        for p in psk.tls_psks_with(hostnqn, subnqn, d) {
             self.insert(PskEntry::new(&p, hostnqn, subnqn));
         }
     }

@@ -19,8 +19,13 @@
 //! (TLS_AES_128_GCM_SHA256), 02 SHA-384 (TLS_AES_256_GCM_SHA384). For an interchange key
 //! with hh 00 it follows the key's length (libnvme does the same).
 //!
-//! Not implemented: libnvme's "compat" derivations (an early libnvme bug it still
-//! accepts for old keyrings).
+//! [`Derivation::LibnvmeCompat`]: libnvme up to 1.13 (nvme-cli 2.13, Debian trixie) builds
+//! the HKDF info of both steps without RFC 8446's length bytes (a little-endian length,
+//! then `"tls13 HostNQN"` and the host NQN, or `"tls13 nvme-tls-psk"` and the context, back
+//! to back); newer libnvme keeps that as its `--compat` option. A host whose keyring was
+//! filled by such a libnvme presents keys derived that way. (Seen in the interop guest: the
+//! identity digest nvme-cli 2.13 put in the keyring matches this derivation, not RFC
+//! 8446's.)
 
 use super::HashId;
 use base64::Engine;
@@ -121,23 +126,64 @@ impl ConfiguredPsk {
 
     /// The retained PSK for a host.
     pub fn retained(&self, hostnqn: &str) -> Zeroizing<Vec<u8>> {
+        self.retained_with(hostnqn, Derivation::Rfc8446)
+    }
+
+    pub fn retained_with(&self, hostnqn: &str, d: Derivation) -> Zeroizing<Vec<u8>> {
         match self.transform {
             None => self.key.clone(),
-            Some(h) => {
-                hkdf_expand_label(h, &self.key, b"HostNQN", hostnqn.as_bytes(), self.key.len())
-            }
+            Some(h) => d.expand(h, &self.key, b"HostNQN", hostnqn.as_bytes(), self.key.len()),
         }
     }
 
     /// Every (identity, TLS PSK) a host may offer for this key and subsystem: version 1
     /// (with digest) and version 0.
     pub fn tls_psks(&self, hostnqn: &str, subnqn: &str) -> Vec<TlsPsk> {
-        let retained = self.retained(hostnqn);
+        self.tls_psks_with(hostnqn, subnqn, Derivation::Rfc8446)
+    }
+
+    /// [`tls_psks`](Self::tls_psks) with the host's HKDF info encoding.
+    pub fn tls_psks_with(&self, hostnqn: &str, subnqn: &str, d: Derivation) -> Vec<TlsPsk> {
+        let retained = self.retained_with(hostnqn, d);
         let h = self.cipher_hash();
         vec![
-            TlsPsk::v1(h, &retained, hostnqn, subnqn, false),
-            TlsPsk::v0(h, &retained, hostnqn, subnqn),
+            TlsPsk::v1_with(h, &retained, hostnqn, subnqn, false, d),
+            TlsPsk::v0_with(h, &retained, hostnqn, subnqn, d),
         ]
+    }
+}
+
+/// How the host builds the HKDF-Expand-Label info (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Derivation {
+    /// RFC 8446's HkdfLabel, as TP 8011 says (SPDK, libnvme >= 1.14, the kernel's
+    /// generated PSKs).
+    #[default]
+    Rfc8446,
+    /// libnvme <= 1.13 (nvme-cli 2.13).
+    LibnvmeCompat,
+}
+
+impl Derivation {
+    fn expand(
+        self,
+        h: HashId,
+        ikm: &[u8],
+        label: &[u8],
+        ctx: &[u8],
+        len: usize,
+    ) -> Zeroizing<Vec<u8>> {
+        match self {
+            Derivation::Rfc8446 => hkdf_expand_label(h, ikm, label, ctx, len),
+            Derivation::LibnvmeCompat => {
+                let mut info = Vec::with_capacity(2 + 6 + label.len() + ctx.len());
+                info.extend_from_slice(&(len as u16).to_le_bytes());
+                info.extend_from_slice(b"tls13 ");
+                info.extend_from_slice(label);
+                info.extend_from_slice(ctx);
+                hkdf_expand(h, ikm, &info, len)
+            }
+        }
     }
 }
 
@@ -163,6 +209,16 @@ impl TlsPsk {
     /// Version 1 identity and TLS PSK from a retained (or, `generated`, a DH-HMAC-CHAP
     /// generated) PSK.
     pub fn v1(h: HashId, input: &[u8], hostnqn: &str, subnqn: &str, generated: bool) -> TlsPsk {
+        Self::v1_with(h, input, hostnqn, subnqn, generated, Derivation::Rfc8446)
+    }
+    pub fn v1_with(
+        h: HashId,
+        input: &[u8],
+        hostnqn: &str,
+        subnqn: &str,
+        generated: bool,
+        d: Derivation,
+    ) -> TlsPsk {
         let digest = psk_digest(h, input, hostnqn, subnqn);
         let context = format!("{:02} {}", h.id(), digest);
         TlsPsk {
@@ -172,7 +228,7 @@ impl TlsPsk {
                 h.id()
             ),
             hash: h,
-            key: hkdf_expand_label(
+            key: d.expand(
                 h,
                 input,
                 b"nvme-tls-psk",
@@ -183,9 +239,18 @@ impl TlsPsk {
     }
     /// Version 0 identity (no digest) and TLS PSK.
     pub fn v0(h: HashId, retained: &[u8], hostnqn: &str, subnqn: &str) -> TlsPsk {
+        Self::v0_with(h, retained, hostnqn, subnqn, Derivation::Rfc8446)
+    }
+    pub fn v0_with(
+        h: HashId,
+        retained: &[u8],
+        hostnqn: &str,
+        subnqn: &str,
+        d: Derivation,
+    ) -> TlsPsk {
         let identity = identity_v0(h, hostnqn, subnqn);
         TlsPsk {
-            key: hkdf_expand_label(
+            key: d.expand(
                 h,
                 retained,
                 b"nvme-tls-psk",
@@ -266,12 +331,17 @@ pub fn hkdf_expand_label(
     info.extend_from_slice(label);
     info.push(context.len() as u8);
     info.extend_from_slice(context);
+    hkdf_expand(h, ikm, &info, len)
+}
+
+/// HKDF-Expand(HKDF-Extract(0, ikm), info, len).
+fn hkdf_expand(h: HashId, ikm: &[u8], info: &[u8], len: usize) -> Zeroizing<Vec<u8>> {
     let mut out = Zeroizing::new(vec![0u8; len]);
     // Output lengths are 32 or 48 bytes: far below HKDF's 255 * HashLen limit.
     let r = match h {
-        HashId::Sha256 => hkdf::Hkdf::<sha2::Sha256>::new(None, ikm).expand(&info, &mut out),
-        HashId::Sha384 => hkdf::Hkdf::<sha2::Sha384>::new(None, ikm).expand(&info, &mut out),
-        HashId::Sha512 => hkdf::Hkdf::<sha2::Sha512>::new(None, ikm).expand(&info, &mut out),
+        HashId::Sha256 => hkdf::Hkdf::<sha2::Sha256>::new(None, ikm).expand(info, &mut out),
+        HashId::Sha384 => hkdf::Hkdf::<sha2::Sha384>::new(None, ikm).expand(info, &mut out),
+        HashId::Sha512 => hkdf::Hkdf::<sha2::Sha512>::new(None, ikm).expand(info, &mut out),
     };
     r.expect("HKDF output length within limits");
     out
@@ -425,6 +495,23 @@ mod tests {
         assert_eq!(hexs(&retained), VECTOR_RETAINED);
         assert_eq!(v1.identity.rsplit(' ').next().unwrap(), VECTOR_DIGEST);
         assert_eq!(hexs(&v1.key), VECTOR_TLS_PSK);
+    }
+
+    /// The compat derivation against what nvme-cli 2.13 (libnvme 1.13) put in the trixie
+    /// guest's keyring for the configured key 07h x 32, hh 01: its version 1 identity's
+    /// digest (read with `keyctl show`; the key itself is not readable).
+    #[test]
+    fn libnvme_compat_matches_nvme_cli_2_13() {
+        let host = "nqn.2014-08.org.nvmexpress:uuid:d0d0d0d0-0000-4000-8000-000000000001";
+        let sub = "nqn.2026-11.dev.nvmf-target:tls";
+        let k = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[7; 32]).unwrap();
+        let v1 = &k.tls_psks_with(host, sub, Derivation::LibnvmeCompat)[0];
+        assert_eq!(
+            v1.identity,
+            format!("NVMe1R01 {host} {sub} +PvPmFMXqnvcXEnRroIzKGk14h+Fw+rX8XkWEYL+6sU=")
+        );
+        // And the RFC 8446 one differs (what newer libnvme and SPDK derive).
+        assert_ne!(k.tls_psks(host, sub)[0].identity, v1.identity);
     }
 
     const VECTOR_RETAINED: &str =

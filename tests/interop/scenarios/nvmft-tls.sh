@@ -65,6 +65,8 @@ backends:
 hosts:
   - nqn: $H1
     tls_psk: "$KEY"
+    # trixie's nvme-cli 2.13 (libnvme 1.13) derives the keyring's PSK the pre-RFC 8446 way
+    tls_psk_derivation: libnvme-compat
 subsystems:
   - nqn: $NQN
     allow_any_host: true
