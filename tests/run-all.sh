@@ -53,8 +53,8 @@ stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
 
 # (the benchmark scenario nvmft-vfio-bench is not a test: run it by hand, see tests/interop/README.md)
-stage "interop: DH-HMAC-CHAP with the kernel 6.12 host (the trixie guest: its own image and boot)"
-NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-auth
+stage "interop: DH-HMAC-CHAP and TLS with the kernel 6.12 host and tlshd (the trixie guest: its own image and boot)"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-auth nvmft-tls
 
 stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio
