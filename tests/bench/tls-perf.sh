@@ -42,7 +42,6 @@ perf() { # name port extra...
 }
 
 cat >"$W/ours.yaml" <<YAML
-io_threads: 1
 cpus: [0]
 listeners:
   - {name: plain, transport: tcp, address: 127.0.0.1, port: 4420}
