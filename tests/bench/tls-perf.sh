@@ -17,14 +17,16 @@ TGT=$SPDK/build/bin/nvmf_tgt
 export LD_LIBRARY_PATH=$SPDK/build/lib:$SPDK/dpdk/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [[ -x $PERF && -x $TGT ]] || { echo "SKIPPED: SPDK not built at $SPDK"; exit 0; }
 [[ -x $BIN ]] || { echo "SKIPPED: $BIN missing (cargo build --release)"; exit 0; }
-[[ $(awk '/HugePages_Total/ {print $2}' /proc/meminfo) -gt 0 ]] || { echo "SKIPPED: no hugepages for SPDK"; exit 0; }
+# Without hugepages SPDK runs on ordinary memory (--no-huge): fine for TCP.
+NOHUGE=()
+[[ $(awk '/HugePages_Total/ {print $2}' /proc/meminfo) -gt 0 ]] || NOHUGE=(--no-huge)
 
 W=$(mktemp -d /tmp/tls-perf.XXXXXX)
 NQN=nqn.2026-11.dev.nvmf-target:bench
 HOST=nqn.2014-08.org.nvmexpress:uuid:be0cbe0c-0000-4000-8000-000000000001
 # A random PSK in the interchange format (hh 01: SHA-256, retained PSK derived per host).
 KEY=$(python3 -c 'import os,zlib,struct,base64; k=os.urandom(32); print("NVMeTLSkey-1:01:"+base64.b64encode(k+struct.pack("<I",zlib.crc32(k))).decode()+":")')
-umask 077; printf '%s\n' "$KEY" >"$W/psk.txt"
+umask 077; printf '%s' "$KEY" >"$W/psk.txt"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
@@ -33,9 +35,9 @@ perf() { # name port extra...
     local name=$1 port=$2 wl=$3 bs=$4; shift 4
     local out
     out=$(timeout $((T + 30)) "$PERF" -r "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$NQN hostnqn:$HOST" \
-        -q 32 -o "$bs" -w "$wl" -t "$T" -c 0x2 "$@" 2>&1)
+        -q 32 -o "$bs" -w "$wl" -t "$T" -c 0x2 "${NOHUGE[@]}" ${NOHUGE:+-s 512} "$@" 2>&1)
     local line; line=$(echo "$out" | grep -E '^Total' | tail -1)
-    if [[ -z $line ]]; then echo "$name: FAILED"; echo "$out" | tail -5 | sed 's/^/    /'; echo 0; return; fi
+    if [[ -z $line ]]; then echo "$name: FAILED" >&2; echo "$out" | tail -5 | sed 's/^/    /' >&2; echo 0; return; fi
     local iops mibs; iops=$(echo "$line" | awk '{print $3}'); mibs=$(echo "$line" | awk '{print $4}')
     printf '%-28s %12s IOPS %10s MiB/s\n' "$name" "$iops" "$mibs" >&2
     echo "${iops%.*}"
@@ -65,7 +67,7 @@ o_plain_s=$(perf "nvmf-target tcp 128k read" 4420 read 131072)
 o_tls_s=$(perf "nvmf-target tls 128k read" 4421 read 131072 -S ssl --psk-path "$W/psk.txt")
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null
 
-"$TGT" -m 0x1 -s 1024 >"$W/spdk.log" 2>&1 & pids+=($!)
+"$TGT" -m 0x1 -s 1024 "${NOHUGE[@]}" >"$W/spdk.log" 2>&1 & pids+=($!)
 RPC="python3 $SPDK/scripts/rpc.py"
 for _ in $(seq 50); do $RPC rpc_get_methods >/dev/null 2>&1 && break; sleep 0.2; done
 $RPC nvmf_create_transport -t TCP -u 131072 >/dev/null &&
