@@ -12,7 +12,9 @@
 //!   its buffer pool. The owning thread calls `progress()` in its loop and then drains
 //!   `poll_event()` (DOCA calls callbacks from `doca_pe_progress`; Rust returns events so
 //!   the application can submit tasks while handling them).
-//! - QP life: `qp_accept_tcp` for a TCP connection, `qp_accept_rdma` for an RDMA CM
+//! - QP life: `qp_accept_tcp` for a TCP connection (`qp_accept_tcp_tls` on a TLS listener:
+//!   the engine runs the TLS 1.3 PSK handshake first and reports [`Event::Tls`]),
+//!   `qp_accept_rdma` for an RDMA CM
 //!   connect request (DOCA: `qp_alloc` + `qp_accept` with the `rdma_cm_id`), then
 //!   `qp_rdma_cm_event` for the connection's CM events (ESTABLISHED is DOCA's
 //!   `qp_connect_established`). Once the application has answered a Fabrics Connect for an I/O queue it
