@@ -85,9 +85,12 @@ HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
 TRID="trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN hostnqn:$HOSTNQN"
 NS_MIB=1024
 
+note() { printf '# %s\n' "$*" >&2; }
+die() { printf 'vs-spdk.sh: %s\n' "$*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
     case $1 in
+        --rounds | --secs | --rows) (($# >= 2)) || die "$1 needs a value" ;;&
         --rounds) ROUNDS=$2; shift 2 ;;
         --secs) SECS=$2; shift 2 ;;
         --rows) ROWS=$2; shift 2 ;;
@@ -105,9 +108,6 @@ done
 ((ROUNDS >= 1 && SECS >= 3)) || { echo "vs-spdk.sh: need --rounds >= 1 and --secs >= 3" >&2; exit 2; }
 ((TARGET_CORE != PERF_CORE)) || { echo "vs-spdk.sh: target and perf need different cores" >&2; exit 2; }
 
-note() { printf '# %s\n' "$*" >&2; }
-die() { printf 'vs-spdk.sh: %s\n' "$*" >&2; exit 2; }
-
 # ---------------------------------------------------------------------------------------
 # Find SPDK (never build it here: that takes ~10 minutes and a set of source mirrors).
 for f in build/bin/nvmf_tgt build/bin/spdk_nvme_perf scripts/rpc.py build/lib; do
@@ -124,8 +124,9 @@ EOF
     fi
 done
 SPDK_LIB=$SPDK/build/lib
-SPDK_VERSION=$(LD_LIBRARY_PATH=$SPDK_LIB "$SPDK/build/bin/spdk_nvme_perf" --version 2>/dev/null | head -1 || true)
-[[ -n $SPDK_VERSION ]] || SPDK_VERSION="$(basename "$SPDK")"
+SPDK_VERSION=$(awk '$1 == "#define" && $2 == "SPDK_VERSION_MAJOR" {M = $3} $1 == "#define" && $2 == "SPDK_VERSION_MINOR" {m = $3}
+    END {if (M != "") printf "v%s.%02d", M, m}' "$SPDK/include/spdk/version.h" 2>/dev/null || true)
+[[ -n $SPDK_VERSION ]] || SPDK_VERSION="version unknown"
 if [[ -e $SPDK_LIB/libspdk_bdev_uring.so ]]; then SPDK_FILE_BDEV=uring; else SPDK_FILE_BDEV=aio; fi
 
 for tool in taskset ss awk timeout python3 getconf stdbuf; do
