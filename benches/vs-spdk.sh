@@ -16,8 +16,9 @@
 #     hostnqn in -r (so it works whether or not a target accepts an empty Host NQN),
 #     `-t SECS` after `-a 1` second of warm-up.
 #   - the target's CPU time (all its threads, from /proc/PID/task/*/schedstat) is sampled
-#     at the start and end of perf's measured period; with the IOPS from perf's Total line
-#     that gives target CPU seconds per million I/Os.
+#     at the start of perf's measured period and 0.3 s before its end; with the IOPS from
+#     perf's Total line that gives target CPU seconds per million I/Os. The CPU that all
+#     other processes took meanwhile (from /proc/stat) is printed as the noise figure.
 #   - it prints, per row, a table: per-round values, per-round ratio ours/SPDK and the
 #     median of those ratios (the only figure that means something on a shared machine),
 #     plus the 1-minute load average before and after the row.
@@ -193,7 +194,14 @@ if (($(hp_total) < HUGEPAGES)); then
     note "vm.nr_hugepages to $HUGEPAGES ($((HUGEPAGES * 2)) MiB) for this run; restored on exit"
     HP_BEFORE=$(cat /proc/sys/vm/nr_hugepages)
     echo "$HUGEPAGES" >/proc/sys/vm/nr_hugepages
-    (($(hp_total) >= HUGEPAGES)) || die "the kernel gave only $(hp_total) of $HUGEPAGES hugepages (memory fragmented?)"
+    if (($(hp_total) < HUGEPAGES)); then
+        note "the kernel gave only $(hp_total) of $HUGEPAGES hugepages; compacting memory and trying again"
+        echo 1 >/proc/sys/vm/compact_memory
+        echo "$HUGEPAGES" >/proc/sys/vm/nr_hugepages
+    fi
+    # SPDK takes ~1,025 pages here (-s 1024 plus the 1 GiB malloc bdev), perf 256.
+    (($(hp_total) >= 1400)) || die "the kernel gave only $(hp_total) of $HUGEPAGES hugepages, fewer than the 1400 a run needs"
+    (($(hp_total) >= HUGEPAGES)) || note "running with $(hp_total) hugepages (enough: a run needs ~1,300)"
 fi
 if ! awk '$3 == "hugetlbfs" {found = 1} END {exit !found}' /proc/mounts; then
     [[ $(id -u) == 0 ]] || die "no hugetlbfs mounted and not root to mount one"
@@ -326,7 +334,7 @@ perf_once() { # try row round prefix perf-args...
     local try=$1 row=$2 round=$3 prefix=$4
     shift 4
     local out=$OUT/perf-$row-r$round-$prefix-try$try.txt pmask rc deadline c0="" c1="" t0 t1
-    local total p99 iops mibs avg perf_tid="" p0 p1 b0 b1 cm tm perf_pid
+    local total p99 iops mibs avg perf_tid="" p0 p1 b0 b1 perf_pid
     pmask=$(printf '0x%x' $((1 << PERF_CORE)))
     echo "spdk_nvme_perf -c $pmask -s 512 -t $SECS -a $WARMUP $* -r '$TRID'" >"$out.cmd"
     # stdbuf: perf's stdout is a file, and its "Initialization complete" line must arrive
@@ -343,20 +351,22 @@ perf_once() { # try row round prefix perf-args...
     done
     if grep -q '^Initialization complete' "$out" && kill -0 "$perf_pid" 2>/dev/null; then
         # Sample the target's CPU over perf's measured period (after the warm-up), the
-        # period its IOPS figure covers: a shorter window inside it would misjudge a run
-        # whose I/O came in bursts (a starved perf on a loaded machine does that).
-        # Everything else the machine ran meanwhile is the noise figure.
+        # period its IOPS figure covers, ending 0.3 s early so that perf is surely still
+        # running I/O at the last sample (checked: a late sample would count idle time).
+        # What the rest of the machine ran meanwhile is the noise figure.
         perf_tid=$(cat "/proc/$perf_pid/task/$perf_pid/children" 2>/dev/null || true)
         perf_tid=${perf_tid%% *}
         sleep "$WARMUP"
         c0=$(cpu_ns "$TGT_PID") p0=$(cpu_ns "${perf_tid:-0}") b0=$(busy_ns) t0=$(now)
-        # The noise window ends a little early: perf is gone at the very end.
         sleep "$(calc "$SECS - 0.3")"
-        cm=$(cpu_ns "$TGT_PID") p1=$(cpu_ns "${perf_tid:-0}") b1=$(busy_ns) tm=$(now)
-        sleep 0.3
-        c1=$(cpu_ns "$TGT_PID") t1=$(now)
+        c1=$(cpu_ns "$TGT_PID") p1=$(cpu_ns "${perf_tid:-0}") b1=$(busy_ns) t1=$(now)
         echo "target pid $TGT_PID: $c0 -> $c1 ns on CPU over $t0 -> $t1;" \
-            "to $tm: target $c0 -> $cm, perf pid ${perf_tid:-?} $p0 -> $p1, all cores busy $b0 -> $b1" >"$out.cpu"
+            "perf pid ${perf_tid:-?}: $p0 -> $p1; all cores busy: $b0 -> $b1" >"$out.cpu"
+        if [[ -z $perf_tid || ! -e /proc/$perf_tid ]] || ((p1 == 0)); then
+            # A starved script woke late and perf had finished: no CPU figures.
+            note "perf ended before the CPU window did ($prefix, $row, round $round): no CPU figures"
+            c0="" c1=""
+        fi
     fi
     rc=0
     wait "$perf_pid" || rc=$?
@@ -380,7 +390,7 @@ perf_once() { # try row round prefix perf-args...
         put "$row" "$round" "$prefix.cpupct" "$(calc "100 * $cpu_s / $wall")"
         put "$row" "$round" "$prefix.cpumio" "$(calc "$cpu_s / $wall / $iops * 1000000")"
         if [[ -n $perf_tid ]]; then
-            put "$row" "$round" "$prefix.others" "$(calc "100 * (($b1 - $b0) - ($cm - $c0) - ($p1 - $p0)) / 1e9 / ($tm - $t0)")"
+            put "$row" "$round" "$prefix.others" "$(calc "100 * (($b1 - $b0) - ($c1 - $c0) - ($p1 - $p0)) / 1e9 / $wall")"
         fi
     fi
 }
@@ -462,14 +472,16 @@ row_body() { # row round who
         idle100)
             start_target "$who" ram
             if start_idle idle100 "$round" "$who" 100 $((IDLE_SECS + 4)); then
-                local c0 c1 t0 t1
+                local c0 c1 t0 t1 h0 h1 b0 b1
                 sleep 2
-                c0=$(cpu_ns "$TGT_PID") t0=$(now)
+                c0=$(cpu_ns "$TGT_PID") h0=$(cpu_ns "$IDLE_PID") b0=$(busy_ns) t0=$(now)
                 sleep "$IDLE_SECS"
-                c1=$(cpu_ns "$TGT_PID") t1=$(now)
-                echo "target pid $TGT_PID: $c0 -> $c1 ns on CPU over $t0 -> $t1" >"$IDLE_OUT.cpu"
+                c1=$(cpu_ns "$TGT_PID") h1=$(cpu_ns "$IDLE_PID") b1=$(busy_ns) t1=$(now)
+                echo "target pid $TGT_PID: $c0 -> $c1 ns on CPU over $t0 -> $t1;" \
+                    "idle_hosts $h0 -> $h1, all cores busy $b0 -> $b1" >"$IDLE_OUT.cpu"
                 if finish_idle; then
                     put idle100 "$round" "$who.pct" "$(calc "100 * ($c1 - $c0) / 1e9 / ($t1 - $t0)")"
+                    put idle100 "$round" "$who.others" "$(calc "100 * (($b1 - $b0) - ($c1 - $c0) - ($h1 - $h0)) / 1e9 / ($t1 - $t0)")"
                 fi
             fi
             ;;
@@ -495,7 +507,9 @@ row_body() { # row round who
 # Tables. A column is "label=key" (a value), "label=key/key" (the ratio of two values in
 # the same round) or "label=key" with a key ending in ".granted" (a yes/no flag). The median
 # line is the median over rounds of each column, ratios included: the median of per-round
-# ratios, not the ratio of medians.
+# ratios, not the ratio of medians. Every table ends with "others%": the most CPU (in % of
+# one core) that other processes took during that round's perf runs; rounds with a high
+# figure are the noisy ones.
 kind() { # spec -> ratio | flag | value
     if [[ $1 == */* ]]; then echo ratio; elif [[ $1 == *.granted ]]; then echo flag; else echo value; fi
 }
@@ -511,8 +525,11 @@ fmt() { # value kind
     esac
 }
 cell() { # row round spec -> value ("" when missing)
-    local row=$1 round=$2 key=${3#*=} a b
-    if [[ $key == */* ]]; then
+    local row=$1 round=$2 key=${3#*=} a b k
+    if [[ $key == noise ]]; then
+        # The most CPU other processes took during any perf run of this row and round.
+        for k in "${!V[@]}"; do [[ $k != "$row/$round/"*.others ]] || echo "${V[$k]}"; done | sort -g | tail -1
+    elif [[ $key == */* ]]; then
         a=${V[$row/$round/${key%/*}]:-} b=${V[$row/$round/${key#*/}]:-}
         if [[ -n $a && -n $b ]]; then
             awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.6f", a / b }'
@@ -527,6 +544,7 @@ median() { # values on stdin, one a line
 print_table() { # row title columns...
     local row=$1 title=$2 spec round line vals k
     shift 2
+    set -- "$@" others%=noise
     {
         echo
         echo "== $row: $title"
@@ -557,7 +575,7 @@ print_table() { # row title columns...
         echo "load average (1/5/15 min) before: ${V[$row/load/before]:-?}, after: ${V[$row/load/after]:-?}"
         vals=$(for k in "${!V[@]}"; do [[ $k != "$row"/*.others ]] || echo "${V[$k]}"; done)
         if [[ -n $vals ]]; then
-            echo "noise: CPU used by other processes during the perf runs (% of one core, of $(nproc)):" \
+            echo "noise: CPU used by other processes during the runs (% of one core, of $(nproc)):" \
                 "median $(fmt "$(median <<<"$vals")" value), max $(fmt "$(sort -g <<<"$vals" | tail -1)" value)"
         fi
         [[ -z ${V[$row/note]:-} ]] || echo "${V[$row/note]}"
