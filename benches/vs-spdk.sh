@@ -620,7 +620,8 @@ print_row() {
 {
     echo "nvmf-target vs SPDK nvmf_tgt, $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n), Linux $(uname -r)"
     echo "cpu: $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) online; target on core $TARGET_CORE, spdk_nvme_perf on core $PERF_CORE"
-    echo "ours: $OURS_BIN ($(git -C "$REPO" describe --always --dirty 2>/dev/null || echo '?'))"
+    echo "ours: $OURS_BIN (tree $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo '?')," \
+        "daemon code last changed in $(git -C "$REPO" log -1 --format=%h -- src nvmf sta backend Cargo.lock 2>/dev/null || echo '?'))"
     echo "spdk: $SPDK ($SPDK_VERSION), file bdev: $SPDK_FILE_BDEV, hugepages: $(hp_total) x 2 MiB"
     echo "perf: spdk_nvme_perf -c <core $PERF_CORE> -s 512 -t $SECS -a $WARMUP <row's options> -r '$TRID'"
     echo "rounds: $ROUNDS (odd rounds ours first, even rounds SPDK first); rows: $ROWS; logs: $OUT"
