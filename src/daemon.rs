@@ -160,10 +160,7 @@ impl Shared {
     /// Send actions to the IO threads that own the queues they concern.
     fn route(&self, actions: Vec<Action>) {
         for a in actions {
-            let key = match &a {
-                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
-            };
-            if let Some(tx) = self.threads.get(thread_of(key)) {
+            if let Some(tx) = self.threads.get(thread_of(a.key())) {
                 let _ = tx.send(ThreadMsg::Action(a));
             }
         }
@@ -460,6 +457,8 @@ impl Runtime {
                     nguid: ns.nguid,
                     eui64: ns.eui64,
                     volatile_write_cache: be.volatile_write_cache(),
+                    anagrpid: 0,
+                    hosts: None,
                 },
             );
             match r {
@@ -634,6 +633,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         max_namespaces: 1024,
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+        ptpl_capable: false,
     });
 
     // IO threads.
@@ -1109,6 +1109,14 @@ impl IoThread {
                 self.held.retain(|_, (h, _)| *h != qp);
                 let _ = self.io.qp_disconnect(qp, 0);
             }
+            Action::Abort {
+                abort, abort_cid, ..
+            } => {
+                // The engine cannot abort commands yet: "not aborted", which the spec
+                // allows for any command.
+                let actions = self.shared.target().abort_done(abort, abort_cid, false);
+                self.route_or_apply(actions);
+            }
         }
     }
 
@@ -1133,10 +1141,7 @@ impl IoThread {
 
     fn route_or_apply(&mut self, actions: Vec<Action>) {
         for a in actions {
-            let key = match &a {
-                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
-            };
-            if thread_of(key) == self.index {
+            if thread_of(a.key()) == self.index {
                 self.on_action(a);
             } else {
                 self.shared.route(vec![a]);
