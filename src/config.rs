@@ -145,6 +145,17 @@ pub enum BackendKind {
         /// O_DIRECT preference; `None`: the backend decides.
         direct: Option<bool>,
     },
+    /// A namespace of an NVMe drive bound to vfio-pci, driven from user space.
+    Nvme {
+        /// PCI address, `DDDD:BB:DD.F`.
+        pci: String,
+        /// Namespace ID on the drive (1 when not configured).
+        nsid: u32,
+        /// Command timeout before Abort; `None`: the backend's default.
+        io_timeout_ms: Option<u64>,
+        /// `false`: data pointers are PRPs even when the drive supports SGLs.
+        sgl: bool,
+    },
 }
 
 /// One NVM subsystem (`subsystems[]`).

@@ -133,6 +133,15 @@ fn log_config(cfg: &Config) {
                 b.name,
                 path.display()
             ),
+            BackendKind::Nvme {
+                pci,
+                nsid,
+                io_timeout_ms,
+                sgl,
+            } => tracing::debug!(
+                "backend {}: nvme {pci} namespace {nsid}, io timeout {io_timeout_ms:?} ms, sgl {sgl}",
+                b.name
+            ),
         }
     }
     for s in &cfg.subsystems {

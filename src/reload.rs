@@ -382,6 +382,7 @@ fn backend_text(kind: &BackendKind) -> String {
             }
             s
         }
+        BackendKind::Nvme { pci, nsid, .. } => format!("nvme {pci} namespace {nsid}"),
     }
 }
 

@@ -39,6 +39,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 
 stage "release build for the interop guest"
 cargo build --release --bin nvmf-target
+cargo build --release -p backend --examples   # dmabuf_check for the VFIO scenarios
 
 stage "systemd unit: systemd-analyze verify"
 systemd/verify.sh target/release/nvmf-target
@@ -48,5 +49,12 @@ NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh
 
 stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
+
+# (the benchmark scenario nvmft-vfio-bench is not a test: run it by hand, see tests/interop/README.md)
+stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot)"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio
+
+stage "interop: BAR dma-buf export on the patched 6.1 kernel (SKIPPED unless kernel-patches/build.sh ran)"
+tests/interop/run.sh kernel-dmabuf
 
 printf '\nall stages passed in %ss\n' "$(( $(date +%s) - t0 ))"

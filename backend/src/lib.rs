@@ -10,15 +10,19 @@
 //! Errors on the I/O path are [`IoStatus`] values that the engine maps to NVMe status
 //! codes; a failing backend never panics.
 //!
-//! Not implemented here: metadata/protection information, zoned namespaces, the VFIO
-//! NVMe backend (a later issue).
+//! Backends: [`ram`], [`file`] (files and block devices over io_uring) and [`nvme`]
+//! (NVMe drives driven from user space over VFIO, with an emulated controller for tests).
+//!
+//! Not implemented here: metadata/protection information, zoned namespaces.
 
 pub mod buf;
 pub mod file;
+pub mod nvme;
 pub mod ram;
 
 pub use buf::{BufPool, IoBuf};
 pub use file::{FileBackend, FileOptions};
+pub use nvme::{NvmeBackend, NvmeOptions};
 pub use ram::RamBackend;
 
 use std::sync::Arc;
@@ -122,6 +126,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn create_queue(self: Arc<Self>, depth: u32) -> Result<Box<dyn BackendQueue>, Error>;
     /// Make everything written so far durable (used at shutdown), synchronously.
     fn flush_sync(&self) -> Result<(), Error>;
+    /// The device's own SMART / Health Information log page (NVMe Log Page 02h, 512
+    /// bytes), for backends that sit on a real drive (`nvme`); `None` otherwise or when
+    /// the drive cannot answer. Blocking (an admin command); call it off the data path.
+    fn health_log(&self) -> Option<[u8; 512]> {
+        None
+    }
 }
 
 /// A per-thread queue. Not shared: one IO thread creates it, submits and polls (it is

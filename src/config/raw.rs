@@ -40,6 +40,7 @@ pub(super) struct RawListener {
 pub(super) enum RawBackendType {
     Ram,
     File,
+    Nvme,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +53,14 @@ pub(super) struct RawBackend {
     pub block_size: Option<Spanned<u64>>,
     pub path: Option<Spanned<String>>,
     pub direct: Option<Spanned<bool>>,
+    /// nvme: PCI address of the drive (bound to vfio-pci).
+    pub pci: Option<Spanned<String>>,
+    /// nvme: namespace ID on the drive.
+    pub nsid: Option<Spanned<u64>>,
+    /// nvme: command timeout before Abort (milliseconds).
+    pub io_timeout_ms: Option<Spanned<u64>>,
+    /// nvme: false = PRPs even when the drive supports SGLs.
+    pub sgl: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

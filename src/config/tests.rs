@@ -407,3 +407,54 @@ fn max_io_size_default_units_and_range() {
     let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
     assert_eq!(example.max_io_size, 1 << 20);
 }
+
+#[test]
+fn nvme_backend_parses_with_defaults() {
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        "{name: b, type: nvme, pci: 0000:00:04.0}\n  - {name: c, type: nvme, pci: 0000:00:04.0, nsid: 2, io_timeout_ms: 3000, sgl: false}",
+    );
+    let cfg = Config::parse(&yaml, "t.yaml").unwrap();
+    assert_eq!(
+        cfg.backends[0].kind,
+        BackendKind::Nvme {
+            pci: "0000:00:04.0".into(),
+            nsid: 1,
+            io_timeout_ms: None,
+            sgl: true,
+        }
+    );
+    assert_eq!(
+        cfg.backends[1].kind,
+        BackendKind::Nvme {
+            pci: "0000:00:04.0".into(),
+            nsid: 2,
+            io_timeout_ms: Some(3000),
+            sgl: false,
+        }
+    );
+}
+
+#[test]
+fn nvme_backend_errors_name_file_line_and_field() {
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        "{name: b, type: nvme, pci: 00:04.0, nsid: 0, size: 4M}\n  \
+         - {name: c, type: nvme}\n  \
+         - {name: d, type: nvme, pci: 0000:00:05.0, io_timeout_ms: 5}\n  \
+         - {name: e, type: nvme, pci: 0000:00:05.0, nsid: 1}\n  \
+         - {name: f, type: ram, size: 4M, pci: 0000:00:05.0}",
+    );
+    assert_eq!(
+        errors(&yaml),
+        [
+            "t.yaml:4:32: backends[0].pci: invalid PCI address \"00:04.0\": expected domain:bus:device.function, e.g. 0000:00:04.0",
+            "t.yaml:4:47: backends[0].nsid: must be 1..=4294967294 (0xFFFFFFFE), got 0",
+            "t.yaml:4:56: backends[0].size: not valid for nvme backends (the drive's namespace has its own)",
+            "t.yaml:5:5: backends[1].pci: required for nvme backends",
+            "t.yaml:6:61: backends[2].io_timeout_ms: must be 100..=600000 milliseconds, got 5",
+            "t.yaml:7:32: backends[3].pci: namespace 1 of 0000:00:05.0 is already used by backends[2] at line 6",
+            "t.yaml:8:41: backends[4].pci: only valid for nvme backends",
+        ]
+    );
+}

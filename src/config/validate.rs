@@ -396,6 +396,7 @@ impl Checker<'_> {
 
     fn backends(&mut self, raw: &[Spanned<RawBackend>]) -> Vec<BackendConfig> {
         let mut names: HashMap<String, Seen> = HashMap::new();
+        let mut drives: HashMap<(String, u32), Seen> = HashMap::new();
         raw.iter()
             .enumerate()
             .map(|(i, backend)| {
@@ -406,7 +407,19 @@ impl Checker<'_> {
                     "backend",
                     &mut names,
                 );
-                self.backend(backend, &p)
+                let cfg = self.backend(backend, &p);
+                if let (BackendKind::Nvme { pci, nsid, .. }, Some(at)) =
+                    (&cfg.kind, &backend.value.pci)
+                {
+                    let key = (pci.clone(), *nsid);
+                    if let Some(first) = drives.get(&key) {
+                        let msg = format!("namespace {nsid} of {pci} is already used by {first}");
+                        self.error(at, format!("{p}.pci"), msg);
+                    } else {
+                        drives.insert(key, Seen::new(p.clone(), at));
+                    }
+                }
+                cfg
             })
             .collect()
     }
@@ -445,7 +458,22 @@ impl Checker<'_> {
             }
             Some(bytes)
         });
+        if b.kind.value != RawBackendType::Nvme {
+            for (field, at) in [
+                ("pci", b.pci.as_ref().map(|s| s.referenced)),
+                ("nsid", b.nsid.as_ref().map(|s| s.referenced)),
+                (
+                    "io_timeout_ms",
+                    b.io_timeout_ms.as_ref().map(|s| s.referenced),
+                ),
+            ] {
+                if let Some(at) = at {
+                    self.error_at(at, format!("{p}.{field}"), "only valid for nvme backends");
+                }
+            }
+        }
         let kind = match b.kind.value {
+            RawBackendType::Nvme => self.nvme_backend(backend, p),
             RawBackendType::Ram => {
                 for (field, at) in [
                     ("path", b.path.as_ref().map(|s| s.referenced)),
@@ -482,6 +510,61 @@ impl Checker<'_> {
         BackendConfig {
             name: b.name.value.clone(),
             kind,
+        }
+    }
+
+    /// `type: nvme`: a drive's PCI address and namespace; no file or RAM fields.
+    fn nvme_backend(&mut self, backend: &Spanned<RawBackend>, p: &str) -> BackendKind {
+        let b = &backend.value;
+        for (field, at) in [
+            ("path", b.path.as_ref().map(|s| s.referenced)),
+            ("direct", b.direct.as_ref().map(|s| s.referenced)),
+            ("size", b.size.as_ref().map(|s| s.referenced)),
+            ("block_size", b.block_size.as_ref().map(|s| s.referenced)),
+        ] {
+            if let Some(at) = at {
+                let msg = "not valid for nvme backends (the drive's namespace has its own)";
+                self.error_at(at, format!("{p}.{field}"), msg);
+            }
+        }
+        let pci = match &b.pci {
+            None => {
+                self.error(backend, format!("{p}.pci"), "required for nvme backends");
+                String::new()
+            }
+            Some(pci) => {
+                let addr = pci.value.trim().to_ascii_lowercase();
+                if !backend::nvme::vfio::valid_pci_address(&addr) {
+                    let msg = format!(
+                        "invalid PCI address {:?}: expected domain:bus:device.function, e.g. 0000:00:04.0",
+                        pci.value
+                    );
+                    self.error(pci, format!("{p}.pci"), msg);
+                }
+                addr
+            }
+        };
+        let nsid = match &b.nsid {
+            None => 1,
+            Some(n) if (1..=NSID_MAX).contains(&n.value) => n.value as u32,
+            Some(n) => {
+                let msg = format!("must be 1..={NSID_MAX} (0xFFFFFFFE), got {}", n.value);
+                self.error(n, format!("{p}.nsid"), msg);
+                1
+            }
+        };
+        let io_timeout_ms = b.io_timeout_ms.as_ref().map(|t| {
+            if !(100..=600_000).contains(&t.value) {
+                let msg = format!("must be 100..=600000 milliseconds, got {}", t.value);
+                self.error(t, format!("{p}.io_timeout_ms"), msg);
+            }
+            t.value
+        });
+        BackendKind::Nvme {
+            pci,
+            nsid,
+            io_timeout_ms,
+            sgl: b.sgl.as_ref().is_none_or(|s| s.value),
         }
     }
 

@@ -14,6 +14,15 @@
 #   INTEROP_*             passed to the scenarios inside the guest, e.g.
 #                         INTEROP_PEER=kernel: run nvmft-tcp's checks against kernel nvmet
 #
+# Scenario header lines the runner reads (besides "# interop-timeout: N"):
+#   # interop-init: systemd       boot with systemd as PID 1 (runs alone)
+#   # interop-qemu: ARGS          extra QEMU arguments for the boot (@RUN_DIR@ = the run
+#                                 dir); scenarios with different lines cannot share a boot
+#   # interop-append: WORDS       extra guest kernel command-line words (same rule)
+#   # interop-disk: NAME SIZE     create a sparse file RUN_DIR/NAME of SIZE (truncate -s)
+#   # interop-kernel: PATH        boot this kernel (relative to the repo, no initrd) instead
+#                                 of the image's; missing: the boot is SKIPPED (exit 0)
+#
 # Exit status: 0 only if every check passed, every requested scenario ran to its end and
 # the guest powered off by itself.
 set -uo pipefail
@@ -42,6 +51,20 @@ if [[ $GUEST_INIT == systemd && ${#SCENARIOS[@]} -gt 1 ]]; then
     log "systemd scenarios boot a guest of their own: run them alone (e.g. $0 nvmft-service)"; exit 2
 fi
 
+# Per-scenario QEMU devices and kernel words (e.g. an emulated NVMe drive behind an
+# emulated IOMMU): every scenario of one boot must ask for the same ones, so scenarios
+# without them never run on a different machine than they were written for.
+header() { sed -n "s/^# $2: *//p" "$INTEROP_DIR/scenarios/$1.sh" | head -1; }
+EXTRA_QEMU=$(header "${SCENARIOS[0]}" interop-qemu)
+EXTRA_APPEND=$(header "${SCENARIOS[0]}" interop-append)
+GUEST_KERNEL=$(header "${SCENARIOS[0]}" interop-kernel)
+for s in "${SCENARIOS[@]}"; do
+    if [[ $(header "$s" interop-qemu) != "$EXTRA_QEMU" || $(header "$s" interop-append) != "$EXTRA_APPEND" ||
+          $(header "$s" interop-kernel) != "$GUEST_KERNEL" ]]; then
+        log "scenario $s needs different QEMU devices or kernel words than ${SCENARIOS[0]}: run them in separate boots"; exit 2
+    fi
+done
+
 declare -A STAGE_S
 stage() { # stage NAME CMD...
     local name=$1 t0=$SECONDS rc; shift
@@ -59,6 +82,15 @@ fi
 for f in rootfs.img vmlinuz initrd.img; do
     [[ -f $CACHE_DIR/$f ]] || { log "missing $CACHE_DIR/$f: run build-image.sh"; exit 1; }
 done
+BOOT=(-kernel "$CACHE_DIR/vmlinuz" -initrd "$CACHE_DIR/initrd.img")
+if [[ -n $GUEST_KERNEL ]]; then
+    # A kernel of our own (kernel-patches/): everything the boot needs is built in.
+    if [[ ! -f $REPO_ROOT/$GUEST_KERNEL ]]; then
+        echo "SKIPPED: ${SCENARIOS[*]}: kernel $GUEST_KERNEL is not built (kernel-patches/build.sh)"
+        exit 0
+    fi
+    BOOT=(-kernel "$REPO_ROOT/$GUEST_KERNEL")
+fi
 
 # --- the per-run share -------------------------------------------------------------------
 RUN_DIR=$CACHE_DIR/runs/$(date +%Y%m%d-%H%M%S)-$$
@@ -76,6 +108,10 @@ if [[ -x $TARGET_BIN ]]; then
 else
     log "daemon binary $TARGET_BIN not found: nvmft-* scenarios will fail"
 fi
+# Helper programs some scenarios run (cargo build --release -p backend --examples).
+for ex in dmabuf_check; do
+    [[ -x $REPO_ROOT/target/release/examples/$ex ]] && cp "$REPO_ROOT/target/release/examples/$ex" "$SHARE/"
+done
 total_t=0
 for s in "${SCENARIOS[@]}"; do
     t=$(sed -n 's/^# interop-timeout: *\([0-9][0-9]*\).*/\1/p' "$INTEROP_DIR/scenarios/$s.sh" | head -1)
@@ -95,12 +131,20 @@ ls -1d "$CACHE_DIR"/runs/*/ 2>/dev/null | head -n -10 | xargs -r rm -rf
 
 CONSOLE=$RUN_DIR/console.log
 : >"$CONSOLE"
+for s in "${SCENARIOS[@]}"; do
+    while read -r name size; do
+        [[ -n $name ]] || continue
+        [[ -e $RUN_DIR/$name ]] || truncate -s "$size" "$RUN_DIR/$name"
+    done < <(sed -n 's/^# interop-disk: *//p' "$INTEROP_DIR/scenarios/$s.sh")
+done
+read -r -a EXTRA_QEMU_ARGS <<<"${EXTRA_QEMU//@RUN_DIR@/$RUN_DIR}"
 QEMU=(qemu-system-x86_64
     -accel tcg,thread=multi -cpu max -machine q35 -m 4G -smp 2
     -nodefaults -nic none -display none -no-reboot
+    "${EXTRA_QEMU_ARGS[@]}"
     -chardev "file,id=con0,path=$CONSOLE" -serial chardev:con0
-    -kernel "$CACHE_DIR/vmlinuz" -initrd "$CACHE_DIR/initrd.img"
-    -append "console=ttyS0 root=/dev/vda rw init=/sbin/interop-stub-init panic=-1 quiet"
+    "${BOOT[@]}"
+    -append "console=ttyS0 root=/dev/vda rw init=/sbin/interop-stub-init panic=-1 quiet${EXTRA_APPEND:+ $EXTRA_APPEND}"
     -drive "file=$CACHE_DIR/rootfs.img,if=virtio,format=raw,snapshot=on"
     -virtfs "local,path=$SHARE,mount_tag=host0,security_model=none"
 )

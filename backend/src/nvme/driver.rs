@@ -1,0 +1,662 @@
+//! The controller side of the driver: bring-up (disable, admin queue, enable), admin
+//! commands (Identify, Set Features, Create/Delete I/O queues, Abort, Get Log Page),
+//! queue rings, controller reset and removal.
+//!
+//! Reaches hardware only through [`DeviceAccess`]; no `unsafe` here.
+//!
+//! Concurrency: one [`Controller`] is shared by every IO thread's queue (`Arc`). Admin
+//! commands are synchronous (submit, poll with a deadline) under the admin mutex; they
+//! happen at queue creation, on timeouts and for the health log, never per I/O. A reset
+//! bumps [`Controller::generation`]; each queue notices on its next poll and rebuilds
+//! its own SQ/CQ (see `queue.rs`).
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::device::{DeviceAccess, DeviceError, DmaRegion};
+use super::spec::{self, Cap, Cqe, IdentifyController, IdentifyNamespace, Sqe, Status};
+
+/// Entries of the admin queue pair.
+pub const ADMIN_ENTRIES: u16 = 32;
+/// Bring-up attempts of one controller reset.
+const RESET_ATTEMPTS: u32 = 3;
+
+/// Why a controller operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("{0} timed out")]
+    Timeout(String),
+    #[error("{what} failed: status type {:#x} code {:#x}", .status.sct, .status.sc)]
+    Status { what: String, status: Status },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("controller removed or failed")]
+    Failed,
+}
+
+/// One submission/completion queue pair in DMA memory, with its doorbells.
+#[derive(Debug)]
+pub struct Ring {
+    pub qid: u16,
+    pub entries: u16,
+    pub sq: DmaRegion,
+    pub cq: DmaRegion,
+    sq_tail: u16,
+    cq_head: u16,
+    phase: bool,
+    sq_db: usize,
+    cq_db: usize,
+    sq_dirty: bool,
+    cq_dirty: bool,
+}
+
+impl Ring {
+    pub fn new(
+        dev: &dyn DeviceAccess,
+        qid: u16,
+        entries: u16,
+        dstrd: u8,
+    ) -> Result<Ring, DriverError> {
+        let sq = dev.alloc_dma(usize::from(entries) * 64)?;
+        let cq = dev.alloc_dma(usize::from(entries) * 16)?;
+        Ok(Ring {
+            qid,
+            entries,
+            sq,
+            cq,
+            sq_tail: 0,
+            cq_head: 0,
+            phase: true,
+            sq_db: spec::doorbell_offset(qid, false, dstrd),
+            cq_db: spec::doorbell_offset(qid, true, dstrd),
+            sq_dirty: false,
+            cq_dirty: false,
+        })
+    }
+
+    /// Back to the state of a freshly created queue (after a controller reset).
+    pub fn reset(&mut self) {
+        self.sq.zero();
+        self.cq.zero();
+        self.sq_tail = 0;
+        self.cq_head = 0;
+        self.phase = true;
+        self.sq_dirty = false;
+        self.cq_dirty = false;
+    }
+
+    /// Byte offsets in BAR0 of the SQ tail and CQ head doorbells.
+    pub fn doorbells(&self) -> (usize, usize) {
+        (self.sq_db, self.cq_db)
+    }
+
+    /// Writes `sqe` at the tail. The caller keeps at most `entries - 1` commands
+    /// outstanding, so the ring cannot overflow.
+    pub fn push(&mut self, sqe: &Sqe) {
+        let off = usize::from(self.sq_tail) * 64;
+        self.sq.write(off, &sqe.to_bytes());
+        self.sq_tail = (self.sq_tail + 1) % self.entries;
+        self.sq_dirty = true;
+    }
+
+    /// Publishes pushed entries (one doorbell write for the batch).
+    pub fn ring_sq(&mut self, dev: &dyn DeviceAccess) {
+        if self.sq_dirty {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            dev.write32(self.sq_db, u32::from(self.sq_tail));
+            self.sq_dirty = false;
+        }
+    }
+
+    /// The next completion, if the device has posted one.
+    pub fn pop(&mut self) -> Option<Cqe> {
+        let off = usize::from(self.cq_head) * 16;
+        let dw3 = self.cq.read_u32(off + 12);
+        if (dw3 >> 16 & 1 != 0) != self.phase {
+            return None;
+        }
+        let mut b = [0u8; 16];
+        self.cq.read(off, &mut b[..12]);
+        b[12..16].copy_from_slice(&dw3.to_le_bytes());
+        self.cq_head += 1;
+        if self.cq_head == self.entries {
+            self.cq_head = 0;
+            self.phase = !self.phase;
+        }
+        self.cq_dirty = true;
+        Some(Cqe::from_bytes(&b))
+    }
+
+    /// Tells the device how far completions were consumed.
+    pub fn ring_cq(&mut self, dev: &dyn DeviceAccess) {
+        if self.cq_dirty {
+            dev.write32(self.cq_db, u32::from(self.cq_head));
+            self.cq_dirty = false;
+        }
+    }
+}
+
+/// Driver settings.
+#[derive(Clone, Debug)]
+pub struct DriverOptions {
+    /// Deadline of one admin command.
+    pub admin_timeout: Duration,
+    /// I/O queues to ask the controller for (Set Features, Number of Queues).
+    pub io_queues: u16,
+    /// Use SGLs for data when the controller supports them (else PRPs).
+    pub use_sgl: bool,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        DriverOptions {
+            admin_timeout: Duration::from_secs(5),
+            io_queues: 64,
+            use_sgl: true,
+        }
+    }
+}
+
+/// What the controller state check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    Ok,
+    /// CSTS.CFS set or RDY dropped (someone reset the function, firmware fault).
+    NeedsReset,
+    /// All-ones reads or the platform asked for the device back.
+    Removed,
+}
+
+#[derive(Debug)]
+struct Admin {
+    ring: Ring,
+    next_cid: u16,
+    /// Buffer for Identify / log pages.
+    page: DmaRegion,
+}
+
+/// An initialised controller shared by every queue of every namespace on it.
+#[derive(Debug)]
+pub struct Controller {
+    dev: Arc<dyn DeviceAccess>,
+    opts: DriverOptions,
+    cap: Cap,
+    id: IdentifyController,
+    admin: Mutex<Admin>,
+    /// `qids[q]`: I/O queue `q` is taken (index 0 stands for the admin queue).
+    qids: Mutex<Vec<bool>>,
+    generation: AtomicU64,
+    failed: AtomicBool,
+    resets: AtomicU64,
+}
+
+fn wait_rdy(dev: &dyn DeviceAccess, want: bool, cap: Cap) -> Result<(), DriverError> {
+    // CAP.TO is the worst case in 500 ms units; at least 1 s, and never forever.
+    let limit = Duration::from_millis(500 * u64::from(cap.to.max(2)));
+    let deadline = Instant::now() + limit;
+    loop {
+        let csts = dev.read32(spec::REG_CSTS);
+        if csts == u32::MAX {
+            return Err(DriverError::Failed);
+        }
+        if want && csts & spec::CSTS_CFS != 0 {
+            return Err(DriverError::Invalid(
+                "controller fatal status (CSTS.CFS) while enabling".into(),
+            ));
+        }
+        if (csts & spec::CSTS_RDY != 0) == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(DriverError::Timeout(format!(
+                "waiting for CSTS.RDY={} ({limit:?}, CAP.TO)",
+                u8::from(want)
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Disables the controller, programs the admin queue and enables it again.
+fn bring_up(dev: &dyn DeviceAccess, cap: Cap, admin: &mut Admin) -> Result<(), DriverError> {
+    let cc = dev.read32(spec::REG_CC);
+    if cc == u32::MAX {
+        return Err(DriverError::Failed);
+    }
+    if cc & spec::CC_EN != 0 {
+        dev.write32(spec::REG_CC, cc & !spec::CC_EN);
+    }
+    wait_rdy(dev, false, cap)?;
+    admin.ring.reset();
+    let n = u32::from(admin.ring.entries - 1);
+    dev.write32(spec::REG_AQA, n | n << 16);
+    dev.write64(spec::REG_ASQ, admin.ring.sq.iova());
+    dev.write64(spec::REG_ACQ, admin.ring.cq.iova());
+    dev.write32(spec::REG_CC, spec::CC_CONFIG);
+    dev.write32(spec::REG_CC, spec::CC_CONFIG | spec::CC_EN);
+    wait_rdy(dev, true, cap)
+}
+
+impl Controller {
+    /// Resets and enables the controller behind `dev`, identifies it and asks for I/O
+    /// queues.
+    pub fn init(
+        dev: Arc<dyn DeviceAccess>,
+        opts: DriverOptions,
+    ) -> Result<Arc<Controller>, DriverError> {
+        dev.enable_bus_master()?;
+        let raw = dev.read64(spec::REG_CAP);
+        if raw == u64::MAX {
+            return Err(DriverError::Failed);
+        }
+        let cap = Cap::from_u64(raw);
+        if !cap.css_nvm {
+            return Err(DriverError::Invalid(
+                "controller does not support the NVM command set (CAP.CSS)".into(),
+            ));
+        }
+        if cap.mpsmin != 0 {
+            return Err(DriverError::Invalid(format!(
+                "controller's smallest page is {} bytes; the driver uses 4096",
+                4096u64 << cap.mpsmin
+            )));
+        }
+        let entries = ADMIN_ENTRIES.min(cap.mqes.saturating_add(1)).max(2);
+        let mut admin = Admin {
+            ring: Ring::new(&*dev, 0, entries, cap.dstrd)?,
+            next_cid: 0,
+            page: dev.alloc_dma(4096)?,
+        };
+        bring_up(&*dev, cap, &mut admin)?;
+        let mut ctrl = Controller {
+            dev,
+            opts,
+            cap,
+            id: IdentifyController::parse(&[0; 4096]),
+            admin: Mutex::new(admin),
+            qids: Mutex::new(vec![true]),
+            generation: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            resets: AtomicU64::new(0),
+        };
+        let page = ctrl.identify(1, 0)?;
+        ctrl.id = IdentifyController::parse(&page);
+        let granted = ctrl.set_queue_count()?;
+        *ctrl.qids.get_mut().unwrap_or_else(|e| e.into_inner()) = {
+            let mut v = vec![false; usize::from(granted) + 1];
+            v[0] = true;
+            v
+        };
+        Ok(Arc::new(ctrl))
+    }
+
+    pub fn device(&self) -> &Arc<dyn DeviceAccess> {
+        &self.dev
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    pub fn identity(&self) -> &IdentifyController {
+        &self.id
+    }
+
+    pub fn options(&self) -> &DriverOptions {
+        &self.opts
+    }
+
+    /// Largest data transfer of one command in bytes (MDTS), `None` if unlimited.
+    pub fn max_transfer(&self) -> Option<usize> {
+        match self.id.mdts {
+            0 => None,
+            m => Some(4096usize << (m.min(20) + self.cap.mpsmin)),
+        }
+    }
+
+    /// Whether data goes by SGL (controller supports it and the options allow it).
+    pub fn use_sgl(&self) -> bool {
+        self.opts.use_sgl && self.id.supports_sgl()
+    }
+
+    /// Bumped by every completed controller reset.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Controller resets done so far.
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    fn lock_admin(&self) -> std::sync::MutexGuard<'_, Admin> {
+        self.admin.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one admin command to completion (or its deadline) with the admin lock held.
+    fn admin_locked(&self, a: &mut Admin, sqe: Sqe, what: &str) -> Result<Cqe, DriverError> {
+        self.admin_locked_within(a, sqe, what, self.opts.admin_timeout)
+    }
+
+    fn admin_locked_within(
+        &self,
+        a: &mut Admin,
+        mut sqe: Sqe,
+        what: &str,
+        limit: Duration,
+    ) -> Result<Cqe, DriverError> {
+        if self.is_failed() {
+            return Err(DriverError::Failed);
+        }
+        a.next_cid = a.next_cid.wrapping_add(1);
+        let cid = a.next_cid;
+        sqe.set_cid(cid);
+        a.ring.push(&sqe);
+        a.ring.ring_sq(&*self.dev);
+        let deadline = Instant::now() + limit;
+        let mut spins = 0u32;
+        loop {
+            while let Some(cqe) = a.ring.pop() {
+                if cqe.cid == cid {
+                    a.ring.ring_cq(&*self.dev);
+                    let st = cqe.status();
+                    if st.is_success() {
+                        return Ok(cqe);
+                    }
+                    return Err(DriverError::Status {
+                        what: what.to_owned(),
+                        status: st,
+                    });
+                }
+                // A late completion of an earlier command that timed out: dropped.
+            }
+            a.ring.ring_cq(&*self.dev);
+            if Instant::now() > deadline {
+                if self.dev.read32(spec::REG_CSTS) == u32::MAX {
+                    return Err(DriverError::Failed);
+                }
+                return Err(DriverError::Timeout(format!("admin command {what}")));
+            }
+            spins += 1;
+            if spins > 64 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Identify with CNS `cns` for `nsid`: the 4096-byte structure.
+    pub fn identify(&self, cns: u8, nsid: u32) -> Result<Box<[u8; 4096]>, DriverError> {
+        let mut a = self.lock_admin();
+        let mut sqe = Sqe::new(spec::admin::IDENTIFY, nsid);
+        sqe.set_prp(a.page.iova(), 0);
+        sqe.dw[10] = u32::from(cns);
+        a.page.zero();
+        self.admin_locked(&mut a, sqe, &format!("Identify CNS {cns}"))?;
+        let mut out = Box::new([0u8; 4096]);
+        a.page.read(0, &mut out[..]);
+        Ok(out)
+    }
+
+    /// Identify Namespace `nsid`.
+    pub fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace, DriverError> {
+        if nsid == 0 || nsid > self.id.nn {
+            return Err(DriverError::Invalid(format!(
+                "namespace {nsid} does not exist (the controller has {})",
+                self.id.nn
+            )));
+        }
+        let ns = IdentifyNamespace::parse(&*self.identify(0, nsid)?);
+        if ns.nsze == 0 {
+            return Err(DriverError::Invalid(format!(
+                "namespace {nsid} is not active (NSZE 0)"
+            )));
+        }
+        Ok(ns)
+    }
+
+    /// Set Features / Number of Queues; returns how many I/O SQ/CQ pairs were granted.
+    fn set_queue_count(&self) -> Result<u16, DriverError> {
+        let mut a = self.lock_admin();
+        self.set_queue_count_locked(&mut a)
+    }
+
+    fn set_queue_count_locked(&self, a: &mut Admin) -> Result<u16, DriverError> {
+        let want = u32::from(self.opts.io_queues.max(1) - 1);
+        let mut sqe = Sqe::new(spec::admin::SET_FEATURES, 0);
+        sqe.dw[10] = u32::from(spec::FID_NUMBER_OF_QUEUES);
+        sqe.dw[11] = want | want << 16;
+        let cqe = self.admin_locked(a, sqe, "Set Features (Number of Queues)")?;
+        let nsqa = (cqe.result & 0xFFFF) as u16;
+        let ncqa = (cqe.result >> 16) as u16;
+        Ok(nsqa
+            .min(ncqa)
+            .saturating_add(1)
+            .min(self.opts.io_queues.max(1)))
+    }
+
+    /// The SMART / Health Information log (controller-wide, NSID FFFFFFFFh).
+    pub fn health_log(&self) -> Result<[u8; spec::SMART_LOG_LEN], DriverError> {
+        let mut a = self.lock_admin();
+        let mut sqe = Sqe::new(spec::admin::GET_LOG_PAGE, 0xFFFF_FFFF);
+        sqe.set_prp(a.page.iova(), 0);
+        let numd = (spec::SMART_LOG_LEN / 4 - 1) as u32;
+        sqe.dw[10] = u32::from(spec::LID_SMART) | (numd & 0xFFFF) << 16;
+        sqe.dw[11] = numd >> 16;
+        a.page.zero();
+        self.admin_locked(&mut a, sqe, "Get Log Page (SMART)")?;
+        let mut out = [0u8; spec::SMART_LOG_LEN];
+        a.page.read(0, &mut out);
+        Ok(out)
+    }
+
+    fn create_on_device(&self, a: &mut Admin, ring: &Ring) -> Result<(), DriverError> {
+        let qsize = u32::from(ring.entries - 1);
+        let qid = u32::from(ring.qid);
+        let mut cq = Sqe::new(spec::admin::CREATE_IO_CQ, 0);
+        cq.set_prp(ring.cq.iova(), 0);
+        cq.dw[10] = qid | qsize << 16;
+        cq.dw[11] = 1; // physically contiguous, interrupts off (polled)
+        self.admin_locked(a, cq, &format!("Create I/O CQ {qid}"))?;
+        let mut sq = Sqe::new(spec::admin::CREATE_IO_SQ, 0);
+        sq.set_prp(ring.sq.iova(), 0);
+        sq.dw[10] = qid | qsize << 16;
+        sq.dw[11] = 1 | qid << 16;
+        if let Err(e) = self.admin_locked(a, sq, &format!("Create I/O SQ {qid}")) {
+            let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
+            d.dw[10] = qid;
+            let _ = self.admin_locked(a, d, "Delete I/O CQ");
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Largest I/O queue the controller allows, capped at `want` and rounded down to a
+    /// power of two (DOCA STA needs that for queues it is handed; harmless otherwise).
+    pub fn io_queue_entries(&self, want: u32) -> u16 {
+        let max = u32::from(self.cap.mqes) + 1;
+        let n = want.clamp(2, max.min(4096));
+        (1u32 << (31 - n.leading_zeros())) as u16
+    }
+
+    /// A new I/O queue pair of `entries` entries on a free queue ID.
+    pub fn create_io_pair(&self, entries: u16) -> Result<Ring, DriverError> {
+        let qid = {
+            let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(i) = q.iter().position(|used| !used) else {
+                return Err(DriverError::Invalid(format!(
+                    "no free I/O queue on the controller ({} granted)",
+                    q.len() - 1
+                )));
+            };
+            q[i] = true;
+            i as u16
+        };
+        let result = Ring::new(&*self.dev, qid, entries, self.cap.dstrd).and_then(|ring| {
+            let mut a = self.lock_admin();
+            self.create_on_device(&mut a, &ring).map(|()| ring)
+        });
+        if result.is_err() {
+            self.free_qid(qid);
+        }
+        result
+    }
+
+    /// Recreates `ring` on the device after a controller reset (same queue ID, empty).
+    pub fn recreate_io_pair(&self, ring: &mut Ring) -> Result<(), DriverError> {
+        ring.reset();
+        let mut a = self.lock_admin();
+        self.create_on_device(&mut a, ring)
+    }
+
+    /// Deletes the queue pair on the device (best effort) and frees its queue ID.
+    pub fn delete_io_pair(&self, ring: Ring, on_device: bool) {
+        if on_device && !self.is_failed() {
+            let mut a = self.lock_admin();
+            let qid = u32::from(ring.qid);
+            let mut d = Sqe::new(spec::admin::DELETE_IO_SQ, 0);
+            d.dw[10] = qid;
+            let _ = self.admin_locked(&mut a, d, "Delete I/O SQ");
+            let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
+            d.dw[10] = qid;
+            let _ = self.admin_locked(&mut a, d, "Delete I/O CQ");
+        }
+        self.free_qid(ring.qid);
+    }
+
+    fn free_qid(&self, qid: u16) {
+        let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = q.get_mut(usize::from(qid)) {
+            *u = false;
+        }
+    }
+
+    /// Abort command `cid` on SQ `sqid`, waiting at most `limit` for the Abort itself.
+    /// `Ok(true)`: the controller says it aborted it (its completion follows with Command
+    /// Abort Requested); `Ok(false)`: it did not.
+    pub fn abort(&self, sqid: u16, cid: u16, limit: Duration) -> Result<bool, DriverError> {
+        let mut sqe = Sqe::new(spec::admin::ABORT, 0);
+        sqe.dw[10] = u32::from(sqid) | u32::from(cid) << 16;
+        let mut a = self.lock_admin();
+        let cqe = self.admin_locked_within(&mut a, sqe, "Abort", limit)?;
+        Ok(cqe.result & 1 == 0)
+    }
+
+    /// Reads CSTS (and the platform's removal notice) to see whether the controller is
+    /// still working.
+    pub fn check_health(&self) -> Health {
+        if self.is_failed() || self.dev.removal_requested() {
+            return Health::Removed;
+        }
+        let csts = self.dev.read32(spec::REG_CSTS);
+        if csts == u32::MAX {
+            return Health::Removed;
+        }
+        if csts & spec::CSTS_CFS != 0 || csts & spec::CSTS_RDY == 0 {
+            return Health::NeedsReset;
+        }
+        Health::Ok
+    }
+
+    /// Resets the controller unless someone already did since generation `seen` was
+    /// current. Every I/O queue is gone afterwards; their owners recreate them.
+    pub fn reset(&self, seen: u64) -> Result<(), DriverError> {
+        let mut a = self.lock_admin();
+        if self.generation() != seen {
+            return Ok(());
+        }
+        if self.is_failed() {
+            return Err(DriverError::Failed);
+        }
+        // A reset that races a function-level reset still in progress (memory space off,
+        // writes dropped, the FLR landing after our enable) fails to come ready: try a
+        // few times, restoring Bus Master each time.
+        let mut result = Err(DriverError::Failed);
+        for attempt in 0..RESET_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = self.dev.enable_bus_master();
+            result = bring_up(&*self.dev, self.cap, &mut a);
+            if matches!(result, Ok(()) | Err(DriverError::Failed)) {
+                break;
+            }
+            tracing::warn!(
+                "nvme {}: controller reset attempt {} failed: {}",
+                self.dev.name(),
+                attempt + 1,
+                result
+                    .as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            );
+        }
+        // Still under the admin lock, up to the generation bump: a queue that saw the
+        // controller not ready meanwhile waits here and then finds the new generation
+        // instead of resetting a second time.
+        let result = result.and_then(|()| self.set_queue_count_locked(&mut a).map(|_| ()));
+        match result {
+            Ok(()) => {
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, DriverError::Failed) {
+                    drop(a);
+                    self.fail();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up on the controller: no more commands, and the device is released so the
+    /// platform can take it (hot removal). Outstanding commands are failed by their
+    /// queues once this returns (the device can no longer DMA into their buffers).
+    pub fn fail(&self) {
+        let _a = self.lock_admin();
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            self.dev.release();
+        }
+    }
+
+    /// Normal shutdown (CC.SHN) when the last user goes away.
+    pub fn shutdown(&self) {
+        if self.is_failed() {
+            return;
+        }
+        let _a = self.lock_admin();
+        let cc = self.dev.read32(spec::REG_CC);
+        if cc == u32::MAX || cc & spec::CC_EN == 0 {
+            return;
+        }
+        self.dev
+            .write32(spec::REG_CC, cc & !spec::CC_SHN_MASK | spec::CC_SHN_NORMAL);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let csts = self.dev.read32(spec::REG_CSTS);
+            if csts == u32::MAX || csts & spec::CSTS_SHST_MASK == spec::CSTS_SHST_DONE {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,18 @@
+//! An in-process NVMe controller for the driver's hermetic tests: registers (CAP, VS, CC,
+//! CSTS, AQA, ASQ, ACQ), doorbells, admin (Identify controller/namespace/active list, Set
+//! and Get Features Number of Queues, Create/Delete I/O CQ/SQ, Get Log Page 02h, Abort)
+//! and NVM commands (Read, Write, Flush, Write Zeroes, Dataset Management/deallocate)
+//! over PRPs (with chained PRP lists) and single SGL Data Block descriptors.
+//!
+//! Commands run synchronously when their SQ tail doorbell is written; completions wait
+//! for CQ space. Fault injection: held ("stuck") commands, a hung controller, Abort that
+//! does nothing, injected error statuses, a function reset behind the driver's back,
+//! surprise removal (all-ones reads) and orderly removal requests.
+//!
+//! Not emulated: interrupts (the driver polls), metadata, namespaces management,
+//! fused commands, Compare, controller memory buffers, multiple SGL descriptors.
+
+mod ctrl;
+mod dma;
+
+pub use ctrl::{EmuConfig, EmuCounters, EmulatedController};

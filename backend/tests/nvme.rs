@@ -1,0 +1,612 @@
+//! The `nvme` backend against the in-process emulated controller: the same contract
+//! checks as the RAM and file backends, then what only a drive has (PRP lists, SGLs,
+//! MDTS splits, buffer mapping cache, Abort, controller reset, removal, error statuses,
+//! the SMART log, the offload queue hand-off).
+//!
+//! What this proves: the driver logic (everything above `DeviceAccess`). What it does
+//! not: the VFIO layer against a kernel; that runs in the interop VM
+//! (`tests/interop/scenarios/nvmft-vfio.sh`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend::nvme::spec::{self, Status};
+use backend::nvme::{DeviceAccess, EmuConfig, EmulatedController, NvmeBackend, NvmeOptions};
+use backend::{Backend, BackendQueue, BufPool, IoBuf, IoStatus, Op, Request};
+use common::*;
+
+fn emu(cfg: EmuConfig) -> Arc<EmulatedController> {
+    EmulatedController::new(cfg)
+}
+
+fn fast_opts() -> NvmeOptions {
+    NvmeOptions {
+        io_timeout: Duration::from_millis(60),
+        abort_timeout: Duration::from_millis(60),
+        check_interval: Duration::from_millis(5),
+        ..NvmeOptions::default()
+    }
+}
+
+fn open(e: &Arc<EmulatedController>, opts: NvmeOptions) -> Arc<NvmeBackend> {
+    NvmeBackend::open(e.clone() as Arc<dyn DeviceAccess>, opts).expect("open emulated drive")
+}
+
+fn big(blocks: u64) -> EmuConfig {
+    EmuConfig {
+        namespaces: vec![blocks],
+        ..EmuConfig::default()
+    }
+}
+
+fn write_read_check(q: &mut dyn BackendQueue, bs: usize, lba: u64, nblocks: u32, round: u64) {
+    let mut data = Vec::new();
+    for b in 0..u64::from(nblocks) {
+        data.extend(pattern(lba + b, round, bs));
+    }
+    assert_eq!(write(q, bs, lba, &data, false), IoStatus::Ok);
+    assert_eq!(read(q, bs, lba, nblocks), data, "lba {lba} x{nblocks}");
+}
+
+#[test]
+fn contract_checks_pass_on_the_emulated_drive() {
+    for sgl in [false, true] {
+        let cfg = EmuConfig { sgl, ..big(16384) };
+        let be: Arc<dyn Backend> = open(&emu(cfg.clone()), NvmeOptions::default());
+        fua_flush_zeroes_dealloc(be.clone());
+        bad_requests(be.clone());
+        two_queues_two_threads(be);
+        // Drive without Write Zeroes / DSM: the backend writes zeroes itself.
+        let be: Arc<dyn Backend> = open(&emu(EmuConfig { oncs: 0, ..cfg }), NvmeOptions::default());
+        fua_flush_zeroes_dealloc(be);
+    }
+}
+
+#[test]
+fn prp_lists_mdts_split_and_data_land_on_the_drive() {
+    let e = emu(big(1 << 14)); // 8 MiB, MDTS 5 = 128 KiB
+    let be = open(&e, NvmeOptions::default());
+    assert!(be.describe().contains("PRP"), "{}", be.describe());
+    let mut q = be.create_nvme_queue(32).unwrap();
+    let bs = 512;
+    // 1 block (PRP1), 16 blocks (PRP1+PRP2), 128 blocks (PRP list), 2048 blocks (1 MiB:
+    // eight 128 KiB commands).
+    for (i, n) in [1u32, 16, 128, 2048].into_iter().enumerate() {
+        write_read_check(&mut q, bs, 1000 * i as u64, n, 1);
+    }
+    let c = e.counters();
+    assert!(c.prp_list_commands > 0, "{c:?}");
+    assert_eq!(c.max_transfer, 128 << 10, "MDTS not respected: {c:?}");
+    assert_eq!(c.sgl_commands, 0);
+    // The bytes are really on the drive.
+    assert_eq!(e.read_blocks(1, 3000, 1), pattern(3000, 1, bs));
+    assert_eq!(
+        e.read_blocks(1, 3000 + 2047, 1),
+        pattern(3000 + 2047, 1, bs)
+    );
+}
+
+#[test]
+fn sgl_when_the_drive_supports_it() {
+    let e = emu(EmuConfig {
+        sgl: true,
+        block_size: 4096,
+        ..big(2048)
+    });
+    let be = open(&e, NvmeOptions::default());
+    assert_eq!(be.block_size(), 4096);
+    assert!(be.describe().contains("SGL"));
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 4096, 7, 64, 2);
+    let c = e.counters();
+    assert!(c.sgl_commands >= 4, "{c:?}");
+    assert_eq!(c.prp_list_commands, 0);
+    // Forced PRPs on the same drive.
+    let be = open(
+        &e,
+        NvmeOptions {
+            driver: backend::nvme::DriverOptions {
+                use_sgl: false,
+                ..Default::default()
+            },
+            ..NvmeOptions::default()
+        },
+    );
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 4096, 100, 32, 3);
+    assert!(e.counters().prp_list_commands > 0);
+}
+
+#[test]
+fn pool_buffers_are_mapped_once_then_reused_without_new_mappings() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let mut q = be.create_nvme_queue(16).unwrap();
+    let mut pool = BufPool::new(128 << 10, 8 << 20);
+    for round in 0..200u64 {
+        let mut b = pool.get(4096).unwrap();
+        b.as_mut_slice()
+            .copy_from_slice(&pattern(round % 64, round, 4096)[..]);
+        let c = run(
+            &mut q,
+            Op::Write { fua: false },
+            (round % 64) * 8,
+            8,
+            Some(b),
+        );
+        assert_eq!(c.status, IoStatus::Ok);
+        pool.put(c.buf.unwrap());
+    }
+    let (stats, len) = q.map_stats();
+    assert_eq!(stats.maps, 1, "steady state must not map again: {stats:?}");
+    assert_eq!(stats.hits, 199);
+    assert_eq!(len, 1);
+}
+
+#[test]
+fn mapping_cache_is_bounded_and_never_evicts_buffers_in_use() {
+    let e = emu(big(4096));
+    let be = open(
+        &e,
+        NvmeOptions {
+            map_cache_entries: 4,
+            ..NvmeOptions::default()
+        },
+    );
+    let mut q = be.create_nvme_queue(16).unwrap();
+    let base = e.mapped_ranges();
+    // 8 distinct buffers in flight at once: the cache must exceed its bound rather than
+    // evict a mapping a queued command needs.
+    let bufs: Vec<IoBuf> = (0..8)
+        .map(|i| IoBuf::from_slice(&pattern(i, 9, 4096)))
+        .collect();
+    for (i, b) in bufs.into_iter().enumerate() {
+        q.submit(Request {
+            tag: i as u64,
+            op: Op::Write { fua: false },
+            lba: i as u64 * 8,
+            nblocks: 8,
+            buf: Some(b),
+        })
+        .unwrap();
+    }
+    let done = wait(&mut q, 8);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok));
+    // Then many more distinct buffers, one at a time: the cache stays at its bound.
+    for i in 0..32u64 {
+        let b = IoBuf::from_slice(&pattern(i, 10, 4096));
+        assert_eq!(
+            run(&mut q, Op::Write { fua: false }, i * 8, 8, Some(b)).status,
+            IoStatus::Ok
+        );
+    }
+    let (stats, len) = q.map_stats();
+    assert!(len <= 4, "cache holds {len} > 4 entries");
+    assert!(stats.evictions >= 32, "{stats:?}");
+    assert!(e.mapped_ranges() <= base + 4);
+    for i in 0..32u64 {
+        assert_eq!(e.read_blocks(1, i * 8, 8), pattern(i, 10, 4096));
+    }
+}
+
+fn drive_until_done(
+    q: &mut dyn BackendQueue,
+    n: usize,
+    limit: Duration,
+) -> Vec<backend::Completion> {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while out.len() < n {
+        q.poll(&mut out);
+        assert!(start.elapsed() < limit, "no completion within {limit:?}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    out
+}
+
+#[test]
+fn a_stuck_command_is_aborted_and_retried() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.stall_io(1, Some(spec::io::WRITE));
+    let data = pattern(5, 1, 4096);
+    q.submit(Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        lba: 40,
+        nblocks: 8,
+        buf: Some(IoBuf::from_slice(&data)),
+    })
+    .unwrap();
+    let c = drive_until_done(&mut q, 1, Duration::from_secs(5));
+    assert_eq!(c[0].status, IoStatus::Ok);
+    assert_eq!(e.read_blocks(1, 40, 8), data);
+    let s = q.stats();
+    assert_eq!((s.timeouts, s.aborts, s.resets), (1, 1, 0), "{s:?}");
+    assert!(s.retries >= 1);
+    assert_eq!(e.counters().aborts, 1);
+    assert_eq!(be.controller().resets(), 0);
+}
+
+#[test]
+fn abort_that_does_nothing_leads_to_a_controller_reset_and_a_retry() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.stall_io(1, Some(spec::io::READ));
+    e.ignore_abort(true);
+    let want = pattern(3, 3, 512);
+    assert_eq!(write(&mut q, 512, 3, &want, false), IoStatus::Ok);
+    let enables = e.counters().enables;
+    q.submit(Request {
+        tag: 2,
+        op: Op::Read,
+        lba: 3,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let c = drive_until_done(&mut q, 1, Duration::from_secs(5));
+    assert_eq!(c[0].status, IoStatus::Ok);
+    assert_eq!(c[0].buf.as_ref().unwrap().as_slice(), &want[..]);
+    assert_eq!(be.controller().resets(), 1);
+    assert_eq!(e.counters().enables, enables + 1);
+    assert_eq!(q.stats().resets, 1);
+    // The queue works normally afterwards.
+    write_read_check(&mut q, 512, 100, 8, 4);
+}
+
+#[test]
+fn a_hung_controller_is_reset_and_outstanding_writes_are_not_lost() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(32).unwrap();
+    e.hang();
+    let mut want = Vec::new();
+    for i in 0..16u64 {
+        let d = pattern(i, 7, 512);
+        q.submit(Request {
+            tag: i,
+            op: Op::Write { fua: true },
+            lba: 200 + i,
+            nblocks: 1,
+            buf: Some(IoBuf::from_slice(&d)),
+        })
+        .unwrap();
+        want.push(d);
+    }
+    let done = drive_until_done(&mut q, 16, Duration::from_secs(5));
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok), "{done:?}");
+    for (i, d) in want.iter().enumerate() {
+        assert_eq!(&e.read_blocks(1, 200 + i as u64, 1), d);
+    }
+    assert_eq!(be.controller().resets(), 1);
+}
+
+#[test]
+fn a_function_reset_behind_our_back_is_noticed_and_recovered() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 512, 0, 8, 1);
+    e.function_reset(); // like an FLR through sysfs
+    assert!(!e.ready());
+    write_read_check(&mut q, 512, 8, 8, 2);
+    assert!(e.ready());
+    assert_eq!(be.controller().resets(), 1);
+}
+
+#[test]
+fn a_reset_racing_a_function_reset_in_progress_is_retried() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 512, 0, 8, 1);
+    e.function_reset();
+    // Our first bring-up's register writes vanish (the FLR is not done yet).
+    e.drop_writes(8);
+    write_read_check(&mut q, 512, 8, 8, 2);
+    assert_eq!(be.controller().resets(), 1);
+    assert!(e.ready());
+}
+
+#[test]
+fn a_reset_by_one_queue_is_recovered_by_the_other() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut a = be.create_nvme_queue(8).unwrap();
+    let mut b = be.create_nvme_queue(8).unwrap();
+    assert_ne!(a.qid(), b.qid());
+    assert_eq!(e.io_queues(), 2);
+    // b has a write the controller holds; a's stuck read forces the reset.
+    e.stall_io(1, None);
+    let bd = pattern(77, 1, 512);
+    b.submit(Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        lba: 77,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&bd)),
+    })
+    .unwrap();
+    let mut sink = Vec::new();
+    b.poll(&mut sink);
+    assert_eq!(e.held(), 1);
+    e.ignore_abort(true);
+    e.stall_io(1, None);
+    a.submit(Request {
+        tag: 2,
+        op: Op::Read,
+        lba: 1,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let ca = drive_until_done(&mut a, 1, Duration::from_secs(5));
+    assert_eq!(ca[0].status, IoStatus::Ok);
+    assert_eq!(be.controller().resets(), 1);
+    // b never saw a timeout itself: it notices the new generation and resubmits.
+    let cb = drive_until_done(&mut b, 1, Duration::from_secs(5));
+    assert_eq!(cb[0].status, IoStatus::Ok);
+    assert_eq!(e.read_blocks(1, 77, 1), bd);
+    assert_eq!(b.stats().resets, 0);
+    assert_eq!(b.stats().recoveries, 1);
+    assert_eq!(e.io_queues(), 2);
+}
+
+#[test]
+fn surprise_removal_fails_the_namespace_without_hanging() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 512, 0, 1, 1);
+    e.stall_io(4, None);
+    for i in 0..4u64 {
+        q.submit(Request {
+            tag: i,
+            op: Op::Write { fua: false },
+            lba: i,
+            nblocks: 1,
+            buf: Some(IoBuf::from_slice(&pattern(i, 2, 512))),
+        })
+        .unwrap();
+    }
+    let mut sink = Vec::new();
+    q.poll(&mut sink);
+    assert!(sink.is_empty());
+    e.remove();
+    let done = drive_until_done(&mut q, 4, Duration::from_secs(2));
+    assert!(
+        done.iter().all(|c| c.status == IoStatus::Unavailable),
+        "{done:?}"
+    );
+    assert!(done.iter().all(|c| c.buf.is_some()), "buffers come back");
+    // Later requests fail at once; a new queue cannot be made.
+    let c = run(&mut q, Op::Read, 0, 1, Some(IoBuf::new(512)));
+    assert_eq!(c.status, IoStatus::Unavailable);
+    assert!(be.controller().is_failed());
+    assert!(be.clone().create_queue(4).is_err());
+    assert!(be.health_log().is_none());
+}
+
+#[test]
+fn a_removal_request_releases_the_device_and_fails_outstanding_io() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.stall_io(1, None);
+    q.submit(Request {
+        tag: 9,
+        op: Op::Flush,
+        lba: 0,
+        nblocks: 0,
+        buf: None,
+    })
+    .unwrap();
+    e.request_removal();
+    let c = drive_until_done(&mut q, 1, Duration::from_secs(2));
+    assert_eq!(c[0].status, IoStatus::Unavailable);
+    assert!(e.released(), "the driver must give the device back");
+}
+
+#[test]
+fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.fail_next(spec::io::READ, Status::UNRECOVERED_READ_ERROR.dnr());
+    assert_eq!(
+        run(&mut q, Op::Read, 0, 1, Some(IoBuf::new(512))).status,
+        IoStatus::ReadError
+    );
+    e.fail_next(spec::io::WRITE, Status::WRITE_FAULT.dnr());
+    let w = IoBuf::from_slice(&[1u8; 512]);
+    assert_eq!(
+        run(&mut q, Op::Write { fua: false }, 0, 1, Some(w)).status,
+        IoStatus::WriteFault
+    );
+    e.fail_next(spec::io::FLUSH, Status::INTERNAL_ERROR.dnr());
+    assert_eq!(
+        run(&mut q, Op::Flush, 0, 0, None).status,
+        IoStatus::WriteFault
+    );
+    // Namespace Not Ready without DNR: the driver retries and the write lands.
+    e.fail_next(spec::io::WRITE, Status::NAMESPACE_NOT_READY);
+    let w = IoBuf::from_slice(&[2u8; 512]);
+    assert_eq!(
+        run(&mut q, Op::Write { fua: false }, 5, 1, Some(w)).status,
+        IoStatus::Ok
+    );
+    assert_eq!(e.read_blocks(1, 5, 1), vec![2u8; 512]);
+    assert!(q.stats().retries >= 1);
+}
+
+#[test]
+fn health_log_is_the_drives_own_smart_page() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    for i in 0..5 {
+        write_read_check(&mut q, 512, i * 8, 8, 1);
+    }
+    let log = be.health_log().expect("SMART log");
+    let host_reads = u64::from_le_bytes(log[64..72].try_into().unwrap());
+    let host_writes = u64::from_le_bytes(log[80..88].try_into().unwrap());
+    assert_eq!((host_reads, host_writes), (5, 5));
+    assert_eq!(log[3], 100, "available spare");
+    // RAM and file backends have no drive log.
+    let ram: Arc<dyn Backend> = backend::RamBackend::new(1 << 20, 512).unwrap();
+    assert!(ram.health_log().is_none());
+}
+
+#[test]
+fn namespaces_are_checked_at_open() {
+    let e = emu(EmuConfig {
+        namespaces: vec![1024, 2048],
+        ..EmuConfig::default()
+    });
+    let be1 = open(&e, NvmeOptions::default());
+    let be2 = NvmeBackend::with_controller(
+        be1.controller().clone(),
+        NvmeOptions {
+            nsid: 2,
+            ..NvmeOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((be1.num_blocks(), be2.num_blocks()), (1024, 2048));
+    let mut q2 = be2.create_nvme_queue(4).unwrap();
+    write_read_check(&mut q2, 512, 2000, 8, 5);
+    assert_eq!(e.read_blocks(2, 2000, 1), pattern(2000, 5, 512));
+    let err = NvmeBackend::with_controller(
+        be1.controller().clone(),
+        NvmeOptions {
+            nsid: 3,
+            ..NvmeOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("namespace 3"), "{err}");
+}
+
+#[test]
+fn offload_queue_hands_out_rings_and_doorbells_an_engine_can_drive() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let before = e.io_queues();
+    let mut oq = be.offload_queue(128).unwrap();
+    assert_eq!(e.io_queues(), before + 1);
+    assert_eq!(oq.entries, 128);
+    assert!(oq.entries.is_power_of_two());
+    assert_eq!(oq.sq.bytes, 128 * 64);
+    assert_eq!(oq.cq.bytes, 128 * 16);
+    assert_ne!(oq.sq.iova as usize, oq.sq.host_addr, "IOVA is not the VA");
+    // Doorbells: SQ tail 0x1000 + 8*qid, CQ head 4 bytes later, in one 64-byte window.
+    let db = &oq.doorbells;
+    let sq_db = 0x1000 + 8 * u64::from(oq.qid);
+    assert_eq!(db.window_bar_offset + u64::from(db.sq_tail_offset), sq_db);
+    assert_eq!(
+        db.window_bar_offset + u64::from(db.cq_head_offset),
+        sq_db + 4
+    );
+    assert_eq!(db.window_bar_offset % 64, 0);
+    assert_eq!(db.window_len, 64);
+    // The emulator has no dma-buf: the reason is given, not hidden.
+    assert!(db.dmabuf.is_none());
+    assert!(db.dmabuf_error.as_deref().unwrap_or("").contains("dma-buf"));
+    // Play the engine: a Write into the rings, doorbell through BAR0, poll the CQ.
+    let data = IoBuf::from_slice(&pattern(9, 9, 512));
+    let dev = be.controller().device().clone();
+    let iova = dev.map_dma(&data).unwrap();
+    let mut sqe = spec::Sqe::new(spec::io::WRITE, oq.nsid);
+    sqe.set_cid(42);
+    sqe.set_slba(9);
+    sqe.set_prp(iova, 0);
+    let ring = oq.ring_mut().unwrap();
+    ring.push(&sqe);
+    ring.ring_sq(&*dev);
+    let cqe = ring.pop().expect("completion");
+    ring.ring_cq(&*dev);
+    assert_eq!(cqe.cid, 42);
+    assert!(cqe.status().is_success());
+    assert_eq!(e.read_blocks(1, 9, 1), pattern(9, 9, 512));
+    dev.unmap_dma(iova, data.capacity());
+    drop(oq);
+    assert_eq!(
+        e.io_queues(),
+        before,
+        "dropping the hand-off deletes the queue pair"
+    );
+}
+
+#[test]
+fn dropping_a_queue_with_stuck_commands_is_bounded() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.stall_io(1, None);
+    q.submit(Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        lba: 0,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let t = Instant::now();
+    drop(q);
+    assert!(t.elapsed() < Duration::from_secs(3));
+    // Delete I/O SQ aborted the held command; the queue is gone from the drive.
+    assert_eq!(e.io_queues(), 0);
+    assert_eq!(e.held(), 0);
+}
+
+#[test]
+fn deallocate_reads_zeroes_even_when_the_drive_keeps_deallocated_data() {
+    // Like QEMU's drive without discard=unmap: DSM keeps the data, DLFEAT says so.
+    let e = emu(EmuConfig {
+        dsm_zeroes: false,
+        ..big(4096)
+    });
+    let be: Arc<dyn Backend> = open(&e, NvmeOptions::default());
+    fua_flush_zeroes_dealloc(be.clone());
+    let c = e.counters();
+    assert_eq!(
+        c.dsm, 0,
+        "DSM must not be used when it does not zero: {c:?}"
+    );
+    assert!(c.write_zeroes > 0);
+}
+
+#[test]
+fn two_threads_that_see_the_same_dead_controller_reset_it_once() {
+    let e = emu(big(8192));
+    let be = open(&e, fast_opts());
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (be, barrier) = (be.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut q = be.create_nvme_queue(8).unwrap();
+                write_read_check(&mut q, 512, t * 100, 4, 1);
+                barrier.wait(); // both queues exist
+                barrier.wait(); // the function was reset
+                for i in 0..5 {
+                    write_read_check(&mut q, 512, t * 100 + i * 8, 8, 2);
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    e.function_reset();
+    barrier.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(be.controller().resets(), 1, "one reset for one failure");
+    assert_eq!(e.counters().enables, 2);
+}
