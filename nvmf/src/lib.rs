@@ -10,8 +10,8 @@
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
 //!
-//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, reservations, ANA,
-//! namespace management, metadata/protection information.
+//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, namespace management,
+//! metadata/protection information.
 #![forbid(unsafe_code)]
 
 pub mod queue;

@@ -42,16 +42,28 @@
 //! - Admin: Identify CNS 00h/01h/02h/03h/05h/06h/07h/08h/1Ch; Get Log Page 00h/01h/02h/
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
-//!   Asynchronous Event Request (namespace attribute and discovery log change notices;
-//!   held across a controller reset, as nvmet does); Abort (never aborts).
-//! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
+//!   Asynchronous Event Request (namespace attribute, ANA change, reservation log and
+//!   discovery log change notices, each masked until its log page is read without RAE and
+//!   enabled per Set Features 0Bh; held across a controller reset, as nvmet does); Abort
+//!   (held AERs here; commands of I/O queues through the engine, [`Action::Abort`]).
+//! - Reservations ([`reservation`]): Register, Acquire, Release, Report on I/O queues,
+//!   the Reservation Notification log (80h), features 82h and 83h, PTPL state for the
+//!   caller to persist ([`Target::ptpl_snapshot`], [`Target::restore_reservation`]).
+//! - ANA ([`ana`]): groups per subsystem with a state per listener, the ANA log (0Ch),
+//!   ANA Change events, the Identify fields; always on (group 1 optimized everywhere).
+//! - Per-host namespace visibility and discovery referrals (SUBTYPE 1).
+//! - What the offloaded data path must refuse (reservation conflicts, ANA path states,
+//!   namespaces a host may not see) is published as immutable [`NamespaceAccess`] views
+//!   ([`Target::take_access_updates`]) for the engine to check without a lock.
+//! - I/O commands that are not offloaded: the same checks, then Invalid Namespace /
+//!   Invalid Opcode / Namespace Not Ready answers.
 //!
 //! # Not implemented
 //!
 //! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
-//! reservations, ANA, namespace management/attachment, firmware download/commit, format,
-//! sanitize, self-test, telemetry, saveable features, SMART/temperature events,
-//! I/O command set profiles (Set Features 19h), referrals.
+//! namespace management/attachment, firmware download/commit, format, sanitize,
+//! self-test, telemetry, saveable features, SMART/temperature events, I/O command set
+//! profiles (Set Features 19h).
 
 pub mod access;
 mod admin;
