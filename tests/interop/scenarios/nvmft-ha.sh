@@ -65,10 +65,10 @@ ctrl_of_host() {
 }
 # The block device of namespace 1 on controller $1 (multipath off: nvme<ctrl>n<head>).
 ctrl_blk() { local n; n=$(ls "/sys/class/nvme/$1/" 2>/dev/null | grep -E '^nvme[0-9]+n1$' | head -1); [ -n "$n" ] && echo "/dev/$n"; }
-connect_as() { # HOSTNQN HOSTID [extra]
-    local h=$1 id=$2; shift 2
-    echo "\$ nvme connect -t tcp -a $ADDR -s 4420 -n $RNQN --hostnqn=$h --hostid=$id $*"
-    timeout 60 nvme connect -t tcp -a "$ADDR" -s 4420 -n "$RNQN" --hostnqn="$h" --hostid="$id" "$@"
+connect_as() { # HOSTNQN HOSTID PORT [extra]
+    local h=$1 id=$2 p=$3; shift 3
+    echo "\$ nvme connect -t tcp -a $ADDR -s $p -n $RNQN --hostnqn=$h --hostid=$id $*"
+    timeout 60 nvme connect -t tcp -a "$ADDR" -s "$p" -n "$RNQN" --hostnqn="$h" --hostid="$id" "$@"
 }
 report() { nvme resv-report "$1" --eds -o json 2>/dev/null; }
 # resv_fails_with DEV STATUS-PATTERN CMD...: PASS if the command fails with that status.
@@ -81,8 +81,15 @@ if nvme_modules N; then pass host-multipath-off; else fail host-multipath-off "c
 if start_target; then pass daemon-listens; else fail daemon-listens "not listening on 4420/4421"; exit 1; fi
 
 # --- 1. two hosts, reservations -------------------------------------------------------
-connect_as "$HOSTA" "$IDA" --reconnect-delay=1 --ctrl-loss-tmo=60 &&
-    connect_as "$HOSTB" "$IDB" --reconnect-delay=1 --ctrl-loss-tmo=60
+connect_as "$HOSTA" "$IDA" 4420 --reconnect-delay=1 --ctrl-loss-tmo=60
+# nvme-cli 2.3 (libnvme 1.3) refuses a second connect to the same address and subsystem
+# with another --hostnqn ("already connected", even with --duplicate-connect), so the
+# second host comes in on the other listener, as a second machine would.
+out=$(connect_as "$HOSTB" "$IDB" 4420 --reconnect-delay=1 --ctrl-loss-tmo=60 --duplicate-connect 2>&1)
+echo "$out"
+case $out in *"already connected"*) result "nvme_cli_second_hostnqn_same_address=refused" ;; esac
+ctrl_of_host "$RNQN" "$HOSTB" >/dev/null ||
+    connect_as "$HOSTB" "$IDB" 4421 --reconnect-delay=1 --ctrl-loss-tmo=60
 CA=$(ctrl_of_host "$RNQN" "$HOSTA"); CB=$(ctrl_of_host "$RNQN" "$HOSTB")
 wait_until 20 ctrl_blk "$CA"; wait_until 20 ctrl_blk "$CB"
 DA=$(ctrl_blk "$CA"); DB=$(ctrl_blk "$CB")
@@ -156,12 +163,12 @@ path_state() { # PORT: ANA state of the path through that listener
 }
 states() { echo "$(path_state 4420) $(path_state 4421)"; }
 states_are() { [ "$(states)" = "$1 $2" ]; }
-nvme list-subsys -o json 2>&1 | tee /tmp/ls0.json
+nvme list-subsys -o json "$DM" 2>&1 | tee /tmp/ls0.json
 if [ -n "$DM" ] && [ "$(paths | wc -l)" -eq 2 ]; then pass multipath-two-paths
 else fail multipath-two-paths "head '$DM', paths: $(paths | tr '\n' ' ')"; fi
 if wait_until 20 states_are optimized non-optimized; then pass ana-initial-states
 else fail ana-initial-states "got '$(states)'"; fi
-nvme list-subsys 2>&1 | tee /tmp/ls0.txt
+nvme list-subsys "$DM" 2>&1 | tee /tmp/ls0.txt
 grep -q "optimized" /tmp/ls0.txt && pass list-subsys-shows-ana || fail list-subsys-shows-ana "$(tr '\n' ' ' </tmp/ls0.txt)"
 
 kerr0=$(dmesg | grep -ci "I/O error")
@@ -175,14 +182,14 @@ sed -i 's/{tcp0: optimized, tcp1: non_optimized}/{tcp0: non_optimized, tcp1: opt
 kill -HUP "$TGT_PID"
 if wait_until 30 states_are non-optimized optimized; then pass reload-moves-optimized-path
 else fail reload-moves-optimized-path "got '$(states)'"; fi
-nvme list-subsys 2>&1 | tee /tmp/ls1.txt
+nvme list-subsys "$DM" 2>&1 | tee /tmp/ls1.txt
 sleep 10
 # Reload 2: tcp0 becomes inaccessible.
 sed -i 's/{tcp0: non_optimized, tcp1: optimized}/{tcp0: inaccessible, tcp1: optimized}/' "$CFG"
 kill -HUP "$TGT_PID"
 if wait_until 30 states_are inaccessible optimized; then pass reload-makes-path-inaccessible
 else fail reload-makes-path-inaccessible "got '$(states)'"; fi
-nvme list-subsys 2>&1 | tee /tmp/ls2.txt
+nvme list-subsys "$DM" 2>&1 | tee /tmp/ls2.txt
 grep -q "inaccessible" /tmp/ls2.txt && pass list-subsys-shows-inaccessible || fail list-subsys-shows-inaccessible "$(tr '\n' ' ' </tmp/ls2.txt)"
 wait "$FIO"; frc=$?
 cat /tmp/fio-mpath.txt | tail -20
