@@ -679,3 +679,104 @@ fn abort_of_a_held_aer_and_of_an_io_command() {
         Status::ABORT_COMMAND_LIMIT_EXCEEDED
     );
 }
+
+/// Every notice the target raises, one by one: raised when enabled, not raised when Set
+/// Features 0Bh leaves it off (reservation notices: feature 82h), kept masked by a log
+/// read with RAE, raised again after a read without RAE.
+#[test]
+fn every_event_kind_is_raised_masked_and_cleared() {
+    let all = aec::NS_ATTRIBUTE_NOTICES | aec::ANA_CHANGE_NOTICES;
+    let ns_event = 2 | 0x04 << 16;
+    // (what raises it, its DW0, its log page, the AEC bit that enables it)
+    type Raise = fn(&mut Target, &mut Host, &mut Host, u32) -> Vec<Action>;
+    let kinds: [(&str, Raise, u32, u8, u32); 3] = [
+        (
+            "namespace attribute",
+            |t, _, _, n| {
+                t.add_namespace(SUB2, ns(10 + n)).unwrap();
+                t.take_actions()
+            },
+            ns_event,
+            lid::CHANGED_NS_LIST,
+            aec::NS_ATTRIBUTE_NOTICES,
+        ),
+        (
+            "ANA change",
+            |t, _, _, n| {
+                let s = if n % 2 == 0 {
+                    AnaState::NonOptimized
+                } else {
+                    AnaState::Optimized
+                };
+                t.set_ana_groups(
+                    SUB2,
+                    vec![AnaGroup {
+                        id: 1,
+                        states: vec![(tcp(), s)],
+                    }],
+                )
+                .unwrap()
+            },
+            ANA_EVENT,
+            lid::ANA,
+            aec::ANA_CHANGE_NOTICES,
+        ),
+        (
+            "reservation log",
+            |t, a, b, _| {
+                // B takes A's registration away (B keeps a registration to preempt with).
+                assert_eq!(a.register(t, 0xa), Status::SUCCESS);
+                assert_eq!(b.register(t, 0xb), Status::SUCCESS);
+                assert_eq!(b.acquire(t, 1, 1, 0xb, 0xa), Status::SUCCESS);
+                t.take_actions()
+            },
+            RESV_EVENT,
+            lid::RESERVATION_NOTIFICATION,
+            0,
+        ),
+    ];
+    for (name, raise, dw0, log, bit) in kinds {
+        let mut t = open_target();
+        let mut a = join(&mut t, HOST1, HOSTID_A, 100, tcp(), all);
+        let mut b = join(&mut t, HOST2, HOSTID_B, 200, rdma(), all);
+        a.aer(&mut t);
+        assert_eq!(
+            events(&raise(&mut t, &mut a, &mut b, 0)),
+            vec![(a.admin_key, dw0)],
+            "{name}: raised"
+        );
+        // Read with RAE: still masked, nothing new is raised.
+        a.log(&mut t, log, 64, 0, true);
+        a.aer(&mut t);
+        assert!(
+            events(&raise(&mut t, &mut a, &mut b, 1)).is_empty(),
+            "{name}: masked after RAE"
+        );
+        // Read without RAE: unmasked (reservation pages: each read takes one; the queue is
+        // empty now, so nothing is raised until the next one), the next one is raised.
+        a.log(&mut t, log, 64, 0, false);
+        assert!(events(&t.take_actions()).is_empty());
+        assert_eq!(
+            events(&raise(&mut t, &mut a, &mut b, 2)),
+            vec![(a.admin_key, dw0)],
+            "{name}: unmasked"
+        );
+        // Disabled by Set Features 0Bh (or 82h for reservation notices): never raised.
+        let mut t = open_target();
+        let mut a = join(&mut t, HOST1, HOSTID_A, 100, tcp(), all & !bit);
+        let mut b = join(&mut t, HOST2, HOSTID_B, 200, rdma(), all);
+        if bit == 0 {
+            let mut s = set_features(
+                fid::RESERVATION_NOTIFICATION_MASK,
+                reservation::NOTIFICATION_MASK_ALL,
+            );
+            s.nsid = 0xffff_ffff;
+            assert_eq!(a.status(&mut t, a.admin, s, &mut []), Status::SUCCESS);
+        }
+        a.aer(&mut t);
+        assert!(
+            events(&raise(&mut t, &mut a, &mut b, 0)).is_empty(),
+            "{name}: disabled"
+        );
+    }
+}
