@@ -7,6 +7,7 @@
 //!   status, SGL, Identify, log pages, features, Fabrics Connect).
 //! - [`tcp`]: NVMe/TCP Transport Specification 1.0 PDUs, digests and the receive framer.
 //! - [`queue`]: submission-queue rules the transports share (SQHD, SGL lengths).
+//! - [`copy`]: Copy source ranges and the fused Compare and Write pairing rules.
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
 //!
@@ -14,6 +15,7 @@
 //! metadata/protection information.
 #![forbid(unsafe_code)]
 
+pub mod copy;
 pub mod queue;
 pub mod spec;
 pub mod target;
