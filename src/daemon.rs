@@ -794,6 +794,10 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
         ptpl_capable: ptpl.is_some(),
+        // Set from the engine's capabilities once it runs Copy and fused Compare and
+        // Write on the offloaded path.
+        copy_max_bytes: 0,
+        fused_compare_write: false,
     });
 
     // IO threads.

@@ -90,7 +90,7 @@ pub(super) fn execute(
                 (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
                 // Per command set (CSI in CDW14): the NVM command set is the only one; for
                 // any other CSI nvmet answers Invalid Log Page, and so do we.
-                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(),
+                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(opts),
                 // NVMe Base 2.0 5.16: an unsupported or reserved LID is Invalid Log Page.
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
@@ -361,7 +361,7 @@ fn supported_logs(is_discovery: bool) -> Vec<u8> {
     page
 }
 
-fn effects_log() -> Vec<u8> {
+fn effects_log(opts: &TargetOptions) -> Vec<u8> {
     let mut log = CommandEffectsLog::default();
     for opc in [
         op::GET_LOG_PAGE,
@@ -385,7 +385,11 @@ fn effects_log() -> Vec<u8> {
         (io::RESERVATION_REPORT, effects::CSUPP),
         (io::RESERVATION_ACQUIRE, effects::CSUPP),
         (io::RESERVATION_RELEASE, effects::CSUPP),
+        (io::COPY, effects::CSUPP | effects::LBCC),
     ] {
+        if opc == io::COPY && opts.copy_max_bytes == 0 {
+            continue;
+        }
         log.iocs[opc as usize] = e.into();
     }
     log.as_bytes().to_vec()
@@ -458,9 +462,16 @@ pub(super) fn identify_controller(
         id.lpa = idc::LPA_SMART_PER_NS | idc::LPA_CMD_EFFECTS | idc::LPA_EXTENDED;
         id.maxcmd = opts.max_queue_depth.into();
         id.nn = opts.max_namespaces.into();
-        id.oncs =
-            (idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_RESERVATIONS)
-                .into();
+        let mut oncs =
+            idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_RESERVATIONS;
+        if opts.copy_max_bytes > 0 {
+            oncs |= idc::ONCS_COPY;
+            id.ocfs = idc::OCFS_FORMAT0.into();
+        }
+        id.oncs = oncs.into();
+        if opts.fused_compare_write {
+            id.fuses = idc::FUSES_COMPARE_AND_WRITE.into();
+        }
         id.vwc = idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
         if subsys.has_volatile_cache() {
             id.vwc |= idc::VWC_PRESENT;
@@ -506,6 +517,15 @@ fn identify_namespace(
         ..Default::default()
     };
     id.lbaf[0].lbads = ns.block_size.trailing_zeros() as u8;
+    if opts.copy_max_bytes > 0 {
+        let l = crate::copy::CopyLimits::for_buffer(
+            opts.copy_max_bytes,
+            ns.block_size.trailing_zeros(),
+        );
+        id.mssrl = (l.max_range.min(u16::MAX as u32) as u16).into();
+        id.mcl = l.max_total.into();
+        id.msrc = (l.max_ranges - 1) as u8;
+    }
     id
 }
 

@@ -28,7 +28,7 @@ pub(super) fn execute(
             | op::RESERVATION_REPORT
             | op::RESERVATION_ACQUIRE
             | op::RESERVATION_RELEASE
-    );
+    ) || (opcode == op::COPY && t.opts.copy_max_bytes > 0);
     if !known {
         return Err(Status::INVALID_OPCODE);
     }
@@ -105,9 +105,16 @@ fn report(r: &reservation::Reservations, sqe: &Sqe, data: &mut [u8]) -> Result<R
 
 /// An I/O command the engine did not offload.
 fn other(ns: &super::NamespaceConfig, sqe: &Sqe) -> Result<Reply, Status> {
+    // (Copy reaches here only where the engine runs it: see `execute`.)
     let offloadable = matches!(
         sqe.opcode(),
-        op::FLUSH | op::WRITE | op::READ | op::COMPARE | op::WRITE_ZEROES | op::DATASET_MANAGEMENT
+        op::FLUSH
+            | op::WRITE
+            | op::READ
+            | op::COMPARE
+            | op::WRITE_ZEROES
+            | op::DATASET_MANAGEMENT
+            | op::COPY
     );
     if !offloadable {
         return Err(Status::INVALID_OPCODE);

@@ -138,6 +138,11 @@ pub struct TargetOptions {
     /// Reservation state can be persisted (a PTPL state file is configured): RESCAP
     /// advertises Persist Through Power Loss and CPTPL / feature 83h may turn it on.
     pub ptpl_capable: bool,
+    /// The engine runs Copy (format 0) itself, through one buffer of at most this many
+    /// bytes (0: Copy is not supported; ONCS bit 8 stays clear).
+    pub copy_max_bytes: u32,
+    /// The engine runs fused Compare and Write (FUSES bit 0).
+    pub fused_compare_write: bool,
 }
 
 impl Default for TargetOptions {
@@ -151,6 +156,8 @@ impl Default for TargetOptions {
             kato_default_ms: 120_000,
             firmware_revision: env!("CARGO_PKG_VERSION").to_string(),
             ptpl_capable: false,
+            copy_max_bytes: 0,
+            fused_compare_write: false,
         }
     }
 }

@@ -780,3 +780,40 @@ fn every_event_kind_is_raised_masked_and_cleared() {
         );
     }
 }
+
+/// Copy and fused Compare and Write are advertised only where the engine runs them.
+#[test]
+fn copy_and_fused_are_advertised_with_the_engine_only() {
+    for (copy, fused) in [(0u32, false), (1 << 20, true)] {
+        let mut t = Target::new(TargetOptions {
+            copy_max_bytes: copy,
+            fused_compare_write: fused,
+            ..TargetOptions::default()
+        });
+        t.add_listener(tcp());
+        t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+        t.add_namespace(SUB2, ns(1)).unwrap();
+        let mut a = join(&mut t, HOST1, HOSTID_A, 100, tcp(), 0);
+        let mut buf = vec![0u8; 4096];
+        a.run(&mut t, a.admin, identify(cns::CONTROLLER, 0, 0), &mut buf);
+        let id = IdentifyController::read_from_bytes(&buf).unwrap();
+        assert_eq!(id.oncs.get() & (1 << 8) != 0, copy > 0);
+        assert_eq!(id.ocfs.get(), (copy > 0) as u16);
+        assert_eq!(id.fuses.get(), fused as u16);
+        assert_ne!(id.oncs.get() & (1 << 5), 0, "reservations always");
+        a.run(&mut t, a.admin, identify(cns::NAMESPACE, 1, 0), &mut buf);
+        let n = IdentifyNamespace::read_from_bytes(&buf).unwrap();
+        if copy > 0 {
+            // 1 MiB of 4 KiB blocks.
+            assert_eq!((n.mssrl.get(), n.mcl.get(), n.msrc), (256, 256, 127));
+        } else {
+            assert_eq!((n.mssrl.get(), n.mcl.get(), n.msrc), (0, 0, 0));
+            let mut s = Sqe {
+                nsid: 1,
+                ..Default::default()
+            };
+            s.set_opcode_cid(io::COPY, 0);
+            assert_eq!(a.status(&mut t, a.io, s, &mut []), Status::INVALID_OPCODE);
+        }
+    }
+}
