@@ -31,7 +31,7 @@ use sta::soft::StaIo;
 use sta::{CmdToken, Event, QpHandle, SoftConfig, Sta, SubsysId, TaskKind};
 
 use crate::config::{BackendKind, Config, IoThreads, ListenerConfig, TransportKind};
-use crate::rdma::{RdmaMsg, RdmaService};
+use crate::rdma_cm::{RdmaMsg, RdmaService};
 use crate::refusals::{ConnInfo, RefusalLog};
 use crate::reload::{diff, ConfigDiff};
 
@@ -654,7 +654,7 @@ impl Runtime {
 fn start_rdma(shared: &Arc<Shared>, max_queue_depth: u16) -> Result<RdmaService, String> {
     let (a, b, c) = (shared.clone(), shared.clone(), shared.clone());
     RdmaService::start(
-        sta::rdma::CmLimits {
+        nvmf::rdma::CmLimits {
             max_queue_depth,
             admin_queue_depth: RDMA_ADMIN_QUEUE_DEPTH,
             max_io_queues: MAX_IO_QUEUES,
@@ -1197,9 +1197,9 @@ impl IoThread {
                 }
             }
             ThreadMsg::Rdma(RdmaMsg::Connect { req, depth, qid }) => {
-                let id = req.id.as_u64();
+                let id = req.key().as_u64();
                 if self.stopping {
-                    req.reject(sta::rdma::RejectStatus::NoResources);
+                    req.reject(nvmf::rdma::RejectStatus::NoResources);
                     return;
                 }
                 let (peer, local) = (req.peer, req.local);

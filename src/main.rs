@@ -9,7 +9,7 @@ mod daemon;
 mod metrics;
 mod notify;
 mod ptpl;
-mod rdma;
+mod rdma_cm;
 mod refusals;
 mod reload;
 

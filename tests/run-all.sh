@@ -32,7 +32,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 (
     cd fuzz
     CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
-    for t in tcp_framer capsule connect_data config; do
+    for t in tcp_framer tcp_queue capsule connect_data config; do
         ../target/fuzz/release/"$t" --secs 15
     done
 )

@@ -1,6 +1,8 @@
 //! Fuzz harnesses for nvmf-target, one per parser (STYLE.md point 7):
 //!
 //! - [`tcp_framer`]: NVMe/TCP receive framing ([`nvmf::tcp::RxFramer`]), both roles.
+//! - [`tcp_queue`]: whole PDU streams into the controller-side NVMe/TCP queue machine
+//!   ([`nvmf::tcp::ControllerQueue`]) with a toy engine answering it.
 //! - [`capsule`]: admin/fabrics/I/O capsules into a [`nvmf::target::Target`] with a
 //!   connected, enabled controller.
 //! - [`connect_data`]: Fabrics Connect SQE + Connect data into `Target::connect`.
@@ -17,6 +19,7 @@ pub mod config;
 pub mod connect_data;
 pub mod runner;
 pub mod tcp_framer;
+pub mod tcp_queue;
 
 /// The daemon's own source, compiled in place for the `config` harness. The daemon is a
 /// binary crate; its config module needs only serde, serde-saphyr, thiserror, uuid and nix. The

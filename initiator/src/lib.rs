@@ -24,19 +24,24 @@
 //!
 //! Not implemented: TLS, authentication, SQ flow-control accounting (with flow control
 //! on, SQHD is not checked; the host keeps at most SQSIZE commands outstanding instead),
-//! asynchronous event requests are only available through the raw API. The host is single-threaded and blocking: while it
-//! writes a large H2CData it does not read, so it relies on the target to keep reading
-//! while it sends (which the spec's flow expects of a target anyway).
+//! asynchronous event requests are only available through the raw API. The host is
+//! single-threaded and blocking: while it writes a large H2CData it does not read, so it
+//! relies on the target to keep reading while it sends (which the spec's flow expects of
+//! a target anyway).
 
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::opcodes::{admin, io};
-use nvmf::spec::{sgl, Cqe, SglDescriptor, Sqe, Status};
-use nvmf::tcp::{self, Digests, HostLimits, IcReq, IcResp, Pdu, RxFramer, TermError};
+use nvmf::spec::{Cqe, Sqe, Status};
+use nvmf::tcp::{
+    Digests, HostConfig, HostError, HostEvent, HostQueue, IcResp, Pdu, TermError, TxSink,
+};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
+
+pub use nvmf::tcp::Xfer;
 
 #[cfg(test)]
 mod tests;
@@ -110,7 +115,7 @@ pub struct HostOptions {
 
 impl Default for HostOptions {
     fn default() -> Self {
-        let hostid = default_hostid();
+        let hostid = random_hostid();
         HostOptions {
             hostnqn: format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid_string(&hostid)),
             hostid,
@@ -162,17 +167,6 @@ pub fn random_hostid() -> [u8; 16] {
     id
 }
 
-fn default_hostid() -> [u8; 16] {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut id = (t ^ (std::process::id() as u128) << 64).to_le_bytes();
-    id[6] = (id[6] & 0x0f) | 0x40; // version 4
-    id[8] = (id[8] & 0x3f) | 0x80; // variant
-    id
-}
-
 fn uuid_string(id: &[u8; 16]) -> String {
     let h: Vec<String> = id.iter().map(|b| format!("{b:02x}")).collect();
     format!(
@@ -183,16 +177,6 @@ fn uuid_string(id: &[u8; 16]) -> String {
         h[8..10].concat(),
         h[10..16].concat()
     )
-}
-
-/// Which way a command moves data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Xfer {
-    None,
-    /// `buf` is sent (in-capsule or by R2T/H2CData).
-    ToController,
-    /// `buf.len()` bytes are read into `buf`.
-    FromController,
 }
 
 /// A command for [`TcpHost::submit`]. The host fills in CID, PSDT and the SGL.
@@ -310,34 +294,51 @@ impl OwnedPdu {
     }
 }
 
-#[derive(Debug, Default)]
-struct Slot {
-    busy: bool,
-    xfer: Option<Xfer>,
-    buf: Vec<u8>,
-    digest_error: bool,
+/// Output the host machine queued: header bytes kept here, data as references to the
+/// per-CID buffers, resolved when written.
+#[derive(Default)]
+struct Out {
+    bytes: Vec<u8>,
+    /// (is data, cid or start, offset or len, len)
+    segs: Vec<Seg>,
 }
 
-/// One NVMe/TCP connection (one queue), host side.
+#[derive(Clone, Copy)]
+enum Seg {
+    Bytes { start: usize, len: usize },
+    Data { cid: u32, off: u32, len: u32 },
+}
+
+impl TxSink for Out {
+    fn header(&mut self, b: &[u8]) {
+        self.segs.push(Seg::Bytes {
+            start: self.bytes.len(),
+            len: b.len(),
+        });
+        self.bytes.extend_from_slice(b);
+    }
+    fn data(&mut self, cid: u32, off: u32, len: u32) {
+        self.segs.push(Seg::Data { cid, off, len });
+    }
+    fn release(&mut self, _: u32) {}
+}
+
+/// One NVMe/TCP connection (one queue), host side: a blocking shell around
+/// [`nvmf::tcp::HostQueue`], which builds and checks every PDU.
 pub struct TcpHost {
     stream: TcpStream,
     opts: HostOptions,
-    framer: RxFramer,
+    q: HostQueue,
     rx: Vec<u8>,
     rx_start: usize,
     rx_end: usize,
-    tx: Vec<u8>,
-    digests: Digests,
-    ic_resp: Option<IcResp>,
+    out: Out,
     qid: Option<u16>,
-    /// SQ flow control disabled on this queue: completions must report SQHD FFFFh.
-    sqhd_disabled: bool,
     /// The HOSTID this queue's Connect sent.
     connect_hostid: Option<[u8; 16]>,
-    max_incapsule: u32,
     lba_size: u32,
-    slots: Vec<Slot>,
-    free: Vec<u16>,
+    /// Each CID's buffer while its command is outstanding.
+    bufs: Vec<Vec<u8>>,
     done: VecDeque<Completion>,
     pool: Vec<Vec<u8>>,
 }
@@ -346,28 +347,32 @@ const RX_BUF: usize = 256 * 1024;
 /// Slots before Connect says how deep the queue is (the admin queue's 32 entries).
 const INITIAL_SLOTS: usize = 31;
 
+fn host_err(e: HostError) -> Error {
+    match e {
+        HostError::Protocol(t) => Error::Protocol(t),
+        HostError::Terminated { fes, fei } => Error::Terminated { fes, fei },
+        HostError::IcResp(s) => Error::IcResp(s),
+        HostError::Unexpected(s) => Error::Unexpected(s),
+        HostError::QueueFull(n) => Error::QueueFull(n),
+    }
+}
+
 impl TcpHost {
     /// Connects and exchanges ICReq/ICResp; the connection is then ready for Connect.
     pub fn connect(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
         let mut h = TcpHost::connect_raw(addr, opts)?;
-        let req = IcReq {
-            pfv: 0,
-            hpda: h.opts.hpda,
-            digests: Digests {
-                header: h.opts.header_digest,
-                data: h.opts.data_digest,
-            },
-            maxr2t: h.opts.maxr2t,
-        };
-        h.tx.clear();
-        tcp::encode_ic_req(&mut h.tx, &req);
-        h.stream.write_all(&h.tx)?;
+        h.q.start(&mut h.out);
+        h.write_out()?;
         match h.recv_pdu()? {
             OwnedPdu::IcResp(r) => {
-                if r.digests != req.digests {
+                let asked = Digests {
+                    header: h.opts.header_digest,
+                    data: h.opts.data_digest,
+                };
+                if r.digests != asked {
                     return Err(Error::IcResp(format!(
                         "asked digests {:?}, got {:?}",
-                        req.digests, r.digests
+                        asked, r.digests
                     )));
                 }
                 Ok(h)
@@ -385,57 +390,56 @@ impl TcpHost {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(opts.timeout))?;
         stream.set_write_timeout(Some(opts.timeout))?;
-        let framer = RxFramer::new_host(HostLimits {
-            hpda: opts.hpda,
-            max_c2h_data: opts.max_c2h_data,
-        });
-        let mut h = TcpHost {
+        let q = HostQueue::new(
+            HostConfig {
+                digests: Digests {
+                    header: opts.header_digest,
+                    data: opts.data_digest,
+                },
+                hpda: opts.hpda,
+                maxr2t: opts.maxr2t,
+                max_c2h_data: opts.max_c2h_data,
+            },
+            INITIAL_SLOTS,
+        );
+        Ok(TcpHost {
             stream,
-            framer,
+            q,
             rx: vec![0; RX_BUF],
             rx_start: 0,
             rx_end: 0,
-            tx: Vec::with_capacity(256),
-            digests: Digests::NONE,
-            ic_resp: None,
+            out: Out::default(),
             qid: None,
-            sqhd_disabled: false,
             connect_hostid: None,
-            max_incapsule: tcp::ADMIN_MAX_INCAPSULE_DATA,
             lba_size: 512,
-            slots: Vec::new(),
-            free: Vec::new(),
+            bufs: vec![Vec::new(); INITIAL_SLOTS],
             done: VecDeque::new(),
             pool: Vec::new(),
             opts,
-        };
-        h.resize_slots(INITIAL_SLOTS);
-        Ok(h)
+        })
     }
 
     fn resize_slots(&mut self, n: usize) {
-        while self.slots.len() < n {
-            self.slots.push(Slot::default());
-            self.free.push((self.slots.len() - 1) as u16);
+        self.q.set_depth(n);
+        if self.bufs.len() < n {
+            self.bufs.resize(n, Vec::new());
         }
-        // Lowest CIDs first, for readable traces.
-        self.free.sort_unstable_by(|a, b| b.cmp(a));
     }
 
     /// The ICResp (after [`connect`](Self::connect)).
     pub fn ic_resp(&self) -> Option<IcResp> {
-        self.ic_resp
+        self.q.ic_resp()
     }
     pub fn digests(&self) -> Digests {
-        self.digests
+        self.q.digests()
     }
     /// How many commands may be outstanding at once.
     pub fn queue_depth(&self) -> usize {
-        self.slots.len()
+        self.q.depth()
     }
     /// Commands submitted and not yet returned by `poll_completion`.
     pub fn outstanding(&self) -> usize {
-        self.slots.iter().filter(|s| s.busy).count() + self.done.len()
+        self.q.outstanding() + self.done.len()
     }
     /// Logical block size used by `write`/`compare` to compute NLB (default 512).
     pub fn set_lba_size(&mut self, n: u32) {
@@ -443,10 +447,40 @@ impl TcpHost {
     }
     /// In-capsule data limit of this queue.
     pub fn set_max_incapsule(&mut self, n: u32) {
-        self.max_incapsule = n;
+        self.q.set_max_incapsule(n);
     }
     pub fn stream(&self) -> &TcpStream {
         &self.stream
+    }
+
+    /// Write what the machine queued, resolving data references against the buffers.
+    fn write_out(&mut self) -> Result<()> {
+        // A command is a handful of pieces (header, data, digest per PDU): no allocation
+        // unless an R2T is answered with many H2CData PDUs at once.
+        const INLINE: usize = 16;
+        let mut inline: [&[u8]; INLINE] = [&[]; INLINE];
+        let mut heap: Vec<&[u8]> = Vec::new();
+        let n = self.out.segs.len();
+        for (i, seg) in self.out.segs.iter().enumerate() {
+            let part: &[u8] = match *seg {
+                Seg::Bytes { start, len } => &self.out.bytes[start..start + len],
+                Seg::Data { cid, off, len } => self
+                    .bufs
+                    .get(cid as usize)
+                    .and_then(|b| b.get(off as usize..(off + len) as usize))
+                    .unwrap_or(&[]),
+            };
+            if n <= INLINE {
+                inline[i] = part;
+            } else {
+                heap.push(part);
+            }
+        }
+        let parts = if n <= INLINE { &inline[..n] } else { &heap[..] };
+        let res = write_all_vectored(&mut self.stream, parts);
+        self.out.segs.clear();
+        self.out.bytes.clear();
+        res
     }
 
     // ---------------------------------------------------------------- raw access
@@ -458,42 +492,22 @@ impl TcpHost {
 
     /// Receives the next PDU (validated by the host framer), or `Eof`/`Timeout`.
     pub fn recv_pdu(&mut self) -> Result<OwnedPdu> {
-        let p = self.next_pdu(|p, _| OwnedPdu::from_pdu(p))?;
-        if let OwnedPdu::IcResp(r) = p {
-            self.ic_resp = Some(r);
-            self.digests = r.digests;
-            self.framer.set_digests(r.digests);
-        }
-        Ok(p)
-    }
-
-    /// Parses the next PDU and hands it, with the slots, to `f`.
-    fn next_pdu<T>(&mut self, f: impl FnOnce(Pdu<'_>, &mut [Slot]) -> T) -> Result<T> {
         loop {
             let avail = &self.rx[self.rx_start..self.rx_end];
-            match self.framer.parse(avail) {
+            match self.q.receive_raw(avail, &mut self.out) {
                 Ok(Some((pdu, n))) => {
-                    let t = f(pdu, &mut self.slots);
+                    let p = OwnedPdu::from_pdu(pdu);
                     self.rx_start += n;
-                    return Ok(t);
+                    return Ok(p);
                 }
                 Ok(None) => {
-                    let need = self.framer.needed();
+                    let need = self.q.needed();
                     self.fill(need)?;
                 }
                 Err(e) => {
-                    if e.send_term_req {
-                        self.tx.clear();
-                        tcp::encode_term_req(
-                            &mut self.tx,
-                            false,
-                            e.fes,
-                            e.fei,
-                            e.offending_header(avail),
-                        );
-                        let _ = self.stream.write_all(&self.tx);
-                    }
-                    return Err(Error::Protocol(e));
+                    // The H2CTermReq goes out best effort.
+                    let _ = self.write_out();
+                    return Err(host_err(e));
                 }
             }
         }
@@ -529,46 +543,13 @@ impl TcpHost {
     /// Sends a command without waiting; returns its CID. Write data goes in-capsule when
     /// it fits this queue's limit, otherwise it is sent when the target asks (R2T).
     pub fn submit(&mut self, req: Request) -> Result<u16> {
-        let Request { mut sqe, xfer, buf } = req;
-        let Some(cid) = self.free.pop() else {
-            return Err(Error::QueueFull(self.slots.len()));
-        };
-        let len = match xfer {
-            Xfer::None => 0,
-            _ => buf.len() as u32,
-        };
-        let in_capsule = xfer == Xfer::ToController && len > 0 && len <= self.max_incapsule;
-        sqe.set_opcode_cid(sqe.opcode(), cid);
-        sqe.cdw0 = (sqe.cdw0 & !(3 << 14)) | 1 << 14; // PSDT 01b: SGLs
-        sqe.dptr = if in_capsule {
-            SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, 0, len)
-        } else {
-            SglDescriptor::unkeyed(
-                sgl::TYPE_TRANSPORT_DATA_BLOCK,
-                sgl::SUBTYPE_TRANSPORT,
-                0,
-                len,
-            )
-        };
-        let cpda = self.ic_resp.map_or(0, |r| r.cpda);
-        self.tx.clear();
-        let data: &[u8] = if in_capsule { &buf } else { &[] };
-        tcp::encode_capsule_cmd_header(&mut self.tx, &sqe, data.len() as u32, self.digests, cpda);
-        let digest = tcp::data_digest(data).to_le_bytes();
-        let dd: &[u8] = if self.digests.data && !data.is_empty() {
-            &digest
-        } else {
-            &[]
-        };
-        let res = write_all_vectored(&mut self.stream, &[&self.tx, data, dd]);
-        let slot = &mut self.slots[cid as usize];
-        *slot = Slot {
-            busy: true,
-            xfer: Some(xfer),
-            buf,
-            digest_error: false,
-        };
-        res.map(|_| cid)
+        let Request { sqe, xfer, buf } = req;
+        let cid = self
+            .q
+            .submit(&mut self.out, sqe, xfer, &buf)
+            .map_err(host_err)?;
+        self.bufs[cid as usize] = buf;
+        self.write_out().map(|_| cid)
     }
 
     /// Waits for the next completion of any submitted command, answering R2Ts and taking
@@ -601,140 +582,48 @@ impl TcpHost {
 
     /// Handles one PDU; returns a completion if it finished a command.
     fn step(&mut self) -> Result<Option<Completion>> {
-        enum Ev {
-            /// A completion: from a CapsuleResp (`true`) or a C2HData with SUCCESS.
-            Done(u16, Cqe, bool),
-            Nothing,
-            R2T {
-                cccid: u16,
-                ttag: u16,
-                r2to: u32,
-                r2tl: u32,
-            },
-            Err(Error),
+        loop {
+            let avail = &self.rx[self.rx_start..self.rx_end];
+            let (n, ev) = match self.q.receive(avail, &mut self.out) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = self.write_out();
+                    return Err(host_err(e));
+                }
+            };
+            let Some(ev) = ev else {
+                let need = self.q.needed();
+                self.fill(need)?;
+                continue;
+            };
+            let res = match ev {
+                HostEvent::Data { cid, offset, data } => {
+                    if let Some(b) = self.bufs.get_mut(cid as usize) {
+                        b[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+                    }
+                    None
+                }
+                HostEvent::Completion { cid, cqe } => {
+                    let buf = std::mem::take(&mut self.bufs[cid as usize]);
+                    Some(Completion { cid, cqe, buf })
+                }
+                HostEvent::R2T {
+                    cid,
+                    ttag,
+                    offset,
+                    len,
+                } => {
+                    let part = &self.bufs[cid as usize][offset as usize..(offset + len) as usize];
+                    self.q.send_data(&mut self.out, cid, ttag, offset, part);
+                    self.rx_start += n;
+                    self.write_out()?;
+                    return Ok(None);
+                }
+                HostEvent::Connected(_) => None,
+            };
+            self.rx_start += n;
+            return Ok(res);
         }
-        let ev = self.next_pdu(|p, slots| match p {
-            Pdu::CapsuleResp { cqe } => Ev::Done(cqe.cid, cqe, true),
-            Pdu::C2HData {
-                cccid,
-                datao,
-                data,
-                last,
-                success,
-                data_digest_ok,
-            } => {
-                let Some(s) = slots.get_mut(cccid as usize).filter(|s| s.busy) else {
-                    return Ev::Err(Error::Unexpected(format!("C2HData for idle CID {cccid}")));
-                };
-                if s.xfer != Some(Xfer::FromController) {
-                    return Ev::Err(Error::Unexpected(format!(
-                        "C2HData for non-read CID {cccid}"
-                    )));
-                }
-                let end = datao as usize + data.len();
-                if end > s.buf.len() {
-                    return Ev::Err(Error::Unexpected(format!(
-                        "C2HData {datao}+{} beyond the {}-byte buffer of CID {cccid}",
-                        data.len(),
-                        s.buf.len()
-                    )));
-                }
-                s.buf[datao as usize..end].copy_from_slice(data);
-                s.digest_error |= !data_digest_ok;
-                if success && last {
-                    Ev::Done(cccid, Cqe::success(cccid), false)
-                } else {
-                    Ev::Nothing
-                }
-            }
-            Pdu::R2T {
-                cccid,
-                ttag,
-                r2to,
-                r2tl,
-            } => Ev::R2T {
-                cccid,
-                ttag,
-                r2to,
-                r2tl,
-            },
-            Pdu::C2HTermReq { fes, fei } => Ev::Err(Error::Terminated { fes, fei }),
-            other => Ev::Err(Error::Unexpected(format!("{other:?}"))),
-        })?;
-        match ev {
-            Ev::Nothing => Ok(None),
-            Ev::Err(e) => Err(e),
-            Ev::Done(cid, mut cqe, from_capsule) => {
-                let Some(s) = self.slots.get_mut(cid as usize).filter(|s| s.busy) else {
-                    return Err(Error::Unexpected(format!("completion for idle CID {cid}")));
-                };
-                // A C2HData with SUCCESS carries no CQE (synthesized above): nothing to check.
-                if self.sqhd_disabled
-                    && from_capsule
-                    && cqe.sqhd != nvmf::queue::SQHD_FLOW_CONTROL_DISABLED
-                {
-                    return Err(Error::Unexpected(format!(
-                        "SQHD {:#06x} in the completion of CID {cid}: SQ flow control is disabled on this queue, it must be 0xffff",
-                        cqe.sqhd
-                    )));
-                }
-                if s.digest_error && cqe.status().is_success() {
-                    cqe.status = Status::DATA_TRANSFER_ERROR.to_field();
-                }
-                s.busy = false;
-                let buf = std::mem::take(&mut s.buf);
-                self.free.push(cid);
-                Ok(Some(Completion { cid, cqe, buf }))
-            }
-            Ev::R2T {
-                cccid,
-                ttag,
-                r2to,
-                r2tl,
-            } => {
-                self.answer_r2t(cccid, ttag, r2to, r2tl)?;
-                Ok(None)
-            }
-        }
-    }
-
-    /// Sends the data an R2T asks for, as H2CData PDUs of at most MAXH2CDATA bytes.
-    fn answer_r2t(&mut self, cccid: u16, ttag: u16, r2to: u32, r2tl: u32) -> Result<()> {
-        let Some(s) = self.slots.get(cccid as usize).filter(|s| s.busy) else {
-            return Err(Error::Unexpected(format!("R2T for idle CID {cccid}")));
-        };
-        let end = r2to as u64 + r2tl as u64;
-        if s.xfer != Some(Xfer::ToController) || end > s.buf.len() as u64 || r2tl == 0 {
-            return Err(Error::Unexpected(format!(
-                "R2T {r2to}+{r2tl} for CID {cccid} with {} bytes to write",
-                s.buf.len()
-            )));
-        }
-        let (cpda, max) = self
-            .ic_resp
-            .map_or((0, tcp::MIN_MAXH2CDATA), |r| (r.cpda, r.maxh2cdata));
-        let mut off = r2to;
-        while off < end as u32 {
-            let n = max.min(end as u32 - off);
-            let last = off + n == end as u32;
-            self.tx.clear();
-            tcp::encode_h2c_data_header(
-                &mut self.tx,
-                cccid,
-                ttag,
-                off,
-                n,
-                last,
-                self.digests,
-                cpda,
-            );
-            let data = &self.slots[cccid as usize].buf[off as usize..(off + n) as usize];
-            let digest = tcp::data_digest(data).to_le_bytes();
-            let dd: &[u8] = if self.digests.data { &digest } else { &[] };
-            write_all_vectored(&mut self.stream, &[&self.tx, data, dd])?;
-            off += n;
-        }
-        Ok(())
     }
 
     // ---------------------------------------------------------------- synchronous helpers
@@ -807,7 +696,7 @@ impl TcpHost {
         };
         if qid != 0 {
             // The I/O queue's in-capsule limit applies from its Connect on.
-            self.max_incapsule = self.opts.io_max_incapsule;
+            self.q.set_max_incapsule(self.opts.io_max_incapsule);
         }
         let hostid = if qid != 0 && self.opts.random_hostid_per_queue {
             random_hostid()
@@ -816,7 +705,8 @@ impl TcpHost {
         };
         self.connect_hostid = Some(hostid);
         // The Connect's own completion already reports SQHD FFFFh (nvmet does the same).
-        self.sqhd_disabled = self.opts.disable_sq_flow_control;
+        self.q
+            .set_sq_flow_control_disabled(self.opts.disable_sq_flow_control);
         let data = ConnectData::new(hostid, cntlid, subnqn, &self.opts.hostnqn);
         let cqe = self.exec_ok(cmd.to_sqe(0), data.as_bytes())?;
         self.qid = Some(qid);

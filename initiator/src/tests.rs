@@ -3,7 +3,7 @@
 
 use super::*;
 use nvmf::spec::opcodes;
-use nvmf::tcp::ControllerLimits;
+use nvmf::tcp::{self, ControllerLimits, RxFramer};
 use std::collections::HashMap;
 use std::net::TcpListener;
 

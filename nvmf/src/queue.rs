@@ -1,60 +1,91 @@
-//! Submission-queue rules every transport applies the same way, as pure functions the
-//! engines call per capsule and per completion: the SQ Head Pointer a completion reports
-//! (NVMe Base 2.0 section 4.1, NVMe-oF 1.1 section 3.3.1 on SQ flow control) and how a
-//! command's data SGL length must match the length its other fields imply.
+//! What every fabrics queue tracks regardless of transport: its parameters from Fabrics
+//! Connect and the submission queue head it reports in each completion (SQHD).
 //!
-//! Nothing here keeps state: the transport stores the head and the queue size it learned
-//! from Fabrics Connect and passes them in.
+//! NVMe-oF 1.1 section 2.4.1 ("Submission queue flow control"): the controller reports in
+//! every completion how far it has consumed the submission queue, so a host can reuse SQ
+//! slots. A fabrics controller consumes a capsule when it arrives, so the head is the
+//! number of capsules received, modulo the queue size the host asked for in Connect
+//! (SQSIZE is 0's based: the queue has SQSIZE + 1 entries). When the host disabled SQ flow
+//! control (Connect CATTR bit 2), SQHD is reserved and this target reports FFFFh, as Linux
+//! nvmet does (`nvmet_req_complete` sets 0xffff when `sqhd_disabled`).
+//!
+//! The SGL length rules every transport shares live with the offloaded commands
+//! ([`crate::command`]).
 
-use crate::spec::Status;
+use crate::spec::Cqe;
 
 /// SQHD of every completion of a queue whose host disabled SQ flow control (Connect CATTR
-/// bit 2): NVMe-oF 1.1 section 3.3.1 says the controller shall report FFFFh then.
+/// bit 2), the completions the engine builds itself included.
 pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
 
-/// Entries of an admin queue before Connect has said how many (the 32 every host uses).
-pub const DEFAULT_ADMIN_SQ_ENTRIES: u32 = 32;
-
-/// The head after one more command was taken from a queue of `entries` entries
-/// (SQSIZE + 1). The head wraps at the queue size the host negotiated, admin queue included.
-pub fn advance_sq_head(head: u16, entries: u32) -> u16 {
-    let entries = entries.clamp(1, 0x1_0000);
-    ((head as u32 + 1) % entries) as u16
+/// A queue's parameters, known once Fabrics Connect has been answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueParams {
+    /// Queue ID: 0 is the admin queue.
+    pub qid: u16,
+    /// Submission queue size, 0's based (the queue has `sqsize + 1` entries).
+    pub sqsize: u16,
+    /// The host disabled SQ flow control: SQHD is FFFFh in every completion.
+    pub sq_flow_control_disabled: bool,
 }
 
-/// The SQHD a completion carries: the current head, or FFFFh when the host disabled SQ
-/// flow control on this queue. Every completion of the queue gets it, the ones the
-/// engine builds itself included.
-pub fn sqhd(head: u16, flow_control_disabled: bool) -> u16 {
-    if flow_control_disabled {
-        SQHD_FLOW_CONTROL_DISABLED
-    } else {
-        head
+impl Default for QueueParams {
+    /// Before Connect: an admin queue of the 32 entries every controller accepts.
+    fn default() -> Self {
+        QueueParams {
+            qid: 0,
+            sqsize: crate::target::ADMIN_QUEUE_ENTRIES - 1,
+            sq_flow_control_disabled: false,
+        }
     }
 }
 
-/// How a command's data SGL length must relate to the transfer its other fields imply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SglRule {
-    /// Exactly the transfer (Read, Write, Compare): a longer SGL is as wrong as a shorter
-    /// one. Linux nvmet checks `transfer_len == data_len` the same way.
-    Exact,
-    /// At least the transfer (Dataset Management: the host may describe a whole buffer
-    /// of which the ranges use the front, and nvmet accepts that).
-    AtLeast,
+/// The submission queue head of one queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqHead {
+    params: QueueParams,
+    /// Capsules received so far, modulo the queue size.
+    head: u32,
 }
 
-/// `Ok` when an SGL of `sgl_len` bytes fits a transfer of `transfer` bytes under `rule`,
-/// otherwise Data SGL Length Invalid (NVMe Base 2.0 Figure 101, SC 0Fh).
-pub fn check_sgl_length(sgl_len: u32, transfer: u32, rule: SglRule) -> Result<(), Status> {
-    let ok = match rule {
-        SglRule::Exact => sgl_len == transfer,
-        SglRule::AtLeast => sgl_len >= transfer,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Status::DATA_SGL_LENGTH_INVALID)
+impl SqHead {
+    pub fn new() -> SqHead {
+        SqHead::default()
+    }
+
+    /// Connect answered: the queue's ID, size and flow-control mode. The head keeps
+    /// counting from where it is (the Connect capsule itself was the first entry).
+    pub fn set_params(&mut self, p: QueueParams) {
+        self.params = p;
+        self.head %= self.entries();
+    }
+
+    pub fn params(&self) -> QueueParams {
+        self.params
+    }
+
+    fn entries(&self) -> u32 {
+        self.params.sqsize as u32 + 1
+    }
+
+    /// One more capsule was taken off the submission queue.
+    pub fn capsule_received(&mut self) {
+        self.head = (self.head + 1) % self.entries();
+    }
+
+    /// The SQHD value for a completion sent now.
+    pub fn sqhd(&self) -> u16 {
+        if self.params.sq_flow_control_disabled {
+            SQHD_FLOW_CONTROL_DISABLED
+        } else {
+            self.head as u16
+        }
+    }
+
+    /// Fill the fields of a completion that belong to the queue: SQHD and SQID.
+    pub fn complete(&self, cqe: &mut Cqe) {
+        cqe.sqhd = self.sqhd();
+        cqe.sqid = self.params.qid;
     }
 }
 
@@ -64,51 +95,52 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn admin_head_wraps_at_the_negotiated_size() {
-        // An admin queue of 128 entries (SQSIZE 127) wraps at 128, not 32.
-        let mut h = 0;
-        for _ in 0..40 {
-            h = advance_sq_head(h, 128);
+    fn admin_default_wraps_at_32() {
+        let mut h = SqHead::new();
+        for _ in 0..31 {
+            h.capsule_received();
         }
-        assert_eq!(h, 40);
-        let mut h = 127;
-        h = advance_sq_head(h, 128);
-        assert_eq!(h, 0);
-        // Two entries (SQSIZE 1), the smallest queue.
-        assert_eq!(advance_sq_head(1, 2), 0);
-        assert_eq!(advance_sq_head(0, 65536), 1);
-        assert_eq!(advance_sq_head(65535, 65536), 0);
+        assert_eq!(h.sqhd(), 31);
+        h.capsule_received();
+        assert_eq!(h.sqhd(), 0);
     }
 
     #[test]
-    fn flow_control_disabled_reports_ffffh() {
-        assert_eq!(sqhd(7, true), 0xffff);
-        assert_eq!(sqhd(7, false), 7);
-    }
-
-    #[test]
-    fn sgl_length_rules() {
-        assert_eq!(check_sgl_length(4096, 4096, SglRule::Exact), Ok(()));
+    fn negotiated_admin_size_and_flow_control_off() {
+        let mut h = SqHead::new();
+        h.capsule_received(); // the Connect capsule
+        h.set_params(QueueParams {
+            qid: 0,
+            sqsize: 127,
+            sq_flow_control_disabled: false,
+        });
+        for _ in 0..40 {
+            h.capsule_received();
+        }
         assert_eq!(
-            check_sgl_length(8192, 4096, SglRule::Exact),
-            Err(Status::DATA_SGL_LENGTH_INVALID)
+            h.sqhd(),
+            41,
+            "an admin queue of 128 entries does not wrap at 32"
         );
-        assert_eq!(
-            check_sgl_length(2048, 4096, SglRule::Exact),
-            Err(Status::DATA_SGL_LENGTH_INVALID)
-        );
-        assert_eq!(check_sgl_length(8192, 32, SglRule::AtLeast), Ok(()));
-        assert_eq!(
-            check_sgl_length(16, 32, SglRule::AtLeast),
-            Err(Status::DATA_SGL_LENGTH_INVALID)
-        );
+        h.set_params(QueueParams {
+            qid: 3,
+            sqsize: 127,
+            sq_flow_control_disabled: true,
+        });
+        let mut cqe = Cqe::default();
+        h.complete(&mut cqe);
+        assert_eq!((cqe.sqhd, cqe.sqid), (0xffff, 3));
     }
 
     proptest! {
         #[test]
-        fn head_stays_below_the_queue_size(head in any::<u16>(), entries in 2u32..=65536) {
-            let h = advance_sq_head((head as u32 % entries) as u16, entries);
-            prop_assert!((h as u32) < entries);
+        fn head_is_count_modulo_entries(sqsize in 1u16..1024, n in 0u32..5000) {
+            let mut h = SqHead::new();
+            h.set_params(QueueParams { qid: 1, sqsize, sq_flow_control_disabled: false });
+            for _ in 0..n {
+                h.capsule_received();
+            }
+            prop_assert_eq!(h.sqhd() as u32, n % (sqsize as u32 + 1));
         }
     }
 }

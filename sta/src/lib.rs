@@ -29,11 +29,11 @@
 //!   reports a QP the transport lost (peer closed, protocol error).
 //!
 //! Engines: [`soft`] runs the contract on host cores over TCP and RDMA (any verbs device,
-//! Soft-RoCE included; rdma-core is loaded at run time, see [`rdma`]). The `doca` engine
+//! Soft-RoCE included; rdma-core is loaded at run time, see [`verbs`]). The `doca` engine
 //! (DOCA STA on a BlueField-3 DPA) is later work; it implements the same calls.
 
-pub mod rdma;
 pub mod soft;
+pub mod verbs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -27,19 +27,27 @@
 //! little-endian. Data in PDUs the controller receives starts at a multiple of
 //! `(CPDA + 1) * 4` bytes, in PDUs the host receives at a multiple of `(HPDA + 1) * 4`.
 //!
+//! On top of the framer and the encoders sit the two queue state machines: one
+//! connection's controller side ([`ControllerQueue`]: ICReq/ICResp, capsule intake, R2T
+//! and H2CData accounting by TTAG, C2HData and its SUCCESS flag, SQHD, digests, TermReq)
+//! and its host side ([`HostQueue`]), both writing through [`TxSink`].
+//!
 //! # Not implemented
 //!
-//! TLS (secure channel), the TP 8011 ICReq/ICResp extensions, and the framer does not
-//! track command state: CCCID/TTAG/DATAO checks against outstanding R2Ts (FES Data Transfer
-//! Out of Range, R2T Limit Exceeded) and in-capsule SGL checks belong to the engine.
+//! TLS (secure channel), the TP 8011 ICReq/ICResp extensions. The framer itself does not
+//! track command state: that is the queue machines' job.
 
+mod controller;
 mod framer;
+mod host;
 #[cfg(test)]
 mod tests;
 
+pub use controller::{ControllerEvent, ControllerQueue, FatalCause, TxSink};
 pub use framer::{HostLimits, RxFramer};
+pub use host::{HostConfig, HostError, HostEvent, HostQueue, Xfer};
 
-use crate::spec::{Cqe, Sqe};
+use crate::spec::{sgl, Cqe, SglDescriptor, Sqe};
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -664,3 +672,6 @@ pub fn encode_term_req(
     out.extend_from_slice(h.as_bytes());
     out.extend_from_slice(data);
 }
+
+#[cfg(test)]
+mod queue_tests;

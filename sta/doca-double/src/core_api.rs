@@ -84,11 +84,11 @@ fn read_trim(p: &str) -> Option<String> {
 
 /// Names of the verbs devices (empty without rdma-core or without devices).
 fn verbs_devices() -> Vec<String> {
-    let Ok(lib) = sta::rdma::lib() else {
+    let Ok(lib) = sta::verbs::lib() else {
         return Vec::new();
     };
     // ibv_get_device_name is not in sta's table; look it up in the same library.
-    // SAFETY: libibverbs is already loaded (sta::rdma::lib succeeded); opening it again
+    // SAFETY: libibverbs is already loaded (sta::verbs::lib succeeded); opening it again
     // only takes a reference.
     let Ok(verbs) = (unsafe { libloading::Library::new("libibverbs.so.1") }) else {
         return Vec::new();

@@ -28,8 +28,8 @@
 use std::time::Instant;
 
 use doca_sys::*;
+use nvmf::rdma::KeyedSgl;
 use nvmf::spec::{opcodes, sgl, SglDescriptor, Status};
-use sta::rdma::KeyedSgl;
 
 use crate::contract::{self, broken, code, Broken, Res};
 use crate::link::{Op, Wc, WcKind, NO_SLOT};
@@ -436,7 +436,7 @@ fn buf_key(w: &mut World, io: u64, qp: u64, slot: u16, dev: Option<usize>) -> Op
     let b = qps.get_mut(&qp)?.cmds[slot as usize].buf.as_mut()?;
     let lkey = match dev {
         Some(d) => {
-            let lib = sta::rdma::lib().ok()?;
+            let lib = sta::verbs::lib().ok()?;
             ios.get_mut(&io)?.verbs.lkey(lib, d, b)?
         }
         None => 0,
@@ -1374,7 +1374,7 @@ pub fn arm(w: &mut World, pe: u64) {
 
 pub fn drain_channels(w: &mut World, pe: u64) {
     let ctxs = w.pes.get(&pe).map(|p| p.ctxs.clone()).unwrap_or_default();
-    let Ok(lib) = sta::rdma::lib() else { return };
+    let Ok(lib) = sta::verbs::lib() else { return };
     for c in ctxs {
         if let CtxRef::Io(io) = c {
             if let Some(i) = w.ios.get_mut(&io) {

@@ -184,7 +184,7 @@ pub unsafe extern "C" fn doca_sta_io_destroy(io: *mut doca_sta_io) -> doca_error
                     crate::mem::free_buf(a, &mut w.mem, b);
                 }
             }
-            if let Ok(lib) = sta::rdma::lib() {
+            if let Ok(lib) = sta::verbs::lib() {
                 i.verbs.destroy(lib);
             }
             for e in [i.eu_comp, i.eu_tx] {
@@ -382,7 +382,7 @@ fn remove_qp(w: &mut World, id: u64) {
     }
 }
 
-fn verbs_name(id: *mut sta::rdma::ffi::RdmaCmIdRaw) -> Option<String> {
+fn verbs_name(id: *mut sta::verbs::ffi::RdmaCmIdRaw) -> Option<String> {
     // SAFETY: the application hands a live rdma_cm_id; `verbs` is its device context and
     // `device` the struct ibv_device it belongs to (the first field of ibv_context).
     let dev = unsafe {
@@ -514,7 +514,7 @@ fn accept(
                 );
             }
             let want = di.name.clone();
-            let raw = cm_id as *mut sta::rdma::ffi::RdmaCmIdRaw;
+            let raw = cm_id as *mut sta::verbs::ffi::RdmaCmIdRaw;
             if let Some(got) = verbs_name(raw) {
                 if got != want {
                     return broken(
@@ -619,7 +619,7 @@ pub unsafe extern "C" fn doca_sta_io_qp_connect(
     })();
     if r.is_err() && !cm_id.is_null() && decode(cm_id as u64).is_none() {
         // The library owns the id whatever the outcome (doca-sta-api.md 5.9).
-        if let Ok(lib) = sta::rdma::lib() {
+        if let Ok(lib) = sta::verbs::lib() {
             // SAFETY: the application gave up this connect-request id; nobody uses it.
             unsafe {
                 (lib.reject)(cm_id as *mut _, std::ptr::null(), 0);

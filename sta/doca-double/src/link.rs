@@ -1,5 +1,5 @@
 //! How a QP's bytes move: RDMA verbs on the `rdma_cm_id` the application accepted
-//! (rdma-core through `sta::rdma::ffi`, loaded at run time), or the loopback host used by
+//! (rdma-core through `sta::verbs::ffi`, loaded at run time), or the loopback host used by
 //! hermetic tests (`doca_double_loop_*`), which performs RDMA READ/WRITE as memory copies
 //! between the double's buffers and regions the test registered under an rkey, checking
 //! key and bounds as a NIC would. Everything above this module is the same for both.
@@ -7,8 +7,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 
-use sta::rdma::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
-use sta::rdma::SqCredits;
+use nvmf::rdma::SqCredits;
+use sta::verbs::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
 
 use crate::world::Buf;
 
@@ -368,7 +368,7 @@ pub fn dereg(b: &mut Buf) {
     if b.mrs.is_empty() {
         return;
     }
-    if let Ok(lib) = sta::rdma::lib() {
+    if let Ok(lib) = sta::verbs::lib() {
         for (_, mr) in b.mrs.drain(..) {
             // SAFETY: a live registration; no work request uses the buffer any more.
             unsafe { (lib.dereg_mr)(mr) };
@@ -816,7 +816,7 @@ impl Link {
             Link::Verbs(v) => {
                 if !v.disconnect_sent {
                     v.disconnect_sent = true;
-                    if let Ok(lib) = sta::rdma::lib() {
+                    if let Ok(lib) = sta::verbs::lib() {
                         // SAFETY: the id is live until `destroy`.
                         unsafe { (lib.disconnect)(v.id) };
                     }
@@ -835,7 +835,7 @@ impl Link {
     pub fn destroy(self, loops: &mut HashMap<u64, LoopHost>) {
         match self {
             Link::Verbs(mut v) => {
-                if let Ok(lib) = sta::rdma::lib() {
+                if let Ok(lib) = sta::verbs::lib() {
                     v.destroy_verbs(lib);
                     if v.owns_id {
                         // SAFETY: the library took over this id at qp_connect; nobody else
@@ -861,7 +861,7 @@ pub(crate) fn accept_verbs(
     depth: u16,
     priv_data: &[u8],
 ) -> Result<(Link, Option<c_int>), String> {
-    let lib = sta::rdma::lib()?;
+    let lib = sta::verbs::lib().map_err(|e| e.to_string())?;
     let (q, fd) = io.accept(lib, id, depth, priv_data)?;
     Ok((Link::Verbs(Box::new(q)), fd))
 }

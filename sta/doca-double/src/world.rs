@@ -271,7 +271,7 @@ pub struct Buf {
     pub prp_va: *mut u64,
     pub prp_phys: u64,
     /// Memory registrations, by verbs device context.
-    pub mrs: Vec<(usize, *mut sta::rdma::ffi::IbvMr)>,
+    pub mrs: Vec<(usize, *mut sta::verbs::ffi::IbvMr)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -315,7 +315,7 @@ pub struct Cmd {
     pub st: CmdSt,
     pub kind: CmdKind,
     pub sqe: Box<[u8; 64]>,
-    pub keyed: Option<sta::rdma::KeyedSgl>,
+    pub keyed: Option<nvmf::rdma::KeyedSgl>,
     pub buf: Option<Buf>,
     /// Payload length (non-offloaded) or transfer length (offloaded).
     pub len: u32,

@@ -143,7 +143,7 @@ fn connect(s: &Setup) -> Conn {
             (d.doca_sta_io_qp_alloc)(s.f.io, s.f.dev, &mut qp),
             "qp_alloc",
         );
-        let pd = sta::rdma::accept_private_data(32);
+        let pd = nvmf::rdma::accept_private_data(32);
         ok(
             (d.doca_sta_io_qp_accept)(
                 s.f.io,

@@ -14,7 +14,7 @@
 //!   the daemon, and asking for DOCA there gives an error naming what is missing.
 //! - Corrections to what bindgen produces: [`DOCA_STA_VTOPHYS_ERROR`] (bindgen types the
 //!   macro as `i32 = -1`; it is `u64::MAX`), and `struct rdma_cm_id` stays opaque
-//!   (librdmacm's layout is not DOCA's to define; `sta::rdma` has the fields we read).
+//!   (librdmacm's layout is not DOCA's to define; `sta::verbs::ffi` has the fields we read).
 //!
 //! Libraries and search path (first hit wins):
 //! 1. every directory in `NVMF_DOCA_LIB_DIR` (colon-separated);

@@ -1,19 +1,25 @@
 //! The `soft` engine: the STA contract on host CPU cores, for NVMe/TCP and NVMe/RDMA.
 //!
-//! One [`StaIo`] per IO thread, run to completion by its thread. Commands, the offload
-//! logic (READ, WRITE, FLUSH, WRITE ZEROES, DSM, COMPARE against the thread's own backend
-//! queues) and the three non-offload tasks are shared by both transports; a QP's `Link`
-//! decides only how bytes move:
+//! One [`StaIo`] per IO thread, run to completion by its thread. The engine is a shell
+//! around `nvmf`'s machines: it owns sockets, epoll, io_uring-backed backend queues and
+//! verbs, and feeds the machines bytes. By concern:
 //!
-//! - TCP: one `epoll_wait` per pass, PDUs parsed in place with [`nvmf::tcp::RxFramer`],
-//!   host data fetched with R2T/H2CData, each QP's pending PDUs written with one `writev`
-//!   per pass (C2HData header, the data buffer, digest and CapsuleResp go out together).
-//! - RDMA (verbs through rdma-core loaded at run time): per thread a PD and a completion
-//!   channel per device; per QP a CQ, pre-posted receives of SQE + in-capsule size, host
-//!   data fetched with RDMA READ of the keyed SGL, data returned with RDMA WRITE followed
-//!   by the response SEND (SEND with Invalidate when the host asked for it). Work waits
-//!   for send-queue credits (and READ credits, the negotiated initiator depth); receives
-//!   and sends are posted as one chain each per pass.
+//! - `io`: the IO context, its QP table and the progress loop;
+//! - `cmd`: command slots and the command path shared by both transports (capsule
+//!   intake, the offloaded READ, WRITE, FLUSH, WRITE ZEROES, DSM, COMPARE against the
+//!   thread's own backend queues, the non-offloaded hand-up, the host-data fetch, written
+//!   once for both paths and both transports);
+//! - `tasks`: what the application submits (the three DOCA data tasks, disconnect);
+//! - `tcp_link`: a TCP QP: one `epoll_wait` per pass, bytes fed to
+//!   `nvmf::tcp::ControllerQueue` (framing, ICReq, R2T/H2CData accounting, C2HData,
+//!   SQHD, TermReq), its output written with one `writev` per pass (C2HData header, the
+//!   data buffer, digest and CapsuleResp go out together, data never copied);
+//! - `rdma_link`: an RDMA QP (verbs through rdma-core loaded at run time): per thread a
+//!   PD and a completion channel per device; per QP a CQ and pre-posted receives of SQE +
+//!   in-capsule size; `nvmf::rdma::RdmaQueue` plans the RDMA READs of keyed SGLs, the
+//!   RDMA WRITEs and the response SENDs (with Invalidate when asked) and holds them until
+//!   send-queue and READ credits allow; receives and sends are posted as one chain each
+//!   per pass.
 //!
 //! Command slots and data buffers come from per-thread pools, so the steady-state data
 //! path takes no lock and allocates nothing (RDMA registers each pool buffer once).
@@ -22,11 +28,16 @@
 //! data buffers (H2CData and RDMA in-capsule data are copied once), an SRQ, multi-segment
 //! SGLs.
 
+mod cmd;
 mod io;
-mod rdma;
-mod tcp;
+mod rdma_link;
+mod tasks;
+mod tcp_link;
+#[cfg(test)]
+mod tests;
 
 pub use io::StaIo;
+pub use rdma_link::AcceptError;
 
 use std::collections::HashMap;
 use std::sync::Arc;

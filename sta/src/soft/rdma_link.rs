@@ -1,33 +1,38 @@
-//! The verbs side of a soft-engine RDMA QP: per-thread devices (PD, completion channel,
-//! memory registrations), and per-QP queue pair, completion queue, receive buffers and
-//! the queue of work requests waiting for send-queue credits.
+//! The NVMe/RDMA link of a soft-engine QP: the verbs side around
+//! `nvmf::rdma::RdmaQueue`, which makes the protocol decisions (capsule checks, SQHD,
+//! what to READ, WRITE and SEND, credits). Per thread: devices (PD, completion channel,
+//! memory registrations); per QP: the queue pair, its completion queue, receive buffers
+//! and the verbs work requests built from the machine's plan.
 //!
 //! Every send-side work request is signaled, so completions return credits one for one;
 //! receives are re-posted in one chain per pass and sends go out in one chain per pass
 //! (one doorbell each).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 
 use backend::IoBuf;
+use nvmf::rdma::{accept_private_data, RdmaQueue, RejectStatus, SqCredits, WorkRequest, NO_SLOT};
+use nvmf::spec::Sqe;
 
-use crate::rdma::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
-use crate::rdma::{accept_private_data, lib, CmId, ConnRequest, Lib, RejectStatus, SqCredits};
+use super::cmd::{Core, Link, QpState, St};
+use crate::verbs::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use crate::verbs::{lib, CmId, ConnRequest, Lib, VerbsError};
+use crate::{Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
 
 /// `wr_id` layout: kind in bits 63:56, command slot (or receive slot) in bits 31:0.
-pub(crate) const WR_RECV: u64 = 1;
-pub(crate) const WR_SEND: u64 = 2;
-pub(crate) const WR_WRITE: u64 = 3;
-pub(crate) const WR_READ: u64 = 4;
-pub(crate) const NO_CMD: u32 = u32::MAX;
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+const WR_WRITE: u64 = 3;
+const WR_READ: u64 = 4;
 
-pub(crate) fn wr_id(kind: u64, slot: u32) -> u64 {
+fn wr_id(kind: u64, slot: u32) -> u64 {
     kind << 56 | slot as u64
 }
-pub(crate) fn wr_kind(id: u64) -> u64 {
+fn wr_kind(id: u64) -> u64 {
     id >> 56
 }
-pub(crate) fn wr_slot(id: u64) -> u32 {
+fn wr_slot(id: u64) -> u32 {
     id as u32
 }
 
@@ -49,39 +54,32 @@ struct Dev {
 }
 
 /// Per-IO-thread verbs state.
-pub(crate) struct RdmaThread {
+pub(super) struct RdmaThread {
     pub lib: &'static Lib,
     devs: Vec<Dev>,
 }
 
-/// Work waiting for send-queue credits, in order.
-pub(crate) enum WrOp {
-    /// RDMA READ `len` bytes of host memory into the command's buffer at `off`.
-    Read {
-        cmd: u32,
-        off: u32,
-        len: u32,
-        raddr: u64,
-        rkey: u32,
-    },
-    /// RDMA WRITE the first `len` bytes of the command's buffer to host memory.
-    Write {
-        cmd: u32,
-        len: u32,
-        raddr: u64,
-        rkey: u32,
-    },
-    /// SEND a completion (with Invalidate of `inv` when set); `cmd` is released when
-    /// it completes.
-    Send {
-        cmd: u32,
-        cqe: [u8; 16],
-        inv: Option<u32>,
-    },
+/// Why an RDMA connect request could not be accepted: the reject status to send and
+/// what failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AcceptError {
+    pub status: RejectStatus,
+    #[source]
+    pub error: VerbsError,
 }
 
-pub(crate) struct RdmaQp {
-    pub id: CmId,
+fn no_rsc(what: &str) -> AcceptError {
+    AcceptError {
+        status: RejectStatus::NoResources,
+        error: VerbsError::call(what),
+    }
+}
+
+pub(crate) struct RdmaLink {
+    /// The protocol side: capsule checks, SQHD, the work to post, credits.
+    pub machine: RdmaQueue,
+    id: CmId,
     qp: *mut IbvQp,
     cq: *mut IbvCq,
     dev: usize,
@@ -90,21 +88,19 @@ pub(crate) struct RdmaQp {
     pub recv_buf: Box<[u8]>,
     pub recv_sz: u32,
     pub repost: Vec<u32>,
-    pub ops: VecDeque<WrOp>,
-    pub credits: SqCredits,
     pub established: bool,
     pub disconnect_sent: bool,
     sges: Vec<ffi::IbvSge>,
     swrs: Vec<ffi::IbvSendWr>,
     rwrs: Vec<ffi::IbvRecvWr>,
-    batch: Vec<WrOp>,
+    batch: Vec<WorkRequest>,
 }
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
-pub(crate) fn wc_status_str(lib: &Lib, status: u32) -> String {
+fn wc_status_str(lib: &Lib, status: u32) -> String {
     // SAFETY: ibv_wc_status_str returns a static NUL-terminated string for any value.
     unsafe {
         let p = (lib.wc_status_str)(status);
@@ -117,7 +113,7 @@ pub(crate) fn wc_status_str(lib: &Lib, status: u32) -> String {
 }
 
 impl RdmaThread {
-    pub fn new() -> Result<RdmaThread, String> {
+    pub fn new() -> Result<RdmaThread, VerbsError> {
         Ok(RdmaThread {
             lib: lib()?,
             devs: Vec::new(),
@@ -213,24 +209,31 @@ impl RdmaThread {
     }
 
     /// Create the QP, CQ and receive buffers for a connect request, post the receives
-    /// and accept. `Ok` also returns a completion channel fd to watch (new device).
+    /// and accept; the link takes the request's id. `Ok` also returns a completion channel
+    /// fd to watch (new device). On error the request still owns its id (reject it).
     pub fn accept(
         &mut self,
-        req: &ConnRequest,
+        req: &mut ConnRequest,
         depth: u16,
         recv_sz: u32,
-    ) -> Result<(RdmaQp, Option<c_int>), (RejectStatus, String)> {
+    ) -> Result<(RdmaLink, Option<c_int>), AcceptError> {
         let lib = self.lib;
-        let id = req.id;
-        let no_rsc = |what: &str| (RejectStatus::NoResources, format!("{what}: {}", errno()));
-        // SAFETY: `id` is a live connect-request id handed to this thread.
-        let ctx = unsafe { (*id.0).verbs };
+        let Some(raw_id) = req.id_raw() else {
+            return Err(no_rsc("connect request without an id"));
+        };
+        // SAFETY: `raw_id` is a live connect-request id handed to this thread.
+        let ctx = unsafe { (*raw_id).verbs };
         if ctx.is_null() {
-            return Err((RejectStatus::NoResources, "cm_id has no device".into()));
+            return Err(no_rsc("cm_id has no device"));
         }
-        let (dev, new_fd) = self
-            .dev_for(ctx)
-            .map_err(|e| (RejectStatus::NoResources, format!("device setup: {e}")))?;
+        let (dev, new_fd) = self.dev_for(ctx).map_err(|e| AcceptError {
+            status: RejectStatus::NoResources,
+            error: VerbsError::Call {
+                call: "device setup".into(),
+                source: e,
+                hint: "",
+            },
+        })?;
         let d = &self.devs[dev];
         let depth32 = depth as u32;
         let max_send_wr = depth32 * 3 + 4;
@@ -256,16 +259,16 @@ impl RdmaThread {
             sq_sig_all: 0,
         };
         // SAFETY: `id` is live, `pd` belongs to its device, `attr` is initialized.
-        if unsafe { (lib.create_qp)(id.0, d.pd, &mut attr) } != 0 {
+        if unsafe { (lib.create_qp)(raw_id, d.pd, &mut attr) } != 0 {
             let e = no_rsc("rdma_create_qp");
             // SAFETY: `cq` is unused.
             unsafe { (lib.destroy_cq)(cq) };
             return Err(e);
         }
         // SAFETY: rdma_create_qp stored the QP in the id.
-        let qp = unsafe { (*id.0).qp };
+        let qp = unsafe { (*raw_id).qp };
         let mut recv_buf = vec![0u8; depth as usize * recv_sz as usize].into_boxed_slice();
-        // SAFETY: `recv_buf` lives in the RdmaQp until after the QP is destroyed.
+        // SAFETY: `recv_buf` lives in the RdmaLink until after the QP is destroyed.
         let recv_mr = unsafe {
             (lib.reg_mr)(
                 d.pd,
@@ -274,7 +277,12 @@ impl RdmaThread {
                 ffi::IBV_ACCESS_LOCAL_WRITE,
             )
         };
-        let mut q = RdmaQp {
+        let credits = SqCredits::new(max_send_wr, req.initiator_depth.min(MAX_RD_ATOMIC) as u32);
+        let Some(id) = req.take_id() else {
+            return Err(no_rsc("connect request without an id"));
+        };
+        let mut q = RdmaLink {
+            machine: RdmaQueue::new(recv_sz as usize, credits, depth),
             id,
             qp,
             cq,
@@ -283,8 +291,6 @@ impl RdmaThread {
             recv_buf,
             recv_sz,
             repost: (0..depth32).collect(),
-            ops: VecDeque::new(),
-            credits: SqCredits::new(max_send_wr, req.initiator_depth.min(MAX_RD_ATOMIC) as u32),
             established: false,
             disconnect_sent: false,
             sges: Vec::with_capacity(depth as usize * 2),
@@ -294,12 +300,19 @@ impl RdmaThread {
         };
         if recv_mr.is_null() {
             let e = no_rsc("ibv_reg_mr (receive buffers)");
-            q.destroy_verbs(lib);
+            req.put_id(q.into_id(lib));
             return Err(e);
         }
         if let Err(e) = q.post_recvs(lib) {
-            q.destroy_verbs(lib);
-            return Err((RejectStatus::NoResources, format!("ibv_post_recv: {e}")));
+            req.put_id(q.into_id(lib));
+            return Err(AcceptError {
+                status: RejectStatus::NoResources,
+                error: VerbsError::Call {
+                    call: "ibv_post_recv".into(),
+                    source: e,
+                    hint: "",
+                },
+            });
         }
         let pd = accept_private_data(depth);
         let mut param = ffi::RdmaConnParam {
@@ -314,10 +327,10 @@ impl RdmaThread {
             qp_num: 0,
         };
         // SAFETY: `id` is live with a QP; `param` and `pd` outlive the call.
-        if unsafe { (lib.accept)(id.0, &mut param) } != 0 {
-            let e = errno();
-            q.destroy_verbs(lib);
-            return Err((RejectStatus::NoResources, format!("rdma_accept: {e}")));
+        if unsafe { (lib.accept)(q.id.raw(), &mut param) } != 0 {
+            let e = no_rsc("rdma_accept");
+            req.put_id(q.into_id(lib));
+            return Err(e);
         }
         tracing::debug!(
             // SAFETY: `qp` is live.
@@ -331,7 +344,7 @@ impl RdmaThread {
         Ok((q, new_fd))
     }
 
-    pub fn poll(&mut self, q: &mut RdmaQp, wcs: &mut [IbvWc]) -> usize {
+    pub fn poll(&mut self, q: &mut RdmaLink, wcs: &mut [IbvWc]) -> usize {
         // SAFETY: `cq` is live; `wcs` has room for `wcs.len()` entries. ibv_poll_cq is an
         // inline of verbs.h calling through the context's ops table.
         let n = unsafe {
@@ -342,7 +355,7 @@ impl RdmaThread {
     }
 
     /// Request a completion event for the next completion on `q`'s CQ.
-    pub fn arm(&mut self, q: &mut RdmaQp) {
+    pub fn arm(&mut self, q: &mut RdmaLink) {
         // SAFETY: `cq` is live; inline ibv_req_notify_cq.
         unsafe {
             let ctx = (*q.cq).context;
@@ -351,7 +364,7 @@ impl RdmaThread {
     }
 }
 
-impl RdmaQp {
+impl RdmaLink {
     fn post_recvs(&mut self, lib: &Lib) -> std::io::Result<()> {
         if self.repost.is_empty() {
             return Ok(());
@@ -397,7 +410,7 @@ impl RdmaQp {
         Ok(())
     }
 
-    /// Post re-posted receives and as many queued operations as credits allow. `buf`
+    /// Post re-posted receives and as much of the machine's work as credits allow. `buf`
     /// gives a command's data buffer address and local key.
     pub fn flush(
         &mut self,
@@ -406,13 +419,8 @@ impl RdmaQp {
     ) -> std::io::Result<()> {
         self.post_recvs(lib)?;
         self.batch.clear();
-        while let Some(op) = self.ops.front() {
-            if !self.credits.take(matches!(op, WrOp::Read { .. })) {
-                break;
-            }
-            if let Some(op) = self.ops.pop_front() {
-                self.batch.push(op);
-            }
+        while let Some(w) = self.machine.next_work() {
+            self.batch.push(w);
         }
         if self.batch.is_empty() {
             return Ok(());
@@ -421,8 +429,8 @@ impl RdmaQp {
         self.swrs.clear();
         for op in &self.batch {
             let (sge, wr) = match op {
-                WrOp::Read {
-                    cmd,
+                WorkRequest::Read {
+                    slot: cmd,
                     off,
                     len,
                     raddr,
@@ -447,8 +455,8 @@ impl RdmaQp {
                         wr,
                     )
                 }
-                WrOp::Write {
-                    cmd,
+                WorkRequest::Write {
+                    slot: cmd,
                     len,
                     raddr,
                     rkey,
@@ -472,7 +480,11 @@ impl RdmaQp {
                         wr,
                     )
                 }
-                WrOp::Send { cmd, cqe, inv } => {
+                WorkRequest::Send {
+                    slot: cmd,
+                    cqe,
+                    invalidate: inv,
+                } => {
                     let wr = ffi::IbvSendWr {
                         wr_id: wr_id(WR_SEND, *cmd),
                         opcode: if inv.is_some() {
@@ -526,7 +538,7 @@ impl RdmaQp {
         if !self.disconnect_sent {
             self.disconnect_sent = true;
             // SAFETY: `id` is live (destroyed only in `destroy`).
-            unsafe { (lib.disconnect)(self.id.0) };
+            unsafe { (lib.disconnect)(self.id.raw()) };
         }
     }
 
@@ -535,7 +547,7 @@ impl RdmaQp {
         // receive buffers' registration; nothing posts to the QP afterwards.
         unsafe {
             if !self.qp.is_null() {
-                (lib.destroy_qp)(self.id.0);
+                (lib.destroy_qp)(self.id.raw());
                 self.qp = std::ptr::null_mut();
             }
             if !self.cq.is_null() {
@@ -549,15 +561,129 @@ impl RdmaQp {
         }
     }
 
-    /// Free the QP, its CQ, its receive buffers and the cm_id. After this no work request
-    /// of the QP touches memory any more, so its commands' buffers can be recycled.
-    pub fn destroy(mut self, lib: &Lib) {
+    /// Undo a half-made link and give its id back (to be rejected).
+    fn into_id(mut self, lib: &Lib) -> CmId {
         self.destroy_verbs(lib);
-        // SAFETY: the id is ours and used by nobody else from here on.
-        unsafe { (lib.destroy_id)(self.id.0) };
+        // The id leaves without being destroyed: swap in a dangling stand-in that Drop
+        // (run on `self` below) must not touch; `destroy_verbs` already cleared the rest.
+        let id = std::mem::replace(&mut self.id, CmId::placeholder());
+        drop(self);
+        id
     }
 
     pub fn dev(&self) -> usize {
         self.dev
     }
+}
+
+impl Drop for RdmaLink {
+    /// The QP, its CQ and the receive buffers' registration go first, then the cm_id
+    /// (its own Drop): after this no work request of the QP touches memory any more, so
+    /// its commands' buffers can be recycled.
+    fn drop(&mut self) {
+        if let Ok(lib) = lib() {
+            self.destroy_verbs(lib);
+        }
+    }
+}
+
+/// One work completion of RDMA QP `qp`.
+pub(super) fn on_wc(
+    core: &mut Core,
+    rt: &mut RdmaThread,
+    qp: QpHandle,
+    st: &mut QpState,
+    wc: &IbvWc,
+) {
+    let kind = wr_kind(wc.wr_id);
+    let slot = wr_slot(wc.wr_id);
+    if core.wc_logged < 64 {
+        core.wc_logged += 1;
+        tracing::debug!(
+            qp = qp.as_u64(),
+            "wc kind {kind} slot {} status {} len {}",
+            slot as i32,
+            wc.status,
+            wc.byte_len
+        );
+    }
+    let Link::Rdma(r) = &mut st.link else {
+        return;
+    };
+    if kind != WR_RECV {
+        r.machine.work_completed(kind == WR_READ);
+        if r.machine.has_work() {
+            st.tx_dirty = true;
+        }
+    }
+    if wc.status != ffi::IBV_WC_SUCCESS {
+        if wc.status != ffi::IBV_WC_WR_FLUSH_ERR && st.disconnect.is_none() {
+            tracing::warn!(
+                qp = qp.as_u64(),
+                "RDMA work request (kind {kind}) failed: {}",
+                wc_status_str(rt.lib, wc.status)
+            );
+        }
+        st.rx_stopped = true;
+        core.transport_error(qp, st, TransportErrorKind::Io);
+        // The commands die with the QP (qp_disconnect frees them once it is destroyed);
+        // a failed host-data fetch for the application is reported to it.
+        if kind == WR_READ {
+            if let Some(c) = core.cmds.get_mut(slot as usize) {
+                if c.st == St::H2C && c.qp == qp && c.op.is_none() {
+                    c.st = St::App;
+                    let user = c.user;
+                    core.events.push_back(Event::TaskDone {
+                        kind: TaskKind::RdmaRead,
+                        qp,
+                        user,
+                        result: Err(TaskError::QpClosing),
+                    });
+                }
+            }
+        }
+        return;
+    }
+    match kind {
+        WR_RECV => {
+            if st.rx_stopped {
+                return;
+            }
+            let region = std::mem::take(&mut r.recv_buf);
+            let sz = r.recv_sz as usize;
+            let off = slot as usize * sz;
+            let n = (wc.byte_len as usize).min(sz);
+            let capsule = &region[off..off + n];
+            match r.machine.on_recv(capsule) {
+                Ok((sqe, data)) => core.on_capsule(qp, st, &sqe, data, true),
+                Err(e) => {
+                    tracing::warn!(qp = qp.as_u64(), "{e}");
+                    st.rx_stopped = true;
+                    core.transport_error(qp, st, TransportErrorKind::Protocol);
+                }
+            }
+            if let Link::Rdma(r) = &mut st.link {
+                r.recv_buf = region;
+                r.repost.push(slot);
+            }
+            st.tx_dirty = true;
+        }
+        WR_SEND if slot != NO_SLOT => core.release(st, slot),
+        WR_READ => {
+            // An RDMA READ of host data finished: the command's data is in.
+            let ok = core
+                .cmds
+                .get(slot as usize)
+                .is_some_and(|c| c.st == St::H2C && c.qp == qp);
+            if ok {
+                core.host_data_done(qp, st, slot, Ok(()));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Bytes of one receive buffer: the SQE and the in-capsule data an I/O queue accepts.
+pub(super) fn recv_size(max_incapsule: u32) -> u32 {
+    Sqe::SIZE as u32 + max_incapsule
 }

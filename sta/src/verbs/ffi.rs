@@ -1,6 +1,6 @@
 //! Hand-written FFI for the parts of rdma-core (libibverbs + librdmacm, ABI of rdma-core
 //! 44, `libibverbs/verbs.h` and `librdmacm/rdma_cma.h`) the soft engine uses. The
-//! libraries are opened at run time with `dlopen`, so building needs neither the -dev
+//! libraries are opened at run time with `libloading`, so building needs neither the -dev
 //! packages nor libclang. Only the leading fields of the structs we read are declared;
 //! the libraries allocate them, we only look at what is here.
 //!
@@ -10,15 +10,18 @@
 
 #![allow(dead_code)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn a_missing_library_is_named_in_the_error() {
-        let e = super::Lib::load_named(c"libibverbs-absent.so.1", c"librdmacm.so.1")
+        let e = super::Lib::load_named("libibverbs-absent.so.1", "librdmacm.so.1")
             .err()
-            .expect("no such library");
+            .expect("no such library")
+            .to_string();
         assert!(e.contains("cannot load libibverbs-absent.so.1"), "{e}");
     }
 }
@@ -294,94 +297,87 @@ pub struct Lib {
     pub accept: unsafe extern "C" fn(*mut RdmaCmIdRaw, *mut RdmaConnParam) -> c_int,
     pub reject: unsafe extern "C" fn(*mut RdmaCmIdRaw, *const c_void, u8) -> c_int,
     pub disconnect: unsafe extern "C" fn(*mut RdmaCmIdRaw) -> c_int,
+    /// The libraries the pointers above come from, kept loaded with them.
+    _verbs: Library,
+    _cm: Library,
 }
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc, valid until
-    // the next dl* call on this thread; we copy it at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".into()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
+/// rdma-core could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load {lib}: {source}")]
+    Library {
+        lib: &'static str,
+        source: libloading::Error,
+    },
+    #[error("symbol {symbol} not found in {lib}: {source}")]
+    Symbol {
+        lib: &'static str,
+        symbol: &'static str,
+        source: libloading::Error,
+    },
 }
 
-fn open(name: &CStr) -> Result<*mut c_void, String> {
-    // SAFETY: `name` is NUL-terminated; dlopen has no other preconditions. The handle is
-    // never closed (the functions stay in use for the life of the process).
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if h.is_null() {
-        Err(format!(
-            "cannot load {}: {}",
-            name.to_string_lossy(),
-            dlerror()
-        ))
-    } else {
-        Ok(h)
-    }
-}
-
-fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
-    // SAFETY: `h` is a live dlopen handle and `name` is NUL-terminated.
-    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
-    if p.is_null() {
-        Err(format!(
-            "symbol {} not found: {}",
-            name.to_string_lossy(),
-            dlerror()
-        ))
-    } else {
-        Ok(p)
-    }
+fn open(name: &'static str) -> Result<Library, LoadError> {
+    // SAFETY: loading rdma-core runs its initializers, which have no preconditions; the
+    // libraries stay loaded for the life of the process (`Lib` lives in a static).
+    unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) }
+        .map_err(|source| LoadError::Library { lib: name, source })
 }
 
 macro_rules! load {
-    ($h:expr, $name:literal) => {{
-        let p = sym($h, $name)?;
+    ($lib:expr, $libname:expr, $name:literal) => {{
         // SAFETY: the symbol has the C prototype of rdma-core 44 that the field's type
-        // spells out (function pointers are pointer-sized on every Linux target).
-        unsafe { std::mem::transmute_copy::<*mut c_void, _>(&p) }
+        // spells out; the library it comes from is kept in `Lib` next to the pointer, so
+        // the pointer never outlives it.
+        let s = unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| {
+            LoadError::Symbol {
+                lib: $libname,
+                symbol: $name,
+                source,
+            }
+        })?;
+        *s
     }};
 }
 
 impl Lib {
-    pub fn load() -> Result<Lib, String> {
-        Lib::load_named(c"libibverbs.so.1", c"librdmacm.so.1")
+    pub fn load() -> Result<Lib, LoadError> {
+        Lib::load_named("libibverbs.so.1", "librdmacm.so.1")
     }
 
-    pub(crate) fn load_named(verbs: &CStr, cm: &CStr) -> Result<Lib, String> {
+    pub(crate) fn load_named(verbs: &'static str, cm: &'static str) -> Result<Lib, LoadError> {
         let v = open(verbs)?;
         let c = open(cm)?;
         Ok(Lib {
-            get_device_list: load!(v, c"ibv_get_device_list"),
-            free_device_list: load!(v, c"ibv_free_device_list"),
-            alloc_pd: load!(v, c"ibv_alloc_pd"),
-            dealloc_pd: load!(v, c"ibv_dealloc_pd"),
-            create_comp_channel: load!(v, c"ibv_create_comp_channel"),
-            destroy_comp_channel: load!(v, c"ibv_destroy_comp_channel"),
-            create_cq: load!(v, c"ibv_create_cq"),
-            destroy_cq: load!(v, c"ibv_destroy_cq"),
-            get_cq_event: load!(v, c"ibv_get_cq_event"),
-            ack_cq_events: load!(v, c"ibv_ack_cq_events"),
-            reg_mr: load!(v, c"ibv_reg_mr"),
-            dereg_mr: load!(v, c"ibv_dereg_mr"),
-            wc_status_str: load!(v, c"ibv_wc_status_str"),
-            create_event_channel: load!(c, c"rdma_create_event_channel"),
-            destroy_event_channel: load!(c, c"rdma_destroy_event_channel"),
-            create_id: load!(c, c"rdma_create_id"),
-            destroy_id: load!(c, c"rdma_destroy_id"),
-            bind_addr: load!(c, c"rdma_bind_addr"),
-            listen: load!(c, c"rdma_listen"),
-            get_cm_event: load!(c, c"rdma_get_cm_event"),
-            ack_cm_event: load!(c, c"rdma_ack_cm_event"),
-            create_qp: load!(c, c"rdma_create_qp"),
-            destroy_qp: load!(c, c"rdma_destroy_qp"),
-            accept: load!(c, c"rdma_accept"),
-            reject: load!(c, c"rdma_reject"),
-            disconnect: load!(c, c"rdma_disconnect"),
+            get_device_list: load!(v, verbs, "ibv_get_device_list"),
+            free_device_list: load!(v, verbs, "ibv_free_device_list"),
+            alloc_pd: load!(v, verbs, "ibv_alloc_pd"),
+            dealloc_pd: load!(v, verbs, "ibv_dealloc_pd"),
+            create_comp_channel: load!(v, verbs, "ibv_create_comp_channel"),
+            destroy_comp_channel: load!(v, verbs, "ibv_destroy_comp_channel"),
+            create_cq: load!(v, verbs, "ibv_create_cq"),
+            destroy_cq: load!(v, verbs, "ibv_destroy_cq"),
+            get_cq_event: load!(v, verbs, "ibv_get_cq_event"),
+            ack_cq_events: load!(v, verbs, "ibv_ack_cq_events"),
+            reg_mr: load!(v, verbs, "ibv_reg_mr"),
+            dereg_mr: load!(v, verbs, "ibv_dereg_mr"),
+            wc_status_str: load!(v, verbs, "ibv_wc_status_str"),
+            create_event_channel: load!(c, cm, "rdma_create_event_channel"),
+            destroy_event_channel: load!(c, cm, "rdma_destroy_event_channel"),
+            create_id: load!(c, cm, "rdma_create_id"),
+            destroy_id: load!(c, cm, "rdma_destroy_id"),
+            bind_addr: load!(c, cm, "rdma_bind_addr"),
+            listen: load!(c, cm, "rdma_listen"),
+            get_cm_event: load!(c, cm, "rdma_get_cm_event"),
+            ack_cm_event: load!(c, cm, "rdma_ack_cm_event"),
+            create_qp: load!(c, cm, "rdma_create_qp"),
+            destroy_qp: load!(c, cm, "rdma_destroy_qp"),
+            accept: load!(c, cm, "rdma_accept"),
+            reject: load!(c, cm, "rdma_reject"),
+            disconnect: load!(c, cm, "rdma_disconnect"),
+            _verbs: v,
+            _cm: c,
         })
     }
 }

@@ -18,10 +18,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub(crate) use sta::rdma::RdmaCmEvent;
-use sta::rdma::{
-    CmChannel, CmEvent, CmId, CmLimits, CmListener, CmRequest, ConnRequest, RejectStatus,
-};
+use nvmf::rdma::{CmLimits, CmRequest, RejectStatus};
+pub(crate) use sta::verbs::RdmaCmEvent;
+use sta::verbs::{CmChannel, CmEvent, CmIdKey, CmListener, ConnRequest};
 
 /// What the CM thread sends to an IO thread.
 pub(crate) enum RdmaMsg {
@@ -32,7 +31,7 @@ pub(crate) enum RdmaMsg {
         qid: u16,
     },
     /// A CM event for a connection that IO thread accepted.
-    Event { id: CmId, ev: RdmaCmEvent },
+    Event { id: CmIdKey, ev: RdmaCmEvent },
 }
 
 /// Picks the IO thread for a new connection (and counts it there).
@@ -57,7 +56,7 @@ impl RdmaService {
         dispatch: Dispatch,
         rejected: Rejected,
     ) -> Result<RdmaService, String> {
-        let channel = Arc::new(CmChannel::new()?);
+        let channel = Arc::new(CmChannel::new().map_err(|e| e.to_string())?);
         let stop = Arc::new(AtomicBool::new(false));
         let (ch, st) = (channel.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -73,7 +72,7 @@ impl RdmaService {
     }
 
     pub fn listen(&mut self, name: &str, addr: SocketAddr) -> Result<(), String> {
-        let l = self.channel.listen(addr)?;
+        let l = self.channel.listen(addr).map_err(|e| e.to_string())?;
         self.listeners.insert(name.to_string(), l);
         Ok(())
     }
@@ -131,7 +130,7 @@ fn cm_thread(
                 let checked = CmRequest::validate(&req.private_data, &limits).and_then(|x| {
                     // We fetch host data with RDMA READ: the host must allow some.
                     if req.initiator_depth == 0 {
-                        Err(sta::rdma::RejectStatus::InvalidOrd)
+                        Err(RejectStatus::InvalidOrd)
                     } else {
                         Ok(x)
                     }
@@ -144,7 +143,7 @@ fn cm_thread(
                             r.qid,
                             r.hrqsize
                         );
-                        owners.insert(req.id.as_u64(), t);
+                        owners.insert(req.key().as_u64(), t);
                         dispatch(
                             t,
                             RdmaMsg::Connect {

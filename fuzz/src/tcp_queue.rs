@@ -1,0 +1,359 @@
+//! The `tcp_queue` harness: whole PDU streams into the controller-side NVMe/TCP queue
+//! machine ([`ControllerQueue`]), with a toy engine that answers like the soft engine
+//! does: writes (opcode bit 0 set, no in-capsule data) get one R2T for their whole SGL
+//! length with the CID as TTAG, commands with in-capsule data or none are answered at
+//! once (reads with C2HData of their SGL length, capped), and some commands are answered
+//! without a slot.
+//!
+//! Input: `[ctl, step, sqsize, stream...]`.
+//!
+//! - `ctl` bit 0: the harness prepends a valid ICReq; bits 1-2: its digests; bit 3: SQ
+//!   flow control disabled after the first capsule (as Connect would); bits 4-7: HPDA.
+//! - `step`: the chunked pass feeds the stream `step` bytes at a time (0: one byte).
+//! - `sqsize`: the SQSIZE given to the machine after the first capsule.
+//!
+//! Checks, besides "no panic":
+//!
+//! - progress: `receive` consumes at most what is buffered, returns `(0, None)` only when
+//!   more bytes are needed or input is over, and nothing after a fatal error;
+//! - accounting: host data is only reported for a TTAG the engine solicited, inside the
+//!   solicited range, contiguous, and the transfer completes exactly at its end;
+//! - output: everything the machine writes parses with a host-side framer (ICResp first,
+//!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
+//!   most 128 bytes, SQHD is FFFFh with flow control disabled and below SQSIZE + 1
+//!   otherwise, and no CapsuleResp follows a C2HData that had SUCCESS;
+//! - chunking: feeding the stream in pieces gives the same events and output as whole.
+
+use std::collections::HashMap;
+
+use nvmf::queue::QueueParams;
+use nvmf::spec::{Cqe, Sqe, Status};
+use nvmf::tcp::{
+    self, ControllerEvent, ControllerLimits, ControllerQueue, Digests, HostLimits, IcReq, Pdu,
+    RxFramer, TxSink,
+};
+
+const LIMITS: ControllerLimits = ControllerLimits {
+    max_h2c_data: 4096,
+    max_incapsule_data: 8192,
+    cpda: 0,
+};
+
+/// Output as one byte stream; data references are filled with a pattern of the slot.
+#[derive(Default, PartialEq, Eq, Debug)]
+struct Wire {
+    bytes: Vec<u8>,
+    released: Vec<u32>,
+}
+
+impl TxSink for Wire {
+    fn header(&mut self, b: &[u8]) {
+        self.bytes.extend_from_slice(b);
+    }
+    fn data(&mut self, slot: u32, off: u32, len: u32) {
+        self.bytes
+            .extend((off..off + len).map(|i| (i as u8) ^ (slot as u8)));
+    }
+    fn release(&mut self, slot: u32) {
+        self.released.push(slot);
+    }
+}
+
+fn slot_data(slot: u32, len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i as u8) ^ (slot as u8)).collect()
+}
+
+#[derive(Default)]
+struct Engine {
+    /// ttag -> (next offset, end)
+    xfers: HashMap<u16, (u32, u32)>,
+    capsules: usize,
+    events: Vec<String>,
+    out: Wire,
+}
+
+fn pass(q: &mut ControllerQueue, e: &mut Engine, stream: &[u8], step: usize, setup: &Setup) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut fed = 0;
+    loop {
+        if fed < stream.len() {
+            let n = step.max(1).min(stream.len() - fed);
+            buf.extend_from_slice(&stream[fed..fed + n]);
+            fed += n;
+        }
+        loop {
+            let (used, ev) = q.receive(&buf, &mut e.out);
+            assert!(used <= buf.len(), "consumed more than buffered");
+            let Some(ev) = ev else {
+                assert_eq!(used, 0);
+                if !q.stopped() {
+                    assert!(q.needed() > buf.len(), "stalled with a whole PDU buffered");
+                }
+                break;
+            };
+            e.events.push(format!("{ev:?}"));
+            handle(q, e, ev, setup);
+            buf.drain(..used);
+        }
+        if q.stopped() {
+            assert_eq!(
+                q.receive(&buf, &mut e.out),
+                (0, None),
+                "input after the end"
+            );
+            return;
+        }
+        if fed == stream.len() {
+            return;
+        }
+    }
+}
+
+fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &Setup) {
+    match ev {
+        ControllerEvent::Command { sqe, data, .. } => {
+            e.capsules += 1;
+            if e.capsules == 1 {
+                q.set_params(QueueParams {
+                    qid: 1,
+                    sqsize: s.sqsize,
+                    sq_flow_control_disabled: s.no_flow_control,
+                });
+            }
+            let cid = sqe.cid();
+            let len = sqe.dptr.length().min(1 << 16);
+            let write = sqe.opcode() & 1 != 0;
+            if write && data.is_empty() && len > 0 && !e.xfers.contains_key(&cid) {
+                e.xfers.insert(cid, (0, len));
+                q.request_data(&mut e.out, cid, cid, 0, len);
+            } else if cid % 7 == 3 {
+                q.respond_untracked(&mut e.out, Cqe::new(cid, Status::INVALID_FIELD));
+            } else {
+                let n = if write { 0 } else { len.min(8192) as usize };
+                let mut cqe = Cqe::success(cid);
+                cqe.dw0 = (cid % 2) as u32;
+                q.respond(&mut e.out, cid as u32, cqe, &slot_data(cid as u32, n));
+            }
+        }
+        ControllerEvent::HostData {
+            ttag,
+            offset,
+            data,
+            complete,
+        } => {
+            let Some(&(next, end)) = e.xfers.get(&ttag) else {
+                panic!("host data for unsolicited TTAG {ttag}");
+            };
+            assert_eq!(offset, next, "host data not contiguous");
+            let new = offset as u64 + data.len() as u64;
+            assert!(new <= end as u64, "host data past the R2T");
+            assert_eq!(
+                complete.is_some(),
+                new == end as u64,
+                "completion at the end"
+            );
+            if complete.is_some() {
+                e.xfers.remove(&ttag);
+                q.respond(&mut e.out, ttag as u32, Cqe::success(ttag), &[]);
+            } else {
+                e.xfers.insert(ttag, (new as u32, end));
+            }
+        }
+        ControllerEvent::Fatal { .. } | ControllerEvent::HostTerminated { .. } => {
+            assert!(q.stopped());
+            e.xfers.clear();
+        }
+        ControllerEvent::Connected(_) => {}
+    }
+}
+
+/// Where the C2HTermReq starts in the output, if there is one (it is always last).
+fn term_req_start(out: &[u8], hpda: u8) -> Option<usize> {
+    let mut f = RxFramer::new_host(HostLimits {
+        hpda,
+        max_c2h_data: 1 << 20,
+    });
+    let mut at = 0;
+    while at < out.len() {
+        let Ok(Some((pdu, n))) = f.parse(&out[at..]) else {
+            return None;
+        };
+        match pdu {
+            Pdu::IcResp(r) => f.set_digests(r.digests),
+            Pdu::C2HTermReq { .. } => return Some(at),
+            _ => {}
+        }
+        at += n;
+    }
+    None
+}
+
+/// Parse the machine's output as a host would.
+fn check_output(w: &Wire, s: &Setup, digests: Digests) {
+    let mut f = RxFramer::new_host(HostLimits {
+        hpda: s.hpda,
+        max_c2h_data: 1 << 20,
+    });
+    let mut b = &w.bytes[..];
+    // The CID of a C2HData that carried SUCCESS just before.
+    let mut success_cid = None;
+    while !b.is_empty() {
+        let (pdu, n) = match f.parse(b) {
+            Ok(Some(x)) => x,
+            Ok(None) => panic!("output ends inside a PDU"),
+            Err(e) => panic!("output does not parse: {e}"),
+        };
+        let mut next_success = None;
+        match pdu {
+            Pdu::IcResp(r) => f.set_digests(r.digests),
+            Pdu::C2HTermReq { .. } => {
+                assert!(n <= tcp::TERM_REQ_MAX_PLEN);
+                assert_eq!(n, b.len(), "C2HTermReq is the last PDU");
+            }
+            Pdu::CapsuleResp { cqe } => {
+                assert_ne!(
+                    success_cid,
+                    Some(cqe.cid),
+                    "CapsuleResp after C2HData SUCCESS"
+                );
+                // Every completion goes out after the first capsule set the parameters.
+                if s.no_flow_control {
+                    assert_eq!(cqe.sqhd, 0xffff);
+                } else {
+                    assert!(
+                        cqe.sqhd <= s.sqsize,
+                        "SQHD {} past SQSIZE {}",
+                        cqe.sqhd,
+                        s.sqsize
+                    );
+                }
+            }
+            Pdu::C2HData {
+                cccid,
+                success,
+                data_digest_ok,
+                ..
+            } => {
+                assert!(
+                    data_digest_ok || !digests.data,
+                    "our own data digest is wrong"
+                );
+                if success {
+                    assert!(s.no_flow_control, "SUCCESS with SQ flow control on");
+                    next_success = Some(cccid);
+                }
+            }
+            Pdu::R2T { .. } => {}
+            other => panic!("controller sent {other:?}"),
+        }
+        success_cid = next_success;
+        b = &b[n..];
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Setup {
+    hpda: u8,
+    sqsize: u16,
+    no_flow_control: bool,
+}
+
+pub fn run(data: &[u8]) {
+    let mut inp = crate::Input::new(data);
+    let ctl = inp.u8();
+    let step = inp.u8() as usize;
+    let sqsize = (inp.u8() as u16).max(1);
+    let digests = Digests {
+        header: ctl & 2 != 0,
+        data: ctl & 4 != 0,
+    };
+    let s = Setup {
+        hpda: (ctl >> 4).min(tcp::MAX_PDA),
+        sqsize,
+        no_flow_control: ctl & 8 != 0,
+    };
+    let mut stream = Vec::new();
+    if ctl & 1 != 0 {
+        tcp::encode_ic_req(
+            &mut stream,
+            &IcReq {
+                pfv: 0,
+                hpda: s.hpda,
+                digests,
+                maxr2t: 0,
+            },
+        );
+    }
+    stream.extend_from_slice(inp.rest());
+
+    let mut whole_q = ControllerQueue::new(LIMITS);
+    let mut whole = Engine::default();
+    pass(&mut whole_q, &mut whole, &stream, usize::MAX, &s);
+    let mut chunked_q = ControllerQueue::new(LIMITS);
+    let mut chunked = Engine::default();
+    pass(&mut chunked_q, &mut chunked, &stream, step, &s);
+    assert_eq!(whole.events, chunked.events, "chunking changed the events");
+    assert_eq!(whole.out.released, chunked.out.released);
+    // A C2HTermReq echoes as much of the offending header as had arrived when the error
+    // was found (a bad common header is refused as soon as its 8 bytes are in), so only
+    // its data may be shorter when fed in pieces.
+    let (w, c) = (&whole.out.bytes, &chunked.out.bytes);
+    match term_req_start(w, s.hpda) {
+        Some(t) => {
+            // Everything before it, its type/flags/HLEN, FES and FEI agree (PLEN differs
+            // with the data length).
+            assert_eq!(
+                &w[..t + 4],
+                &c[..(t + 4).min(c.len())],
+                "chunking changed the output"
+            );
+            assert_eq!(
+                &w[t + 8..t + 14],
+                &c[(t + 8).min(c.len())..(t + 14).min(c.len())]
+            );
+            assert!(
+                w[t + 24..].starts_with(&c[(t + 24).min(c.len())..]),
+                "TermReq data"
+            );
+        }
+        None => assert_eq!(w, c, "chunking changed the output"),
+    }
+    check_output(&whole.out, &s, whole_q.digests());
+}
+
+/// Valid streams: connection setup, capsules with and without data, writes answered by
+/// H2CData in pieces, with each digest combination and flow-control mode.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    for dig in 0..4u8 {
+        let d = Digests {
+            header: dig & 1 != 0,
+            data: dig & 2 != 0,
+        };
+        for fc in [0u8, 8] {
+            let mut c = vec![1 | dig << 1 | fc, 5, 31];
+            let mut sqe = Sqe::default();
+            sqe.set_opcode_cid(0x02, 1);
+            sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x5, 0xa, 0, 512);
+            tcp::encode_capsule_cmd(&mut c, &sqe, &[], d, 0);
+            // A write of 6000 bytes on R2T (CID 2 = TTAG 2), in two H2CData PDUs.
+            sqe.set_opcode_cid(0x01, 2);
+            sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x5, 0xa, 0, 6000);
+            tcp::encode_capsule_cmd(&mut c, &sqe, &[], d, 0);
+            tcp::encode_h2c_data(&mut c, 2, 2, 0, &[7; 4096], false, d, 0);
+            tcp::encode_h2c_data(&mut c, 2, 2, 4096, &[7; 1904], true, d, 0);
+            // In-capsule write, then a bad H2CData.
+            sqe.set_opcode_cid(0x01, 4);
+            sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x0, 0x1, 0, 100);
+            tcp::encode_capsule_cmd(&mut c, &sqe, &[1; 100], d, 0);
+            tcp::encode_h2c_data(&mut c, 9, 9, 0, &[7; 64], true, d, 0);
+            v.push(c);
+        }
+    }
+    // The harness's ICReq off: the stream starts with whatever the fuzzer wrote.
+    let mut raw = vec![0u8, 1, 7];
+    tcp::encode_ic_req(&mut raw, &IcReq::default());
+    tcp::encode_term_req(&mut raw, false, 1, 0, &[]);
+    v.push(raw);
+    v
+}

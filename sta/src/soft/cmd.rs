@@ -1,0 +1,789 @@
+//! Command slots and the command path shared by both transports: capsule intake, the
+//! offloaded path against the thread's backend queues, the non-offloaded hand-up, the
+//! host-data fetch (one function for both paths and both transports) and responses.
+//!
+//! The protocol decisions are `nvmf`'s: which commands are offloaded, their transfer
+//! length and SGL checks (`nvmf::command`), and everything on the wire (the queue machines
+//! behind [`Link`]). This file moves commands between states:
+//!
+//! ```text
+//! capsule -> App (handed up) ---------------------------> Tx -> Free (release marker /
+//!        \-> H2C (host data being fetched) -> Backend -> Tx       SEND completion)
+//!         \-----------------------------------/
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use backend::{BackendQueue, BufPool, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
+use nvmf::command::{self, DataSgl, OffloadOp};
+use nvmf::queue::QueueParams;
+use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
+use nvmf::target::Transport;
+
+use super::io::{qp_ref, QpSlot};
+use super::rdma_link::RdmaLink;
+use super::tcp_link::TcpLink;
+use super::SoftConfig;
+use crate::{
+    CmdToken, Event, NsCounters, QpHandle, StatsRegistry, SubsysId, TaskError, TaskKind,
+    ThreadCounters, TransportErrorKind,
+};
+
+/// Admin and Fabrics commands may always carry this much in-capsule data on NVMe/TCP.
+pub(super) const ADMIN_INCAPSULE: u32 = nvmf::tcp::ADMIN_MAX_INCAPSULE_DATA;
+/// Command slots per IO context; a slot index is also its NVMe/TCP TTAG (16 bits).
+const MAX_CMDS: usize = 65535;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum St {
+    Free,
+    /// Waiting for the host's data (H2CData after our R2T, or an RDMA READ).
+    H2C,
+    /// Submitted to the backend.
+    Backend,
+    /// Handed to the application (non-offloaded), waiting for a task.
+    App,
+    /// Response queued; freed at its release marker (TCP) or SEND completion (RDMA).
+    Tx,
+}
+
+pub(super) struct Cmd {
+    pub gen: u32,
+    pub st: St,
+    /// The offloaded command, or `None` for one handed to the application.
+    pub op: Option<OffloadOp>,
+    pub qp: QpHandle,
+    pub sqe: Sqe,
+    pub buf: Option<IoBuf>,
+    /// Transfer length in bytes (payload length for non-offloaded commands).
+    pub len: u32,
+    /// Host data received so far.
+    pub got: u32,
+    /// Backend requests outstanding.
+    pub pending: u16,
+    pub status: Status,
+    pub ns: u32,
+    pub user: u64,
+    /// Capsule arrival, for the latency histograms and the backend timeout.
+    pub start: Instant,
+    /// The backend timeout was reported for this command.
+    pub timeout_reported: bool,
+}
+
+impl Cmd {
+    fn free(now: Instant) -> Cmd {
+        Cmd {
+            gen: 0,
+            st: St::Free,
+            op: None,
+            qp: QpHandle { idx: 0, gen: 0 },
+            sqe: Sqe::default(),
+            buf: None,
+            len: 0,
+            got: 0,
+            pending: 0,
+            status: Status::SUCCESS,
+            ns: 0,
+            user: 0,
+            start: now,
+            timeout_reported: false,
+        }
+    }
+
+    /// The first `n` bytes of the command's buffer (empty without one).
+    pub fn data(&self, n: u32) -> &[u8] {
+        self.buf
+            .as_ref()
+            .map_or(&[][..], |b| &b.as_slice()[..n as usize])
+    }
+}
+
+pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
+    if let Some(b) = c.buf.take() {
+        pool.put(b);
+    }
+    c.st = St::Free;
+    c.gen = c.gen.wrapping_add(1);
+}
+
+/// How a QP's bytes move: the only transport-specific part of a QP. Commands, offload
+/// logic and tasks are shared; the link's queue machine decides what goes on the wire.
+pub(super) enum Link {
+    Tcp(TcpLink),
+    Rdma(Box<RdmaLink>),
+}
+
+impl Link {
+    pub fn transport(&self) -> Transport {
+        match self {
+            Link::Tcp(_) => Transport::Tcp,
+            Link::Rdma(_) => Transport::Rdma,
+        }
+    }
+
+    pub fn set_params(&mut self, p: QueueParams) {
+        match self {
+            Link::Tcp(t) => t.machine.set_params(p),
+            Link::Rdma(r) => r.machine.set_params(p),
+        }
+    }
+
+    /// Fetch `len` bytes of the host's data for command `slot` into its buffer at `off`
+    /// (TCP: an R2T whose TTAG is the slot; RDMA: a READ of the keyed SGL). False when
+    /// the SGL has no host memory to read (RDMA only).
+    fn fetch(&mut self, slot: u32, sqe: &Sqe, off: u32, len: u32) -> bool {
+        match self {
+            Link::Tcp(t) => {
+                t.machine
+                    .request_data(&mut t.tx, sqe.cid(), slot as u16, off, len);
+                true
+            }
+            Link::Rdma(r) => match nvmf::rdma::KeyedSgl::parse(&sqe.dptr) {
+                Some(k) => {
+                    r.machine.fetch(slot, &k, off, len);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// The command's fetch is over another way (its slot is being freed).
+    fn cancel_fetch(&mut self, slot: u32) {
+        if let Link::Tcp(t) = self {
+            t.machine.cancel_transfer(slot as u16);
+        }
+    }
+
+    /// Queue the response to command `slot`: `data` (a prefix of its buffer) to the host
+    /// (C2HData / RDMA WRITE), then the completion; the slot is released after.
+    fn respond(&mut self, slot: u32, sqe: &Sqe, cqe: Cqe, data: &[u8]) {
+        match self {
+            Link::Tcp(t) => t.machine.respond(&mut t.tx, slot, cqe, data),
+            Link::Rdma(r) => r.machine.respond(slot, &sqe.dptr, cqe, data.len() as u32),
+        }
+    }
+
+    fn respond_untracked(&mut self, cqe: Cqe) {
+        match self {
+            Link::Tcp(t) => t.machine.respond_untracked(&mut t.tx, cqe),
+            Link::Rdma(r) => r.machine.respond_untracked(cqe),
+        }
+    }
+}
+
+/// A QP's state next to its link.
+pub(super) struct QpState {
+    pub link: Link,
+    pub user: u64,
+    /// The subsystem whose namespaces this I/O queue's commands are offloaded to.
+    pub subsys: Option<SubsysId>,
+    /// Command slots this QP holds.
+    pub inflight: u32,
+    /// No more input is processed (peer gone, protocol error, or disconnecting).
+    pub rx_stopped: bool,
+    /// The transport error was reported to the application.
+    pub error_reported: bool,
+    /// `qp_disconnect` was called with this user data.
+    pub disconnect: Option<u64>,
+    /// Output is waiting to be written or posted.
+    pub tx_dirty: bool,
+}
+
+pub(super) struct NsSlot {
+    pub subsys: SubsysId,
+    pub nsid: u32,
+    /// The removal was acknowledged already (`be_queue_destroy` does not wait for the
+    /// backend); the slot only lives on until the backend gives back what it holds.
+    pub acked: bool,
+    pub shift: u32,
+    pub nblocks: u64,
+    pub q: Box<dyn BackendQueue>,
+    pub pending: VecDeque<Request>,
+    pub counters: Arc<NsCounters>,
+    pub inflight: u32,
+    pub removing: Option<u64>,
+}
+
+/// Everything of an IO context but its QPs, so a QP and the core can be borrowed side by
+/// side.
+pub(super) struct Core {
+    pub cfg: SoftConfig,
+    pub cmds: Vec<Cmd>,
+    pub free_cmds: Vec<u32>,
+    pub pool: BufPool,
+    pub ns: Vec<Option<NsSlot>>,
+    pub ns_map: HashMap<(u32, u32), u32>,
+    pub events: VecDeque<Event>,
+    pub completions: Vec<Completion>,
+    pub counters: Arc<ThreadCounters>,
+    pub stats: Arc<StatsRegistry>,
+    /// The time of the current pass, passed in by `progress`/`progress_at`.
+    pub now: Instant,
+    /// Time is simulated (`progress_at`): per-command times use `now` instead of the
+    /// clock. Otherwise capsule arrival and completion read the clock, so latencies are
+    /// real even when a command starts and ends within one pass.
+    pub manual_time: bool,
+    /// RDMA work completions logged so far (the first few are, for diagnosis).
+    pub wc_logged: u32,
+}
+
+fn status_of(s: IoStatus) -> Status {
+    match s {
+        IoStatus::Ok => Status::SUCCESS,
+        IoStatus::ReadError => Status::UNRECOVERED_READ_ERROR,
+        IoStatus::WriteFault => Status::WRITE_FAULT,
+        IoStatus::OutOfRange => Status::LBA_OUT_OF_RANGE,
+        IoStatus::Unsupported => Status::INVALID_OPCODE,
+        IoStatus::Unavailable => Status::NAMESPACE_NOT_READY,
+    }
+}
+
+impl Core {
+    pub fn new(
+        cfg: SoftConfig,
+        counters: Arc<ThreadCounters>,
+        stats: Arc<StatsRegistry>,
+        now: Instant,
+    ) -> Core {
+        let pool = BufPool::new(
+            cfg.max_io_size.max(ADMIN_INCAPSULE) as usize,
+            cfg.buffer_pool_bytes,
+        );
+        Core {
+            cfg,
+            cmds: Vec::new(),
+            free_cmds: Vec::new(),
+            pool,
+            ns: Vec::new(),
+            ns_map: HashMap::new(),
+            events: VecDeque::new(),
+            completions: Vec::with_capacity(256),
+            counters,
+            stats,
+            now,
+            manual_time: false,
+            wc_logged: 0,
+        }
+    }
+
+    /// The time for a command's timestamps (see `manual_time`).
+    fn cmd_time(&self) -> Instant {
+        if self.manual_time {
+            self.now
+        } else {
+            Instant::now()
+        }
+    }
+
+    pub fn cmd_mut(&mut self, t: CmdToken) -> Option<&mut Cmd> {
+        let c = self.cmds.get_mut(t.idx as usize)?;
+        (c.gen == t.gen && c.st != St::Free).then_some(c)
+    }
+
+    fn alloc_cmd(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe) -> Option<u32> {
+        let idx = match self.free_cmds.pop() {
+            Some(i) => i,
+            None if self.cmds.len() < MAX_CMDS => {
+                self.cmds.push(Cmd::free(self.now));
+                self.cmds.len() as u32 - 1
+            }
+            None => return None,
+        };
+        let c = &mut self.cmds[idx as usize];
+        c.st = St::App;
+        c.op = None;
+        c.qp = qp;
+        c.sqe = *sqe;
+        c.len = 0;
+        c.got = 0;
+        c.pending = 0;
+        c.status = Status::SUCCESS;
+        c.user = 0;
+        c.timeout_reported = false;
+        c.start = if self.manual_time {
+            self.now
+        } else {
+            Instant::now()
+        };
+        st.inflight += 1;
+        Some(idx)
+    }
+
+    /// Free a slot of `st` (a release marker was reached, a SEND completed, or the QP
+    /// is going away).
+    pub fn release(&mut self, st: &mut QpState, idx: u32) {
+        if let Some(c) = self.cmds.get_mut(idx as usize) {
+            if c.st != St::Free {
+                if c.st == St::H2C {
+                    st.link.cancel_fetch(idx);
+                }
+                free_cmd(c, &mut self.pool);
+                self.free_cmds.push(idx);
+                st.inflight = st.inflight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Free a slot whose QP is gone.
+    pub fn release_orphan(&mut self, idx: u32) {
+        if let Some(c) = self.cmds.get_mut(idx as usize) {
+            if c.st != St::Free {
+                free_cmd(c, &mut self.pool);
+                self.free_cmds.push(idx);
+            }
+        }
+    }
+
+    pub fn transport_error(&mut self, qp: QpHandle, st: &mut QpState, kind: TransportErrorKind) {
+        if !st.error_reported && st.disconnect.is_none() {
+            st.error_reported = true;
+            self.events.push_back(Event::TransportError {
+                qp,
+                qp_user: st.user,
+                kind,
+            });
+        }
+    }
+
+    /// Queue the response to command `idx`: `data_len` bytes of its buffer, then `cqe`.
+    pub fn respond(&mut self, st: &mut QpState, idx: u32, mut cqe: Cqe, data_len: u32) {
+        let c = &mut self.cmds[idx as usize];
+        c.st = St::Tx;
+        cqe.cid = c.sqe.cid();
+        let data_len = data_len.min(c.len);
+        st.link.respond(idx, &c.sqe, cqe, c.data(data_len));
+        st.tx_dirty = true;
+    }
+
+    /// Fail command `idx` with `status` (counted against its namespace, if any).
+    pub fn fail(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        let c = &self.cmds[idx as usize];
+        if c.op.is_some() {
+            if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
+                ns.counters.count_error(status);
+            }
+        }
+        let cid = c.sqe.cid();
+        self.respond(st, idx, Cqe::new(cid, status), 0);
+    }
+
+    /// A capsule arrived on `qp` (either transport): offload it, or hand it up.
+    pub fn on_capsule(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        sqe: &Sqe,
+        data: &[u8],
+        data_digest_ok: bool,
+    ) {
+        let offload = match (st.subsys, OffloadOp::from_opcode(sqe.opcode())) {
+            (Some(s), Some(op)) => self.ns_map.get(&(s.0, sqe.nsid)).map(|&ns| (op, ns)),
+            _ => None,
+        };
+        let Some(idx) = self.alloc_cmd(qp, st, sqe) else {
+            // The host overran the queue: answer without a slot.
+            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_ID_CONFLICT.with_dnr(false));
+            st.link.respond_untracked(cqe);
+            st.tx_dirty = true;
+            return;
+        };
+        if !data_digest_ok {
+            // NVMe/TCP 1.0 section 3.6.2.5: a data digest error fails the command only.
+            return self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
+        }
+        let sgl = match DataSgl::parse(sqe, st.link.transport(), data.len()) {
+            Ok(s) => s,
+            Err(status) => {
+                if let Some((_, ns)) = offload {
+                    self.cmds[idx as usize].op = offload.map(|o| o.0);
+                    self.cmds[idx as usize].ns = ns;
+                }
+                return self.fail(st, idx, status);
+            }
+        };
+        match offload {
+            Some((op, ns)) => {
+                NsCounters::bump(&self.counters.offloaded, 1);
+                self.start_offload(st, idx, op, ns, sgl, data);
+            }
+            None => {
+                NsCounters::bump(&self.counters.non_offloaded, 1);
+                self.start_non_offload(qp, st, idx, sgl, data);
+            }
+        }
+    }
+
+    /// Hand a command up: its payload buffer is the SGL's length (bounded by the max I/O
+    /// size), filled already when the data came in-capsule.
+    fn start_non_offload(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        idx: u32,
+        sgl: DataSgl,
+        data: &[u8],
+    ) {
+        let len = sgl.len();
+        if len > self.cfg.max_io_size.max(ADMIN_INCAPSULE) {
+            return self.fail(st, idx, Status::INVALID_FIELD);
+        }
+        let in_capsule = matches!(sgl, DataSgl::InCapsule { .. }) && len > 0;
+        if len > 0 {
+            let Some(mut b) = self.pool.get(len as usize) else {
+                return self.fail(st, idx, Status::INTERNAL_ERROR);
+            };
+            let s = &mut b.as_mut_slice()[..len as usize];
+            if in_capsule {
+                s.copy_from_slice(data);
+            } else {
+                s.fill(0);
+            }
+            self.cmds[idx as usize].buf = Some(b);
+        }
+        let c = &mut self.cmds[idx as usize];
+        c.len = len;
+        c.got = if in_capsule { len } else { 0 };
+        c.st = St::App;
+        self.events.push_back(Event::NonOffload {
+            qp,
+            qp_user: st.user,
+            token: CmdToken { idx, gen: c.gen },
+            sqe: c.sqe,
+            payload_len: len,
+            payload_valid: in_capsule || len == 0,
+        });
+    }
+
+    fn start_offload(
+        &mut self,
+        st: &mut QpState,
+        idx: u32,
+        op: OffloadOp,
+        ns_idx: u32,
+        sgl: DataSgl,
+        data: &[u8],
+    ) {
+        let sqe = self.cmds[idx as usize].sqe;
+        {
+            let c = &mut self.cmds[idx as usize];
+            c.op = Some(op);
+            c.ns = ns_idx;
+        }
+        let Some(ns) = self.ns[ns_idx as usize].as_ref() else {
+            return self.fail(st, idx, Status::INVALID_NAMESPACE);
+        };
+        let (shift, nblocks) = (ns.shift, ns.nblocks);
+        if op.uses_lba_range() {
+            if let Err(s) = command::check_lba_range(&sqe, nblocks) {
+                return self.fail(st, idx, s);
+            }
+        }
+        let len = op.transfer_len(&sqe, shift);
+        if len > self.cfg.max_io_size as u64 {
+            return self.fail(st, idx, Status::INVALID_FIELD);
+        }
+        let len = len as u32;
+        self.cmds[idx as usize].len = len;
+        if let Err(s) = sgl.check_transfer(op, len) {
+            return self.fail(st, idx, s);
+        }
+        if len == 0 {
+            return self.submit_offload(st, idx);
+        }
+        let Some(mut b) = self.pool.get(len as usize) else {
+            return self.fail(st, idx, Status::INTERNAL_ERROR);
+        };
+        b.set_len(len as usize);
+        if let DataSgl::InCapsule { .. } = sgl {
+            // Only the transfer is taken (a DSM range buffer may be longer).
+            b.as_mut_slice()[..len as usize].copy_from_slice(&data[..len as usize]);
+            let c = &mut self.cmds[idx as usize];
+            c.buf = Some(b);
+            c.got = len;
+            return self.submit_offload(st, idx);
+        }
+        self.cmds[idx as usize].buf = Some(b);
+        if op.direction() == DataDirection::HostToController {
+            return self.fetch_host_data(st, idx);
+        }
+        self.submit_offload(st, idx)
+    }
+
+    /// Fetch the rest of command `idx`'s host data into its buffer: the one place both
+    /// the offloaded path and the application's `rdma_read` go through, on either
+    /// transport. [`Core::host_data_done`] follows.
+    pub fn fetch_host_data(&mut self, st: &mut QpState, idx: u32) {
+        let c = &mut self.cmds[idx as usize];
+        let (off, len) = (c.got, c.len - c.got);
+        c.st = St::H2C;
+        let sqe = c.sqe;
+        if st.link.fetch(idx, &sqe, off, len) {
+            st.tx_dirty = true;
+        } else {
+            let qp = c.qp;
+            self.host_data_done(qp, st, idx, Err(TaskError::BadState));
+        }
+    }
+
+    /// Host data for command `idx` arrived at `offset` (NVMe/TCP H2CData, already checked
+    /// by the queue machine); `complete` once the whole range is in.
+    pub fn on_host_data(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        idx: u32,
+        offset: u32,
+        data: &[u8],
+        complete: Option<bool>,
+    ) {
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
+        if c.st != St::H2C || c.qp != qp {
+            return;
+        }
+        let end = offset as usize + data.len();
+        if let Some(b) = c.buf.as_mut() {
+            if let Some(dst) = b.as_mut_slice().get_mut(offset as usize..end) {
+                dst.copy_from_slice(data);
+            }
+        }
+        c.got = end as u32;
+        match complete {
+            None => {}
+            Some(true) => self.host_data_done(qp, st, idx, Ok(())),
+            Some(false) => self.host_data_done(qp, st, idx, Err(TaskError::DataDigest)),
+        }
+    }
+
+    /// The host-data fetch of command `idx` ended: hand the result to the application
+    /// (`rdma_read` task) or run the offloaded command.
+    pub fn host_data_done(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        idx: u32,
+        result: Result<(), TaskError>,
+    ) {
+        let c = &mut self.cmds[idx as usize];
+        if result.is_ok() {
+            c.got = c.len;
+        }
+        if c.op.is_none() {
+            c.st = St::App;
+            let user = c.user;
+            self.events.push_back(Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                qp,
+                user,
+                result,
+            });
+        } else if st.disconnect.is_some() {
+            // Nothing more goes out; the slot is freed with the QP.
+        } else if result.is_err() {
+            self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
+        } else {
+            self.submit_offload(st, idx);
+        }
+    }
+
+    fn push_req(&mut self, ns_idx: u32, req: Request) {
+        if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.inflight += 1;
+            ns.counters
+                .queue_depth
+                .store(ns.inflight as u64, Ordering::Relaxed);
+            match ns.q.submit(req) {
+                Ok(()) => {}
+                Err(SubmitError::Full(r)) => ns.pending.push_back(r),
+                Err(SubmitError::Closed(r)) => self.completions.push(Completion {
+                    tag: r.tag,
+                    status: IoStatus::Unavailable,
+                    buf: r.buf,
+                }),
+            }
+        }
+    }
+
+    /// All host data is in: hand the command to the backend.
+    fn submit_offload(&mut self, st: &mut QpState, idx: u32) {
+        let c = &mut self.cmds[idx as usize];
+        let sqe = c.sqe;
+        let ns_idx = c.ns;
+        let tag = (c.gen as u64) << 32 | idx as u64;
+        c.st = St::Backend;
+        let (lba, nblocks) = (sqe.slba(), sqe.nlb());
+        let Some(op) = c.op else {
+            return self.fail(st, idx, Status::INTERNAL_ERROR);
+        };
+        // The commands that are one backend request each.
+        let single = match op {
+            OffloadOp::Read => Some((Op::Read, lba, nblocks, c.buf.take())),
+            OffloadOp::Write => Some((Op::Write { fua: sqe.fua() }, lba, nblocks, c.buf.take())),
+            OffloadOp::Flush => Some((Op::Flush, 0, 0, None)),
+            // FUA (CDW12 bit 30, as for Write) goes down with the request: the backend
+            // makes the zeroes durable before it completes.
+            OffloadOp::WriteZeroes => {
+                Some((Op::WriteZeroes { fua: sqe.fua() }, lba, nblocks, None))
+            }
+            OffloadOp::Compare | OffloadOp::DatasetManagement => None,
+        };
+        if let Some((op, lba, nblocks, buf)) = single {
+            c.pending = 1;
+            let req = Request {
+                tag,
+                op,
+                lba,
+                nblocks,
+                buf,
+            };
+            return self.push_req(ns_idx, req);
+        }
+        if op == OffloadOp::Compare {
+            let len = c.len as usize;
+            let Some(mut b) = self.pool.get(len) else {
+                return self.fail(st, idx, Status::INTERNAL_ERROR);
+            };
+            b.set_len(len);
+            self.cmds[idx as usize].pending = 1;
+            let req = Request {
+                tag,
+                op: Op::Read,
+                lba,
+                nblocks,
+                buf: Some(b),
+            };
+            return self.push_req(ns_idx, req);
+        }
+        // Dataset Management: deallocate every range; the other attributes are hints.
+        let mut ranges = [(0u64, 0u32); command::DSM_MAX_RANGES];
+        let n = if command::dsm_deallocate(&sqe) {
+            let nblocks_ns = self.ns[ns_idx as usize].as_ref().map_or(0, |n| n.nblocks);
+            let c = &self.cmds[idx as usize];
+            match command::dsm_ranges(&sqe, c.data(c.len), nblocks_ns, &mut ranges) {
+                Ok(n) => n,
+                Err(s) => return self.fail(st, idx, s),
+            }
+        } else {
+            0
+        };
+        if n == 0 {
+            return self.complete_offload(st, idx, Status::SUCCESS);
+        }
+        self.cmds[idx as usize].pending = n as u16;
+        for &(lba, nblocks) in &ranges[..n] {
+            let req = Request {
+                tag,
+                op: Op::Deallocate,
+                lba,
+                nblocks,
+                buf: None,
+            };
+            self.push_req(ns_idx, req);
+        }
+    }
+
+    fn complete_offload(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        let end = self.cmd_time();
+        let c = &self.cmds[idx as usize];
+        let (op, len, cid) = (c.op, c.len, c.sqe.cid());
+        if let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) {
+            let k = &ns.counters;
+            let lat = end.saturating_duration_since(c.start).as_nanos() as u64;
+            match op {
+                Some(OffloadOp::Read) => k.read_latency.record(lat),
+                Some(OffloadOp::Write) => k.write_latency.record(lat),
+                _ => k.other_latency.record(lat),
+            }
+            if !status.is_success() {
+                k.count_error(status);
+            } else {
+                match op {
+                    Some(OffloadOp::Read) => {
+                        NsCounters::bump(&k.read_cmds, 1);
+                        NsCounters::bump(&k.read_bytes, len as u64);
+                    }
+                    Some(OffloadOp::Write) => {
+                        NsCounters::bump(&k.write_cmds, 1);
+                        NsCounters::bump(&k.write_bytes, len as u64);
+                    }
+                    // SMART counts Compare as a read: Host Read Commands and, for the
+                    // logical blocks it compares, Data Units Read (NVMe Base 2.0 Fig. 207).
+                    Some(OffloadOp::Compare) => {
+                        NsCounters::bump(&k.read_cmds, 1);
+                        NsCounters::bump(&k.read_bytes, len as u64);
+                    }
+                    _ => NsCounters::bump(&k.other_cmds, 1),
+                }
+            }
+        }
+        let data_len = if op == Some(OffloadOp::Read) && status.is_success() {
+            len
+        } else {
+            0
+        };
+        self.respond(st, idx, Cqe::new(cid, status), data_len);
+    }
+
+    /// A backend completion for namespace slot `ns_idx`; `qps` is the QP table (a
+    /// command whose QP is gone is only recycled).
+    pub fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
+        if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.inflight = ns.inflight.saturating_sub(1);
+            ns.counters
+                .queue_depth
+                .store(ns.inflight as u64, Ordering::Relaxed);
+        }
+        let idx = (comp.tag & 0xffff_ffff) as u32;
+        let gen = (comp.tag >> 32) as u32;
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
+        if c.gen != gen || c.st != St::Backend {
+            // The QP went away while this was in flight (disconnect); only recycle.
+            if let Some(b) = comp.buf {
+                self.pool.put(b);
+            }
+            return;
+        }
+        if c.op == Some(OffloadOp::Compare) {
+            // buf holds the host's data, the completion returns what the media has.
+            if let Some(b) = comp.buf {
+                if comp.status == IoStatus::Ok {
+                    let n = c.len as usize;
+                    let same = c
+                        .buf
+                        .as_ref()
+                        .is_some_and(|h| h.as_slice()[..n] == b.as_slice()[..n]);
+                    if !same {
+                        c.status = Status::COMPARE_FAILURE;
+                    }
+                }
+                self.pool.put(b);
+            }
+        } else if c.buf.is_none() {
+            c.buf = comp.buf;
+        } else if let Some(b) = comp.buf {
+            self.pool.put(b);
+        }
+        if comp.status != IoStatus::Ok && c.status.is_success() {
+            c.status = status_of(comp.status);
+        }
+        c.pending = c.pending.saturating_sub(1);
+        if c.pending > 0 {
+            return;
+        }
+        let status = c.status;
+        let qh = c.qp;
+        match qp_ref(qps, qh) {
+            Some(q) if q.st.disconnect.is_none() => self.complete_offload(&mut q.st, idx, status),
+            // Disconnecting: nothing more goes out, just free the slot.
+            Some(q) => self.release(&mut q.st, idx),
+            None => self.release_orphan(idx),
+        }
+    }
+}

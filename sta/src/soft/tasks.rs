@@ -1,0 +1,188 @@
+//! What the application asks of an IO context (DOCA STA's tasks and QP calls): bind a QP
+//! to a subsystem and tell it the Connect parameters, answer a non-offloaded command with
+//! one of the three data tasks, and disconnect a QP.
+//!
+//! The task names are DOCA's, chosen for RDMA; on NVMe/TCP the same three tasks mean:
+//!
+//! | task | NVMe/RDMA | NVMe/TCP |
+//! |---|---|---|
+//! | `rdma_read` (fetch the host's data) | RDMA READ of the keyed SGL | R2T, then the host's H2CData PDUs |
+//! | `rdma_write_send` (data, then the completion) | RDMA WRITE, then SEND (with Invalidate when asked) | C2HData, then CapsuleResp (or C2HData with SUCCESS) |
+//! | `rdma_send` (completion only) | SEND | CapsuleResp |
+//!
+//! The application does not care which transport a QP uses.
+
+use nvmf::queue::QueueParams;
+use nvmf::spec::Cqe;
+
+use super::cmd::{Link, St};
+use super::io::{post_rdma, qp_ref, StaIo};
+use super::tcp_link;
+use crate::{CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
+
+impl StaIo {
+    pub fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) {
+        if let Some(q) = qp_ref(&mut self.qps, qp) {
+            q.st.user = user;
+        }
+    }
+
+    /// DOCA `doca_sta_io_qp_add_subsystem`: binds an I/O queue (never an admin queue) to a
+    /// subsystem; from now on the engine serves its I/O commands to that subsystem's
+    /// namespaces.
+    pub fn qp_add_subsystem(&mut self, qp: QpHandle, subsys: SubsysId) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        q.st.subsys = Some(subsys);
+        Ok(())
+    }
+
+    /// DOCA `doca_sta_io_qp_connect_set_sq_size`, plus what the transports need from the
+    /// Connect command: the queue id and whether SQ flow control is disabled. Call it for
+    /// every queue, the admin queue included: completions then carry SQHD wrapping at
+    /// SQSIZE + 1 (or FFFFh without flow control), and on TCP a successful read's C2HData
+    /// may carry the SUCCESS flag instead of a response capsule.
+    pub fn qp_connect_set_params(
+        &mut self,
+        qp: QpHandle,
+        qid: u16,
+        sqsize: u16,
+        sqflow_disabled: bool,
+    ) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        q.st.link.set_params(QueueParams {
+            qid,
+            sqsize,
+            sq_flow_control_disabled: sqflow_disabled,
+        });
+        Ok(())
+    }
+
+    /// The payload buffer of a non-offloaded command.
+    pub fn payload(&mut self, token: CmdToken) -> Option<&mut [u8]> {
+        let c = self.core.cmd_mut(token)?;
+        let len = c.len as usize;
+        match c.buf.as_mut() {
+            Some(b) => Some(&mut b.as_mut_slice()[..len]),
+            None => Some(&mut []),
+        }
+    }
+
+    /// DOCA `doca_sta_io_task_disconnect_alloc_init` + submit: stop taking input, let the
+    /// QP's in-flight backend I/O finish, drop its unsent output, close the socket, then
+    /// report `TaskDone { kind: QpDisconnect }`. The handle is dead afterwards (DOCA's
+    /// `qp_destroy` is folded in). Tokens of the QP's non-offloaded commands die with it.
+    pub fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        if q.st.disconnect.is_some() {
+            return Err(TaskError::QpClosing);
+        }
+        q.st.disconnect = Some(user);
+        q.st.rx_stopped = true;
+        match &mut q.st.link {
+            Link::Rdma(r) => {
+                // Post what is queued (a final response) best effort, then disconnect: the
+                // QP goes to the error state and everything outstanding flushes.
+                if let Some(rt) = self.rdma.as_mut() {
+                    let _ = post_rdma(rt, r, &self.core.cmds);
+                    r.machine.discard_work();
+                    r.disconnect(rt.lib);
+                }
+            }
+            Link::Tcp(t) => {
+                // Flush what is already queued (e.g. a final response) best effort, then
+                // drop the rest.
+                let _ = tcp_link::flush(t, &self.core.cmds, &mut self.released);
+                t.tx.discard(&mut self.released);
+                for c in self.released.drain(..) {
+                    self.core.release(&mut q.st, c);
+                }
+            }
+        }
+        q.st.tx_dirty = false;
+        Ok(())
+    }
+
+    /// The command of `token` on `qp`, waiting for the application.
+    fn app_cmd(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        if q.st.disconnect.is_some() {
+            return Err(TaskError::QpClosing);
+        }
+        let c = self.core.cmd_mut(token).ok_or(TaskError::NoCommand)?;
+        if c.qp != qp {
+            return Err(TaskError::NoCommand);
+        }
+        if c.st != St::App {
+            return Err(TaskError::BadState);
+        }
+        Ok(())
+    }
+
+    /// DOCA `rdma_read` task: fetch the host's data for a non-offloaded command into its
+    /// payload (TCP: R2T, then the host's H2CData; RDMA: RDMA READ of the keyed SGL).
+    /// `TaskDone { kind: RdmaRead }` follows.
+    pub fn rdma_read(&mut self, qp: QpHandle, token: CmdToken, user: u64) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        let c = &mut self.core.cmds[token.idx as usize];
+        c.user = user;
+        if c.got >= c.len {
+            self.core.events.push_back(Event::TaskDone {
+                kind: TaskKind::RdmaRead,
+                qp,
+                user,
+                result: Ok(()),
+            });
+            return Ok(());
+        }
+        if matches!(q.st.link, Link::Rdma(_)) && nvmf::rdma::KeyedSgl::parse(&c.sqe.dptr).is_none()
+        {
+            return Err(TaskError::BadState);
+        }
+        self.core.fetch_host_data(&mut q.st, token.idx);
+        Ok(())
+    }
+
+    /// DOCA `rdma_write_send` task: send `data_len` bytes of the payload to the host
+    /// (TCP: C2HData; RDMA: RDMA WRITE), then the completion. `data_len` is clamped to
+    /// the payload length.
+    pub fn rdma_write_send(
+        &mut self,
+        qp: QpHandle,
+        token: CmdToken,
+        cqe: &Cqe,
+        data_len: u32,
+        user: u64,
+    ) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        self.core.respond(&mut q.st, token.idx, *cqe, data_len);
+        self.core.events.push_back(Event::TaskDone {
+            kind: TaskKind::RdmaWriteSend,
+            qp,
+            user,
+            result: Ok(()),
+        });
+        Ok(())
+    }
+
+    /// DOCA `rdma_send` task: send the completion only (TCP: CapsuleResp; RDMA: SEND).
+    pub fn rdma_send(
+        &mut self,
+        qp: QpHandle,
+        token: CmdToken,
+        cqe: &Cqe,
+        user: u64,
+    ) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        self.core.respond(&mut q.st, token.idx, *cqe, 0);
+        self.core.events.push_back(Event::TaskDone {
+            kind: TaskKind::RdmaSend,
+            qp,
+            user,
+            result: Ok(()),
+        });
+        Ok(())
+    }
+}
