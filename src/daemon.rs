@@ -85,6 +85,8 @@ struct Shared {
     refusals: RefusalLog,
     /// The PTPL state file, when reservations can persist.
     ptpl: Option<crate::ptpl::PtplStore>,
+    /// Where namespace access views go to the engine.
+    access: sta::AccessPublisher,
 }
 
 impl Shared {
@@ -119,10 +121,19 @@ impl Shared {
         views: Vec<(String, u32, std::sync::Arc<nvmf::target::NamespaceAccess>)>,
     ) {
         for (nqn, nsid, view) in views {
-            tracing::debug!(
-                "namespace {nsid} of {nqn}: access view (open: {})",
-                view.is_open()
-            );
+            let id = self
+                .subsys_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&nqn)
+                .copied();
+            if let Some(id) = id {
+                tracing::debug!(
+                    "namespace {nsid} of {nqn}: new access view (open: {})",
+                    view.is_open()
+                );
+                self.access.publish(id, nsid, view);
+            }
         }
     }
 
@@ -294,6 +305,9 @@ struct Runtime {
     /// The RDMA CM service, started with the first RDMA listener; its listeners.
     rdma: Option<RdmaService>,
     rdma_listeners: Vec<(String, ListenerInfo)>,
+    /// Reservations read from the PTPL state file at start-up, restored as their
+    /// namespaces are added (before any host can reach them).
+    persisted: Vec<nvmf::target::PersistedReservation>,
 }
 
 fn ana_state(s: crate::config::AnaStateName) -> nvmf::target::AnaState {
@@ -536,16 +550,38 @@ impl Runtime {
                 },
             );
             match r {
-                Ok(()) => tracing::info!(
-                    "subsystem {nqn}: namespace {} on backend {}",
-                    ns.nsid,
-                    ns.backend
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        "subsystem {nqn}: namespace {} on backend {}",
+                        ns.nsid,
+                        ns.backend
+                    );
+                    if let Some(i) = self
+                        .persisted
+                        .iter()
+                        .position(|p| p.subnqn == *nqn && p.nsid == ns.nsid)
+                    {
+                        let p = self.persisted.swap_remove(i);
+                        match shared.target().restore_reservation(p) {
+                            Ok(()) => tracing::info!(
+                                "reservations: subsystem {nqn} namespace {}: restored",
+                                ns.nsid
+                            ),
+                            Err(e) => err(format!(
+                                "reservations: subsystem {nqn} namespace {}: {e}",
+                                ns.nsid
+                            )),
+                        }
+                    }
+                }
                 Err(e) => {
                     err(format!("subsystem {nqn} namespace {}: {e}", ns.nsid));
                     let _ = self.sta.ns_remove(id, ns.nsid, 0);
                 }
             }
+            // Its access view (visibility, ANA, a restored reservation) reaches the
+            // engine before a host learns of the namespace.
+            shared.sync_target_state();
             let actions = shared.target().take_actions();
             shared.route(actions);
         }
@@ -794,10 +830,9 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
         ptpl_capable: ptpl.is_some(),
-        // Set from the engine's capabilities once it runs Copy and fused Compare and
-        // Write on the offloaded path.
-        copy_max_bytes: 0,
-        fused_compare_write: false,
+        // What the engine runs on the offloaded path (Identify advertises only that).
+        copy_max_bytes: if caps.copy { caps.max_io_size } else { 0 },
+        fused_compare_write: caps.fused_compare_write,
     });
 
     // IO threads.
@@ -816,6 +851,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         target: Mutex::new(target),
         subsys_ids: Mutex::new(HashMap::new()),
         stats: sta.stats(),
+        access: sta.access_publisher(),
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
         rdma_queues: Mutex::new(std::collections::HashSet::new()),
@@ -885,6 +921,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         listeners: Vec::new(),
         rdma: None,
         rdma_listeners: Vec::new(),
+        persisted,
     };
     let d = diff(&rt.cfg, &cfg);
     let errors = rt.apply(&d, &cfg);
@@ -895,17 +932,13 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         bail!("{first}");
     }
     rt.cfg = cfg;
-    // Reservations that persisted through the restart, now that their namespaces exist.
-    for p in persisted {
-        let what = format!("subsystem {} namespace {}", p.subnqn, p.nsid);
-        match shared.target().restore_reservation(p) {
-            Ok(()) => tracing::info!("reservations: {what}: restored"),
-            Err(e) => tracing::warn!(
-                "reservations: {what}: not restored ({e}); it is no longer configured"
-            ),
-        }
+    for p in std::mem::take(&mut rt.persisted) {
+        tracing::warn!(
+            "reservations: subsystem {} namespace {}: not restored; it is no longer configured",
+            p.subnqn,
+            p.nsid
+        );
     }
-    shared.sync_target_state();
     tracing::info!(
         "ready: {} listener(s), {count} IO thread(s)",
         rt.listeners.len() + rt.rdma_listeners.len()
@@ -1288,11 +1321,24 @@ impl IoThread {
                 let _ = self.io.qp_disconnect(qp, 0);
             }
             Action::Abort {
-                abort, abort_cid, ..
+                key,
+                cid,
+                abort,
+                abort_cid,
+                ..
             } => {
-                // The engine cannot abort commands yet: "not aborted", which the spec
-                // allows for any command.
-                let actions = self.shared.target().abort_done(abort, abort_cid, false);
+                let qp = self
+                    .qps
+                    .keys()
+                    .copied()
+                    .find(|h| queue_key(self.index, *h) == key);
+                let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
+                tracing::debug!(
+                    "io{}: abort of command {cid} on queue {key:#x}: {}",
+                    self.index,
+                    if aborted { "aborted" } else { "not aborted" }
+                );
+                let actions = self.shared.target().abort_done(abort, abort_cid, aborted);
                 self.route_or_apply(actions);
             }
         }
@@ -1477,6 +1523,7 @@ impl IoThread {
                         .copied();
                     if let Some(id) = id {
                         let _ = self.io.qp_add_subsystem(qp, id);
+                        let _ = self.io.qp_set_access(qp, ok.access);
                     }
                 }
                 let _ = self.io.qp_connect_set_params(

@@ -115,6 +115,13 @@ fn two_hosts_reserve_and_ptpl_survives_a_restart() {
     assert_eq!(register(&mut b, 0xb, 0), Status::SUCCESS);
     assert_eq!(acquire(&mut a, 0, 1, 0xa, 0), Status::SUCCESS);
     assert_eq!(acquire(&mut b, 0, 1, 0xb, 0), Status::RESERVATION_CONFLICT);
+    // The engine refuses B's write (offloaded) and runs its read; A writes.
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(b.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
+    assert_eq!(a.write(1, 0, &[8; 512], false).unwrap(), Status::SUCCESS);
     let (rtype, n, _, holders) = report(&mut b);
     assert_eq!((rtype, n, holders), (1, 2, vec![oa.hostid]));
     // EDS 0: Host Identifier Inconsistent (128-bit host IDs).
@@ -260,6 +267,18 @@ fn ana_states_per_listener_visibility_and_referrals_follow_reload() {
     let mut b = TcpHost::connect(addr1, ob.clone()).expect("ICReq on tcp1");
     b.connect_admin(SUBNQN, 0).expect("Connect on tcp1");
     b.enable_controller().unwrap();
+    let mut bio = TcpHost::connect(addr1, ob.clone()).expect("ICReq on tcp1 (I/O)");
+    let bcntlid = {
+        let id = b.identify(1, 0).expect("Identify Controller");
+        u16::from_le_bytes([id[78], id[79]])
+    };
+    bio.connect_io(SUBNQN, bcntlid, 1, 31)
+        .expect("I/O Connect on tcp1");
+    // I/O on the inaccessible path: the engine answers the ANA path status (no DNR).
+    assert_eq!(
+        bio.read(1, 0, 1, &mut [0; 512]).unwrap(),
+        Status::ANA_INACCESSIBLE
+    );
     let (_, ga) = ana_log(&mut a);
     let (_, gb) = ana_log(&mut b);
     assert_eq!(ga, vec![(1, 1, vec![1, 2])]);
@@ -309,4 +328,5 @@ fn ana_states_per_listener_visibility_and_referrals_follow_reload() {
     assert_eq!(gb, vec![(1, 1, vec![1, 2])]);
     assert_eq!(ana_log(&mut a).1, vec![(1, 2, vec![1, 2])]);
     assert_eq!(active_nsids(&mut b), vec![1, 2]);
+    assert_eq!(bio.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
 }
