@@ -31,7 +31,9 @@
 //!   load per command, the view reloaded only when it was republished.
 //! - Copy (format 0): the source ranges are read one by one into one buffer (MCL and
 //!   MSSRL are the max I/O size), then written to the destination; not atomic, as the
-//!   spec allows.
+//!   spec allows. It is offloaded because the engine is where the backend queues are:
+//!   the daemon has no data path of its own, and a copy through it would cross threads
+//!   twice for data that never needs to leave the IO thread.
 //! - Fused Compare and Write: the first command is held until the next capsule of the
 //!   QP; a matching Write makes the pair, anything else fails the first with Missing
 //!   Fused. The pair locks its LBA range on this IO thread: writes to an overlapping range
