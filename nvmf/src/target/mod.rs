@@ -1645,20 +1645,6 @@ impl Target {
             .collect()
     }
 
-    /// The current access view of a namespace (a fresh one, not queued).
-    pub fn access_view(&mut self, subnqn: &str, nsid: u32) -> Option<Arc<NamespaceAccess>> {
-        let pending = self.access_updates.remove(&(subnqn.to_string(), nsid));
-        self.publish(subnqn, nsid);
-        let v = self
-            .access_updates
-            .get(&(subnqn.to_string(), nsid))
-            .cloned();
-        if pending.is_none() {
-            self.access_updates.remove(&(subnqn.to_string(), nsid));
-        }
-        v
-    }
-
     /// Changes whenever state the PTPL file keeps changes (compare with the last one
     /// written).
     pub fn ptpl_version(&self) -> u64 {
