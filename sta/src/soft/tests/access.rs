@@ -105,6 +105,10 @@ fn reservation_conflicts_are_answered_by_the_engine() {
         ops_before,
         "never reached the backend"
     );
+    let t = p.sta.stats().namespace(p.subsys, 1);
+    let i = crate::error_status_index(Status::RESERVATION_CONFLICT);
+    assert_eq!(crate::ERROR_STATUSES[i].0, "reservation_conflict");
+    assert_eq!(t.errors_by_status[i], 1, "counted per namespace");
     assert_eq!(disk(&p, 11, 1), vec![0; 512]);
     assert_eq!(read(&mut p, b, 10), Status::SUCCESS);
     assert_eq!(write(&mut p, a, 12, 3), Status::SUCCESS);
