@@ -33,6 +33,7 @@ listeners:
   - {{name: tcp0, transport: tcp, address: 127.0.0.1, port: {{port}}}}
 backends:
   - {{name: ram0, type: ram, size: 16MiB, block_size: 512}}
+  - {{name: ram1, type: ram, size: 16MiB, block_size: 512}}
 hosts:
   - nqn: {H1}
     dhchap_secret: \"{}\"
@@ -47,6 +48,7 @@ subsystems:
     require_auth: true
     namespaces:
       - {{nsid: 1, backend: ram0}}
+      - {{nsid: 2, backend: ram1, hosts: [{H1}]}}
 ",
         *key(Some(HashId::Sha256), 0x11, 32).to_text(),
         *key(None, 0x22, 48).to_text()
@@ -152,11 +154,22 @@ fn dhchap_end_to_end() {
         (1, 0x91),
         "I/O before authentication: Authentication Required"
     );
+    let s = io
+        .write(2, 0, &data, false)
+        .expect("write before auth (nsid 2)");
+    assert_eq!(code(s), (1, 0x91), "nsid 2 before authentication");
     authenticate(&mut io, H1, key(Some(HashId::Sha256), 0x11, 32), None).expect("I/O queue auth");
     assert_ok(io.write(1, 0, &data, false).unwrap(), "write");
     let mut back = vec![0u8; 4096];
     assert_ok(io.read(1, 0, 8, &mut back).unwrap(), "read");
     assert_eq!(back, data);
+    // Namespace 2 is visible to H1 only: the engine serves it on this queue only if the
+    // queue's access key (bound together with the subsystem, after authentication) names
+    // H1; a queue offloaded without it would get Invalid Namespace.
+    let data2 = pattern(4, 4096);
+    assert_ok(io.write(2, 0, &data2, false).unwrap(), "write nsid 2");
+    assert_ok(io.read(2, 0, 8, &mut back).unwrap(), "read nsid 2");
+    assert_eq!(back, data2);
     let log = d.log();
     assert!(
         log.contains("with DH-HMAC-CHAP: hash sha256, DH group ffdhe2048, bidirectional"),

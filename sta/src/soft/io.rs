@@ -20,7 +20,7 @@ use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
 use crate::verbs::ffi::IbvWc;
 use crate::verbs::{ConnRequest, RdmaCmEvent};
-use crate::{Event, NsCounters, QpHandle, StatsRegistry, TaskKind, TransportErrorKind};
+use crate::{AccessKey, Event, NsCounters, QpHandle, StatsRegistry, TaskKind, TransportErrorKind};
 
 /// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
 /// use their slot index.
@@ -207,6 +207,8 @@ impl StaIo {
                 error_reported: false,
                 disconnect: None,
                 tx_dirty,
+                access: AccessKey::default(),
+                fused_first: None,
             },
         });
         NsCounters::bump(&self.core.counters.qps, 1);
@@ -519,6 +521,7 @@ impl StaIo {
                     subsys,
                     nsid,
                     backend,
+                    access,
                 } => {
                     let bs = backend.block_size();
                     let nblocks = backend.num_blocks();
@@ -536,6 +539,11 @@ impl StaIo {
                                 counters: self.core.stats.register_ns(subsys, nsid),
                                 inflight: 0,
                                 removing: None,
+                                view: access.load(),
+                                view_epoch: access.epoch.load(std::sync::atomic::Ordering::Acquire),
+                                access,
+                                locks: Vec::new(),
+                                blocked: VecDeque::new(),
                             };
                             let i = match self.core.ns.iter().position(|s| s.is_none()) {
                                 Some(i) => {

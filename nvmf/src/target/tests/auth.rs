@@ -449,6 +449,64 @@ fn discovery_log_publishes_listener_tls() {
     assert_eq!(tls.tsas[0], disc::TCP_SECTYPE_TLS13);
 }
 
+/// One log with both: TLS listeners keep their SECTYPE/TREQ and a referral (whose TLS
+/// the config does not know) is published "not specified", whichever is set first.
+#[test]
+fn discovery_log_carries_tls_listeners_and_referrals() {
+    let mut t = target();
+    let tls_l = ListenerInfo {
+        port: 4421,
+        ..tcp()
+    };
+    t.add_listener(tls_l.clone());
+    t.set_listener_tls(&tls_l, ListenerTls::Required);
+    let mut c = Conv::enabled(t, DISCOVERY_NQN, HOST1);
+    let (h1, _) = discovery_log(&mut c);
+    c.t.set_referrals(vec![Referral {
+        transport: Transport::Tcp,
+        addr: "192.0.2.7".parse().unwrap(),
+        port: 8009,
+    }]);
+    let (h2, e) = discovery_log(&mut c);
+    assert!(h2.genctr.get() > h1.genctr.get());
+    assert_eq!(h2.numrec.get(), e.len() as u64);
+    let referral = |e: &[DiscoveryLogEntry]| {
+        let r: Vec<_> = e
+            .iter()
+            .filter(|x| x.subtype == disc::SUBTYPE_REFERRAL)
+            .copied()
+            .collect();
+        assert_eq!(r.len(), 1);
+        r[0]
+    };
+    let r = referral(&e);
+    assert_eq!(&r.traddr[..9], b"192.0.2.7");
+    assert_eq!(&r.trsvcid[..4], b"8009");
+    assert_eq!(r.tsas[0], disc::TCP_SECTYPE_NONE);
+    assert_eq!(r.treq & 3, disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED);
+    let tls_entries: Vec<_> = e
+        .iter()
+        .filter(|x| x.trsvcid.starts_with(b"4421"))
+        .collect();
+    // The subsystem entry and the current discovery entry of the TLS listener.
+    assert_eq!(tls_entries.len(), 2);
+    for x in tls_entries {
+        assert_eq!(x.tsas[0], disc::TCP_SECTYPE_TLS13);
+        assert_eq!(x.treq & 3, disc::TREQ_SECURE_CHANNEL_REQUIRED);
+    }
+    // TLS changed after the referral: both still there, the referral untouched.
+    c.t.set_listener_tls(&tls_l, ListenerTls::Optional);
+    let (h3, e) = discovery_log(&mut c);
+    assert!(h3.genctr.get() > h2.genctr.get());
+    assert_eq!(referral(&e), r);
+    let tls = e
+        .iter()
+        .find(|x| x.trsvcid.starts_with(b"4421") && x.subtype == disc::SUBTYPE_NVME)
+        .unwrap();
+    assert_eq!(tls.treq & 3, disc::TREQ_SECURE_CHANNEL_NOT_REQUIRED);
+    assert_eq!(tls.tsas[0], disc::TCP_SECTYPE_TLS13);
+}
+
 /// A queue that came over TLS with HOST1's PSK for SUB1 can connect as HOST1 to SUB1
 /// only.
 #[test]
