@@ -998,7 +998,7 @@ impl Target {
 
     /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
     /// namespace reported; Get Log Page 02h answers its health fields from it from now on
-    /// ([`health`]). Critical-warning bits that were clear and are now set raise the
+    /// (module `health`). Critical-warning bits that were clear and are now set raise the
     /// SMART / Health event they belong to on each controller of the subsystem that
     /// enabled that bit (Asynchronous Event Configuration bits 7:0), masked until the
     /// host reads log 02h without RAE.
