@@ -309,6 +309,11 @@ impl Default for RdmaTsas {
 /// Async event types and information (NVMe Base 2.0 Figures 146-150): the CQE DW0 of a
 /// completed Asynchronous Event Request is type | info << 8 | log page << 16.
 pub mod aen {
+    /// SMART / Health status (type 1h) and its information (Base 2.0 Figure 148).
+    pub const TYPE_SMART_HEALTH: u8 = 1;
+    pub const INFO_RELIABILITY: u8 = 0x00;
+    pub const INFO_TEMPERATURE: u8 = 0x01;
+    pub const INFO_SPARE_BELOW_THRESHOLD: u8 = 0x02;
     pub const TYPE_NOTICE: u8 = 2;
     /// I/O Command specific status (type 6h).
     pub const TYPE_IO_COMMAND_SPECIFIC: u8 = 6;

@@ -43,7 +43,8 @@
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
 //!   Asynchronous Event Request (namespace attribute, ANA change, reservation log and
-//!   discovery log change notices, each masked until its log page is read without RAE and
+//!   discovery log change notices, SMART / Health critical warnings of drives behind
+//!   namespaces ([`Target::set_device_health`]), each masked until its log page is read without RAE and
 //!   enabled per Set Features 0Bh; held across a controller reset, as nvmet does); Abort
 //!   (held AERs here; commands of I/O queues through the engine, [`Action::Abort`]).
 //! - Reservations ([`reservation`]): Register, Acquire, Release, Report on I/O queues,
@@ -76,6 +77,7 @@ mod admin;
 pub mod ana;
 mod authn;
 mod discovery;
+mod health;
 mod io;
 pub mod refusal;
 pub mod report;
@@ -87,7 +89,7 @@ use crate::spec::fabrics::{
     self, cc, connect_data_offset as data_off, connect_sqe_offset as sqe_off, csts, ConnectCommand,
     ConnectData,
 };
-use crate::spec::log::ErrorInformationEntry;
+use crate::spec::log::{ErrorInformationEntry, SmartLog};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
 pub use access::{AccessKey, NamespaceAccess};
 pub use ana::{AnaGroup, AnaState};
@@ -428,6 +430,9 @@ struct Subsystem {
     /// Reservation state per namespace (kept while the namespace exists).
     resv: BTreeMap<u32, Reservations>,
     ana: ana::AnaTable,
+    /// The drive's own SMART / Health log of namespaces backed by a real drive
+    /// ([`Target::set_device_health`]).
+    device_health: BTreeMap<u32, SmartLog>,
 }
 
 impl Subsystem {
@@ -482,6 +487,11 @@ enum EventKind {
     DiscoveryLog,
     AnaChange,
     ReservationLog,
+    /// SMART / Health status: NVM subsystem reliability, temperature threshold, spare
+    /// below threshold (a drive's critical warnings; module `health`).
+    SmartReliability,
+    SmartTemperature,
+    SmartSpare,
 }
 
 impl EventKind {
@@ -508,17 +518,36 @@ impl EventKind {
                 aen::INFO_RESERVATION_LOG_AVAILABLE,
                 lid::RESERVATION_NOTIFICATION,
             ),
+            EventKind::SmartReliability => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_RELIABILITY,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartTemperature => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_TEMPERATURE,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartSpare => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_SPARE_BELOW_THRESHOLD,
+                lid::SMART_HEALTH,
+            ),
         }
     }
     /// The Asynchronous Event Configuration bit that enables it (reservation log events
-    /// have none: feature 82h masks them per namespace).
+    /// have none: feature 82h masks them per namespace; SMART events are enabled per
+    /// critical-warning bit, checked where they are raised).
     fn config_bit(self) -> Option<u32> {
         use crate::spec::features::async_event_config as c;
         match self {
             EventKind::NamespaceAttribute => Some(c::NS_ATTRIBUTE_NOTICES),
             EventKind::DiscoveryLog => Some(c::DISCOVERY_LOG_CHANGE_NOTICES),
             EventKind::AnaChange => Some(c::ANA_CHANGE_NOTICES),
-            EventKind::ReservationLog => None,
+            EventKind::ReservationLog
+            | EventKind::SmartReliability
+            | EventKind::SmartTemperature
+            | EventKind::SmartSpare => None,
         }
     }
 }
@@ -799,6 +828,7 @@ impl Target {
                 is_discovery: true,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         Target {
@@ -902,6 +932,7 @@ impl Target {
                 is_discovery: false,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         self.discovery_changed();
@@ -987,6 +1018,7 @@ impl Target {
         let Some(old) = s.namespaces.remove(&nsid) else {
             return Err(TargetError::UnknownNamespace(nsid));
         };
+        s.device_health.remove(&nsid);
         if s.resv.remove(&nsid).is_some_and(|r| r.ptpl) {
             self.ptpl_version += 1;
         }
@@ -1014,6 +1046,47 @@ impl Target {
         let new = ns.clone();
         self.publish(subnqn, nsid);
         self.namespace_changed(subnqn, nsid, |h| old.visible_to(h) != new.visible_to(h));
+        Ok(self.take_actions())
+    }
+
+    /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
+    /// namespace reported; Get Log Page 02h answers its health fields from it from now on
+    /// (module `health`). Critical-warning bits that were clear and are now set raise the
+    /// SMART / Health event they belong to on each controller of the subsystem that
+    /// enabled that bit (Asynchronous Event Configuration bits 7:0), masked until the
+    /// host reads log 02h without RAE.
+    pub fn set_device_health(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        log: &[u8; 512],
+    ) -> Result<Vec<Action>, TargetError> {
+        use zerocopy::FromBytes;
+        let s = self.user_subsystem_mut(subnqn)?;
+        if !s.namespaces.contains_key(&nsid) {
+            return Err(TargetError::UnknownNamespace(nsid));
+        }
+        // 512 bytes is the structure's size and it has no alignment: this cannot fail.
+        let new = SmartLog::read_from_bytes(&log[..]).unwrap_or_default();
+        let before = s
+            .device_health
+            .get(&nsid)
+            .map_or(0, |old| old.critical_warning);
+        let newly_set = new.critical_warning & !before;
+        s.device_health.insert(nsid, new);
+        if newly_set != 0 {
+            for c in self
+                .controllers
+                .values_mut()
+                .filter(|c| c.subnqn == subnqn && !c.retired && !c.is_discovery)
+            {
+                for (kind, bits) in health::events_for(newly_set) {
+                    if c.features.async_event_config & bits as u32 != 0 {
+                        c.raise(kind, &mut self.actions);
+                    }
+                }
+            }
+        }
         Ok(self.take_actions())
     }
 

@@ -1966,4 +1966,5 @@ fn listener_covers_its_address_or_wildcard_family() {
 }
 
 mod auth;
+mod health;
 mod issue14;
