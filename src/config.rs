@@ -199,6 +199,22 @@ pub enum EngineKind {
     Doca,
 }
 
+impl EngineKind {
+    /// Why this engine cannot run in this binary, if it cannot (checked with the config,
+    /// so the error names its line; `crate::engine` builds the ones that can). Kept here,
+    /// not in `crate::engine`, so the config module stands alone (the fuzz harness
+    /// compiles it by itself).
+    pub fn unavailable(self) -> Option<&'static str> {
+        match self {
+            EngineKind::Soft => None,
+            EngineKind::Doca => Some(
+                "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary: \
+                 it is not implemented yet; use `engine: soft`",
+            ),
+        }
+    }
+}
+
 impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -214,7 +214,7 @@ impl Checker<'_> {
             .as_ref()
             .map_or(DEFAULT_MAX_IO_SIZE, |m| self.max_io_size(m));
         let engine = raw.engine.as_ref().map_or(EngineKind::Soft, |e| {
-            if let Some(why) = crate::engine::unavailable(e.value) {
+            if let Some(why) = e.value.unavailable() {
                 self.error(e, "engine", why);
             }
             e.value
