@@ -269,6 +269,8 @@ pub mod disc {
     pub const TREQ_SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0b00;
     /// TREQ bits 1:0 = 10b: secure channel not required.
     pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
+    /// TREQ bits 1:0 = 01b: secure channel required.
+    pub const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0b01;
     /// TREQ bit 2: SQ flow control disable supported.
     pub const TREQ_DISABLE_SQ_FLOW: u8 = 1 << 2;
     /// EFLAGS bit 0: duplicate returned information; bit 1: explicit persistent
@@ -281,6 +283,8 @@ pub mod disc {
     pub const RDMA_CMS_RDMA_CM: u8 = 1;
     /// TCP SECTYPE: no security.
     pub const TCP_SECTYPE_NONE: u8 = 0;
+    /// TCP SECTYPE: TLS 1.3 (NVMe/TCP Transport Specification, TP 8011).
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
 }
 
 /// RDMA Transport Specific Address Subtype (NVMe-oF 1.1 Figure 33), 256 bytes.

@@ -38,6 +38,7 @@ pub(super) fn execute(
         controllers,
         subsystems,
         listeners,
+        listener_tls,
         genctr,
         started,
         referrals,
@@ -67,6 +68,7 @@ pub(super) fn execute(
                 (_, lid::ERROR_INFORMATION) => error_log(ctrl),
                 (true, lid::DISCOVERY) => discovery::log_page(
                     listeners,
+                    listener_tls,
                     subsystems,
                     referrals,
                     *genctr,

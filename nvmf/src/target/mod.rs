@@ -58,17 +58,24 @@
 //!   ([`Target::take_access_updates`]) for the engine to check without a lock.
 //! - I/O commands that are not offloaded: the same checks, then Invalid Namespace /
 //!   Invalid Opcode / Namespace Not Ready answers.
+//! - In-band authentication (DH-HMAC-CHAP): Authentication Send/Receive, ATR in the
+//!   Connect response, Authentication Required until a queue authenticates,
+//!   re-authentication, timeouts, secure channel concatenation (TP 8018) on the target
+//!   side (see [`authn`]).
+//! - TLS: the discovery log's TREQ/TSAS for TLS listeners ([`Target::set_listener_tls`]);
+//!   a queue that came over TLS may only Connect as the host and subsystem its PSK is for
+//!   ([`Target::set_queue_tls`]). The handshake itself is the transport's.
 //!
 //! # Not implemented
 //!
-//! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
-//! namespace management/attachment, firmware download/commit, format, sanitize,
-//! self-test, telemetry, saveable features, SMART/temperature events, I/O command set
-//! profiles (Set Features 19h).
+//! The static controller model, namespace management/attachment, firmware
+//! download/commit, format, sanitize, self-test, telemetry, saveable features,
+//! SMART/temperature events, I/O command set profiles (Set Features 19h).
 
 pub mod access;
 mod admin;
 pub mod ana;
+mod authn;
 mod discovery;
 mod health;
 mod io;
@@ -86,6 +93,7 @@ use crate::spec::log::{ErrorInformationEntry, SmartLog};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
 pub use access::{AccessKey, NamespaceAccess};
 pub use ana::{AnaGroup, AnaState};
+pub use authn::{Authenticated, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -190,6 +198,19 @@ impl ListenerInfo {
             a => a.to_canonical() == local,
         }
     }
+}
+
+/// TLS on a TCP listener, as the discovery log publishes it (TREQ and TSAS SECTYPE).
+/// The handshake itself is the transport's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ListenerTls {
+    /// Plain TCP (SECTYPE none, TREQ "not specified").
+    #[default]
+    None,
+    /// TLS 1.3 or plain TCP (SECTYPE TLS 1.3, TREQ "not required").
+    Optional,
+    /// TLS 1.3 only (SECTYPE TLS 1.3, TREQ "required").
+    Required,
 }
 
 /// Where a queue's transport connection came in. `Default` is "unknown", which only
@@ -310,6 +331,9 @@ pub struct ConnectOk {
     /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
     pub hostnqn: String,
     pub is_discovery: bool,
+    /// The queue must authenticate (DH-HMAC-CHAP) before anything else: ATR was set in
+    /// the Connect response.
+    pub authentication_required: bool,
     /// Who the queue's commands come from, for the engine's access checks.
     pub access: AccessKey,
 }
@@ -566,6 +590,10 @@ struct Controller {
     changed_ns_overflow: bool,
     error_log: VecDeque<ErrorInformationEntry>,
     error_count: u64,
+    /// Every queue of this controller must authenticate (the host has credentials).
+    auth_required: bool,
+    /// Authentication state per QID.
+    queue_auth: BTreeMap<u16, authn::QueueAuth>,
     /// Host, host NQN slot and port of this controller, for access checks.
     access: AccessKey,
     /// Reservation Notification log pages not read yet, oldest first.
@@ -665,6 +693,7 @@ impl Controller {
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
+        self.queue_auth.retain(|&qid, _| qid == 0);
         self.ns_error_recovery.clear();
         self.pending_events.clear();
         self.masked = 0;
@@ -746,6 +775,8 @@ pub struct Target {
     opts: TargetOptions,
     /// Listeners with their discovery PORTID, in the order they were added.
     listeners: Vec<(u16, ListenerInfo)>,
+    /// TLS of TCP listeners that have it.
+    listener_tls: std::collections::HashMap<ListenerInfo, ListenerTls>,
     next_portid: u16,
     subsystems: BTreeMap<String, Subsystem>,
     controllers: BTreeMap<u16, Controller>,
@@ -761,6 +792,14 @@ pub struct Target {
     empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
+    /// DH-HMAC-CHAP credentials by host NQN.
+    credentials: BTreeMap<String, Arc<HostCredentials>>,
+    /// Subsystems that refuse hosts without credentials.
+    auth_required_subsystems: BTreeSet<String>,
+    /// Random bytes for authentication (challenges, DH keys).
+    entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
+    /// TLS PSK owners of queues that came over TLS, by transport key.
+    queue_tls: BTreeMap<QueueKey, TlsPeer>,
     /// Host NQNs interned for access keys (visibility checks compare these numbers).
     host_slots: BTreeMap<String, u32>,
     /// Access views built since the last [`Target::take_access_updates`], by namespace.
@@ -795,6 +834,7 @@ impl Target {
         Target {
             opts,
             listeners: Vec::new(),
+            listener_tls: std::collections::HashMap::new(),
             next_portid: 1,
             subsystems,
             controllers: BTreeMap::new(),
@@ -805,6 +845,10 @@ impl Target {
             notices_dropped: 0,
             empty_hostnqn_seen: BTreeSet::new(),
             started: None,
+            credentials: BTreeMap::new(),
+            auth_required_subsystems: BTreeSet::new(),
+            entropy: None,
+            queue_tls: BTreeMap::new(),
             host_slots: BTreeMap::new(),
             access_updates: BTreeMap::new(),
             ptpl_version: 0,
@@ -826,6 +870,15 @@ impl Target {
         self.discovery_changed();
         // ANA states are per port: views name ports by PORTID.
         self.publish_all();
+    }
+
+    /// Sets what the discovery log says about a listener's TLS (before or after
+    /// [`Target::add_listener`]); discovery controllers get a log change notice.
+    pub fn set_listener_tls(&mut self, l: &ListenerInfo, tls: ListenerTls) {
+        let old = self.listener_tls.insert(l.clone(), tls).unwrap_or_default();
+        if old != tls {
+            self.discovery_changed();
+        }
     }
 
     /// Removes a listener from the discovery log. Connected queues are the transport's
@@ -1107,8 +1160,13 @@ impl Target {
         let cmd = ConnectCommand::from_sqe(sqe);
         match self.try_connect(now, key, origin, sqe, &cmd, data) {
             Ok(ok) => {
+                let atr = if ok.authentication_required {
+                    crate::auth::CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let mut cqe = Cqe {
-                    dw0: ok.cntlid as u32,
+                    dw0: ok.cntlid as u32 | atr,
                     sqid: ok.qid,
                     ..Cqe::success(sqe.cid())
                 };
@@ -1118,6 +1176,10 @@ impl Target {
                 (cqe, Some(ok))
             }
             Err(e) => {
+                // A refused queue is closed by the host; nothing to keep for it.
+                if !matches!(e.reason, RefusalReason::AlreadyConnected) {
+                    self.queue_tls.remove(&key);
+                }
                 // What the host said, as far as it can be read, for the log.
                 let d = ConnectData::from_bytes(data);
                 let text = |f: fn(&ConnectData) -> Option<&str>| {
@@ -1240,6 +1302,19 @@ impl Target {
                 R::SubsystemNotOnListener,
             ));
         }
+        // A TLS PSK is for one host and one subsystem (its identity names both; TP 8011):
+        // a queue may not use one host's PSK to connect as another.
+        if let Some(peer) = self.queue_tls.get(&key) {
+            if peer.hostnqn != hostnqn || peer.subnqn != subnqn {
+                return Err(ConnectError::data(
+                    Status::CONNECT_INVALID_HOST,
+                    data_off::HOSTNQN,
+                    R::TlsIdentityMismatch {
+                        identity: peer.identity.clone(),
+                    },
+                ));
+            }
+        }
         if !subsys.allows(hostnqn) {
             let reason = if hostnqn.is_empty() {
                 R::EmptyHostNqnNotAllowed
@@ -1253,6 +1328,15 @@ impl Target {
             ));
         }
         let is_discovery = subsys.is_discovery;
+        // A queue over TLS with a PSK that DH-HMAC-CHAP generated (secure channel
+        // concatenation) has proven the host already.
+        let generated_tls = self.queue_tls.get(&key).is_some_and(|p| p.generated);
+        let auth_required = !generated_tls
+            && self
+                .auth_needed(subnqn, hostnqn, is_discovery)
+                .map_err(|r| {
+                    ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r)
+                })?;
         let ok = ConnectOk {
             cntlid: 0,
             qid: cmd.qid,
@@ -1261,6 +1345,7 @@ impl Target {
             subnqn: subnqn.to_string(),
             hostnqn: hostnqn.to_string(),
             is_discovery,
+            authentication_required: auth_required,
             access: AccessKey::default(),
         };
         let cntlid = d.cntlid.get();
@@ -1333,6 +1418,8 @@ impl Target {
                 changed_ns_overflow: false,
                 error_log: VecDeque::new(),
                 error_count: 0,
+                auth_required,
+                queue_auth: BTreeMap::new(),
                 access,
                 resv_log: VecDeque::new(),
                 resv_log_count: 0,
@@ -1340,6 +1427,9 @@ impl Target {
                 resv_mask_default: 0,
                 aborts: 0,
             };
+            if auth_required {
+                ctrl.queue_auth.insert(0, authn::QueueAuth::new(now));
+            }
             ctrl.restart_keep_alive(now, &self.opts);
             self.controllers.insert(cntlid, ctrl);
             return Ok(ConnectOk {
@@ -1397,8 +1487,18 @@ impl Target {
             .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
+        // Every queue of a controller that authenticates authenticates (the credentials
+        // may have changed since the admin queue connected: the controller's rule holds),
+        // except over a concatenated secure channel.
+        let authentication_required = ctrl.auth_required && !generated_tls;
+        if authentication_required {
+            ctrl.queue_auth.insert(cmd.qid, authn::QueueAuth::new(now));
+        } else {
+            ctrl.queue_auth.remove(&cmd.qid);
+        }
         Ok(ConnectOk {
             cntlid,
+            authentication_required,
             access: ctrl.access,
             ..ok
         })
@@ -1491,6 +1591,31 @@ impl Target {
         if queue.qid != 0 && !ctrl.io_queues.contains_key(&queue.qid) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        if authn::is_auth_command(sqe) {
+            return self.auth_command(now, queue, sqe, data);
+        }
+        // Until the queue has authenticated, nothing but authentication (NVMe Base 2.0
+        // section 8.13.1; nvmet answers the same status).
+        if !ctrl.queue_may_run(queue.qid) {
+            let (key, hostnqn, subnqn) =
+                (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationRequired {
+                    opcode: sqe.opcode(),
+                },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(queue.qid),
+                status: Some(Status::AUTHENTICATION_REQUIRED),
+            }));
+            return Err(Status::AUTHENTICATION_REQUIRED);
+        }
+        let ctrl = self
+            .controllers
+            .get_mut(&queue.cntlid)
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
         if sqe.is_fabrics() {
             return match sqe.fctype() {
                 opcodes::fabrics::PROPERTY_GET if queue.qid == 0 => {
@@ -1510,6 +1635,7 @@ impl Target {
                     // The QID is free at once: a host may connect it again before the
                     // transport has closed this connection.
                     if let Some(key) = ctrl.io_queues.remove(&queue.qid) {
+                        ctrl.queue_auth.remove(&queue.qid);
                         self.actions.push(Action::Disconnect { queue, key });
                     }
                     Reply::ok()
@@ -1533,9 +1659,14 @@ impl Target {
     /// answer) and destroyed once its last queue is reported closed. Unknown queues
     /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
+        self.queue_tls.remove(&key);
+        let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
             if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
                 c.admin_closed = true;
+                if !c.retired && !c.queue_may_run(0) {
+                    abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
+                }
                 if !c.retired {
                     c.retired = true;
                     c.deadline = None;
@@ -1545,16 +1676,29 @@ impl Target {
                 }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+                c.queue_auth.remove(&queue.qid);
             }
             if c.admin_closed && c.io_queues.is_empty() {
                 self.controllers.remove(&queue.cntlid);
             }
         }
+        if let Some((hostnqn, subnqn)) = abandoned {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationAbandoned,
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(0),
+                status: None,
+            }));
+        }
         self.take_actions()
     }
 
     /// Keep alive: controllers whose KATO expired at `now` are retired (all their queues
-    /// come back as [`Action::Disconnect`], and a [`Notice`] says why). Retired
+    /// come back as [`Action::Disconnect`], and a [`Notice`] says why); so are those with
+    /// a queue that did not authenticate within [`AUTH_TIMEOUT`]. Retired
     /// controllers whose admin queue the transport has not reported closed within
     /// [`RETIRED_LIMIT`] are dropped.
     pub fn poll_timeouts(&mut self, now: Instant) -> Vec<Action> {
@@ -1584,6 +1728,7 @@ impl Target {
             }));
             self.retire_controllers_where(|c| c.cntlid == cntlid);
         }
+        self.poll_auth_timeouts(now);
         for c in self.controllers.values_mut().filter(|c| c.retired) {
             c.retired_since.get_or_insert(now);
         }
@@ -1594,9 +1739,11 @@ impl Target {
         self.take_actions()
     }
 
-    /// The earliest keep-alive deadline (or retirement limit), for the caller's timer.
+    /// The earliest keep-alive or authentication deadline (or retirement limit), for the
+    /// caller's timer.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.controllers
+        let keep_alive = self
+            .controllers
             .values()
             .filter_map(|c| {
                 if c.retired {
@@ -1605,7 +1752,11 @@ impl Target {
                     c.deadline
                 }
             })
-            .min()
+            .min();
+        match (keep_alive, self.next_auth_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Actions produced since the last call (AER completions after namespace changes,

@@ -1965,5 +1965,6 @@ fn listener_covers_its_address_or_wildcard_family() {
     assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }
 
+mod auth;
 mod health;
 mod issue14;
