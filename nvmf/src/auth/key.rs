@@ -7,7 +7,6 @@
 //! 48 or 64 bytes; the CRC is the IEEE 802.3 CRC-32 (the one zlib computes).
 
 use super::HashId;
-use base64::Engine;
 use zeroize::Zeroizing;
 
 /// Why a `DHHC-1:` string was not accepted.
@@ -61,22 +60,13 @@ impl DhchapKey {
         if b64.contains(':') {
             return Err(KeyError::Suffix);
         }
-        let raw = Zeroizing::new(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|_| KeyError::Base64)?,
-        );
-        if !matches!(raw.len(), 36 | 52 | 68) {
-            return Err(KeyError::Length(raw.len().saturating_sub(4)));
-        }
-        let (key, crc) = raw.split_at(raw.len() - 4);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(KeyError::Crc);
-        }
-        Ok(DhchapKey {
-            transform,
-            key: Zeroizing::new(key.to_vec()),
-        })
+        use super::interchange::{decode, BodyError};
+        let key = decode(b64, &[32, 48, 64]).map_err(|e| match e {
+            BodyError::Base64 => KeyError::Base64,
+            BodyError::Length(n) => KeyError::Length(n),
+            BodyError::Crc => KeyError::Crc,
+        })?;
+        Ok(DhchapKey { transform, key })
     }
 
     /// A key from raw bytes (32, 48 or 64 of them).
@@ -92,13 +82,7 @@ impl DhchapKey {
 
     /// The `DHHC-1:` text, as `nvme gen-dhchap-key` prints it.
     pub fn to_text(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        Zeroizing::new(format!(
-            "DHHC-1:{:02}:{}:",
-            self.transform.map_or(0, HashId::id),
-            base64::engine::general_purpose::STANDARD.encode(&raw)
-        ))
+        super::interchange::encode("DHHC-1", self.transform.map_or(0, HashId::id), &self.key)
     }
 
     pub fn transform_hash(&self) -> Option<HashId> {
@@ -174,7 +158,7 @@ mod tests {
         // 16 bytes of key is too short.
         let short = format!(
             "DHHC-1:00:{}:",
-            base64::engine::general_purpose::STANDARD.encode([0u8; 20])
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0u8; 20])
         );
         assert_eq!(DhchapKey::parse(&short), Err(KeyError::Length(16)));
         assert!(DhchapKey::from_bytes(None, &[0; 31]).is_err());

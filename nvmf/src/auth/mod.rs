@@ -243,6 +243,50 @@ impl FailureReason {
 }
 
 /// SC_C, the secure channel concatenation field of AUTH_Negotiate (TP 8018).
+/// The body both key texts share (`DHHC-1:hh:<body>:`, `NVMeTLSkey-1:hh:<body>:`):
+/// base64 of the key followed by its IEEE CRC-32, little endian.
+mod interchange {
+    use base64::Engine;
+    use zeroize::Zeroizing;
+
+    /// Why a body was not accepted.
+    pub(super) enum BodyError {
+        Base64,
+        /// The key length found (without the CRC).
+        Length(usize),
+        Crc,
+    }
+
+    /// The key in `b64`, which must be one of `key_lens` bytes long.
+    pub(super) fn decode(b64: &str, key_lens: &[usize]) -> Result<Zeroizing<Vec<u8>>, BodyError> {
+        let mut raw = Zeroizing::new(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|_| BodyError::Base64)?,
+        );
+        let key_len = raw.len().saturating_sub(4);
+        if raw.len() < 4 || !key_lens.contains(&key_len) {
+            return Err(BodyError::Length(key_len));
+        }
+        let (key, crc) = raw.split_at(key_len);
+        if crc32fast::hash(key).to_le_bytes() != crc {
+            return Err(BodyError::Crc);
+        }
+        raw.truncate(key_len);
+        Ok(raw)
+    }
+
+    /// `<prefix>:<hh>:<body>:`, the way nvme-cli prints it.
+    pub(super) fn encode(prefix: &str, hh: u8, key: &[u8]) -> Zeroizing<String> {
+        let mut raw = Zeroizing::new(key.to_vec());
+        raw.extend_from_slice(&crc32fast::hash(key).to_le_bytes());
+        Zeroizing::new(format!(
+            "{prefix}:{hh:02}:{}:",
+            base64::engine::general_purpose::STANDARD.encode(&raw)
+        ))
+    }
+}
+
 pub mod sc_c {
     /// No secure channel concatenation.
     pub const NOSC: u8 = 0;

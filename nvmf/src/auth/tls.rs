@@ -77,19 +77,13 @@ impl ConfiguredPsk {
             _ => return Err(PskError::Hash(hh.chars().take(8).collect())),
         };
         let b64 = rest.strip_suffix(':').unwrap_or(rest);
-        let raw = Zeroizing::new(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|_| PskError::Base64)?,
-        );
-        if !matches!(raw.len(), 36 | 52) {
-            return Err(PskError::Length(raw.len().saturating_sub(4)));
-        }
-        let (key, crc) = raw.split_at(raw.len() - 4);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(PskError::Crc);
-        }
-        ConfiguredPsk::from_bytes(transform, key)
+        use super::interchange::{decode, BodyError};
+        let key = decode(b64, &[32, 48]).map_err(|e| match e {
+            BodyError::Base64 => PskError::Base64,
+            BodyError::Length(n) => PskError::Length(n),
+            BodyError::Crc => PskError::Crc,
+        })?;
+        ConfiguredPsk::from_bytes(transform, &key)
     }
 
     pub fn from_bytes(transform: Option<HashId>, key: &[u8]) -> Result<ConfiguredPsk, PskError> {
@@ -106,13 +100,11 @@ impl ConfiguredPsk {
 
     /// The interchange text, as `nvme gen-tls-key` prints it.
     pub fn to_text(&self) -> Zeroizing<String> {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        Zeroizing::new(format!(
-            "NVMeTLSkey-1:{:02}:{}:",
+        super::interchange::encode(
+            "NVMeTLSkey-1",
             self.transform.map_or(0, HashId::id),
-            base64::engine::general_purpose::STANDARD.encode(&raw)
-        ))
+            &self.key,
+        )
     }
 
     /// The hash of the cipher suite this PSK is for.
