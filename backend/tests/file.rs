@@ -1,6 +1,5 @@
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use backend::{Backend, BackendQueue, FileBackend, FileOptions, IoStatus, Op};
@@ -133,30 +132,6 @@ fn zero_write_fallback() {
     }
 }
 
-/// The same checks on tmpfs (/dev/shm), whose fallocate and O_DIRECT support differ
-/// from ext4's.
-#[test]
-fn on_tmpfs() {
-    let shm = std::path::Path::new("/dev/shm");
-    let Ok(dir) = tempfile::tempdir_in(shm) else {
-        eprintln!("SKIP on_tmpfs: no writable /dev/shm");
-        return;
-    };
-    for direct in modes() {
-        let path = dir.path().join(format!("ns-{direct:?}.img"));
-        let opts = FileOptions {
-            create_size: Some(16 << 20),
-            block_size: Some(4096),
-            direct,
-        };
-        let be = FileBackend::open(&path, opts).unwrap();
-        eprintln!("tmpfs: direct={}", be.is_direct());
-        two_queues_two_threads(be.clone());
-        fua_flush_zeroes_dealloc(be.clone());
-        bad_requests(be);
-    }
-}
-
 /// A write acknowledged and then flushed is in the file for anyone who reads it after
 /// the backend is gone.
 #[test]
@@ -239,71 +214,6 @@ fn drop_with_io_in_flight() {
     let mut out = Vec::new();
     q.poll(&mut out);
     drop(q);
-}
-
-/// Block-device path, on a loop device over a temp file when this machine allows it.
-#[test]
-fn block_device_via_loop() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("loop.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
-    let out = Command::new("losetup")
-        .args(["--find", "--show", "--sector-size", "512"])
-        .arg(&img)
-        .output();
-    let dev = match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        Ok(o) => {
-            eprintln!(
-                "SKIP block_device_via_loop: losetup failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-            return;
-        }
-        Err(e) => {
-            eprintln!("SKIP block_device_via_loop: cannot run losetup: {e}");
-            return;
-        }
-    };
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-        }
-    }
-    let _guard = Detach(dev.clone());
-    eprintln!("block_device_via_loop: using {dev}");
-    let be = FileBackend::open(&dev, FileOptions::default()).unwrap();
-    assert!(be.is_block_device());
-    assert_eq!(be.block_size(), 512);
-    assert_eq!(be.num_blocks(), (32 << 20) / 512);
-    eprintln!("block_device_via_loop: direct={}", be.is_direct());
-    // A block size below the device's logical block size is refused.
-    assert!(FileBackend::open(
-        &dev,
-        FileOptions {
-            block_size: Some(256),
-            ..Default::default()
-        }
-    )
-    .is_err());
-    two_queues_two_threads(be.clone());
-    fua_flush_zeroes_dealloc(be.clone());
-    bad_requests(be.clone());
-    let be4k = FileBackend::open(
-        &dev,
-        FileOptions {
-            block_size: Some(4096),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(be4k.num_blocks(), (32 << 20) / 4096);
-    fua_flush_zeroes_dealloc(be4k);
-    be.flush_sync().unwrap();
 }
 
 #[allow(dead_code)]
