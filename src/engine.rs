@@ -4,22 +4,12 @@
 //! - `soft` (the default): `sta::soft`, the contract on host CPU cores, NVMe/TCP and
 //!   NVMe/RDMA.
 //! - `doca`: DOCA STA on a BlueField-3 DPA. Not in this binary yet (issue 12 brings it,
-//!   over `doca-sys`); a config that asks for it is refused when it is checked.
+//!   over `doca-sys`); a config that asks for it is refused when it is checked
+//!   (`EngineKind::unavailable`).
 
 use std::path::PathBuf;
 
 use crate::config::{Config, EngineKind};
-
-/// Why a config's engine cannot run in this binary, if it cannot.
-pub fn unavailable(kind: EngineKind) -> Option<&'static str> {
-    match kind {
-        EngineKind::Soft => None,
-        EngineKind::Doca => Some(
-            "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary: \
-             it is not implemented yet; use `engine: soft`",
-        ),
-    }
-}
 
 /// Build the configured engine and run the daemon on it.
 pub fn run(cfg: Config, text: String, config_path: Option<PathBuf>) -> anyhow::Result<()> {
@@ -31,7 +21,7 @@ pub fn run(cfg: Config, text: String, config_path: Option<PathBuf>) -> anyhow::R
         }
         EngineKind::Doca => anyhow::bail!(
             "engine: doca: {}",
-            unavailable(EngineKind::Doca).unwrap_or("unavailable")
+            EngineKind::Doca.unavailable().unwrap_or("unavailable")
         ),
     }
 }

@@ -13,9 +13,11 @@ mod daemon;
 mod engine;
 mod metrics;
 mod notify;
+mod ptpl;
 mod rdma_cm;
 mod refusals;
 mod reload;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

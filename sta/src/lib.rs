@@ -3,6 +3,8 @@
 //! - [`contract`]: the traits an engine implements ([`Engine`], [`IoSeed`],
 //!   [`IoContext`]) and the values that cross them (handles, [`Event`], [`MainEvent`],
 //!   [`Caps`], errors). The daemon is written against these alone.
+//! - [`access`]: namespace access views (reservations, ANA, visibility) the application
+//!   publishes and the engine checks on its offloaded path ([`AccessPublisher`]).
 //! - [`stats`]: the counters an engine exposes ([`Stats`]), read at scrape time.
 //! - [`soft`]: the engine that runs the contract on host CPU cores, over NVMe/TCP and
 //!   NVMe/RDMA (any verbs device, Soft-RoCE included), as a shell of sockets, epoll,
@@ -17,14 +19,17 @@
 //! `unsafe` lives in [`verbs`] and the soft engine's RDMA link (C calls, memory the NIC
 //! reads and writes); each of those modules says so at its top.
 
+pub mod access;
 pub mod contract;
 pub mod soft;
 pub mod stats;
 pub mod verbs;
 
+pub(crate) use access::AccessCell;
+pub use access::{AccessKey, AccessPublisher, NamespaceAccess};
 pub use contract::{
     AcceptError, Caps, CmdToken, Engine, EngineError, Event, IoContext, IoSeed, MainEvent,
-    QpHandle, SubsysId, TaskError, TaskKind, TransportErrorKind,
+    QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo, TransportErrorKind,
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{
