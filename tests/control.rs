@@ -44,6 +44,11 @@ fn main() {
             diff_and_ctl_reload_print_each_kind_of_change,
         ),
         skip::trial(
+            "subsystems_show_ana_states_and_namespace_visibility",
+            None,
+            subsystems_show_ana_states_and_namespace_visibility,
+        ),
+        skip::trial(
             "another_user_is_refused",
             as_nobody,
             another_user_is_refused,
@@ -221,6 +226,55 @@ fn status_subsystems_and_controllers_show_connected_hosts() {
     );
     let table = ctl_ok(&d, &["subsystems"]);
     assert!(table.contains(SUBNQN) && table.contains("ram0") && table.contains(ALLOWED_HOST));
+}
+
+fn subsystems_show_ana_states_and_namespace_visibility() {
+    let _w = watchdog("ana", Duration::from_secs(60));
+    let d = Daemon::start(
+        "control: {path: \"{dir}/ctl/control.sock\"}
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: a, type: ram, size: 4MiB, block_size: 512}
+  - {name: b, type: ram, size: 4MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    ana_groups:
+      - {id: 2, states: {tcp0: inaccessible}}
+    namespaces:
+      - {nsid: 1, backend: a}
+      - {nsid: 2, backend: b, ana_group: 2, hosts: [nqn.2026-11.dev.example:h1]}
+",
+    );
+    let subs = ctl_json(&d, &["subsystems"]);
+    let s = &subs[0];
+    let ns = s["namespaces"].as_array().expect("namespaces");
+    assert_eq!(
+        (ns[0]["ana_group"].as_u64(), &ns[0]["visible_to"]),
+        (Some(1), &Value::Null)
+    );
+    assert_eq!(ns[1]["ana_group"].as_u64(), Some(2));
+    assert_eq!(ns[1]["visible_to"][0], "nqn.2026-11.dev.example:h1");
+    let groups = s["ana_groups"].as_array().expect("ana_groups");
+    let state = |id: u64| {
+        let g = groups
+            .iter()
+            .find(|g| g["id"].as_u64() == Some(id))
+            .expect("group");
+        (
+            g["states"][0]["listener"].as_str().map(str::to_owned),
+            g["states"][0]["state"].as_str().map(str::to_owned),
+        )
+    };
+    assert_eq!(state(1), (Some("tcp0".into()), Some("optimized".into())));
+    assert_eq!(state(2), (Some("tcp0".into()), Some("inaccessible".into())));
+    let table = ctl_ok(&d, &["subsystems"]);
+    assert!(
+        table.contains("ANA group 1: tcp0 optimized")
+            && table.contains("ANA group 2: tcp0 inaccessible"),
+        "{table}"
+    );
 }
 
 fn disconnect_is_seen_by_the_host_which_can_reconnect() {

@@ -400,6 +400,14 @@ pub fn render_subsystems(list: &[SubsystemInfo]) -> String {
             s.listeners.join(", ")
         };
         out += &format!("  listeners: {listeners}\n");
+        for g in &s.ana_groups {
+            let states: Vec<String> = g
+                .states
+                .iter()
+                .map(|p| format!("{} {}", p.listener, p.state))
+                .collect();
+            out += &format!("  ANA group {}: {}\n", g.id, states.join(", "));
+        }
         let rows: Vec<Vec<String>> = s
             .namespaces
             .iter()

@@ -221,6 +221,22 @@ pub struct SubsystemInfo {
     pub all_listeners: bool,
     pub controllers: usize,
     pub namespaces: Vec<NamespaceInfo>,
+    /// ANA state of every group its namespaces are in, on every listener it is on.
+    pub ana_groups: Vec<AnaGroupInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnaGroupInfo {
+    /// ANAGRPID.
+    pub id: u32,
+    pub states: Vec<AnaPathState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnaPathState {
+    pub listener: String,
+    /// `optimized`, `non_optimized`, `inaccessible`, `persistent_loss` or `change`.
+    pub state: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -238,6 +254,10 @@ pub struct NamespaceInfo {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
+    /// ANA group (ANAGRPID).
+    pub ana_group: u32,
+    /// The hosts that see it; `None`: every host of the subsystem.
+    pub visible_to: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

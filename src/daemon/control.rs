@@ -15,9 +15,9 @@ use sta::Engine;
 use super::runtime::Runtime;
 use super::shared::thread_of;
 use crate::control::protocol::{
-    reply_err, reply_ok, Command, ControllerInfo, DisconnectTarget, Disconnected,
-    DisconnectedController, IoThreadStatus, ListenerStatus, NamespaceInfo, QueueInfo, ReloadResult,
-    RunningConfig, Status, SubsystemInfo,
+    reply_err, reply_ok, AnaGroupInfo, AnaPathState, Command, ControllerInfo, DisconnectTarget,
+    Disconnected, DisconnectedController, IoThreadStatus, ListenerStatus, NamespaceInfo, QueueInfo,
+    ReloadResult, RunningConfig, Status, SubsystemInfo,
 };
 use crate::control::server::{self, ControlRequest, ControlServer, MAX_CLIENTS};
 
@@ -172,7 +172,7 @@ fn subsystems<E: Engine>(rt: &Runtime<E>) -> Vec<SubsystemInfo> {
     for s in report.subsystems.iter().filter(|s| !s.is_discovery) {
         let cfg = rt.cfg.subsystems.iter().find(|c| c.nqn == s.nqn);
         let id = rt.shared.subsystems.id(&s.nqn);
-        let namespaces = s
+        let namespaces: Vec<NamespaceInfo> = s
             .namespaces
             .iter()
             .map(|n| {
@@ -199,9 +199,12 @@ fn subsystems<E: Engine>(rt: &Runtime<E>) -> Vec<SubsystemInfo> {
                     read_bytes: t.read_bytes,
                     write_bytes: t.write_bytes,
                     errors: t.errors,
+                    ana_group: ns_cfg.map_or(1, |x| x.ana_group),
+                    visible_to: ns_cfg.and_then(|x| x.hosts.clone()),
                 }
             })
             .collect();
+        let ana_groups = ana_groups(rt, &s.nqn, &namespaces);
         out.push(SubsystemInfo {
             nqn: s.nqn.clone(),
             serial: cfg.map_or_else(String::new, |c| c.serial.clone()),
@@ -218,9 +221,36 @@ fn subsystems<E: Engine>(rt: &Runtime<E>) -> Vec<SubsystemInfo> {
                 .filter(|c| c.subnqn == s.nqn && !c.retired)
                 .count(),
             namespaces,
+            ana_groups,
         });
     }
     out
+}
+
+/// The live ANA state (the target's, as hosts read it in the ANA log) of each group
+/// `namespaces` use, on each open listener.
+fn ana_groups<E: Engine>(
+    rt: &Runtime<E>,
+    nqn: &str,
+    namespaces: &[NamespaceInfo],
+) -> Vec<AnaGroupInfo> {
+    let ids: std::collections::BTreeSet<u32> = namespaces.iter().map(|n| n.ana_group).collect();
+    let listeners = rt.shared.listeners.all();
+    let target = rt.shared.target();
+    ids.into_iter()
+        .map(|id| AnaGroupInfo {
+            id,
+            states: listeners
+                .iter()
+                .filter_map(|(name, l)| {
+                    target.ana_state(nqn, id, l).map(|st| AnaPathState {
+                        listener: name.clone(),
+                        state: st.name().to_string(),
+                    })
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 fn controllers<E: Engine>(rt: &Runtime<E>) -> Vec<ControllerInfo> {
