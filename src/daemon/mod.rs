@@ -19,6 +19,7 @@
 mod backends;
 mod commands;
 mod control;
+mod health;
 mod io_thread;
 mod listeners;
 mod main_loop;
