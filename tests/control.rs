@@ -166,6 +166,22 @@ fn status_subsystems_and_controllers_show_connected_hosts() {
         .as_str()
         .is_some_and(|s| s.ends_with('Z')));
     assert!(me["connected_seconds"].as_u64().is_some_and(|s| s < 60));
+    // The engine's per-queue counters, summed for the controller: one write on queue 1,
+    // one read on queue 2.
+    let io = &me["io"];
+    assert_eq!(
+        (io["write_commands"].as_u64(), io["read_commands"].as_u64()),
+        (Some(1), Some(1)),
+        "{me}"
+    );
+    assert_eq!(
+        (
+            io["write_bytes"].as_u64(),
+            io["read_bytes"].as_u64(),
+            io["errors"].as_u64()
+        ),
+        (Some(4096), Some(4096), Some(0))
+    );
 
     let st = ctl_json(&d, &["status"]);
     assert_eq!(st["controllers"], 1);

@@ -485,6 +485,13 @@ pub fn render_controllers(list: &[ControllerInfo]) -> String {
                     format!("{}s", c.kato_ms as f64 / 1000.0)
                 },
                 c.connected_seconds.map_or("-".into(), duration_text),
+                format!(
+                    "{}/{} ({}/{})",
+                    c.io.read_commands,
+                    c.io.write_commands,
+                    bytes_text(c.io.read_bytes),
+                    bytes_text(c.io.write_bytes)
+                ),
                 state.to_string(),
             ]
         })
@@ -499,6 +506,7 @@ pub fn render_controllers(list: &[ControllerInfo]) -> String {
             "QUEUES (DEPTHS)",
             "KATO",
             "CONNECTED",
+            "READS/WRITES (BYTES)",
             "STATE",
         ],
         &rows,

@@ -283,6 +283,19 @@ pub struct ControllerInfo {
     pub errors: u64,
     /// Admin queue (qid 0) first, then the I/O queues by qid.
     pub queues: Vec<QueueInfo>,
+    /// I/O the engine served on its queues (offloaded commands) since they connected.
+    pub io: ControllerIo,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ControllerIo {
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Flush, Write Zeroes, Dataset Management, Copy, ...
+    pub other_commands: u64,
+    pub errors: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

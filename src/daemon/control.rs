@@ -13,11 +13,11 @@ use serde_json::Value;
 use sta::Engine;
 
 use super::runtime::Runtime;
-use super::shared::thread_of;
+use super::shared::{queue_key_of, thread_of};
 use crate::control::protocol::{
-    reply_err, reply_ok, AnaGroupInfo, AnaPathState, Command, ControllerInfo, DisconnectTarget,
-    Disconnected, DisconnectedController, IoThreadStatus, ListenerStatus, NamespaceInfo, QueueInfo,
-    ReloadResult, RunningConfig, Status, SubsystemInfo,
+    reply_err, reply_ok, AnaGroupInfo, AnaPathState, Command, ControllerInfo, ControllerIo,
+    DisconnectTarget, Disconnected, DisconnectedController, IoThreadStatus, ListenerStatus,
+    NamespaceInfo, QueueInfo, ReloadResult, RunningConfig, Status, SubsystemInfo,
 };
 use crate::control::server::{self, ControlRequest, ControlServer, MAX_CLIENTS};
 
@@ -256,6 +256,14 @@ fn ana_groups<E: Engine>(
 fn controllers<E: Engine>(rt: &Runtime<E>) -> Vec<ControllerInfo> {
     let report = rt.shared.target().report();
     let now = SystemTime::now();
+    // The engine's per-QP counters by the daemon's queue key.
+    let per_queue: std::collections::HashMap<u64, sta::QueueTotals> = rt
+        .shared
+        .stats
+        .queues()
+        .into_iter()
+        .map(|q| (queue_key_of(q.thread, q.qp), q.totals))
+        .collect();
     report
         .controllers
         .iter()
@@ -269,6 +277,16 @@ fn controllers<E: Engine>(rt: &Runtime<E>) -> Vec<ControllerInfo> {
             };
             let mut queues = vec![queue(0, c.admin_queue)];
             queues.extend(c.io_queues.iter().map(|&(qid, key)| queue(qid, key)));
+            let mut io = ControllerIo::default();
+            let keys = std::iter::once(c.admin_queue).chain(c.io_queues.iter().map(|q| q.1));
+            for t in keys.filter_map(|k| per_queue.get(&k)) {
+                io.read_commands += t.read_cmds;
+                io.write_commands += t.write_cmds;
+                io.read_bytes += t.read_bytes;
+                io.write_bytes += t.write_bytes;
+                io.other_commands += t.other_cmds;
+                io.errors += t.errors;
+            }
             ControllerInfo {
                 cntlid: c.cntlid,
                 subsystem: c.subnqn.clone(),
@@ -288,6 +306,7 @@ fn controllers<E: Engine>(rt: &Runtime<E>) -> Vec<ControllerInfo> {
                 kato_ms: c.kato_ms,
                 errors: c.errors,
                 queues,
+                io,
             }
         })
         .collect()

@@ -40,7 +40,12 @@ pub(super) enum ThreadMsg {
 
 /// A queue key names the IO thread (top byte) and the QP on it.
 pub(super) fn queue_key(thread: usize, qp: QpHandle) -> u64 {
-    (thread as u64) << 56 | (qp.as_u64() & ((1 << 56) - 1))
+    queue_key_of(thread, qp.as_u64())
+}
+
+/// [`queue_key`] of a QP known by its [`QpHandle::as_u64`] (engine statistics).
+pub(super) fn queue_key_of(thread: usize, qp: u64) -> u64 {
+    (thread as u64) << 56 | (qp & ((1 << 56) - 1))
 }
 
 /// The IO thread a queue key belongs to.
