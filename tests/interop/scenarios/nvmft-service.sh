@@ -117,13 +117,15 @@ check ctl-status sh -c "$CTL status | tee /dev/stderr | grep -q 'engine soft'"
 check ctl-status-listener sh -c "$CTL --json status | grep -q '\"port\": $PORT'"
 if $CTL --json controllers >/var/tmp/ctl-controllers.json 2>&1; then
     cat /var/tmp/ctl-controllers.json
-    # The kernel's controller: its host NQN, its cntlid, admin + one I/O queue per CPU.
+    # The kernel's controller: its host NQN, its cntlid, admin + one I/O queue per CPU,
+    # and the fio I/O above counted on its queues.
     if jq -e --arg host "$HOSTNQN" --argjson id "$CNTLID" '
         [.[] | select(.cntlid == $id)] | length == 1 and (.[0] |
             .host_nqn == $host and .listener == "tcp0" and .transport == "tcp"
             and (.host_address | startswith("127.0.0.1:"))
             and (.queues | length >= 2 and all(.depth != null))
-            and .enabled and (.retired | not) and .kato_ms > 0)' /var/tmp/ctl-controllers.json >/dev/null
+            and .enabled and (.retired | not) and .kato_ms > 0
+            and .io.write_commands > 0 and .io.read_commands > 0)' /var/tmp/ctl-controllers.json >/dev/null
     then pass ctl-controllers-shows-kernel-host
     else fail ctl-controllers-shows-kernel-host "$(tail -c 300 /var/tmp/ctl-controllers.json)"; fi
 else
