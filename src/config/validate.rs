@@ -20,9 +20,9 @@ use super::raw::{RawBackend, RawBackendType, RawConfig, RawListener, RawSize, Ra
 use super::yaml_path::{PathIndex, ROOT};
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, BackendConfig, BackendKind,
-    Config, ConfigError, Diagnostic, EngineKind, IoThreads, ListenerConfig, NamespaceConfig,
-    SubsystemConfig, TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS,
-    MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
+    Config, ConfigError, Diagnostic, DocaSettings, EngineKind, IoThreads, ListenerConfig,
+    NamespaceConfig, SubsystemConfig, TransportKind, DEFAULT_BE_QUEUE_ENTRIES, DEFAULT_MAX_IO_SIZE,
+    DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -201,6 +201,7 @@ impl Checker<'_> {
             }
             e.value
         });
+        let doca = self.doca(&raw, engine);
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
@@ -209,8 +210,91 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             engine,
+            doca,
             source: self.source.to_owned(),
         }
+    }
+
+    /// `doca:` (required with `engine: doca`), and what the doca engine cannot serve: a
+    /// TCP listener.
+    fn doca(&mut self, raw: &RawConfig, engine: EngineKind) -> Option<DocaSettings> {
+        if engine == EngineKind::Doca {
+            for (i, l) in raw.listeners.iter().enumerate() {
+                if l.value.transport.value == TransportKind::Tcp {
+                    self.error(
+                        &l.value.transport,
+                        format!("listeners[{i}].transport"),
+                        "the doca engine serves NVMe/RDMA only (DOCA STA offloads RDMA queue \
+                         pairs); use `transport: rdma`, or `engine: soft` for NVMe/TCP",
+                    );
+                }
+            }
+        }
+        let Some(d) = &raw.doca else {
+            if let (EngineKind::Doca, Some(e)) = (engine, &raw.engine) {
+                self.error(
+                    e,
+                    "doca",
+                    "engine: doca needs a `doca:` section naming its devices, e.g. \
+                     `doca: { sta_device: mlx5_0, net_devices: [mlx5_2] }` (ibdev names; \
+                     `nvmf-target preflight` lists them)",
+                );
+            }
+            return None;
+        };
+        let d = &d.value;
+        let name_ok = |s: &str| !s.is_empty() && s.len() < 64 && !s.contains(char::is_whitespace);
+        if !name_ok(&d.sta_device.value) {
+            self.error(
+                &d.sta_device,
+                "doca.sta_device",
+                "must be an ibdev name (1-63 characters, no spaces), e.g. mlx5_0",
+            );
+        }
+        if d.net_devices.value.is_empty() {
+            self.error(
+                &d.net_devices,
+                "doca.net_devices",
+                "at least one RDMA device (ibdev name) must carry NVMe-oF traffic",
+            );
+        }
+        let mut net = Vec::new();
+        for (i, n) in d.net_devices.value.iter().enumerate() {
+            if !name_ok(&n.value) {
+                self.error(
+                    n,
+                    format!("doca.net_devices[{i}]"),
+                    "must be an ibdev name (1-63 characters, no spaces), e.g. mlx5_2",
+                );
+            } else if net.contains(&n.value) {
+                self.error(
+                    n,
+                    format!("doca.net_devices[{i}]"),
+                    format!("{} is listed twice", n.value),
+                );
+            } else {
+                net.push(n.value.clone());
+            }
+        }
+        let be_queue_entries = match &d.be_queue_entries {
+            None => DEFAULT_BE_QUEUE_ENTRIES,
+            Some(e) if e.value.is_power_of_two() && (2..=32768).contains(&e.value) => {
+                e.value as u16
+            }
+            Some(e) => {
+                self.error(
+                    e,
+                    "doca.be_queue_entries",
+                    format!("must be a power of two from 2 to 32768, got {}", e.value),
+                );
+                DEFAULT_BE_QUEUE_ENTRIES
+            }
+        };
+        Some(DocaSettings {
+            sta_device: d.sta_device.value.clone(),
+            net_devices: net,
+            be_queue_entries,
+        })
     }
 
     /// `max_io_size`: a power of two in MIN_MAX_IO_SIZE..=MAX_MAX_IO_SIZE (MDTS is a power

@@ -96,6 +96,7 @@ impl<E: Engine> Runtime<E> {
             metrics: cfg.metrics,
             max_io_size: cfg.max_io_size,
             engine: cfg.engine,
+            doca: cfg.doca.clone(),
             source: cfg.source.clone(),
         };
         Runtime {
