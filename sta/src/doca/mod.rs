@@ -236,6 +236,72 @@ fn ibdev_name(info: *const doca_devinfo) -> Result<String, EngineError> {
         .into_owned())
 }
 
+/// A device DOCA lists, for `nvmf-target preflight`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ibdev: String,
+    /// `doca_sta_cap_is_supported` answered DOCA_SUCCESS.
+    pub sta_capable: bool,
+}
+
+/// Every device DOCA lists (`doca_devinfo_create_list`) and whether it can run STA.
+pub fn devices() -> Result<Vec<DeviceInfo>, EngineError> {
+    let d = library().map_err(|e| EngineError::Unsupported(e.to_string()))?;
+    let mut list = std::ptr::null_mut();
+    let mut n = 0u32;
+    // SAFETY: valid out pointers; the list is destroyed below.
+    check("doca_devinfo_create_list", unsafe {
+        (d.doca_devinfo_create_list)(&mut list, &mut n)
+    })?;
+    let mut out = Vec::new();
+    let mut err = None;
+    for i in 0..n as usize {
+        // SAFETY: `list` has `n` entries.
+        let info = unsafe { *list.add(i) };
+        match ibdev_name(info) {
+            Ok(ibdev) => out.push(DeviceInfo {
+                ibdev,
+                // SAFETY: a live devinfo.
+                sta_capable: unsafe { (d.doca_sta_cap_is_supported)(info) } == DOCA_SUCCESS,
+            }),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    // SAFETY: the list from create_list.
+    unsafe { (d.doca_devinfo_destroy_list)(list) };
+    match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The library's version string: NVIDIA's `doca_version_runtime()` when exported, the
+/// double's `doca_double_version()` for the double.
+pub fn library_version() -> Option<String> {
+    let d = library().ok()?;
+    let this = libloading::os::unix::Library::this();
+    for sym in [
+        &b"doca_version_runtime\0"[..],
+        &b"doca_double_version\0"[..],
+    ] {
+        type F = unsafe extern "C" fn() -> *const c_char;
+        // SAFETY: both are `const char *(void)` returning a static string.
+        if let Ok(f) = unsafe { this.get::<F>(sym) } {
+            // SAFETY: as above.
+            let p = unsafe { f() };
+            if !p.is_null() {
+                // SAFETY: a static NUL-terminated string.
+                return Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let _ = d;
+    None
+}
+
 /// Open the devices named (doca-sta-api.md 5.2): every name must be listed and STA
 /// capable. Returns them in the order asked.
 fn open_devices(names: &[&str]) -> Result<Vec<*mut doca_dev>, EngineError> {
