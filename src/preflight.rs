@@ -398,8 +398,8 @@ fn iommu(needed: bool, sys: &System) -> Check {
     }
     fail(
         N,
-        "no IOMMU (empty /sys/class/iommu): VFIO cannot give NVMe drives to user space and \
-         DMA addresses (IOVA = VA) do not hold",
+        "no IOMMU (empty /sys/class/iommu): VFIO cannot give NVMe drives to user space, and \
+         the doca engine's DMA addresses are IOVAs",
         "enable VT-d/AMD-Vi in the firmware and boot with intel_iommu=on iommu=pt (or amd_iommu=on)",
     )
 }

@@ -1,13 +1,16 @@
 //! The allocator handed to `doca_sta_mem_allocator_register` (doca-sta-api.md 3.4, 5.4):
 //! zeroed, cache-line (or more) aligned, pinned memory, and its DMA address.
 //!
-//! What `vtophys` returns: the IOVA a device uses for the memory. The daemon drives its
-//! devices through VFIO with the IOMMU on, and maps DMA memory into a VFIO container at
-//! IOVA = virtual address (SPDK's `iova-mode va`); so the IOVA of memory from this
-//! allocator is its address, for every byte of an allocation (one contiguous run, which
-//! DOCA requires). Memory not from this allocator has no IOVA (`DOCA_STA_VTOPHYS_ERROR`).
-//! Without an IOMMU a device would need physical addresses; this engine does not run
-//! there (`nvmf-target preflight` checks the IOMMU).
+//! What `vtophys` returns: the IOVA a device uses for the memory. Under VFIO (the IOMMU
+//! on, which `nvmf-target preflight` checks) an address is what the process mapped into
+//! the device's container; this allocator's IOVA is the virtual address (SPDK's
+//! `iova-mode va`), for every byte of an allocation (one contiguous run, which DOCA
+//! requires). Memory not from this allocator has no IOVA (`DOCA_STA_VTOPHYS_ERROR`).
+//! What is not done yet: mapping this memory into the VFIO container of each NVMe drive
+//! handed to DOCA (at IOVA = VA; the nvme backend's own buffers use IOVAs from 4 GiB to
+//! 512 GiB, below any user-space address, so the two cannot collide). Until then only
+//! DOCA's own devices (and the double) use these addresses, which is all the null backend
+//! needs. Without an IOMMU a device would need physical addresses; not supported.
 //!
 //! Pinning: every allocation is `mlock`ed. With NVIDIA's library a failed `mlock` fails
 //! the allocation (DOCA then reports `DOCA_ERROR_NO_MEMORY`; raise `LimitMEMLOCK`); with

@@ -17,8 +17,12 @@
 //! engine turns the records into [`Event`]s / [`MainEvent`]s after progress returns.
 //!
 //! Backends. DOCA STA drives NVMe queues (`doca_sta_be_add_queue`: SQ/CQ rings and
-//! doorbells of a drive). The nvme backend's queue hand-off (issue 13) is not merged here,
-//! so every namespace gets SPDK's "null" backend of doca-sta-api.md 5.6: engine-allocated
+//! doorbells of a drive). The nvme backend can already give a queue pair away
+//! (`backend::nvme::OffloadQueue`: rings, BAR0 doorbell window as a dma-buf), but this
+//! engine does not take it yet: that needs the `Backend` trait to hand it over, the BAR
+//! window's mapped address for `doca_mmap_set_dmabuf_memrange`, and the allocator's
+//! memory mapped into the drive's VFIO container. Until then every namespace gets
+//! SPDK's "null" backend of doca-sta-api.md 5.6: engine-allocated
 //! SQ/CQ rings and a 16-byte doorbell area in allocator memory. What serves those rings:
 //! with the workspace's DOCA double loaded, its RAM drive (so a RAM or file namespace
 //! under `engine: doca` is served from the double's memory, not from the configured
