@@ -123,7 +123,8 @@ mod tests {
                 .all(|&b| b == 0));
             assert_eq!(vtophys(p, 1000), p as u64);
             assert_eq!(vtophys((p as *const u8).add(10).cast(), 990), p as u64 + 10);
-            assert_eq!(vtophys(p, 1001), DOCA_STA_VTOPHYS_ERROR);
+            assert_eq!(vtophys(p, 4096), p as u64, "whole pages");
+            assert_eq!(vtophys(p, 4097), DOCA_STA_VTOPHYS_ERROR);
             assert_eq!(vtophys(std::ptr::null(), 1), DOCA_STA_VTOPHYS_ERROR);
             free(p);
             assert_eq!(vtophys(p, 1), DOCA_STA_VTOPHYS_ERROR);
