@@ -980,6 +980,16 @@ unsafe fn run_ctx_stop(ctx: *mut doca_ctx, pe: *mut doca_pe, what: &'static str)
 
 fn free_backend(be: BeQueue) {
     let d = lib();
+    if !be.beq.is_null() {
+        // Its destroy task failed: DOCA may still use the rings. Leaking them is the only
+        // safe answer (destroying the backend now breaks DOCA's rules, 5.13).
+        tracing::error!(
+            "doca: a backend queue could not be destroyed; its backend, {} mmaps and ring \
+             memory are left allocated",
+            be.mmaps.len()
+        );
+        return;
+    }
     // SAFETY: the queue was destroyed by its task (or never made); nothing uses these
     // mmaps and memory any more (5.13).
     unsafe {

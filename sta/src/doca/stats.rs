@@ -9,6 +9,10 @@
 //! `write_bytes`, `errors`; EU `offloaded`); a name the library does not report counts
 //! as 0. DOCA keeps no latency histograms or per-status error counts: those stay 0 under
 //! this engine, and /metrics says so by their absence of growth, not by invention.
+//!
+//! Threads: these getters run on the metrics thread while IO threads progress. DOCA does
+//! not document their thread safety; SPDK calls them from its RPC thread while its pollers
+//! run, and the main-context objects they name are kept alive by the state lock held here.
 
 use std::ffi::{c_char, CStr};
 use std::sync::atomic::Ordering;
