@@ -36,9 +36,9 @@
 //! daemon as a [`TaskError`] (it answers the Connect with an error status). Never a
 //! panic.
 //!
-//! Not here: `doca_sta_io_qp_connect` (the one-call variant; we use alloc + accept),
-//! execution-unit error and CQE-notify events (logged only: the contract has no place
-//! for them), per-namespace latency (DOCA's counters have none).
+//! Not here: `doca_sta_io_qp_connect` (the one-call variant; we use alloc + accept);
+//! execution-unit error and CQE-notify events are registered but only logged (the
+//! contract has no place for them); per-namespace latency (DOCA's counters have none).
 
 // `unsafe` allowed here: every DOCA call is FFI through doca-sys's function table, the
 // callbacks are `extern "C"` functions receiving raw pointers, and the allocator hands
@@ -439,6 +439,38 @@ unsafe extern "C" fn eu_err_cb(ev: *const doca_sta_event_eu_err, _ud: doca_data)
     tracing::error!(fatal, "doca: execution unit (DPA handler) error");
 }
 
+/// An error completion the engine sent by itself (a capsule that failed validation, or an
+/// NVMe error from the drive): logged, since the host already has its answer.
+unsafe extern "C" fn cqe_notify_cb(ev: *const doca_sta_event_cqe_notify, _ud: doca_data) {
+    let d = lib();
+    let (mut typ, mut cqe) = (0, [0u8; 16]);
+    let (mut op, mut cid, mut nsid, mut lba) = (0u8, 0u16, 0u16, 0u64);
+    // SAFETY: the event is valid during its callback; valid out pointers and a 16-byte
+    // buffer.
+    unsafe {
+        (d.doca_sta_event_cqe_notify_get_cqe_notify_type)(ev, &mut typ);
+        (d.doca_sta_event_cqe_notify_get_cqe)(ev, cqe.as_mut_ptr());
+        (d.doca_sta_event_cqe_notify_get_capsule_params)(
+            ev, &mut op, &mut cid, &mut nsid, &mut lba,
+        );
+    }
+    let status = u16::from_le_bytes([cqe[14], cqe[15]]) >> 1;
+    tracing::debug!(
+        kind = if typ == DOCA_STA_CQE_NOTIF_NVME_OF_VALIDATION_ERR {
+            "capsule validation"
+        } else {
+            "NVMe completion"
+        },
+        opcode = op,
+        cid,
+        nsid,
+        lba,
+        sct = (status >> 8) & 7,
+        sc = status & 0xff,
+        "doca: the engine answered a command with an error"
+    );
+}
+
 /// The DOCA double's own calls (`include/doca_double.h`), when that is the library.
 fn double_fn<T: Copy>(name: &[u8]) -> Option<T> {
     let d = lib();
@@ -675,6 +707,14 @@ impl Core {
             check(
                 "doca_sta_event_eu_err_register_cb",
                 (d.doca_sta_event_eu_err_register_cb)(self.sta, Some(eu_err_cb), data_ptr(me)),
+            )?;
+            check(
+                "doca_sta_event_cqe_notify_register_cb",
+                (d.doca_sta_event_cqe_notify_register_cb)(
+                    self.sta,
+                    Some(cqe_notify_cb),
+                    data_ptr(me),
+                ),
             )?;
             run_ctx_start(ctx, self.pe, "doca_ctx_start (main context)")?;
         }
