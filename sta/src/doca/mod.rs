@@ -14,7 +14,7 @@
 //!
 //! Callbacks: DOCA calls them from `doca_pe_progress`; ours only record what happened in
 //! an inbox (rule 3 of the contract: events are returned, not called back) and the
-//! engine turns the records into [`Event`]s / [`MainEvent`]s after progress returns.
+//! engine turns the records into [`Event`](crate::Event)s / [`MainEvent`]s after progress returns.
 //!
 //! Backends. DOCA STA drives NVMe queues (`doca_sta_be_add_queue`: SQ/CQ rings and
 //! doorbells of a drive). The nvme backend can already give a queue pair away
@@ -33,7 +33,7 @@
 //! Errors: every failing DOCA call becomes [`EngineError::Library`] naming the call and
 //! `doca_error_get_descr`; at run time a QP whose task fails is reported as a transport
 //! error (the application disconnects it) and a failed Connect-time call reaches the
-//! daemon as a [`TaskError`] (it answers the Connect with an error status). Never a
+//! daemon as a [`TaskError`](crate::TaskError) (it answers the Connect with an error status). Never a
 //! panic.
 //!
 //! Not here: `doca_sta_io_qp_connect` (the one-call variant; we use alloc + accept);
