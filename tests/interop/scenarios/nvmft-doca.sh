@@ -76,6 +76,19 @@ note "controller $C, ns1 $D1, ns2 $D2"
 check id-ctrl nvme id-ctrl "/dev/$C"
 fio_rw_verify doca-ns1 "$D1" 32M
 check flush nvme flush "$D1"
+# /metrics: the offloaded I/O counted from DOCA's counters, the hand-ups by the engine.
+if curl -sf --max-time 10 http://127.0.0.1:9100/metrics >/var/tmp/doca-metrics.txt; then
+    pass metrics-scrape
+    w=$(grep "^nvmft_namespace_commands_total{subsystem=\"$NQN\",nsid=\"1\",op=\"write\"}" /var/tmp/doca-metrics.txt | awk '{print $2}')
+    if [ "${w:-0}" -gt 0 ] 2>/dev/null; then pass metrics-ns1-writes-counted; else fail metrics-ns1-writes-counted "write count '$w'"; fi
+    off=$(grep '^nvmft_io_thread_capsules_total{.*path="offloaded"' /var/tmp/doca-metrics.txt | awk '{s+=$2} END {print s+0}')
+    non=$(grep '^nvmft_io_thread_capsules_total{.*path="non_offloaded"' /var/tmp/doca-metrics.txt | awk '{s+=$2} END {print s+0}')
+    if [ "$off" -gt "$non" ] && [ "$non" -gt 0 ]; then pass metrics-offloaded-vs-non-offloaded
+    else fail metrics-offloaded-vs-non-offloaded "offloaded $off, non-offloaded $non"; fi
+    result "nvmft_doca_capsules offloaded=$off non_offloaded=$non ns1_writes=${w:-NA}"
+else
+    fail metrics-scrape "curl /metrics failed"
+fi
 
 check reset nvme reset "/dev/$C"
 if wait_until 30 ctrl_live "$C" && dev_io_ok "$D1"; then pass reset-io-after
