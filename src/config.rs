@@ -72,6 +72,122 @@ pub struct Config {
     pub doca: Option<DocaSettings>,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
+    /// Per-host credentials (`hosts[]`): DH-HMAC-CHAP secrets and TLS PSKs.
+    pub hosts: Vec<HostConfig>,
+    /// Persist Through Power Loss: where reservation state is kept.
+    pub reservations: ReservationsConfig,
+    /// Discovery referrals (SUBTYPE 1 entries of the discovery log).
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// One host's credentials (`hosts[]`). Secrets come inline or from files that only
+/// their owner may read (checked when the config is loaded, so a reload re-reads them:
+/// that is how a secret is rotated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    pub nqn: String,
+    pub dhchap: Option<DhchapConfig>,
+    /// The configured TLS PSK (`NVMeTLSkey-1:` interchange format).
+    pub tls_psk: Option<nvmf::auth::tls::ConfiguredPsk>,
+    /// How the host derives its TLS PSK from it: `rfc8446` (default) or `libnvme-compat`
+    /// (nvme-cli 2.13 / libnvme 1.13, e.g. Debian trixie).
+    pub tls_derivation: nvmf::auth::tls::Derivation,
+}
+
+/// DH-HMAC-CHAP settings of a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhchapConfig {
+    /// The host's secret (`nvme connect --dhchap-secret`).
+    pub secret: nvmf::auth::key::DhchapKey,
+    /// The controller's secret, for bidirectional authentication (`--dhchap-ctrl-secret`).
+    pub ctrl_secret: Option<nvmf::auth::key::DhchapKey>,
+    /// Hash functions and DH groups the host may use, in order of preference.
+    pub hashes: Vec<nvmf::auth::HashId>,
+    pub dhgroups: Vec<nvmf::auth::DhGroup>,
+}
+
+/// TLS on a TCP listener (`listeners[].tls`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// Plain TCP only (the default).
+    #[default]
+    None,
+    /// TLS 1.3 with a PSK, or plain TCP: the discovery log says "not required".
+    Optional,
+    /// TLS 1.3 with a PSK only.
+    Required,
+}
+
+impl fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsMode::None => "none",
+            TlsMode::Optional => "optional",
+            TlsMode::Required => "required",
+        })
+    }
+}
+
+/// What to do at start-up when the reservation state file is missing or cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPolicy {
+    /// Start with no reservations (and say so in the log).
+    StartClean,
+    /// Refuse to start, naming the file and what is wrong with it.
+    Fail,
+}
+
+/// `reservations:`: the PTPL state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationsConfig {
+    /// `None` with the embedded default (there is no file to sit beside): reservations
+    /// then cannot persist (RESCAP reports no PTPL). Otherwise `state_file`, relative to
+    /// the config's directory, or `<config file>.ptpl` beside it.
+    pub state_file: Option<PathBuf>,
+    /// Default: start clean (a first start has no file).
+    pub if_missing: StartPolicy,
+    /// Default: fail (losing reservations silently is worse than not starting).
+    pub if_corrupt: StartPolicy,
+}
+
+impl Default for ReservationsConfig {
+    fn default() -> Self {
+        ReservationsConfig {
+            state_file: None,
+            if_missing: StartPolicy::StartClean,
+            if_corrupt: StartPolicy::Fail,
+        }
+    }
+}
+
+/// One referral to another discovery service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferralConfig {
+    pub transport: TransportKind,
+    pub address: IpAddr,
+    pub port: u16,
+}
+
+/// An ANA state as the YAML writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnaStateName {
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
+    Change,
+}
+
+/// One ANA group of a subsystem (`subsystems[].ana_groups[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroupConfig {
+    /// 1..=128.
+    pub id: u32,
+    /// (listener name, state), sorted by listener; listeners not named are optimized.
+    pub states: Vec<(String, AnaStateName)>,
 }
 
 /// `engine:`: the offload engine (see `crate::engine`).
@@ -98,6 +214,24 @@ pub struct DocaSettings {
 
 /// Default `doca.be_queue_entries` (SPDK's null backend uses 128).
 pub const DEFAULT_BE_QUEUE_ENTRIES: u16 = 128;
+
+impl EngineKind {
+    /// Why this engine cannot run in this binary, if it cannot (checked with the config,
+    /// so the error names its line; `crate::engine` builds the ones that can). Kept here,
+    /// not in `crate::engine`, so the config module stands alone (the fuzz harness
+    /// compiles it by itself).
+    pub fn unavailable(self) -> Option<&'static str> {
+        match self {
+            EngineKind::Soft => None,
+            EngineKind::Doca if cfg!(feature = "doca") => None,
+            EngineKind::Doca => Some(
+                "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary \
+                 (built without the `doca` cargo feature); rebuild with default features or \
+                 use `engine: soft`",
+            ),
+        }
+    }
+}
 
 impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -152,6 +286,8 @@ pub struct ListenerConfig {
     pub address: IpAddr,
     /// 1..=65535.
     pub port: u16,
+    /// TLS (TCP only).
+    pub tls: TlsMode,
 }
 
 impl ListenerConfig {
@@ -207,6 +343,8 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect (in addition to any host when `allow_any_host`).
     pub hosts: Vec<String>,
+    /// Hosts without a DH-HMAC-CHAP secret are refused.
+    pub require_auth: bool,
     /// Names of the listeners this subsystem is reachable on; all listeners when the
     /// config does not say.
     pub listeners: Vec<String>,
@@ -214,6 +352,9 @@ pub struct SubsystemConfig {
     /// listeners a reload adds later (Connects are refused on listeners a subsystem is
     /// not on, so this follows the listener list live rather than at start-up).
     pub all_listeners: bool,
+    /// ANA groups with non-default states, by ID (a group not listed is optimized on
+    /// every listener; every namespace is in group 1 unless it names another).
+    pub ana_groups: Vec<AnaGroupConfig>,
     pub namespaces: Vec<NamespaceConfig>,
 }
 
@@ -230,6 +371,10 @@ pub struct NamespaceConfig {
     pub nguid: [u8; 16],
     /// Configured, or derived from `uuid` (a locally administered EUI-64).
     pub eui64: [u8; 8],
+    /// ANA group, 1..=128 (1 when not configured).
+    pub ana_group: u32,
+    /// Host NQNs that see this namespace; `None`: every host of the subsystem.
+    pub hosts: Option<Vec<String>>,
 }
 
 impl Config {
@@ -242,7 +387,14 @@ impl Config {
             error,
         })?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-        validate::parse(&text, &source, base)
+        let mut cfg = validate::parse(&text, &source, base)?;
+        // The PTPL state file sits beside the config unless the config says where.
+        if cfg.reservations.state_file.is_none() {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".ptpl");
+            cfg.reservations.state_file = Some(PathBuf::from(name));
+        }
+        Ok(cfg)
     }
 
     /// Parses and checks config text; `source` names it in errors. Relative backend paths

@@ -11,19 +11,6 @@ use std::path::PathBuf;
 
 use crate::config::{Config, EngineKind};
 
-/// Why a config's engine cannot run in this binary, if it cannot.
-pub fn unavailable(kind: EngineKind) -> Option<&'static str> {
-    match kind {
-        EngineKind::Soft => None,
-        EngineKind::Doca if cfg!(feature = "doca") => None,
-        EngineKind::Doca => Some(
-            "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary \
-             (built without the `doca` cargo feature); rebuild with default features or \
-             use `engine: soft`",
-        ),
-    }
-}
-
 /// Build the configured engine and run the daemon on it.
 pub fn run(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     match cfg.engine {
@@ -40,7 +27,7 @@ pub fn run(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
         #[cfg(not(feature = "doca"))]
         EngineKind::Doca => anyhow::bail!(
             "engine: doca: {}",
-            unavailable(EngineKind::Doca).unwrap_or("unavailable")
+            EngineKind::Doca.unavailable().unwrap_or("unavailable")
         ),
     }
 }

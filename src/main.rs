@@ -11,9 +11,11 @@ mod engine;
 mod metrics;
 mod notify;
 mod preflight;
+mod ptpl;
 mod rdma_cm;
 mod refusals;
 mod reload;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

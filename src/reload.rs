@@ -33,11 +33,21 @@
 //! 4. `listeners_removed`;
 //! 5. `listeners_added`;
 //! 6. `backends_added`;
-//! 7. `subsystems_added` — add the subsystem *without* its `namespaces`: those are
+//! 7. `auth_changed` — replace every host's credentials and every subsystem's
+//!    `require_auth` with the new config's, before any subsystem is added, so that no host
+//!    reaches a new subsystem before the rules that bind it are in place;
+//! 8. `subsystems_added` — add the subsystem *without* its `namespaces`: those are
 //!    listed in `namespaces_added` as well, which is authoritative;
-//! 8. `namespaces_added` — includes every namespace of an added subsystem;
-//! 9. `hosts_changed` — subsystems present in both configs only (an added subsystem
-//!    carries its hosts in its `SubsystemConfig`).
+//! 9. `namespaces_added` — includes every namespace of an added subsystem;
+//! 10. `hosts_changed` — subsystems present in both configs only (an added subsystem
+//!     carries its hosts in its `SubsystemConfig`);
+//! 11. `namespace_hosts_changed` — per-host visibility of surviving namespaces (a change
+//!     of a namespace's `hosts` alone is not a remove + add);
+//! 12. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
+//!     listeners whose state changed get an ANA Change event);
+//! 13. `referrals_changed` — the discovery log's referrals.
+//!
+//! The reservation state file (`reservations:`) needs a restart.
 //!
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
@@ -56,7 +66,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::config::{
-    BackendConfig, BackendKind, Config, IoThreads, ListenerConfig, NamespaceConfig, SubsystemConfig,
+    AnaGroupConfig, BackendConfig, BackendKind, Config, IoThreads, ListenerConfig, NamespaceConfig,
+    ReferralConfig, SubsystemConfig,
 };
 
 /// The changes from one config to the next; see the module docs for the application
@@ -79,8 +90,21 @@ pub struct ConfigDiff {
     /// (subsystem NQN, allow_any_host, hosts) for subsystems in both configs whose access
     /// list changed; the new full list, in the new config's order.
     pub hosts_changed: Vec<(String, bool, Vec<String>)>,
+    /// (subsystem NQN, nsid, hosts) of surviving namespaces whose host list changed (the
+    /// only namespace change that is not remove + add: hosts that gain or lose the
+    /// namespace get a Namespace Attribute Changed notice, the others nothing).
+    pub namespace_hosts_changed: Vec<(String, u32, Option<Vec<String>>)>,
+    /// (subsystem NQN, its new ANA groups) for subsystems in both configs whose groups
+    /// changed (an added subsystem carries its groups in its `SubsystemConfig`).
+    pub ana_groups_changed: Vec<(String, Vec<AnaGroupConfig>)>,
+    /// The new referral list, when it changed.
+    pub referrals_changed: Option<Vec<ReferralConfig>>,
     /// Changes that take effect only after a restart, one human-readable line each.
     pub restart_required: Vec<String>,
+    /// Host credentials (`hosts[]`, secrets re-read from their files) or a subsystem's
+    /// `require_auth` changed: apply the new config's whole set (step 7). Connected
+    /// controllers stay; new secrets apply from the next (re-)authentication.
+    pub auth_changed: bool,
 }
 
 impl ConfigDiff {
@@ -119,6 +143,9 @@ impl ConfigDiff {
                 backend_text(&b.kind)
             ));
         }
+        if self.auth_changed {
+            out.push("host credentials or require_auth: updated".to_string());
+        }
         for s in &self.subsystems_added {
             out.push(format!(
                 "subsystem {}: add (serial {:?}, model {:?}, listeners [{}], {})",
@@ -140,6 +167,28 @@ impl ConfigDiff {
         for (nqn, any, hosts) in &self.hosts_changed {
             out.push(format!("subsystem {nqn}: {}", hosts_text(*any, hosts)));
         }
+        for (nqn, nsid, hosts) in &self.namespace_hosts_changed {
+            let who = hosts
+                .as_ref()
+                .map_or("every host".to_string(), |h| h.join(", "));
+            out.push(format!(
+                "subsystem {nqn} namespace {nsid}: visible to {who}"
+            ));
+        }
+        for (nqn, groups) in &self.ana_groups_changed {
+            let text: Vec<String> = groups
+                .iter()
+                .map(|g| {
+                    let states: Vec<String> =
+                        g.states.iter().map(|(l, s)| format!("{l}={s:?}")).collect();
+                    format!("group {} [{}]", g.id, states.join(", "))
+                })
+                .collect();
+            out.push(format!("subsystem {nqn}: ANA {}", text.join("; ")));
+        }
+        if let Some(r) = &self.referrals_changed {
+            out.push(format!("referrals: {} entr(ies)", r.len()));
+        }
         for line in &self.restart_required {
             out.push(format!("restart required: {line}"));
         }
@@ -151,6 +200,17 @@ impl ConfigDiff {
 /// docs for how entries are matched and what each list means.
 pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     let mut d = ConfigDiff::default();
+    let require = |c: &Config| -> BTreeSet<String> {
+        c.subsystems
+            .iter()
+            .filter(|s| s.require_auth)
+            .map(|s| s.nqn.clone())
+            .collect()
+    };
+    let hosts = |c: &Config| -> BTreeMap<String, crate::config::HostConfig> {
+        c.hosts.iter().map(|h| (h.nqn.clone(), h.clone())).collect()
+    };
+    d.auth_changed = hosts(old) != hosts(new) || require(old) != require(new);
 
     if !same_threads(&old.threads, &new.threads) {
         d.restart_required.push(format!(
@@ -190,23 +250,56 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     d.listeners_removed = changed(&old_l, &new_l).cloned().collect();
     d.listeners_added = changed(&new_l, &old_l).cloned().collect();
 
-    // Namespaces, by (subsystem NQN, nsid): removed or added unless identical.
+    if old.reservations != new.reservations {
+        d.restart_required.push(format!(
+            "reservations: state file {:?} ({:?}/{:?}) -> {:?} ({:?}/{:?})",
+            old.reservations.state_file,
+            old.reservations.if_missing,
+            old.reservations.if_corrupt,
+            new.reservations.state_file,
+            new.reservations.if_missing,
+            new.reservations.if_corrupt
+        ));
+    }
+    if old.referrals != new.referrals {
+        d.referrals_changed = Some(new.referrals.clone());
+    }
+
+    // Namespaces, by (subsystem NQN, nsid): removed or added unless identical (their host
+    // lists aside, which change live).
     let old_ns = namespaces(old);
     let new_ns = namespaces(new);
+    let same = |a: &NamespaceConfig, b: &NamespaceConfig| {
+        NamespaceConfig {
+            hosts: None,
+            ..a.clone()
+        } == NamespaceConfig {
+            hosts: None,
+            ..b.clone()
+        }
+    };
     d.namespaces_removed = old_ns
         .iter()
-        .filter(|(key, ns)| new_ns.get(key) != Some(ns))
+        .filter(|(key, ns)| !new_ns.get(key).is_some_and(|n| same(n, ns)))
         .map(|(&(nqn, nsid), _)| (nqn.to_string(), nsid))
         .collect();
     d.namespaces_added = new_ns
         .iter()
-        .filter(|(key, ns)| old_ns.get(key) != Some(ns))
+        .filter(|(key, ns)| !old_ns.get(key).is_some_and(|o| same(o, ns)))
         .map(|(&(nqn, _), &ns)| (nqn.to_string(), ns.clone()))
+        .collect();
+    d.namespace_hosts_changed = new_ns
+        .iter()
+        .filter_map(|(key, ns)| {
+            let o = old_ns.get(key)?;
+            (same(o, ns) && o.hosts != ns.hosts)
+                .then(|| (key.0.to_string(), key.1, ns.hosts.clone()))
+        })
         .collect();
     // Backends of namespaces that stay as they are: these cannot be swapped live.
     let in_use: BTreeMap<&str, (&str, u32)> = old_ns
         .iter()
-        .filter(|(key, ns)| new_ns.get(key) == Some(ns))
+        .filter(|(key, ns)| new_ns.get(key).is_some_and(|n| same(n, ns)))
         .map(|(&(nqn, nsid), ns)| (ns.backend.as_str(), (nqn, nsid)))
         .collect();
 
@@ -276,6 +369,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         if o.allow_any_host != n.allow_any_host || host_set(o) != host_set(n) {
             d.hosts_changed
                 .push((nqn.to_string(), n.allow_any_host, n.hosts.clone()));
+        }
+        if o.ana_groups != n.ana_groups {
+            d.ana_groups_changed
+                .push((nqn.to_string(), n.ana_groups.clone()));
         }
     }
 
@@ -358,6 +455,9 @@ fn listeners_change(
 }
 
 fn listener_text(l: &ListenerConfig) -> String {
+    if l.tls != crate::config::TlsMode::None {
+        return format!("{} {}, tls {}", l.transport, l.socket_addr(), l.tls);
+    }
     format!("{} {}", l.transport, l.socket_addr())
 }
 

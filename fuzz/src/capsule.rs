@@ -16,8 +16,8 @@
 //!   admin queue is re-established.
 //!
 //! Checks: `data_len <= data.len()`; CQE CID/SQID echo the command and queue; errors
-//! carry no data; only AERs on the admin queue are held; every held completion answers
-//! an AER that was held; Disconnect actions name queues that exist.
+//! carry no data; only AERs and Aborts on the admin queue are held; every held completion
+//! answers a command that was held; Disconnect actions name queues that exist.
 
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::features::{fid, FeatureCommand};
@@ -71,6 +71,8 @@ pub fn namespace(nsid: u32) -> NamespaceConfig {
         nguid: [0x10 + nsid as u8; 16],
         eui64: [0x20 + nsid as u8; 8],
         volatile_write_cache: nsid % 2 == 1,
+        anagrpid: nsid % 3,
+        hosts: None,
     }
 }
 
@@ -243,11 +245,13 @@ impl World {
                 }
             }
             Outcome::Deferred => {
+                // AERs wait for an event; an Abort waits for the transport to look for
+                // its command (Action::Abort, answered through abort_done).
                 assert!(
                     queue.qid == 0
                         && !sqe.is_fabrics()
-                        && sqe.opcode() == admin::ASYNC_EVENT_REQUEST,
-                    "held a command that is not an AER: {sqe:?}"
+                        && matches!(sqe.opcode(), admin::ASYNC_EVENT_REQUEST | admin::ABORT),
+                    "held a command that is neither an AER nor an Abort: {sqe:?}"
                 );
                 self.held.entry(queue.cntlid).or_default().push(sqe.cid());
             }
@@ -281,7 +285,17 @@ impl World {
                             .position(|&c| c == cqe.cid)
                             .unwrap_or_else(|| panic!("completion for CID {} never held", cqe.cid));
                         held.remove(i);
-                        assert!(cqe.status().is_success());
+                        // Events succeed; an AER aborted by Abort says so.
+                        assert!(
+                            cqe.status().is_success()
+                                || cqe.status() == nvmf::spec::Status::ABORT_REQUESTED
+                        );
+                    }
+                    Action::Abort {
+                        abort, abort_cid, ..
+                    } => {
+                        // The toy transport never has a command to abort.
+                        more.extend(self.t.abort_done(abort, abort_cid, false));
                     }
                     Action::Disconnect { queue, key } => {
                         assert_eq!(

@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{EngineKind, TransportKind};
+use super::{AnaStateName, EngineKind, StartPolicy, TransportKind};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +27,12 @@ pub(super) struct RawConfig {
     pub engine: Option<Spanned<EngineKind>>,
     /// Settings of `engine: doca`.
     pub doca: Option<Spanned<RawDoca>>,
+    /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).
+    #[serde(default)]
+    pub hosts: Vec<Spanned<RawHost>>,
+    pub reservations: Option<Spanned<RawReservations>>,
+    #[serde(default)]
+    pub referrals: Vec<Spanned<RawReferral>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,11 +48,55 @@ pub(super) struct RawDoca {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawHost {
+    pub nqn: Spanned<String>,
+    pub dhchap_secret: Option<Spanned<String>>,
+    pub dhchap_secret_file: Option<Spanned<String>>,
+    pub dhchap_ctrl_secret: Option<Spanned<String>>,
+    pub dhchap_ctrl_secret_file: Option<Spanned<String>>,
+    pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub dhchap_dhgroups: Option<Spanned<Vec<Spanned<String>>>>,
+    pub tls_psk: Option<Spanned<String>>,
+    pub tls_psk_file: Option<Spanned<String>>,
+    pub tls_psk_derivation: Option<Spanned<String>>,
+}
+
+/// Where reservations that persist through power loss are kept, and what to do when
+/// that file is missing or unreadable at start-up.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReservations {
+    pub state_file: Option<Spanned<String>>,
+    pub if_missing: Option<Spanned<StartPolicy>>,
+    pub if_corrupt: Option<Spanned<StartPolicy>>,
+}
+
+/// A discovery referral (a SUBTYPE 1 entry).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReferral {
+    pub transport: Spanned<TransportKind>,
+    pub address: Spanned<String>,
+    pub port: Spanned<u64>,
+}
+
+/// One ANA group of a subsystem: its state per listener name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAnaGroup {
+    pub id: Spanned<u64>,
+    #[serde(default)]
+    pub states: std::collections::BTreeMap<String, Spanned<AnaStateName>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub name: Spanned<String>,
     pub transport: Spanned<TransportKind>,
     pub address: Spanned<String>,
     pub port: Spanned<u64>,
+    pub tls: Option<Spanned<super::TlsMode>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -87,7 +137,12 @@ pub(super) struct RawSubsystem {
     pub allow_any_host: bool,
     #[serde(default)]
     pub hosts: Vec<Spanned<String>>,
+    /// Refuse hosts that have no DH-HMAC-CHAP secret (`hosts:` at the top level).
+    #[serde(default)]
+    pub require_auth: bool,
     pub listeners: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub ana_groups: Vec<Spanned<RawAnaGroup>>,
     #[serde(default)]
     pub namespaces: Vec<Spanned<RawNamespace>>,
 }
@@ -100,6 +155,8 @@ pub(super) struct RawNamespace {
     pub uuid: Option<Spanned<String>>,
     pub nguid: Option<Spanned<String>>,
     pub eui64: Option<Spanned<String>>,
+    pub ana_group: Option<Spanned<u64>>,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]

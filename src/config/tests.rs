@@ -36,6 +36,7 @@ fn embedded_default() {
             transport: TransportKind::Tcp,
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 4420,
+            tls: TlsMode::None,
         }]
     );
     assert_eq!(
@@ -408,6 +409,120 @@ fn max_io_size_default_units_and_range() {
     assert_eq!(example.max_io_size, 1 << 20);
 }
 
+/// `hosts[]` with inline secrets, a secret file, algorithm lists, `require_auth` and a
+/// TLS listener; keys made by the nvmf crate's own printers (the parser is tested
+/// against independent vectors there).
+#[test]
+fn host_credentials() {
+    use nvmf::auth::{key::DhchapKey, tls::ConfiguredPsk, DhGroup, HashId};
+    let host_key = DhchapKey::from_bytes(Some(HashId::Sha256), &[1; 32]).unwrap();
+    let ctrl_key = DhchapKey::from_bytes(None, &[2; 48]).unwrap();
+    let psk = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[3; 32]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("h2.key");
+    std::fs::write(&file, format!("{}\n", *host_key.to_text())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let yaml = format!(
+        "\
+listeners:
+  - {{name: l, transport: tcp, address: '::', port: 4420, tls: required}}
+backends:
+  - {{name: b, type: ram, size: 4M}}
+hosts:
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_secret: \"{}\"
+    dhchap_ctrl_secret: \"{}\"
+    dhchap_hashes: [sha384, sha256]
+    dhchap_dhgroups: [ffdhe3072, 'null']
+    tls_psk: \"{}\"
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002
+    dhchap_secret_file: h2.key
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    require_auth: true
+    hosts: [nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001]
+",
+        *host_key.to_text(),
+        *ctrl_key.to_text(),
+        *psk.to_text()
+    );
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(cfg.listeners[0].tls, TlsMode::Required);
+    assert!(cfg.subsystems[0].require_auth);
+    let h1 = &cfg.hosts[0];
+    let d = h1.dhchap.as_ref().unwrap();
+    assert_eq!(d.secret, host_key);
+    assert_eq!(d.ctrl_secret.as_ref(), Some(&ctrl_key));
+    assert_eq!(d.hashes, vec![HashId::Sha384, HashId::Sha256]);
+    assert_eq!(d.dhgroups, vec![DhGroup::Ffdhe3072, DhGroup::Null]);
+    assert_eq!(h1.tls_psk.as_ref(), Some(&psk));
+    assert_eq!(cfg.hosts[1].dhchap.as_ref().unwrap().secret, host_key);
+    assert_eq!(
+        cfg.hosts[1].dhchap.as_ref().unwrap().hashes,
+        HashId::ALL.to_vec()
+    );
+
+    // A secret file others can read is refused, naming the file and the fix.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Config::load(&path).unwrap_err().to_string();
+    assert!(err.contains("hosts[1].dhchap_secret_file"), "{err}");
+    assert!(
+        err.contains("mode 0644") && err.contains("chmod 600"),
+        "{err}"
+    );
+    // Rotation: the file is re-read on every load.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &*ctrl_key.to_text()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cfg2 = Config::load(&path).unwrap();
+    assert_eq!(cfg2.hosts[1].dhchap.as_ref().unwrap().secret, ctrl_key);
+    let d = crate::reload::diff(&cfg, &cfg2);
+    assert!(d.auth_changed && !d.is_empty());
+}
+
+#[test]
+fn host_credential_errors() {
+    let e = errors(
+        "\
+listeners:
+  - {name: l, transport: rdma, address: '::', port: 4420, tls: optional}
+hosts:
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_secret: \"DHHC-1:00:AAAA:\"
+    dhchap_hashes: [md5]
+    dhchap_dhgroups: []
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_ctrl_secret: \"DHHC-1:00:AAAA:\"
+    tls_psk: \"NVMeTLSkey-1:05:AAAA:\"
+    tls_psk_file: /nonexistent
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000003
+    dhchap_secret_file: /nonexistent/key
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    require_auth: true
+    hosts: [nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000009]
+",
+    );
+    let all = e.join("\n");
+    for want in [
+        "listeners[0].tls: TLS is defined for NVMe/TCP listeners only",
+        "hosts[0].dhchap_secret: the key is 0 bytes",
+        "hosts[0].dhchap_hashes[0]: unknown \"md5\"",
+        "hosts[0].dhchap_dhgroups: must name at least one",
+        "hosts[1].nqn: host \"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001\" is listed twice",
+        "hosts[1].dhchap_ctrl_secret: a controller secret needs a host secret",
+        "hosts[1].tls_psk_file: give tls_psk or tls_psk_file, not both",
+        "hosts[2].dhchap_secret_file: cannot read /nonexistent/key",
+        "subsystems[0].hosts[0]: the subsystem requires authentication",
+    ] {
+        assert!(all.contains(want), "missing {want:?} in\n{all}");
+    }
+}
+
 #[test]
 fn nvme_backend_parses_with_defaults() {
     let yaml = MINIMAL.replace(
@@ -514,8 +629,128 @@ fn engine_defaults_to_soft_and_doca_needs_devices_and_rdma() {
         "{}",
         e[2]
     );
+    // ANA states cannot be enforced on DOCA's offloaded path: refused with their line.
+    let ana = rdma.replace(
+        "    namespaces:",
+        "    ana_groups:\n      - {id: 2, states: {l: inaccessible}}\n    namespaces:",
+    );
+    let e = errors(&format!("{doca}{ana}"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("subsystems[0].ana_groups[0]") && e[0].contains("doca engine"),
+        "{}",
+        e[0]
+    );
     let e = errors(&format!("engine: spdk\n{MINIMAL}"));
     assert!(e[0].starts_with("t.yaml:1:"), "{e:?}");
     let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
     assert_eq!(example.engine, EngineKind::Soft);
+}
+
+#[test]
+fn ana_groups_visibility_referrals_and_reservations() {
+    let yaml = "\
+listeners:
+  - {name: t0, transport: tcp, address: 127.0.0.1, port: 4420}
+  - {name: t1, transport: tcp, address: 127.0.0.1, port: 4421}
+backends:
+  - {name: b, type: ram, size: 4M}
+  - {name: c, type: ram, size: 4M}
+reservations: {state_file: /var/lib/nvmf-target/r.ptpl, if_missing: fail, if_corrupt: start_clean}
+referrals:
+  - {transport: tcp, address: 192.0.2.9, port: 8009}
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    allow_any_host: true
+    ana_groups:
+      - {id: 2, states: {t0: inaccessible, t1: optimized}}
+    namespaces:
+      - {nsid: 1, backend: b}
+      - {nsid: 2, backend: c, ana_group: 2, hosts: [nqn.2026-11.dev.example:h1]}
+";
+    let cfg = Config::parse(yaml, "t.yaml").unwrap();
+    let s = &cfg.subsystems[0];
+    assert_eq!(
+        s.ana_groups,
+        vec![AnaGroupConfig {
+            id: 2,
+            states: vec![
+                ("t0".into(), AnaStateName::Inaccessible),
+                ("t1".into(), AnaStateName::Optimized)
+            ]
+        }]
+    );
+    assert_eq!(
+        (s.namespaces[0].ana_group, s.namespaces[1].ana_group),
+        (1, 2)
+    );
+    assert_eq!(s.namespaces[0].hosts, None);
+    assert_eq!(
+        s.namespaces[1].hosts,
+        Some(vec!["nqn.2026-11.dev.example:h1".to_string()])
+    );
+    assert_eq!(
+        cfg.reservations,
+        ReservationsConfig {
+            state_file: Some("/var/lib/nvmf-target/r.ptpl".into()),
+            if_missing: StartPolicy::Fail,
+            if_corrupt: StartPolicy::StartClean,
+        }
+    );
+    assert_eq!(cfg.referrals[0].port, 8009);
+    // Defaults: no state file for text configs (the file path gives one), fail on corrupt.
+    let d = Config::parse(MINIMAL, "t.yaml").unwrap();
+    assert_eq!(d.reservations, ReservationsConfig::default());
+    assert_eq!(d.subsystems[0].namespaces[0].ana_group, 1);
+
+    let bad = yaml
+        .replace(
+            "{id: 2, states: {t0: inaccessible, t1: optimized}}",
+            "{id: 200, states: {t9: optimized}}",
+        )
+        .replace("ana_group: 2", "ana_group: 0")
+        .replace(
+            "allow_any_host: true",
+            "hosts: [nqn.2026-11.dev.example:h2]",
+        )
+        .replace("192.0.2.9", "0.0.0.0");
+    let e = errors(&bad);
+    let want = [
+        "referrals[0].address: a referral needs an address",
+        "subsystems[0].ana_groups[0].id: must be 1..=128, got 200",
+        "subsystems[0].namespaces[1].ana_group: must be 1..=128, got 0",
+        "subsystems[0].namespaces[1].hosts[0]: host \"nqn.2026-11.dev.example:h1\" may not connect",
+    ];
+    for w in want {
+        assert!(e.iter().any(|x| x.contains(w)), "{w:?} not in {e:#?}");
+    }
+    let e = errors(&yaml.replace("t1: optimized", "t9: optimized"));
+    assert!(
+        e[0].contains("ana_groups[0].states.t9: listener \"t9\" is not one of"),
+        "{e:?}"
+    );
+    let e = errors(&yaml.replace("t1: optimized", "t1: sideways"));
+    assert!(e[0].contains("states"), "{e:?}");
+}
+
+#[test]
+fn state_file_sits_beside_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("n.yaml");
+    std::fs::write(&path, MINIMAL).unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(
+        cfg.reservations.state_file,
+        Some(dir.path().join("n.yaml.ptpl"))
+    );
+    std::fs::write(
+        &path,
+        format!("{MINIMAL}reservations: {{state_file: r/state}}\n"),
+    )
+    .unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(
+        cfg.reservations.state_file,
+        Some(dir.path().join("r/state"))
+    );
 }

@@ -5,9 +5,9 @@
 //! (threads, listeners, backends, subsystems with their namespaces and hosts, metrics),
 //! each field with its check and its own message; the walk shares the checker's state
 //! (diagnostics, names seen, cross-references) from section to section, and reads best
-//! in document order. The NQN syntax check at the end could move to a file of its own
-//! should the file grow further; two branches in flight (reservations/ANA and
-//! authentication/TLS) add sections here, which is why it was not split now.
+//! in document order. The access sections (`hosts[]` credentials, reservations,
+//! referrals, ANA groups) are in `validate/access.rs`; the NQN syntax check at the end
+//! could move to a file of its own should this file grow further.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -16,12 +16,18 @@ use std::path::{Path, PathBuf};
 
 use serde_saphyr::{Location, MessageFormatter, Spanned, UserMessageFormatter};
 
-use super::raw::{RawBackend, RawBackendType, RawConfig, RawListener, RawSize, RawSubsystem};
+use super::raw::{
+    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawHost, RawListener, RawReferral,
+    RawReservations, RawSize, RawSubsystem,
+};
 use super::yaml_path::{PathIndex, ROOT};
+
+mod access;
 use super::{
-    derive_eui64, derive_namespace_uuid, derive_serial, parse_size, BackendConfig, BackendKind,
-    Config, ConfigError, Diagnostic, DocaSettings, EngineKind, IoThreads, ListenerConfig,
-    NamespaceConfig, SubsystemConfig, TransportKind, DEFAULT_BE_QUEUE_ENTRIES, DEFAULT_MAX_IO_SIZE,
+    derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
+    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, DocaSettings, EngineKind,
+    HostConfig, IoThreads, ListenerConfig, NamespaceConfig, ReferralConfig, ReservationsConfig,
+    SubsystemConfig, TlsMode, TransportKind, DEFAULT_BE_QUEUE_ENTRIES, DEFAULT_MAX_IO_SIZE,
     DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
@@ -36,6 +42,8 @@ const NSID_MAX: u64 = 0xFFFF_FFFE;
 const SERIAL_MAX_LEN: usize = 20;
 const MODEL_MAX_LEN: usize = 40;
 const NAME_MAX_LEN: usize = 64;
+/// Highest ANA group ID (the target's ANAGRPMAX).
+const ANA_GROUP_MAX: u32 = nvmf::target::ana::ANAGRPMAX;
 
 pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
     let raw: RawConfig = serde_saphyr::from_str(text)
@@ -182,11 +190,21 @@ impl Checker<'_> {
         self.error_at(at.referenced, field, message);
     }
 
+    /// A path from the file: relative ones are taken from the config file's directory.
+    fn resolve(&self, path: &str) -> PathBuf {
+        match self.base {
+            Some(base) if Path::new(path).is_relative() => base.join(path),
+            _ => PathBuf::from(path),
+        }
+    }
+
     fn config(&mut self, raw: RawConfig) -> Config {
         let threads = self.threads(&raw);
         let listeners = self.listeners(&raw.listeners);
         let backends = self.backends(&raw.backends);
+        let hosts = self.hosts(&raw.hosts);
         let subsystems = self.subsystems(&raw.subsystems, &listeners, &backends);
+        self.auth_consistency(&raw.subsystems, &hosts);
         let metrics = raw
             .metrics
             .as_ref()
@@ -196,7 +214,7 @@ impl Checker<'_> {
             .as_ref()
             .map_or(DEFAULT_MAX_IO_SIZE, |m| self.max_io_size(m));
         let engine = raw.engine.as_ref().map_or(EngineKind::Soft, |e| {
-            if let Some(why) = crate::engine::unavailable(e.value) {
+            if let Some(why) = e.value.unavailable() {
                 self.error(e, "engine", why);
             }
             e.value
@@ -212,6 +230,12 @@ impl Checker<'_> {
             engine,
             doca,
             source: self.source.to_owned(),
+            hosts,
+            reservations: raw
+                .reservations
+                .as_ref()
+                .map_or_else(Default::default, |r| self.reservations(&r.value)),
+            referrals: self.referrals(&raw.referrals),
         }
     }
 
@@ -219,6 +243,18 @@ impl Checker<'_> {
     /// TCP listener.
     fn doca(&mut self, raw: &RawConfig, engine: EngineKind) -> Option<DocaSettings> {
         if engine == EngineKind::Doca {
+            // DOCA STA's DPA checks no access views (sta::access): ANA states other than
+            // optimized would not be enforced on offloaded I/O, so they are refused here.
+            for (i, sub) in raw.subsystems.iter().enumerate() {
+                for (j, g) in sub.value.ana_groups.iter().enumerate() {
+                    self.error(
+                        g,
+                        format!("subsystems[{i}].ana_groups[{j}]"),
+                        "ANA groups are not available with the doca engine (DOCA STA cannot \
+                         enforce ANA states on offloaded I/O); remove them or use `engine: soft`",
+                    );
+                }
+            }
             for (i, l) in raw.listeners.iter().enumerate() {
                 if l.value.transport.value == TransportKind::Tcp {
                     self.error(
@@ -435,12 +471,21 @@ impl Checker<'_> {
             } else {
                 endpoints.insert(key, Seen::new(p.clone(), listener));
             }
+            let tls = l.tls.as_ref().map_or(TlsMode::None, |t| t.value);
+            if tls != TlsMode::None && l.transport.value != TransportKind::Tcp {
+                self.error(
+                    l.tls.as_ref().expect("set"),
+                    format!("{p}.tls"),
+                    "TLS is defined for NVMe/TCP listeners only",
+                );
+            }
             out.push((
                 ListenerConfig {
                     name: l.name.value.clone(),
                     transport: l.transport.value,
                     address,
                     port,
+                    tls,
                 },
                 l.port.referenced,
             ));
@@ -680,10 +725,7 @@ impl Checker<'_> {
             self.error(path, field, "must not be empty");
             return PathBuf::new();
         }
-        let resolved = match self.base {
-            Some(base) if Path::new(&path.value).is_relative() => base.join(&path.value),
-            _ => PathBuf::from(&path.value),
-        };
+        let resolved = self.resolve(&path.value);
         let shown = resolved.display();
         match std::fs::metadata(&resolved) {
             Ok(meta) if meta.file_type().is_block_device() => {
@@ -824,6 +866,7 @@ impl Checker<'_> {
             }
         };
 
+        let ana_groups = self.ana_groups(&s.ana_groups, p, &listeners);
         let mut nsids: HashMap<u64, Seen> = HashMap::new();
         let namespaces = s
             .namespaces
@@ -888,12 +931,47 @@ impl Checker<'_> {
                     }
                     None => derive_eui64(&uuid),
                 };
+                let ana_group = match &ns.ana_group {
+                    None => 1,
+                    Some(g) if (1..=u64::from(ANA_GROUP_MAX)).contains(&g.value) => g.value as u32,
+                    Some(g) => {
+                        let msg = format!("must be 1..={ANA_GROUP_MAX}, got {}", g.value);
+                        self.error(g, format!("{np}.ana_group"), msg);
+                        1
+                    }
+                };
+                let hosts = ns.hosts.as_ref().map(|list| {
+                    let mut seen: HashMap<String, Seen> = HashMap::new();
+                    for (j, h) in list.value.iter().enumerate() {
+                        let field = format!("{np}.hosts[{j}]");
+                        if let Err(msg) = check_nqn(&h.value) {
+                            self.error(h, &field, msg.to_string());
+                        } else if !s.allow_any_host && !s.hosts.iter().any(|x| x.value == h.value) {
+                            let msg = format!(
+                                "host {:?} may not connect to this subsystem (add it to \
+                                 {p}.hosts or set allow_any_host)",
+                                h.value
+                            );
+                            self.error(h, &field, msg);
+                        }
+                        if let Some(first) = seen.get(&h.value) {
+                            let msg =
+                                format!("host {:?} is listed twice (first: {first})", h.value);
+                            self.error(h, field, msg);
+                        } else {
+                            seen.insert(h.value.clone(), Seen::new(field, h));
+                        }
+                    }
+                    list.value.iter().map(|h| h.value.clone()).collect()
+                });
                 NamespaceConfig {
                     nsid,
                     backend: backend.value.clone(),
                     uuid,
                     nguid,
                     eui64,
+                    ana_group,
+                    hosts,
                 }
             })
             .collect();
@@ -904,8 +982,10 @@ impl Checker<'_> {
             model,
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.iter().map(|h| h.value.clone()).collect(),
+            require_auth: s.require_auth,
             listeners,
             all_listeners: s.listeners.is_none(),
+            ana_groups,
             namespaces,
         }
     }

@@ -1,12 +1,14 @@
 //! The non-offloaded path of an IO thread: a command the engine handed up (its host data,
 //! if any, already in its payload) is answered by the target, and a Fabrics Connect also
-//! binds the QP for the engine. Plus the log line of an NVMe/TCP termination.
+//! binds the QP for the engine (at once, or once the queue has authenticated when its
+//! subsystem requires DH-HMAC-CHAP). Plus the log lines of an NVMe/TCP termination and of
+//! a TLS handshake.
 
 use std::time::Instant;
 
 use nvmf::spec::{opcodes, Cqe, Sqe, Status};
 use nvmf::target::{ConnectOk, Outcome, QueueRef};
-use sta::{CmdToken, IoContext, QpHandle, TaskError};
+use sta::{AccessKey, CmdToken, IoContext, QpHandle, SubsysId, TaskError};
 
 use super::io_thread::IoThread;
 use super::shared::{queue_key, Counters};
@@ -27,12 +29,31 @@ impl<I: IoContext> IoThread<I> {
             Ok(p) => p,
             Err(e) => return self.payload_gone(qp, e),
         };
-        let (outcome, actions, notices) = {
+        let pending = self.qps.get(&qp).and_then(|a| a.offload_after_auth);
+        let (outcome, actions, notices, authenticated) = {
             let mut t = shared.target();
             let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
-            (o, t.take_actions(), t.take_notices())
+            let authenticated = pending.is_some() && t.queue_authenticated(queue);
+            (o, t.take_actions(), t.take_notices(), authenticated)
         };
+        if let (true, Some((id, access))) = (authenticated, pending) {
+            // Authenticated: from now on the engine serves this queue's I/O itself.
+            if let Some(a) = self.qps.get_mut(&qp) {
+                a.offload_after_auth = None;
+            }
+            if let Err(e) = self.offload(qp, id, access) {
+                // The QP is going away (its disconnect reports it); nothing to bind.
+                tracing::debug!(
+                    qp = qp.as_u64(),
+                    "io{}: offload after auth: {e}",
+                    self.index
+                );
+            }
+        }
         shared.report_notices(notices);
+        // A reservation, PTPL or visibility change reaches the engine (and the PTPL file)
+        // before the host hears the command completed.
+        shared.sync_target_state();
         match outcome {
             Outcome::Complete { cqe, data_len } => self.answer(qp, token, &cqe, data_len),
             Outcome::Deferred => {
@@ -61,8 +82,21 @@ impl<I: IoContext> IoThread<I> {
             Ok(p) => p,
             Err(e) => return self.payload_gone(qp, e),
         };
+        let tls = self.qps.get(&qp).and_then(|a| a.tls.clone());
         let (mut cqe, ok, notices) = {
             let mut t = shared.target();
+            if let Some(p) = tls {
+                // The Connect must be for the host and subsystem the PSK belongs to.
+                t.set_queue_tls(
+                    key,
+                    nvmf::target::TlsPeer {
+                        identity: p.identity,
+                        hostnqn: p.hostnqn,
+                        subnqn: p.subnqn,
+                        generated: p.generated,
+                    },
+                );
+            }
             let (cqe, ok) = t.connect(now, key, &origin, sqe, payload);
             (cqe, ok, t.take_notices())
         };
@@ -93,7 +127,9 @@ impl<I: IoContext> IoThread<I> {
         self.route_or_apply(actions);
     }
 
-    /// Record the queue a successful Connect made, and tell the engine.
+    /// Record the queue a successful Connect made, and tell the engine. An I/O queue that
+    /// must authenticate first is bound to its subsystem only once it has (`execute`):
+    /// until then every command of it reaches the target, which refuses I/O.
     fn bind_queue(&mut self, qp: QpHandle, ok: &ConnectOk) -> Result<(), TaskError> {
         if let Some(a) = self.qps.get_mut(&qp) {
             a.queue = Some(QueueRef {
@@ -105,11 +141,62 @@ impl<I: IoContext> IoThread<I> {
             // A subsystem the target accepted a Connect for is registered with the engine
             // (`subsystems.rs` adds both or neither).
             if let Some(id) = self.shared.subsystems.id(&ok.subnqn) {
-                self.io.qp_add_subsystem(qp, id)?;
+                if ok.authentication_required {
+                    if let Some(a) = self.qps.get_mut(&qp) {
+                        a.offload_after_auth = Some((id, ok.access));
+                    }
+                } else {
+                    self.offload(qp, id, ok.access)?;
+                }
             }
         }
         self.io
             .qp_connect_set_params(qp, ok.qid, ok.sqsize, ok.disable_sq_flow_control)
+    }
+
+    /// Hands a connected (and, where required, authenticated) I/O queue's data path to the
+    /// engine: who its commands come from, for the access views, then its subsystem. The
+    /// key goes first so that no offloaded command is ever checked without it.
+    fn offload(&mut self, qp: QpHandle, id: SubsysId, access: AccessKey) -> Result<(), TaskError> {
+        self.io.qp_set_access(qp, access)?;
+        self.io.qp_add_subsystem(qp, id)
+    }
+
+    /// A TLS handshake ended: remember whose PSK the connection uses (its Connect must be
+    /// for that host and subsystem), or log and count why it failed.
+    pub(super) fn on_tls(&mut self, qp: QpHandle, ok: bool) {
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        match self.io.qp_tls(qp) {
+            Some(Ok(p)) if ok => {
+                tracing::info!(
+                    "{}: TLS 1.3 ({}) with PSK {:?} of host {:?} for subsystem {:?}",
+                    crate::refusals::where_from(c.as_ref()),
+                    p.cipher,
+                    p.identity,
+                    p.hostnqn,
+                    p.subnqn
+                );
+                if let Some(a) = self.qps.get_mut(&qp) {
+                    a.tls = Some(p);
+                }
+            }
+            other => {
+                let why = match other {
+                    Some(Err(e)) => e,
+                    _ => "unknown".to_string(),
+                };
+                let line = format!(
+                    "{}: TLS handshake failed: {why}",
+                    crate::refusals::where_from(c.as_ref())
+                );
+                self.shared.refusals.report(
+                    crate::refusals::TLS_HANDSHAKE_FAILED,
+                    c.and_then(|c| c.peer),
+                    &line,
+                );
+            }
+        }
     }
 
     /// The engine no longer lends the command's payload: its QP is closing (the command

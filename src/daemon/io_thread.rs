@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
 use nvmf::target::{Action, QueueOrigin, QueueRef, Transport};
-use sta::{CmdToken, Event, IoContext, QpHandle, TaskError, TaskKind};
+use sta::{AccessKey, CmdToken, Event, IoContext, QpHandle, SubsysId, TaskError, TaskKind};
 
-use super::shared::{action_key, queue_key, thread_of, Shared, ThreadMsg};
+use super::shared::{queue_key, thread_of, Shared, ThreadMsg};
 use crate::rdma_cm::RdmaMsg;
 use crate::refusals::ConnInfo;
 
@@ -37,6 +37,11 @@ pub(super) struct QpApp {
     pub closed: bool,
     /// Where the connection came in (for Connect).
     pub origin: QueueOrigin,
+    /// An I/O queue that must authenticate first: its subsystem and access key are bound
+    /// to the QP (the engine then serves I/O itself, past the target) only once it has.
+    pub offload_after_auth: Option<(SubsysId, AccessKey)>,
+    /// The TLS PSK's owner, for a queue that came over TLS.
+    pub tls: Option<sta::TlsPeerInfo>,
 }
 
 pub(super) struct IoThread<I: IoContext> {
@@ -117,7 +122,11 @@ impl<I: IoContext> IoThread<I> {
                     return;
                 }
                 let local = sock.local_addr().ok().map(|a| a.ip().to_canonical());
-                match self.io.qp_accept_tcp(sock, 0) {
+                let accepted = match self.shared.listeners.tls(&listener) {
+                    Some(t) => self.io.qp_accept_tcp_tls(sock, 0, &t),
+                    None => self.io.qp_accept_tcp(sock, 0),
+                };
+                match accepted {
                     Ok(qp) => {
                         tracing::debug!(qp = qp.as_u64(), "io{}: accepted {peer}", self.index);
                         let conn = ConnInfo {
@@ -237,6 +246,27 @@ impl<I: IoContext> IoThread<I> {
                 self.held.retain(|_, (h, _)| *h != qp);
                 self.disconnect(qp);
             }
+            Action::Abort {
+                key,
+                cid,
+                abort,
+                abort_cid,
+                ..
+            } => {
+                let qp = self
+                    .qps
+                    .keys()
+                    .copied()
+                    .find(|h| queue_key(self.index, *h) == key);
+                let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
+                tracing::debug!(
+                    "io{}: abort of command {cid} on queue {key:#x}: {}",
+                    self.index,
+                    if aborted { "aborted" } else { "not aborted" }
+                );
+                let actions = self.shared.target().abort_done(abort, abort_cid, aborted);
+                self.route_or_apply(actions);
+            }
         }
     }
 
@@ -261,7 +291,7 @@ impl<I: IoContext> IoThread<I> {
 
     pub fn route_or_apply(&mut self, actions: Vec<Action>) {
         for a in actions {
-            if thread_of(action_key(&a)) == self.index {
+            if thread_of(a.key()) == self.index {
                 self.on_action(a);
             } else {
                 self.shared.route(vec![a]);
@@ -339,6 +369,7 @@ impl<I: IoContext> IoThread<I> {
                 fei,
                 ..
             } => self.report_termination(qp, by_host, icreq, fes, fei),
+            Event::Tls { qp, ok, .. } => self.on_tls(qp, ok),
             Event::TransportError { qp, kind, .. } => {
                 tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
                 self.close_queue(qp);

@@ -4,18 +4,21 @@
 //! with the first of them), whose thread takes their connect requests.
 //!
 //! Other threads need to know which listener a connection came in on (an RDMA connect
-//! request only says its local address): [`ListenerDirectory`] is the read view of the
+//! request only says its local address; a TCP connection on a TLS listener is accepted
+//! with that listener's TLS settings): [`ListenerDirectory`] is the read view of the
 //! collection they use, written only by [`Listeners`].
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nvmf::target::{ListenerInfo, Transport};
 use sta::verbs::VerbsError;
 
 use super::shared::{Shared, ThreadMsg};
-use crate::config::{ListenerConfig, TransportKind};
+use crate::config::{ListenerConfig, TlsMode, TransportKind};
 use crate::rdma_cm::RdmaService;
 use crate::refusals::ConnInfo;
 
@@ -26,6 +29,9 @@ pub(super) const MAX_IO_QUEUES: u16 = 64;
 /// (NVMe/TCP admin queues cost nothing per entry and take up to 4096, see
 /// `nvmf::target::MAX_ADMIN_SQSIZE`).
 const RDMA_ADMIN_QUEUE_DEPTH: u16 = 128;
+/// Longest a host may take for the TLS handshake (a half-open one holds a QP and a
+/// socket).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ListenerError {
@@ -37,6 +43,8 @@ pub(super) enum ListenerError {
     },
     #[error("{0}")]
     Rdma(#[from] VerbsError),
+    #[error("TLS: {0}")]
+    Tls(#[from] nvmf_tls::TlsError),
 }
 
 /// The protocol's description of a configured listener.
@@ -55,12 +63,23 @@ pub(super) fn listener_info(l: &ListenerConfig) -> ListenerInfo {
 #[derive(Default)]
 pub(super) struct ListenerDirectory {
     list: Mutex<Vec<(String, ListenerInfo)>>,
+    /// TLS settings of the TCP listeners that have TLS, by listener name.
+    tls: Mutex<HashMap<String, sta::TlsAccept>>,
 }
 
 impl ListenerDirectory {
     fn entries(&self) -> std::sync::MutexGuard<'_, Vec<(String, ListenerInfo)>> {
         // Plain data: usable even if a thread panicked holding the lock.
         self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tls_entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, sta::TlsAccept>> {
+        self.tls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The TLS settings of TCP listener `name`, if it has TLS.
+    pub fn tls(&self, name: &str) -> Option<sta::TlsAccept> {
+        self.tls_entries().get(name).cloned()
     }
 
     /// The listener of `transport` whose address covers `local` (exact addresses before
@@ -111,6 +130,16 @@ impl Listeners {
         max_queue_depth: u16,
     ) -> Result<(), ListenerError> {
         let addr = SocketAddr::new(l.address, l.port);
+        // TLS is a TCP matter (the config refuses it elsewhere).
+        let tls = match l.tls {
+            TlsMode::None => None,
+            _ if l.transport != TransportKind::Tcp => None,
+            mode => Some(sta::TlsAccept {
+                ctx: nvmf_tls::server_context(shared.psk.clone())?,
+                required: mode == TlsMode::Required,
+                handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+            }),
+        };
         let socket = match l.transport {
             TransportKind::Tcp => {
                 let sock = TcpListener::bind(addr)
@@ -128,6 +157,19 @@ impl Listeners {
             }
         };
         let info = listener_info(l);
+        if l.transport == TransportKind::Tcp {
+            shared.target().set_listener_tls(
+                &info,
+                match &tls {
+                    None => nvmf::target::ListenerTls::None,
+                    Some(t) if t.required => nvmf::target::ListenerTls::Required,
+                    Some(_) => nvmf::target::ListenerTls::Optional,
+                },
+            );
+        }
+        if let Some(t) = tls {
+            shared.listeners.tls_entries().insert(l.name.clone(), t);
+        }
         shared.target().add_listener(info.clone());
         shared
             .listeners
@@ -157,6 +199,7 @@ impl Listeners {
         }
         shared.target().remove_listener(&l.info);
         shared.listeners.entries().retain(|(n, _)| n != name);
+        shared.listeners.tls_entries().remove(name);
         tracing::info!("listener {name} closed");
         true
     }

@@ -13,13 +13,15 @@
 //! - the RDMA CM thread (`crate::rdma_cm`) takes RDMA connect requests and events.
 //!
 //! What they share is in `shared.rs`; the subsystem registry (target and engine, one
-//! place) in `subsystems.rs`.
+//! place) in `subsystems.rs`; host credentials, ANA, referrals and the reservation state
+//! file in the target's terms in `policy.rs`.
 
 mod backends;
 mod commands;
 mod io_thread;
 mod listeners;
 mod main_loop;
+mod policy;
 mod runtime;
 mod shared;
 mod subsystems;
@@ -72,7 +74,8 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
         .context("signalfd")?;
 
     let mut engine = engine;
-    let target = new_target(&engine);
+    let (ptpl, persisted) = policy::open_ptpl(&cfg)?;
+    let target = new_target(&engine, ptpl.is_some());
     let count = cfg.threads.count();
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -81,7 +84,13 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
         senders.push(tx);
         receivers.push(rx);
     }
-    let shared = Arc::new(Shared::new(target, engine.stats(), senders));
+    let shared = Arc::new(Shared::new(
+        target,
+        engine.stats(),
+        engine.access_publisher(),
+        ptpl,
+        senders,
+    ));
     // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
     let _metrics = match cfg.metrics {
         Some(addr) => Some(
@@ -94,7 +103,7 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
 
     // Start-up is the change from nothing to the configuration; at start-up any error
     // is fatal.
-    let mut rt = Runtime::new(&cfg, engine, shared.clone());
+    let mut rt = Runtime::new(&cfg, engine, shared.clone(), persisted);
     let errors = rt.apply(&diff(&rt.cfg, &cfg), &cfg);
     if let Some(first) = errors.first() {
         for t in 0..count {
@@ -103,6 +112,7 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
         bail!("{first}");
     }
     rt.cfg = cfg;
+    rt.drop_unrestored_reservations();
     let listeners = rt.listeners.len();
     tracing::info!("ready: {listeners} listener(s), {count} IO thread(s)");
     crate::notify::status(&format!(
@@ -114,8 +124,9 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
     stop(rt, threads, &stop_reason)
 }
 
-/// The protocol side, sized by what the engine can do.
-fn new_target<E: Engine>(engine: &E) -> Target {
+/// The protocol side, sized by what the engine can do (`ptpl_capable`: reservations can
+/// persist, there is a writable state file).
+fn new_target<E: Engine>(engine: &E, ptpl_capable: bool) -> Target {
     let caps = engine.caps();
     tracing::info!(
         "max I/O size {} KiB (MDTS {}), MAXH2CDATA {} KiB",
@@ -123,7 +134,7 @@ fn new_target<E: Engine>(engine: &E) -> Target {
         (caps.max_io_size / 4096).trailing_zeros(),
         caps.max_h2c_data / 1024
     );
-    Target::new(TargetOptions {
+    let mut target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
         max_io_queues: MAX_IO_QUEUES,
         mdts: (caps.max_io_size / 4096).trailing_zeros() as u8,
@@ -131,7 +142,17 @@ fn new_target<E: Engine>(engine: &E) -> Target {
         max_namespaces: 1024,
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
-    })
+        ptpl_capable,
+        // What the engine runs on the offloaded path (Identify advertises only that).
+        copy_max_bytes: if caps.copy { caps.max_io_size } else { 0 },
+        fused_compare_write: caps.fused_compare_write,
+    });
+    // Challenges and DH private keys come from the kernel's generator (getrandom(2)),
+    // which only fails on kernels older than 3.17 without /dev/urandom.
+    target.set_entropy(Box::new(|buf: &mut [u8]| {
+        getrandom::getrandom(buf).expect("the operating system's random generator failed")
+    }));
+    target
 }
 
 /// The IO threads, running: their handles and how many are still alive.

@@ -8,11 +8,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use backend::Backend;
-use nvmf::target::{Action, ListenerInfo, NamespaceConfig, SubsystemConfig, TargetError};
+use nvmf::target::{
+    Action, ListenerInfo, NamespaceConfig, PersistedReservation, SubsystemConfig, TargetError,
+};
 use sta::{Engine, EngineError, MainEvent, SubsysId};
 
 use super::backends::{open_backend, OpenError};
 use super::listeners::{listener_info, ListenerError, Listeners};
+use super::policy;
 use super::shared::Shared;
 use super::subsystems::RegisterError;
 use crate::config::Config;
@@ -48,6 +51,26 @@ pub(super) enum ApplyError {
         #[source]
         source: TargetError,
     },
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    NamespaceHosts {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("reservations: subsystem {nqn} namespace {nsid}: {source}")]
+    RestoreReservation {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn}: ANA groups: {source}")]
+    AnaGroups {
+        nqn: String,
+        #[source]
+        source: TargetError,
+    },
     #[error("subsystem {nqn} namespace {nsid}: backend {backend} or subsystem unavailable")]
     Unavailable {
         nqn: String,
@@ -80,12 +103,20 @@ pub(super) struct Runtime<E: Engine> {
     pub backends: HashMap<String, Arc<dyn Backend>>,
     pub listeners: Listeners,
     retiring: Vec<Retiring>,
+    /// Reservations read from the PTPL state file at start-up, restored as their
+    /// namespaces are added (before any host can reach them).
+    persisted: Vec<PersistedReservation>,
 }
 
 impl<E: Engine> Runtime<E> {
     /// A runtime serving nothing yet; `cfg` keeps what cannot change without a restart
     /// (IO threads, metrics, max I/O size) and lists no listener, backend or subsystem.
-    pub fn new(cfg: &Config, engine: E, shared: Arc<Shared>) -> Runtime<E> {
+    pub fn new(
+        cfg: &Config,
+        engine: E,
+        shared: Arc<Shared>,
+        persisted: Vec<PersistedReservation>,
+    ) -> Runtime<E> {
         // Every field spelled out (no `..cfg`): a field added to `Config` must be decided
         // here, empty (applied at start-up as a change) or kept (restart-only).
         let empty = Config {
@@ -98,6 +129,10 @@ impl<E: Engine> Runtime<E> {
             engine: cfg.engine,
             doca: cfg.doca.clone(),
             source: cfg.source.clone(),
+            hosts: Vec::new(),
+            // Restart-only: the state file was opened at start-up.
+            reservations: cfg.reservations.clone(),
+            referrals: Vec::new(),
         };
         Runtime {
             cfg: empty,
@@ -106,6 +141,19 @@ impl<E: Engine> Runtime<E> {
             backends: HashMap::new(),
             listeners: Listeners::default(),
             retiring: Vec::new(),
+            persisted,
+        }
+    }
+
+    /// After start-up: reservations of the state file whose namespace is not configured
+    /// any more are dropped, and said so.
+    pub fn drop_unrestored_reservations(&mut self) {
+        for p in std::mem::take(&mut self.persisted) {
+            tracing::warn!(
+                "reservations: subsystem {} namespace {}: not restored; it is no longer configured",
+                p.subnqn,
+                p.nsid
+            );
         }
     }
 
@@ -141,6 +189,12 @@ impl<E: Engine> Runtime<E> {
             }
         }
         self.open_backends(d, &mut errors);
+        if d.auth_changed {
+            // Before any subsystem is added: no host reaches a new subsystem before the
+            // rules that bind it are in place.
+            policy::apply_auth(&self.shared, new);
+        }
+        policy::rebuild_psk_table(&self.shared, new);
         self.add_subsystems(d, new, &mut errors);
         self.add_namespaces(d, &mut errors);
         for (nqn, any, hosts) in &d.hosts_changed {
@@ -148,6 +202,8 @@ impl<E: Engine> Runtime<E> {
             self.shared.route(actions);
             tracing::info!("subsystem {nqn}: host access updated");
         }
+        self.apply_visibility_ana_referrals(d, new, &mut errors);
+        self.shared.sync_target_state();
         for line in &d.restart_required {
             tracing::warn!("needs a restart to take effect: {line}");
         }
@@ -328,14 +384,19 @@ impl<E: Engine> Runtime<E> {
                     nguid: ns.nguid,
                     eui64: ns.eui64,
                     volatile_write_cache: be.volatile_write_cache(),
+                    anagrpid: ns.ana_group,
+                    hosts: ns.hosts.clone(),
                 },
             );
             match r {
-                Ok(()) => tracing::info!(
-                    "subsystem {nqn}: namespace {} on backend {}",
-                    ns.nsid,
-                    ns.backend
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        "subsystem {nqn}: namespace {} on backend {}",
+                        ns.nsid,
+                        ns.backend
+                    );
+                    self.restore_reservation(nqn, ns.nsid, errors);
+                }
                 Err(source) => {
                     errors.push(ApplyError::AddNamespace {
                         nqn: nqn.clone(),
@@ -351,7 +412,78 @@ impl<E: Engine> Runtime<E> {
                     }
                 }
             }
+            // Its access view (visibility, ANA, a restored reservation) reaches the
+            // engine before a host learns of the namespace.
+            self.shared.sync_target_state();
             let actions = self.shared.target().take_actions();
+            self.shared.route(actions);
+        }
+    }
+
+    /// The reservation the state file kept for a namespace just added, if any.
+    fn restore_reservation(&mut self, nqn: &str, nsid: u32, errors: &mut Errors) {
+        let Some(i) = self
+            .persisted
+            .iter()
+            .position(|p| p.subnqn == nqn && p.nsid == nsid)
+        else {
+            return;
+        };
+        let p = self.persisted.swap_remove(i);
+        match self.shared.target().restore_reservation(p) {
+            Ok(()) => tracing::info!("reservations: subsystem {nqn} namespace {nsid}: restored"),
+            Err(source) => errors.push(ApplyError::RestoreReservation {
+                nqn: nqn.to_string(),
+                nsid,
+                source,
+            }),
+        }
+    }
+
+    /// Per-namespace visibility, ANA states (of added subsystems and changed ones; hosts
+    /// on listeners whose state changed get an ANA Change event) and referrals.
+    fn apply_visibility_ana_referrals(
+        &mut self,
+        d: &ConfigDiff,
+        new: &Config,
+        errors: &mut Errors,
+    ) {
+        for (nqn, nsid, hosts) in &d.namespace_hosts_changed {
+            let r = self
+                .shared
+                .target()
+                .set_namespace_hosts(nqn, *nsid, hosts.clone());
+            match r {
+                Ok(actions) => {
+                    self.shared.route(actions);
+                    tracing::info!("subsystem {nqn}: namespace {nsid}: visibility updated");
+                }
+                Err(source) => errors.push(ApplyError::NamespaceHosts {
+                    nqn: nqn.clone(),
+                    nsid: *nsid,
+                    source,
+                }),
+            }
+        }
+        let ana_changes = d
+            .subsystems_added
+            .iter()
+            .filter(|s| !s.ana_groups.is_empty())
+            .map(|s| (s.nqn.clone(), s.ana_groups.clone()))
+            .chain(d.ana_groups_changed.iter().cloned());
+        for (nqn, groups) in ana_changes {
+            let groups = policy::ana_groups(&groups, new);
+            let r = self.shared.target().set_ana_groups(&nqn, groups);
+            match r {
+                Ok(actions) => {
+                    self.shared.route(actions);
+                    tracing::info!("subsystem {nqn}: ANA states applied");
+                }
+                Err(source) => errors.push(ApplyError::AnaGroups { nqn, source }),
+            }
+        }
+        if let Some(refs) = &d.referrals_changed {
+            let actions = self.shared.target().set_referrals(policy::referrals(refs));
             self.shared.route(actions);
         }
     }

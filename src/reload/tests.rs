@@ -198,6 +198,7 @@ fn listener_added_and_removed() {
                 transport: crate::config::TransportKind::Tcp,
                 address: "::1".parse().unwrap(),
                 port: 4420,
+                tls: crate::config::TlsMode::None,
             }],
             ..ConfigDiff::default()
         }
@@ -613,4 +614,46 @@ fn file_backends() {
             img.display()
         )],
     );
+}
+
+/// A namespace's host list changes live (no remove + add); its ANA group does not.
+/// ANA states and referrals change live; the reservation state file needs a restart.
+#[test]
+fn visibility_ana_and_referrals_change_live() {
+    let new = edit(
+        "      - {nsid: 2, backend: ram1}",
+        "      - {nsid: 2, backend: ram1, hosts: [nqn.2026-11.dev.test:h2]}",
+    );
+    let d = from_base(&new);
+    assert!(d.namespaces_removed.is_empty() && d.namespaces_added.is_empty());
+    assert_eq!(
+        d.namespace_hosts_changed,
+        vec![(
+            A.to_string(),
+            2,
+            Some(vec!["nqn.2026-11.dev.test:h2".to_string()])
+        )]
+    );
+    let new = edit(
+        "      - {nsid: 2, backend: ram1}",
+        "      - {nsid: 2, backend: ram1, ana_group: 3}",
+    );
+    let d = from_base(&new);
+    assert_eq!(d.namespaces_removed, vec![(A.to_string(), 2)]);
+    let new = edit(
+        "    listeners: [tcp0, tcp1]\n",
+        "    listeners: [tcp0, tcp1]\n    ana_groups: [{id: 1, states: {tcp0: inaccessible}}]\n",
+    );
+    let d = from_base(&new);
+    assert_eq!(d.ana_groups_changed.len(), 1);
+    assert_eq!(d.ana_groups_changed[0].1[0].states[0].0, "tcp0");
+    assert!(d.restart_required.is_empty());
+    let new = edit(
+        "metrics:\n",
+        "referrals: [{transport: tcp, address: 192.0.2.1, port: 8009}]\nreservations: {state_file: /tmp/x}\nmetrics:\n",
+    );
+    let d = from_base(&new);
+    assert_eq!(d.referrals_changed.as_ref().map(Vec::len), Some(1));
+    assert_eq!(d.restart_required.len(), 1);
+    assert!(d.restart_required[0].starts_with("reservations:"));
 }

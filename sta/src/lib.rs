@@ -3,6 +3,8 @@
 //! - [`contract`]: the traits an engine implements ([`Engine`], [`IoSeed`],
 //!   [`IoContext`]) and the values that cross them (handles, [`Event`], [`MainEvent`],
 //!   [`Caps`], errors). The daemon is written against these alone.
+//! - [`access`]: namespace access views (reservations, ANA, visibility) the application
+//!   publishes and the engine checks on its offloaded path ([`AccessPublisher`]).
 //! - [`stats`]: the counters an engine exposes ([`Stats`]), read at scrape time.
 //! - [`soft`]: the engine that runs the contract on host CPU cores, over NVMe/TCP and
 //!   NVMe/RDMA (any verbs device, Soft-RoCE included), as a shell of sockets, epoll,
@@ -18,6 +20,7 @@
 //! `unsafe` lives in [`verbs`], the `doca` engine (FFI) and the soft engine's RDMA link (C calls, memory the NIC
 //! reads and writes); each of those modules says so at its top.
 
+pub mod access;
 pub mod contract;
 #[cfg(feature = "doca")]
 pub mod doca;
@@ -25,9 +28,11 @@ pub mod soft;
 pub mod stats;
 pub mod verbs;
 
+pub(crate) use access::AccessCell;
+pub use access::{AccessKey, AccessPublisher, NamespaceAccess};
 pub use contract::{
     AcceptError, Caps, CmdToken, Engine, EngineError, Event, IoContext, IoSeed, MainEvent,
-    QpHandle, SubsysId, TaskError, TaskKind, TransportErrorKind,
+    QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo, TransportErrorKind,
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{

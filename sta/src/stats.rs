@@ -42,7 +42,7 @@ impl LatencyTotals {
 
 /// The error statuses counted one by one (everything else is counted as "other"): the
 /// ones the engine and its backends produce. Label, status.
-pub const ERROR_STATUSES: [(&str, Status); 14] = [
+pub const ERROR_STATUSES: [(&str, Status); 18] = [
     ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
     ("invalid_field", Status::INVALID_FIELD),
     ("invalid_opcode", Status::INVALID_OPCODE),
@@ -63,6 +63,10 @@ pub const ERROR_STATUSES: [(&str, Status); 14] = [
     ("write_fault", Status::WRITE_FAULT),
     ("unrecovered_read_error", Status::UNRECOVERED_READ_ERROR),
     ("compare_failure", Status::COMPARE_FAILURE),
+    ("reservation_conflict", Status::RESERVATION_CONFLICT),
+    ("ana_inaccessible", Status::ANA_INACCESSIBLE),
+    ("ana_persistent_loss", Status::ANA_PERSISTENT_LOSS),
+    ("ana_transition", Status::ANA_TRANSITION),
 ];
 
 /// Index into [`ERROR_STATUSES`] (by SCT and SC; DNR does not matter), or its length for

@@ -5,9 +5,11 @@
 //! Page command fields. Supported Log Pages (00h) is 256 dwords with [`LSUPP`] set for
 //! each supported page.
 //!
-//! Not implemented: telemetry, device self-test, persistent event, ANA, reservation
-//! notification, the extended discovery log format (TP8013/8014 ports and referrals
-//! beyond SUBTYPE 1).
+//! The ANA log (0Ch) and the Reservation Notification log (80h) are encoded by
+//! `target::ana` and `target::reservation`.
+//!
+//! Not implemented: telemetry, device self-test, persistent event, the extended discovery
+//! log format (TP8013/8014 ports and referrals beyond SUBTYPE 1).
 
 use super::Sqe;
 use zerocopy::little_endian::{U128, U16, U32, U64};
@@ -21,7 +23,10 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const COMMANDS_EFFECTS: u8 = 0x05;
+    /// Asymmetric Namespace Access.
+    pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
 /// Size of the Supported Log Pages log (LID 00h): 256 four-byte entries.
@@ -264,6 +269,8 @@ pub mod disc {
     pub const TREQ_SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0b00;
     /// TREQ bits 1:0 = 10b: secure channel not required.
     pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
+    /// TREQ bits 1:0 = 01b: secure channel required.
+    pub const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0b01;
     /// TREQ bit 2: SQ flow control disable supported.
     pub const TREQ_DISABLE_SQ_FLOW: u8 = 1 << 2;
     /// EFLAGS bit 0: duplicate returned information; bit 1: explicit persistent
@@ -276,6 +283,8 @@ pub mod disc {
     pub const RDMA_CMS_RDMA_CM: u8 = 1;
     /// TCP SECTYPE: no security.
     pub const TCP_SECTYPE_NONE: u8 = 0;
+    /// TCP SECTYPE: TLS 1.3 (NVMe/TCP Transport Specification, TP 8011).
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
 }
 
 /// RDMA Transport Specific Address Subtype (NVMe-oF 1.1 Figure 33), 256 bytes.
@@ -300,8 +309,18 @@ impl Default for RdmaTsas {
 /// Async event types and information (NVMe Base 2.0 Figures 146-150): the CQE DW0 of a
 /// completed Asynchronous Event Request is type | info << 8 | log page << 16.
 pub mod aen {
+    /// SMART / Health status (type 1h) and its information (Base 2.0 Figure 148).
+    pub const TYPE_SMART_HEALTH: u8 = 1;
+    pub const INFO_RELIABILITY: u8 = 0x00;
+    pub const INFO_TEMPERATURE: u8 = 0x01;
+    pub const INFO_SPARE_BELOW_THRESHOLD: u8 = 0x02;
     pub const TYPE_NOTICE: u8 = 2;
+    /// I/O Command specific status (type 6h).
+    pub const TYPE_IO_COMMAND_SPECIFIC: u8 = 6;
     pub const INFO_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
+    pub const INFO_ANA_CHANGE: u8 = 0x03;
+    /// Type 6h information 00h: Reservation Log Page Available.
+    pub const INFO_RESERVATION_LOG_AVAILABLE: u8 = 0x00;
     pub const INFO_DISCOVERY_LOG_CHANGED: u8 = 0xf0;
     pub fn dw0(event_type: u8, info: u8, log_page: u8) -> u32 {
         event_type as u32 | (info as u32) << 8 | (log_page as u32) << 16

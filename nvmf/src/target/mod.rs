@@ -42,21 +42,46 @@
 //! - Admin: Identify CNS 00h/01h/02h/03h/05h/06h/07h/08h/1Ch; Get Log Page 00h/01h/02h/
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
-//!   Asynchronous Event Request (namespace attribute and discovery log change notices;
-//!   held across a controller reset, as nvmet does); Abort (never aborts).
-//! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
+//!   Asynchronous Event Request (namespace attribute, ANA change, reservation log and
+//!   discovery log change notices, SMART / Health critical warnings of drives behind
+//!   namespaces ([`Target::set_device_health`]), each masked until its log page is read without RAE and
+//!   enabled per Set Features 0Bh; held across a controller reset, as nvmet does); Abort
+//!   (held AERs here; commands of I/O queues through the engine, [`Action::Abort`]).
+//! - Reservations ([`reservation`]): Register, Acquire, Release, Report on I/O queues,
+//!   the Reservation Notification log (80h), features 82h and 83h, PTPL state for the
+//!   caller to persist ([`Target::ptpl_snapshot`], [`Target::restore_reservation`]).
+//! - ANA ([`ana`]): groups per subsystem with a state per listener, the ANA log (0Ch),
+//!   ANA Change events, the Identify fields; always on (group 1 optimized everywhere).
+//! - Per-host namespace visibility and discovery referrals (SUBTYPE 1).
+//! - What the offloaded data path must refuse (reservation conflicts, ANA path states,
+//!   namespaces a host may not see) is published as immutable [`NamespaceAccess`] views
+//!   ([`Target::take_access_updates`]) for the engine to check without a lock.
+//! - I/O commands that are not offloaded: the same checks, then Invalid Namespace /
+//!   Invalid Opcode / Namespace Not Ready answers.
+//! - In-band authentication (DH-HMAC-CHAP): Authentication Send/Receive, ATR in the
+//!   Connect response, Authentication Required until a queue authenticates,
+//!   re-authentication, timeouts, secure channel concatenation (TP 8018) on the target
+//!   side (see [`authn`]).
+//! - TLS: the discovery log's TREQ/TSAS for TLS listeners ([`Target::set_listener_tls`]);
+//!   a queue that came over TLS may only Connect as the host and subsystem its PSK is for
+//!   ([`Target::set_queue_tls`]). The handshake itself is the transport's.
 //!
 //! # Not implemented
 //!
-//! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
-//! reservations, ANA, namespace management/attachment, firmware download/commit, format,
-//! sanitize, self-test, telemetry, saveable features, SMART/temperature events,
-//! I/O command set profiles (Set Features 19h), referrals.
+//! The static controller model, namespace management/attachment, firmware
+//! download/commit, format, sanitize, self-test, telemetry, saveable features,
+//! SMART/temperature events, I/O command set profiles (Set Features 19h).
 
+pub mod access;
 mod admin;
+pub mod ana;
+mod authn;
 mod discovery;
+mod health;
+mod io;
 pub mod refusal;
 pub mod report;
+pub mod reservation;
 #[cfg(test)]
 mod tests;
 
@@ -64,11 +89,16 @@ use crate::spec::fabrics::{
     self, cc, connect_data_offset as data_off, connect_sqe_offset as sqe_off, csts, ConnectCommand,
     ConnectData,
 };
-use crate::spec::log::ErrorInformationEntry;
+use crate::spec::log::{ErrorInformationEntry, SmartLog};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
+pub use access::{AccessKey, NamespaceAccess};
+pub use ana::{AnaGroup, AnaState};
+pub use authn::{Authenticated, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
+use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The well-known discovery subsystem NQN (NVMe Base 2.0 section 4.5).
@@ -91,6 +121,12 @@ const MAX_CNTLID: u16 = 0xffef;
 const ERROR_LOG_ENTRIES: usize = 64;
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 const AER_LIMIT: usize = 4;
+/// Abort commands a controller may have outstanding at once (ACL + 1).
+const ABORT_LIMIT: usize = 4;
+/// Reservation Notification log pages kept per controller (nvmet keeps 64); when more
+/// arrive they are dropped and the Log Page Count jumps by as many, which tells the host
+/// how many it missed.
+const RESERVATION_LOG_LIMIT: usize = 64;
 
 /// Target-wide limits and identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +145,14 @@ pub struct TargetOptions {
     /// stale discovery sessions are cleaned up. 0 disables that.
     pub kato_default_ms: u32,
     pub firmware_revision: String,
+    /// Reservation state can be persisted (a PTPL state file is configured): RESCAP
+    /// advertises Persist Through Power Loss and CPTPL / feature 83h may turn it on.
+    pub ptpl_capable: bool,
+    /// The engine runs Copy (format 0) itself, through one buffer of at most this many
+    /// bytes (0: Copy is not supported; ONCS bit 8 stays clear).
+    pub copy_max_bytes: u32,
+    /// The engine runs fused Compare and Write (FUSES bit 0).
+    pub fused_compare_write: bool,
 }
 
 impl Default for TargetOptions {
@@ -121,6 +165,9 @@ impl Default for TargetOptions {
             max_namespaces: 1024,
             kato_default_ms: 120_000,
             firmware_revision: env!("CARGO_PKG_VERSION").to_string(),
+            ptpl_capable: false,
+            copy_max_bytes: 0,
+            fused_compare_write: false,
         }
     }
 }
@@ -151,6 +198,19 @@ impl ListenerInfo {
             a => a.to_canonical() == local,
         }
     }
+}
+
+/// TLS on a TCP listener, as the discovery log publishes it (TREQ and TSAS SECTYPE).
+/// The handshake itself is the transport's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ListenerTls {
+    /// Plain TCP (SECTYPE none, TREQ "not specified").
+    #[default]
+    None,
+    /// TLS 1.3 or plain TCP (SECTYPE TLS 1.3, TREQ "not required").
+    Optional,
+    /// TLS 1.3 only (SECTYPE TLS 1.3, TREQ "required").
+    Required,
 }
 
 /// Where a queue's transport connection came in. `Default` is "unknown", which only
@@ -187,6 +247,26 @@ pub struct NamespaceConfig {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub volatile_write_cache: bool,
+    /// ANA group (1..=[`ana::ANAGRPMAX`]); 0 means the default group 1.
+    pub anagrpid: u32,
+    /// Host NQNs that see the namespace; `None`: every host of the subsystem.
+    pub hosts: Option<Vec<String>>,
+}
+
+impl NamespaceConfig {
+    pub fn group(&self) -> u32 {
+        if self.anagrpid == 0 {
+            ana::DEFAULT_GROUP
+        } else {
+            self.anagrpid
+        }
+    }
+    /// Whether `hostnqn` sees this namespace.
+    pub fn visible_to(&self, hostnqn: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|h| h.iter().any(|x| x == hostnqn))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -208,6 +288,24 @@ pub enum TargetError {
     DuplicateNamespace(u32),
     #[error("no namespace {0}")]
     UnknownNamespace(u32),
+    #[error("ANA group {0} is out of range (1..={max})", max = ana::ANAGRPMAX)]
+    InvalidAnaGroup(u32),
+}
+
+/// A referral to another discovery service (a SUBTYPE 1 discovery log entry).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Referral {
+    pub transport: Transport,
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// A namespace's reservation state as the PTPL state file keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedReservation {
+    pub subnqn: String,
+    pub nsid: u32,
+    pub state: Reservations,
 }
 
 /// Opaque to nvmf: the transport's name for a queue (thread index, QP handle...).
@@ -233,6 +331,11 @@ pub struct ConnectOk {
     /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
     pub hostnqn: String,
     pub is_discovery: bool,
+    /// The queue must authenticate (DH-HMAC-CHAP) before anything else: ATR was set in
+    /// the Connect response.
+    pub authentication_required: bool,
+    /// Who the queue's commands come from, for the engine's access checks.
+    pub access: AccessKey,
 }
 
 impl ConnectOk {
@@ -270,6 +373,27 @@ pub enum Action {
     },
     /// Tear the queue down (after sending any completion already given for it).
     Disconnect { queue: QueueRef, key: QueueKey },
+    /// Abort command `cid` on the I/O queue `queue` if it has not started (still queued or
+    /// waiting for host data), then report with [`Target::abort_done`] naming `abort`
+    /// (the Abort command's controller and CID, held until then).
+    Abort {
+        queue: QueueRef,
+        key: QueueKey,
+        cid: u16,
+        abort: QueueRef,
+        abort_cid: u16,
+    },
+}
+
+impl Action {
+    /// The queue whose transport must carry this action out.
+    pub fn key(&self) -> QueueKey {
+        match self {
+            Action::CompleteHeld { key, .. }
+            | Action::Disconnect { key, .. }
+            | Action::Abort { key, .. } => *key,
+        }
+    }
 }
 
 /// Live I/O counters of one namespace, for the SMART / Health log.
@@ -303,6 +427,12 @@ struct Subsystem {
     cfg: SubsystemConfig,
     namespaces: BTreeMap<u32, NamespaceConfig>,
     is_discovery: bool,
+    /// Reservation state per namespace (kept while the namespace exists).
+    resv: BTreeMap<u32, Reservations>,
+    ana: ana::AnaTable,
+    /// The drive's own SMART / Health log of namespaces backed by a real drive
+    /// ([`Target::set_device_health`]).
+    device_health: BTreeMap<u32, SmartLog>,
 }
 
 impl Subsystem {
@@ -349,11 +479,77 @@ impl Features {
     }
 }
 
-/// Event kinds that are masked once reported until the host reads their log page.
+/// Event kinds that are masked once reported until the host reads their log page
+/// without RAE (NVMe Base 2.0 section 5.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EventKind {
     NamespaceAttribute,
     DiscoveryLog,
+    AnaChange,
+    ReservationLog,
+    /// SMART / Health status: NVM subsystem reliability, temperature threshold, spare
+    /// below threshold (a drive's critical warnings; module `health`).
+    SmartReliability,
+    SmartTemperature,
+    SmartSpare,
+}
+
+impl EventKind {
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+    /// The completion DW0 of this event.
+    fn dw0(self) -> u32 {
+        use crate::spec::log::{aen, lid};
+        match self {
+            EventKind::NamespaceAttribute => aen::dw0(
+                aen::TYPE_NOTICE,
+                aen::INFO_NS_ATTRIBUTE_CHANGED,
+                lid::CHANGED_NS_LIST,
+            ),
+            EventKind::DiscoveryLog => aen::dw0(
+                aen::TYPE_NOTICE,
+                aen::INFO_DISCOVERY_LOG_CHANGED,
+                lid::DISCOVERY,
+            ),
+            EventKind::AnaChange => aen::dw0(aen::TYPE_NOTICE, aen::INFO_ANA_CHANGE, lid::ANA),
+            EventKind::ReservationLog => aen::dw0(
+                aen::TYPE_IO_COMMAND_SPECIFIC,
+                aen::INFO_RESERVATION_LOG_AVAILABLE,
+                lid::RESERVATION_NOTIFICATION,
+            ),
+            EventKind::SmartReliability => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_RELIABILITY,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartTemperature => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_TEMPERATURE,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartSpare => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_SPARE_BELOW_THRESHOLD,
+                lid::SMART_HEALTH,
+            ),
+        }
+    }
+    /// The Asynchronous Event Configuration bit that enables it (reservation log events
+    /// have none: feature 82h masks them per namespace; SMART events are enabled per
+    /// critical-warning bit, checked where they are raised).
+    fn config_bit(self) -> Option<u32> {
+        use crate::spec::features::async_event_config as c;
+        match self {
+            EventKind::NamespaceAttribute => Some(c::NS_ATTRIBUTE_NOTICES),
+            EventKind::DiscoveryLog => Some(c::DISCOVERY_LOG_CHANGE_NOTICES),
+            EventKind::AnaChange => Some(c::ANA_CHANGE_NOTICES),
+            EventKind::ReservationLog
+            | EventKind::SmartReliability
+            | EventKind::SmartTemperature
+            | EventKind::SmartSpare => None,
+        }
+    }
 }
 
 struct Controller {
@@ -388,12 +584,27 @@ struct Controller {
     aers: VecDeque<u16>,
     /// Event CQE DW0 values waiting for an AER.
     pending_events: VecDeque<u32>,
-    masked_ns_attr: bool,
-    masked_discovery: bool,
+    /// [`EventKind`] bits reported and not yet cleared by reading their log page.
+    masked: u8,
     changed_ns: Vec<u32>,
     changed_ns_overflow: bool,
     error_log: VecDeque<ErrorInformationEntry>,
     error_count: u64,
+    /// Every queue of this controller must authenticate (the host has credentials).
+    auth_required: bool,
+    /// Authentication state per QID.
+    queue_auth: BTreeMap<u16, authn::QueueAuth>,
+    /// Host, host NQN slot and port of this controller, for access checks.
+    access: AccessKey,
+    /// Reservation Notification log pages not read yet, oldest first.
+    resv_log: VecDeque<NotificationEntry>,
+    /// Log Page Count of the last page added (lost ones included).
+    resv_log_count: u64,
+    /// Reservation Notification Mask (feature 82h) per namespace, and for the others.
+    resv_masks: BTreeMap<u32, u32>,
+    resv_mask_default: u32,
+    /// Abort commands held until the engine answers.
+    aborts: usize,
 }
 
 impl Controller {
@@ -428,17 +639,21 @@ impl Controller {
                 key,
             })
     }
-    /// Queues an event for the host unless its kind is masked; completes a held AER
-    /// if there is one.
-    fn raise(&mut self, kind: EventKind, dw0: u32, actions: &mut Vec<Action>) {
-        let masked = match kind {
-            EventKind::NamespaceAttribute => &mut self.masked_ns_attr,
-            EventKind::DiscoveryLog => &mut self.masked_discovery,
-        };
-        if *masked {
+    /// Queues an event for the host unless the host disabled it (Asynchronous Event
+    /// Configuration) or one of its kind is already reported and its log not read yet;
+    /// completes a held AER if there is one.
+    fn raise(&mut self, kind: EventKind, actions: &mut Vec<Action>) {
+        if kind
+            .config_bit()
+            .is_some_and(|b| self.features.async_event_config & b == 0)
+        {
             return;
         }
-        *masked = true;
+        if self.masked & kind.bit() != 0 {
+            return;
+        }
+        self.masked |= kind.bit();
+        let dw0 = kind.dw0();
         match self.aers.pop_front() {
             Some(cid) => actions.push(Action::CompleteHeld {
                 queue: QueueRef {
@@ -478,10 +693,12 @@ impl Controller {
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
+        self.queue_auth.retain(|&qid, _| qid == 0);
         self.ns_error_recovery.clear();
         self.pending_events.clear();
-        self.masked_ns_attr = false;
-        self.masked_discovery = false;
+        self.masked = 0;
+        self.resv_masks.clear();
+        self.resv_mask_default = 0;
         self.features = Features::defaults(max_io_queues);
     }
 }
@@ -558,6 +775,8 @@ pub struct Target {
     opts: TargetOptions,
     /// Listeners with their discovery PORTID, in the order they were added.
     listeners: Vec<(u16, ListenerInfo)>,
+    /// TLS of TCP listeners that have it.
+    listener_tls: std::collections::HashMap<ListenerInfo, ListenerTls>,
     next_portid: u16,
     subsystems: BTreeMap<String, Subsystem>,
     controllers: BTreeMap<u16, Controller>,
@@ -573,6 +792,21 @@ pub struct Target {
     empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
+    /// DH-HMAC-CHAP credentials by host NQN.
+    credentials: BTreeMap<String, Arc<HostCredentials>>,
+    /// Subsystems that refuse hosts without credentials.
+    auth_required_subsystems: BTreeSet<String>,
+    /// Random bytes for authentication (challenges, DH keys).
+    entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
+    /// TLS PSK owners of queues that came over TLS, by transport key.
+    queue_tls: BTreeMap<QueueKey, TlsPeer>,
+    /// Host NQNs interned for access keys (visibility checks compare these numbers).
+    host_slots: BTreeMap<String, u32>,
+    /// Access views built since the last [`Target::take_access_updates`], by namespace.
+    access_updates: BTreeMap<(String, u32), Arc<NamespaceAccess>>,
+    /// Bumped whenever state the PTPL file keeps changes.
+    ptpl_version: u64,
+    referrals: Vec<Referral>,
 }
 
 impl Target {
@@ -592,11 +826,15 @@ impl Target {
                 },
                 namespaces: BTreeMap::new(),
                 is_discovery: true,
+                resv: BTreeMap::new(),
+                ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         Target {
             opts,
             listeners: Vec::new(),
+            listener_tls: std::collections::HashMap::new(),
             next_portid: 1,
             subsystems,
             controllers: BTreeMap::new(),
@@ -607,6 +845,14 @@ impl Target {
             notices_dropped: 0,
             empty_hostnqn_seen: BTreeSet::new(),
             started: None,
+            credentials: BTreeMap::new(),
+            auth_required_subsystems: BTreeSet::new(),
+            entropy: None,
+            queue_tls: BTreeMap::new(),
+            host_slots: BTreeMap::new(),
+            access_updates: BTreeMap::new(),
+            ptpl_version: 0,
+            referrals: Vec::new(),
         }
     }
 
@@ -622,6 +868,17 @@ impl Target {
         self.listeners.push((self.next_portid, l));
         self.next_portid = self.next_portid.wrapping_add(1).max(1);
         self.discovery_changed();
+        // ANA states are per port: views name ports by PORTID.
+        self.publish_all();
+    }
+
+    /// Sets what the discovery log says about a listener's TLS (before or after
+    /// [`Target::add_listener`]); discovery controllers get a log change notice.
+    pub fn set_listener_tls(&mut self, l: &ListenerInfo, tls: ListenerTls) {
+        let old = self.listener_tls.insert(l.clone(), tls).unwrap_or_default();
+        if old != tls {
+            self.discovery_changed();
+        }
     }
 
     /// Removes a listener from the discovery log. Connected queues are the transport's
@@ -631,7 +888,18 @@ impl Target {
         self.listeners.retain(|(_, x)| x != l);
         if self.listeners.len() != before {
             self.discovery_changed();
+            self.publish_all();
         }
+    }
+
+    /// Replaces the discovery referrals (SUBTYPE 1 entries); discovery controllers see a
+    /// new GENCTR and a Discovery Log Change event when they differ.
+    pub fn set_referrals(&mut self, referrals: Vec<Referral>) -> Vec<Action> {
+        if referrals != self.referrals {
+            self.referrals = referrals;
+            self.discovery_changed();
+        }
+        self.take_actions()
     }
 
     pub fn add_subsystem(&mut self, c: SubsystemConfig) -> Result<(), TargetError> {
@@ -662,6 +930,9 @@ impl Target {
                 cfg: c,
                 namespaces: BTreeMap::new(),
                 is_discovery: false,
+                resv: BTreeMap::new(),
+                ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         self.discovery_changed();
@@ -673,9 +944,13 @@ impl Target {
     /// answer until the transport closes them). Unknown NQNs and the discovery subsystem
     /// are ignored.
     pub fn remove_subsystem(&mut self, nqn: &str) -> Vec<Action> {
-        if nqn == DISCOVERY_NQN || self.subsystems.remove(nqn).is_none() {
+        let Some(s) = self.subsystems.remove(nqn).filter(|_| nqn != DISCOVERY_NQN) else {
             return self.take_actions();
+        };
+        if s.resv.values().any(|r| r.ptpl) {
+            self.ptpl_version += 1;
         }
+        self.access_updates.retain(|(n, _), _| n != nqn);
         self.retire_controllers_where(|c| c.subnqn == nqn);
         self.discovery_changed();
         self.take_actions()
@@ -721,22 +996,140 @@ impl Target {
         if ns.num_blocks == 0 {
             return bad("no blocks");
         }
+        if ns.group() > ana::ANAGRPMAX {
+            return bad("ANA group ID out of range");
+        }
         if s.namespaces.contains_key(&nsid) {
             return Err(TargetError::DuplicateNamespace(nsid));
         }
+        let hosts = ns.hosts.clone();
         s.namespaces.insert(nsid, ns);
-        self.namespace_changed(subnqn, nsid);
+        s.resv.insert(nsid, Reservations::default());
+        self.publish(subnqn, nsid);
+        self.namespace_changed(subnqn, nsid, |h| {
+            hosts.as_ref().is_none_or(|l| l.iter().any(|x| x == h))
+        });
         Ok(())
     }
 
     /// Removes a namespace, with the same notifications as [`Target::add_namespace`].
     pub fn remove_namespace(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
         let s = self.user_subsystem_mut(subnqn)?;
-        if s.namespaces.remove(&nsid).is_none() {
+        let Some(old) = s.namespaces.remove(&nsid) else {
+            return Err(TargetError::UnknownNamespace(nsid));
+        };
+        s.device_health.remove(&nsid);
+        if s.resv.remove(&nsid).is_some_and(|r| r.ptpl) {
+            self.ptpl_version += 1;
+        }
+        self.access_updates.remove(&(subnqn.to_string(), nsid));
+        self.namespace_changed(subnqn, nsid, |h| old.visible_to(h));
+        Ok(())
+    }
+
+    /// Changes which hosts see a namespace. Controllers of hosts that gain or lose it
+    /// (and only those) get it in their Changed Namespace List and a Namespace Attribute
+    /// Changed event; the engine gets a new access view.
+    pub fn set_namespace_hosts(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        hosts: Option<Vec<String>>,
+    ) -> Result<Vec<Action>, TargetError> {
+        let s = self.user_subsystem_mut(subnqn)?;
+        let ns = s
+            .namespaces
+            .get_mut(&nsid)
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        let old = ns.clone();
+        ns.hosts = hosts;
+        let new = ns.clone();
+        self.publish(subnqn, nsid);
+        self.namespace_changed(subnqn, nsid, |h| old.visible_to(h) != new.visible_to(h));
+        Ok(self.take_actions())
+    }
+
+    /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
+    /// namespace reported; Get Log Page 02h answers its health fields from it from now on
+    /// (module `health`). Critical-warning bits that were clear and are now set raise the
+    /// SMART / Health event they belong to on each controller of the subsystem that
+    /// enabled that bit (Asynchronous Event Configuration bits 7:0), masked until the
+    /// host reads log 02h without RAE.
+    pub fn set_device_health(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        log: &[u8; 512],
+    ) -> Result<Vec<Action>, TargetError> {
+        use zerocopy::FromBytes;
+        let s = self.user_subsystem_mut(subnqn)?;
+        if !s.namespaces.contains_key(&nsid) {
             return Err(TargetError::UnknownNamespace(nsid));
         }
-        self.namespace_changed(subnqn, nsid);
-        Ok(())
+        // 512 bytes is the structure's size and it has no alignment: this cannot fail.
+        let new = SmartLog::read_from_bytes(&log[..]).unwrap_or_default();
+        let before = s
+            .device_health
+            .get(&nsid)
+            .map_or(0, |old| old.critical_warning);
+        let newly_set = new.critical_warning & !before;
+        s.device_health.insert(nsid, new);
+        if newly_set != 0 {
+            for c in self
+                .controllers
+                .values_mut()
+                .filter(|c| c.subnqn == subnqn && !c.retired && !c.is_discovery)
+            {
+                for (kind, bits) in health::events_for(newly_set) {
+                    if c.features.async_event_config & bits as u32 != 0 {
+                        c.raise(kind, &mut self.actions);
+                    }
+                }
+            }
+        }
+        Ok(self.take_actions())
+    }
+
+    /// Replaces a subsystem's ANA groups. Controllers on listeners where a group's state
+    /// changed get an ANA Change event (if they enabled it); the change count moves; the
+    /// engine gets new access views for the subsystem's namespaces.
+    pub fn set_ana_groups(
+        &mut self,
+        subnqn: &str,
+        groups: Vec<AnaGroup>,
+    ) -> Result<Vec<Action>, TargetError> {
+        if let Some(g) = groups.iter().find(|g| g.id == 0 || g.id > ana::ANAGRPMAX) {
+            return Err(TargetError::InvalidAnaGroup(g.id));
+        }
+        let s = self.user_subsystem_mut(subnqn)?;
+        let changed = s.ana.set(&groups);
+        let groups_in_use: BTreeSet<u32> = s.namespaces.values().map(|n| n.group()).collect();
+        let nsids: Vec<u32> = s.namespaces.keys().copied().collect();
+        for nsid in nsids {
+            self.publish(subnqn, nsid);
+        }
+        for c in self
+            .controllers
+            .values_mut()
+            .filter(|c| c.subnqn == subnqn && !c.retired)
+        {
+            let hit = c.origin.listener.as_ref().is_some_and(|l| {
+                changed
+                    .iter()
+                    .any(|(x, g)| x == l && groups_in_use.contains(g))
+            });
+            if hit {
+                c.raise(EventKind::AnaChange, &mut self.actions);
+            }
+        }
+        Ok(self.take_actions())
+    }
+
+    /// The ANA state of `subnqn`'s group `grpid` on `listener`.
+    pub fn ana_state(&self, subnqn: &str, grpid: u32, listener: &ListenerInfo) -> Option<AnaState> {
+        self.subsystems
+            .get(subnqn)
+            .map(|s| s.ana.state(grpid, Some(listener)))
     }
 
     /// (host NQN, subsystem NQN) of a controller, for log lines.
@@ -767,8 +1160,13 @@ impl Target {
         let cmd = ConnectCommand::from_sqe(sqe);
         match self.try_connect(now, key, origin, sqe, &cmd, data) {
             Ok(ok) => {
+                let atr = if ok.authentication_required {
+                    crate::auth::CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let mut cqe = Cqe {
-                    dw0: ok.cntlid as u32,
+                    dw0: ok.cntlid as u32 | atr,
                     sqid: ok.qid,
                     ..Cqe::success(sqe.cid())
                 };
@@ -778,6 +1176,10 @@ impl Target {
                 (cqe, Some(ok))
             }
             Err(e) => {
+                // A refused queue is closed by the host; nothing to keep for it.
+                if !matches!(e.reason, RefusalReason::AlreadyConnected) {
+                    self.queue_tls.remove(&key);
+                }
                 // What the host said, as far as it can be read, for the log.
                 let d = ConnectData::from_bytes(data);
                 let text = |f: fn(&ConnectData) -> Option<&str>| {
@@ -900,6 +1302,19 @@ impl Target {
                 R::SubsystemNotOnListener,
             ));
         }
+        // A TLS PSK is for one host and one subsystem (its identity names both; TP 8011):
+        // a queue may not use one host's PSK to connect as another.
+        if let Some(peer) = self.queue_tls.get(&key) {
+            if peer.hostnqn != hostnqn || peer.subnqn != subnqn {
+                return Err(ConnectError::data(
+                    Status::CONNECT_INVALID_HOST,
+                    data_off::HOSTNQN,
+                    R::TlsIdentityMismatch {
+                        identity: peer.identity.clone(),
+                    },
+                ));
+            }
+        }
         if !subsys.allows(hostnqn) {
             let reason = if hostnqn.is_empty() {
                 R::EmptyHostNqnNotAllowed
@@ -913,6 +1328,15 @@ impl Target {
             ));
         }
         let is_discovery = subsys.is_discovery;
+        // A queue over TLS with a PSK that DH-HMAC-CHAP generated (secure channel
+        // concatenation) has proven the host already.
+        let generated_tls = self.queue_tls.get(&key).is_some_and(|p| p.generated);
+        let auth_required = !generated_tls
+            && self
+                .auth_needed(subnqn, hostnqn, is_discovery)
+                .map_err(|r| {
+                    ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r)
+                })?;
         let ok = ConnectOk {
             cntlid: 0,
             qid: cmd.qid,
@@ -921,6 +1345,8 @@ impl Target {
             subnqn: subnqn.to_string(),
             hostnqn: hostnqn.to_string(),
             is_discovery,
+            authentication_required: auth_required,
+            access: AccessKey::default(),
         };
         let cntlid = d.cntlid.get();
         if cmd.qid == 0 {
@@ -952,6 +1378,21 @@ impl Target {
                     key,
                 });
             }
+            let next_slot = self.host_slots.len() as u32 + 1;
+            let host = *self
+                .host_slots
+                .entry(hostnqn.to_string())
+                .or_insert(next_slot);
+            let port = origin
+                .listener
+                .as_ref()
+                .and_then(|l| self.listeners.iter().find(|(_, x)| x == l))
+                .map_or(0, |(p, _)| *p);
+            let access = AccessKey {
+                host_id: d.hostid,
+                host,
+                port,
+            };
             let mut ctrl = Controller {
                 cntlid,
                 subnqn: subnqn.to_string(),
@@ -972,16 +1413,30 @@ impl Target {
                 features: Features::defaults(self.opts.max_io_queues),
                 aers: VecDeque::new(),
                 pending_events: VecDeque::new(),
-                masked_ns_attr: false,
-                masked_discovery: false,
+                masked: 0,
                 changed_ns: Vec::new(),
                 changed_ns_overflow: false,
                 error_log: VecDeque::new(),
                 error_count: 0,
+                auth_required,
+                queue_auth: BTreeMap::new(),
+                access,
+                resv_log: VecDeque::new(),
+                resv_log_count: 0,
+                resv_masks: BTreeMap::new(),
+                resv_mask_default: 0,
+                aborts: 0,
             };
+            if auth_required {
+                ctrl.queue_auth.insert(0, authn::QueueAuth::new(now));
+            }
             ctrl.restart_keep_alive(now, &self.opts);
             self.controllers.insert(cntlid, ctrl);
-            return Ok(ConnectOk { cntlid, ..ok });
+            return Ok(ConnectOk {
+                cntlid,
+                access,
+                ..ok
+            });
         }
         if is_discovery {
             return Err(ConnectError::sqe(sqe_off::QID, R::IoQueueOnDiscovery));
@@ -1032,7 +1487,21 @@ impl Target {
             .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
-        Ok(ConnectOk { cntlid, ..ok })
+        // Every queue of a controller that authenticates authenticates (the credentials
+        // may have changed since the admin queue connected: the controller's rule holds),
+        // except over a concatenated secure channel.
+        let authentication_required = ctrl.auth_required && !generated_tls;
+        if authentication_required {
+            ctrl.queue_auth.insert(cmd.qid, authn::QueueAuth::new(now));
+        } else {
+            ctrl.queue_auth.remove(&cmd.qid);
+        }
+        Ok(ConnectOk {
+            cntlid,
+            authentication_required,
+            access: ctrl.access,
+            ..ok
+        })
     }
 
     fn notice(&mut self, n: Notice) {
@@ -1122,6 +1591,31 @@ impl Target {
         if queue.qid != 0 && !ctrl.io_queues.contains_key(&queue.qid) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        if authn::is_auth_command(sqe) {
+            return self.auth_command(now, queue, sqe, data);
+        }
+        // Until the queue has authenticated, nothing but authentication (NVMe Base 2.0
+        // section 8.13.1; nvmet answers the same status).
+        if !ctrl.queue_may_run(queue.qid) {
+            let (key, hostnqn, subnqn) =
+                (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationRequired {
+                    opcode: sqe.opcode(),
+                },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(queue.qid),
+                status: Some(Status::AUTHENTICATION_REQUIRED),
+            }));
+            return Err(Status::AUTHENTICATION_REQUIRED);
+        }
+        let ctrl = self
+            .controllers
+            .get_mut(&queue.cntlid)
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
         if sqe.is_fabrics() {
             return match sqe.fctype() {
                 opcodes::fabrics::PROPERTY_GET if queue.qid == 0 => {
@@ -1141,6 +1635,7 @@ impl Target {
                     // The QID is free at once: a host may connect it again before the
                     // transport has closed this connection.
                     if let Some(key) = ctrl.io_queues.remove(&queue.qid) {
+                        ctrl.queue_auth.remove(&queue.qid);
                         self.actions.push(Action::Disconnect { queue, key });
                     }
                     Reply::ok()
@@ -1154,11 +1649,7 @@ impl Target {
         if queue.qid == 0 {
             admin::execute(self, now, queue.cntlid, sqe, data, counters)
         } else {
-            let subsys = self
-                .subsystems
-                .get(&ctrl.subnqn)
-                .ok_or(Status::INTERNAL_ERROR)?;
-            io_command(subsys, sqe)
+            io::execute(self, queue.cntlid, sqe, data)
         }
     }
 
@@ -1168,9 +1659,14 @@ impl Target {
     /// answer) and destroyed once its last queue is reported closed. Unknown queues
     /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
+        self.queue_tls.remove(&key);
+        let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
             if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
                 c.admin_closed = true;
+                if !c.retired && !c.queue_may_run(0) {
+                    abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
+                }
                 if !c.retired {
                     c.retired = true;
                     c.deadline = None;
@@ -1180,16 +1676,29 @@ impl Target {
                 }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+                c.queue_auth.remove(&queue.qid);
             }
             if c.admin_closed && c.io_queues.is_empty() {
                 self.controllers.remove(&queue.cntlid);
             }
         }
+        if let Some((hostnqn, subnqn)) = abandoned {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationAbandoned,
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(0),
+                status: None,
+            }));
+        }
         self.take_actions()
     }
 
     /// Keep alive: controllers whose KATO expired at `now` are retired (all their queues
-    /// come back as [`Action::Disconnect`], and a [`Notice`] says why). Retired
+    /// come back as [`Action::Disconnect`], and a [`Notice`] says why); so are those with
+    /// a queue that did not authenticate within [`AUTH_TIMEOUT`]. Retired
     /// controllers whose admin queue the transport has not reported closed within
     /// [`RETIRED_LIMIT`] are dropped.
     pub fn poll_timeouts(&mut self, now: Instant) -> Vec<Action> {
@@ -1219,6 +1728,7 @@ impl Target {
             }));
             self.retire_controllers_where(|c| c.cntlid == cntlid);
         }
+        self.poll_auth_timeouts(now);
         for c in self.controllers.values_mut().filter(|c| c.retired) {
             c.retired_since.get_or_insert(now);
         }
@@ -1229,9 +1739,11 @@ impl Target {
         self.take_actions()
     }
 
-    /// The earliest keep-alive deadline (or retirement limit), for the caller's timer.
+    /// The earliest keep-alive or authentication deadline (or retirement limit), for the
+    /// caller's timer.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.controllers
+        let keep_alive = self
+            .controllers
             .values()
             .filter_map(|c| {
                 if c.retired {
@@ -1240,7 +1752,11 @@ impl Target {
                     c.deadline
                 }
             })
-            .min()
+            .min();
+        match (keep_alive, self.next_auth_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Actions produced since the last call (AER completions after namespace changes,
@@ -1273,17 +1789,13 @@ impl Target {
         }
     }
 
-    fn namespace_changed(&mut self, subnqn: &str, nsid: u32) {
-        use crate::spec::log::{aen, lid};
-        let dw0 = aen::dw0(
-            aen::TYPE_NOTICE,
-            aen::INFO_NS_ATTRIBUTE_CHANGED,
-            lid::CHANGED_NS_LIST,
-        );
+    /// Namespace `nsid` changed for the hosts `affected` selects: their controllers get
+    /// it in the Changed Namespace List and a Namespace Attribute Changed event.
+    fn namespace_changed(&mut self, subnqn: &str, nsid: u32, affected: impl Fn(&str) -> bool) {
         for c in self
             .controllers
             .values_mut()
-            .filter(|c| c.subnqn == subnqn && !c.retired)
+            .filter(|c| c.subnqn == subnqn && !c.retired && affected(&c.hostnqn))
         {
             if !c.changed_ns.contains(&nsid) {
                 if c.changed_ns.len() >= crate::spec::identify::NamespaceList::CAPACITY {
@@ -1293,34 +1805,154 @@ impl Target {
                     c.changed_ns.sort_unstable();
                 }
             }
-            if c.features.async_event_config
-                & crate::spec::features::async_event_config::NS_ATTRIBUTE_NOTICES
-                != 0
-            {
-                c.raise(EventKind::NamespaceAttribute, dw0, &mut self.actions);
-            }
+            c.raise(EventKind::NamespaceAttribute, &mut self.actions);
         }
     }
 
     /// The discovery log changed: bump GENCTR, notify discovery controllers that asked.
     fn discovery_changed(&mut self) {
-        use crate::spec::log::{aen, lid};
         self.genctr += 1;
-        let dw0 = aen::dw0(
-            aen::TYPE_NOTICE,
-            aen::INFO_DISCOVERY_LOG_CHANGED,
-            lid::DISCOVERY,
-        );
         for c in self
             .controllers
             .values_mut()
             .filter(|c| c.is_discovery && !c.retired)
         {
-            if c.features.async_event_config
-                & crate::spec::features::async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
-                != 0
+            c.raise(EventKind::DiscoveryLog, &mut self.actions);
+        }
+    }
+
+    /// Builds the access view of one namespace and queues it for the engine.
+    fn publish(&mut self, subnqn: &str, nsid: u32) {
+        let Some(s) = self.subsystems.get(subnqn) else {
+            return;
+        };
+        let Some(ns) = s.namespaces.get(&nsid) else {
+            return;
+        };
+        let visible = ns.hosts.as_ref().map(|hosts| {
+            hosts
+                .iter()
+                .map(|h| {
+                    let next = self.host_slots.len() as u32 + 1;
+                    *self.host_slots.entry(h.clone()).or_insert(next)
+                })
+                .collect()
+        });
+        let ana = self
+            .listeners
+            .iter()
+            .map(|(p, l)| (*p, s.ana.state(ns.group(), Some(l))))
+            .collect();
+        let view = NamespaceAccess::new(visible, ana, s.resv.get(&nsid));
+        self.access_updates
+            .insert((subnqn.to_string(), nsid), Arc::new(view));
+    }
+
+    fn publish_all(&mut self) {
+        let all: Vec<(String, u32)> = self
+            .subsystems
+            .iter()
+            .filter(|(_, s)| !s.is_discovery)
+            .flat_map(|(n, s)| s.namespaces.keys().map(move |id| (n.clone(), *id)))
+            .collect();
+        for (n, id) in all {
+            self.publish(&n, id);
+        }
+    }
+
+    /// Access views built since the last call: hand each to the engine before sending
+    /// the completion of the command that produced it.
+    pub fn take_access_updates(&mut self) -> Vec<(String, u32, Arc<NamespaceAccess>)> {
+        std::mem::take(&mut self.access_updates)
+            .into_iter()
+            .map(|((n, id), v)| (n, id, v))
+            .collect()
+    }
+
+    /// Changes whenever state the PTPL file keeps changes (compare with the last one
+    /// written).
+    pub fn ptpl_version(&self) -> u64 {
+        self.ptpl_version
+    }
+
+    /// The reservation state of every namespace whose PTPL state is on, with the
+    /// version it belongs to.
+    pub fn ptpl_snapshot(&self) -> (u64, Vec<PersistedReservation>) {
+        let mut out = Vec::new();
+        for (nqn, s) in &self.subsystems {
+            for (nsid, r) in s.resv.iter().filter(|(_, r)| r.ptpl) {
+                out.push(PersistedReservation {
+                    subnqn: nqn.clone(),
+                    nsid: *nsid,
+                    state: r.clone(),
+                });
+            }
+        }
+        (self.ptpl_version, out)
+    }
+
+    /// Restores a namespace's reservation state from the PTPL file (at start-up, after
+    /// the namespace was added). The engine gets the new access view.
+    pub fn restore_reservation(&mut self, p: PersistedReservation) -> Result<(), TargetError> {
+        let s = self.user_subsystem_mut(&p.subnqn)?;
+        let r = s
+            .resv
+            .get_mut(&p.nsid)
+            .ok_or(TargetError::UnknownNamespace(p.nsid))?;
+        *r = p.state;
+        self.publish(&p.subnqn, p.nsid);
+        Ok(())
+    }
+
+    /// The engine answered an [`Action::Abort`]: complete the held Abort command with
+    /// DW0 bit 0 clear if the command was aborted, set if it was not.
+    pub fn abort_done(&mut self, abort: QueueRef, abort_cid: u16, aborted: bool) -> Vec<Action> {
+        if let Some(c) = self.controllers.get_mut(&abort.cntlid) {
+            c.aborts = c.aborts.saturating_sub(1);
+            if !c.retired {
+                self.actions.push(Action::CompleteHeld {
+                    queue: QueueRef {
+                        cntlid: abort.cntlid,
+                        qid: 0,
+                    },
+                    key: c.admin_key,
+                    cqe: Cqe {
+                        dw0: (!aborted) as u32,
+                        sqid: 0,
+                        ..Cqe::success(abort_cid)
+                    },
+                });
+            }
+        }
+        self.take_actions()
+    }
+
+    /// Delivers reservation notifications: a log page and an event for every controller
+    /// of each host named, unless that controller masked the kind for the namespace.
+    fn notify_reservation(&mut self, subnqn: &str, nsid: u32, notes: &[reservation::Notify]) {
+        for n in notes {
+            for c in self
+                .controllers
+                .values_mut()
+                .filter(|c| c.subnqn == subnqn && !c.retired && c.hostid == n.host_id)
             {
-                c.raise(EventKind::DiscoveryLog, dw0, &mut self.actions);
+                let mask = c
+                    .resv_masks
+                    .get(&nsid)
+                    .copied()
+                    .unwrap_or(c.resv_mask_default);
+                if mask & n.kind.mask_bit() != 0 {
+                    continue;
+                }
+                c.resv_log_count = c.resv_log_count.wrapping_add(1).max(1);
+                if c.resv_log.len() < RESERVATION_LOG_LIMIT {
+                    c.resv_log.push_back(NotificationEntry {
+                        count: c.resv_log_count,
+                        kind: n.kind as u8,
+                        nsid,
+                    });
+                }
+                c.raise(EventKind::ReservationLog, &mut self.actions);
             }
         }
     }
@@ -1442,28 +2074,4 @@ fn property_set(
         ctrl.csts &= !csts::SHST_MASK;
     }
     Reply::ok()
-}
-
-/// An I/O command the engine did not offload.
-fn io_command(subsys: &Subsystem, sqe: &Sqe) -> Result<Reply, Status> {
-    use opcodes::io;
-    let offloadable = matches!(
-        sqe.opcode(),
-        io::FLUSH | io::WRITE | io::READ | io::COMPARE | io::WRITE_ZEROES | io::DATASET_MANAGEMENT
-    );
-    if !offloadable {
-        return Err(Status::INVALID_OPCODE);
-    }
-    // Flush broadcast (NSID FFFFFFFFh) is advertised as unsupported (VWC bits 2:1 = 10b).
-    let ns = subsys
-        .namespaces
-        .get(&sqe.nsid)
-        .ok_or(Status::INVALID_NAMESPACE)?;
-    if sqe.opcode() == io::FLUSH && !ns.volatile_write_cache {
-        // Nothing volatile to flush.
-        return Reply::ok();
-    }
-    // The engine runs these for attached namespaces; one reaching us means the
-    // namespace is not attached yet (or is going away): the host may retry.
-    Err(Status::NAMESPACE_NOT_READY)
 }

@@ -54,6 +54,8 @@ fn ns(nsid: u32) -> NamespaceConfig {
         nguid: [0x10 + nsid as u8; 16],
         eui64: [0x20 + nsid as u8; 8],
         volatile_write_cache: true,
+        anagrpid: 0,
+        hosts: None,
     }
 }
 
@@ -1962,3 +1964,7 @@ fn listener_covers_its_address_or_wildcard_family() {
     assert!(l("10.1.1.1").covers(ip("::ffff:10.1.1.1")));
     assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }
+
+mod auth;
+mod health;
+mod issue14;

@@ -20,9 +20,10 @@ use nvmf::spec::{Cqe, Sqe};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{check, lib, run_ctx_start, run_ctx_stop, submit, Core};
+use crate::access::AccessKey;
 use crate::contract::{
     AcceptError, CmdToken, EngineError, Event, IoContext, IoSeed, QpHandle, SubsysId, TaskError,
-    TaskKind, TransportErrorKind,
+    TaskKind, TlsAccept, TlsPeerInfo, TransportErrorKind,
 };
 use crate::verbs::{CmId, ConnRequest, RdmaCmEvent};
 
@@ -777,6 +778,20 @@ impl IoContext for DocaIo {
         Err(AcceptError::Unsupported("TCP"))
     }
 
+    fn qp_accept_tcp_tls(
+        &mut self,
+        sock: TcpStream,
+        _user: u64,
+        _tls: &TlsAccept,
+    ) -> Result<QpHandle, AcceptError> {
+        drop(sock);
+        Err(AcceptError::Unsupported("TCP"))
+    }
+
+    fn qp_tls(&mut self, _qp: QpHandle) -> Option<Result<TlsPeerInfo, String>> {
+        None
+    }
+
     fn qp_accept_rdma(
         &mut self,
         mut req: ConnRequest,
@@ -918,6 +933,18 @@ impl IoContext for DocaIo {
             tracing::warn!(qp = qp.as_u64(), "doca: {e}");
             TaskError::BadState
         })
+    }
+
+    /// Accepted and not enforced: `Caps::access_views` is false (DOCA's DPA checks no
+    /// access views).
+    fn qp_set_access(&mut self, qp: QpHandle, _key: AccessKey) -> Result<(), TaskError> {
+        self.qp(qp).map(|_| ()).ok_or(TaskError::NoQp)
+    }
+
+    /// DOCA has no abort: offloaded commands are the DPA's, handed-up ones the
+    /// application's; the spec lets a controller not abort any command.
+    fn cmd_abort(&mut self, _qp: QpHandle, _cid: u16) -> bool {
+        false
     }
 
     fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {

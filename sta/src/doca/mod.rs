@@ -59,6 +59,7 @@ use doca_sys::*;
 
 pub use io::{DocaIo, DocaIoSeed};
 
+use crate::access::AccessPublisher;
 use crate::contract::{Caps, Engine, EngineError, MainEvent, SubsysId};
 use crate::stats::Stats;
 
@@ -210,6 +211,7 @@ pub(crate) struct Core {
     bound: Mutex<BTreeMap<u32, usize>>,
     /// Raw subsystem handles by id, for the IO threads' `qp_add_subsystem`.
     subs_raw: Mutex<BTreeMap<u32, usize>>,
+    access: AccessPublisher,
 }
 
 // SAFETY: the raw pointers are DOCA handles. Main-context calls are made with `state`
@@ -549,6 +551,7 @@ impl Sta {
             inbox: Mutex::new(Vec::new()),
             bound: Mutex::new(BTreeMap::new()),
             subs_raw: Mutex::new(BTreeMap::new()),
+            access: AccessPublisher::default(),
         });
         let mut core = core;
         let started = {
@@ -640,6 +643,11 @@ fn read_caps(sta: *mut doca_sta, cfg: &DocaConfig) -> Result<Caps, EngineError> 
         max_h2c_data: max_io_size,
         tcp: false,
         rdma: true,
+        // DOCA STA has no hook for access views on the DPA, nor Copy or fused
+        // Compare and Write offload (sta::access explains what the daemon does then).
+        access_views: false,
+        copy: false,
+        fused_compare_write: false,
     })
 }
 
@@ -1349,6 +1357,12 @@ impl Engine for Sta {
 
     fn pending_tasks(&self) -> usize {
         lock(&self.core.state).pending
+    }
+
+    /// Views are accepted and never consulted: `Caps::access_views` is false (the DPA
+    /// has no hook for them).
+    fn access_publisher(&self) -> AccessPublisher {
+        self.core.access.clone()
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::{StaIo, StaIoSeed};
 use crate::verbs::{ConnRequest, RdmaCmEvent};
 use crate::{
-    AcceptError, CmdToken, Cqe, EngineError, Event, IoContext, IoSeed, QpHandle, SubsysId,
-    TaskError,
+    AcceptError, AccessKey, CmdToken, Cqe, EngineError, Event, IoContext, IoSeed, QpHandle,
+    SubsysId, TaskError, TlsAccept, TlsPeerInfo,
 };
 
 impl IoSeed for StaIoSeed {
@@ -39,6 +39,17 @@ impl IoContext for StaIo {
     fn qp_accept_tcp(&mut self, sock: TcpStream, user: u64) -> Result<QpHandle, AcceptError> {
         Ok(StaIo::qp_accept_tcp(self, sock, user)?)
     }
+    fn qp_accept_tcp_tls(
+        &mut self,
+        sock: TcpStream,
+        user: u64,
+        tls: &TlsAccept,
+    ) -> Result<QpHandle, AcceptError> {
+        Ok(StaIo::qp_accept_tcp_tls(self, sock, user, tls)?)
+    }
+    fn qp_tls(&mut self, qp: QpHandle) -> Option<Result<TlsPeerInfo, String>> {
+        StaIo::qp_tls(self, qp)
+    }
     fn qp_accept_rdma(
         &mut self,
         req: ConnRequest,
@@ -67,6 +78,12 @@ impl IoContext for StaIo {
         sqflow_disabled: bool,
     ) -> Result<(), TaskError> {
         StaIo::qp_connect_set_params(self, qp, qid, sqsize, sqflow_disabled)
+    }
+    fn qp_set_access(&mut self, qp: QpHandle, key: AccessKey) -> Result<(), TaskError> {
+        StaIo::qp_set_access(self, qp, key)
+    }
+    fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
+        StaIo::cmd_abort(self, qp, cid)
     }
     fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
         StaIo::qp_disconnect(self, qp, user)

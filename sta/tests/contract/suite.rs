@@ -185,6 +185,8 @@ impl<F: Fabric> World<F> {
                     nguid: [2; 16],
                     eui64: [3; 8],
                     volatile_write_cache: false,
+                    anagrpid: 0,
+                    hosts: None,
                 },
             )
             .expect("target namespace");
@@ -390,6 +392,8 @@ impl<F: Fabric> World<F> {
                 self.disconnect(qp);
             }
             Event::Terminated { .. } => {}
+            // The suite accepts no TLS connections.
+            Event::Tls { qp, .. } => panic!("TLS event for plain QP {qp:?}"),
         }
     }
 
@@ -431,6 +435,18 @@ impl<F: Fabric> World<F> {
                         self.disconnect(qp);
                     }
                 }
+                Action::Abort {
+                    key,
+                    cid,
+                    abort,
+                    abort_cid,
+                    ..
+                } => {
+                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
+                    let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
+                    let actions = self.target.abort_done(abort, abort_cid, aborted);
+                    self.apply(actions);
+                }
             }
         }
     }
@@ -463,6 +479,8 @@ impl<F: Fabric> World<F> {
                     a.queue = Some(ok.queue());
                 }
                 if ok.qid > 0 {
+                    // Who the queue's commands come from, before its data path is bound.
+                    self.io.qp_set_access(qp, ok.access).expect("qp_set_access");
                     self.io
                         .qp_add_subsystem(qp, self.subsys)
                         .expect("qp_add_subsystem");
@@ -794,6 +812,11 @@ pub fn stale_handles_are_errors<F: Fabric>(fabric: F) {
     });
     assert_eq!(w.io.qp_disconnect(qp, 999), Err(TaskError::NoQp));
     assert_eq!(w.io.qp_add_subsystem(qp, w.subsys), Err(TaskError::NoQp));
+    assert_eq!(
+        w.io.qp_set_access(qp, Default::default()),
+        Err(TaskError::NoQp)
+    );
+    assert!(!w.io.cmd_abort(qp, 0), "abort on a dead QP");
     assert_eq!(w.io.qp_set_user_data(qp, 1), Err(TaskError::NoQp));
     assert!(w.io.rdma_send(qp, token, &cqe, 999).is_err());
     w.run_for(Duration::from_millis(50));
