@@ -18,6 +18,7 @@
 
 mod backends;
 mod commands;
+mod health;
 mod io_thread;
 mod listeners;
 mod main_loop;
