@@ -130,6 +130,7 @@ impl<E: Engine> Runtime<E> {
             metrics: cfg.metrics,
             max_io_size: cfg.max_io_size,
             engine: cfg.engine,
+            doca: cfg.doca.clone(),
             source: cfg.source.clone(),
             hosts: Vec::new(),
             // Restart-only: the state file was opened at start-up.
