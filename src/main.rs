@@ -13,6 +13,7 @@ mod daemon;
 mod engine;
 mod metrics;
 mod notify;
+mod preflight;
 mod ptpl;
 mod rdma_cm;
 mod refusals;
@@ -66,6 +67,11 @@ enum Cmd {
     /// Ask the running daemon over its control socket (status, subsystems, controllers,
     /// disconnect, reload).
     Ctl(control::client::CtlArgs),
+    /// Check what this machine lacks to serve the config: DOCA libraries and devices, a
+    /// BlueField-3 DPA, RDMA links, IOMMU and VFIO binding of NVMe drives, P2P dma-buf,
+    /// hugepages, memlock. One line per check (OK, FAIL with the fix, SKIP); exit
+    /// status 1 if any check failed.
+    Preflight,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -91,7 +97,7 @@ fn main() -> ExitCode {
     let (cfg, text) = match loaded {
         Ok(cfg) => cfg,
         Err(err) => {
-            report_config_error(&err, cli.check_config);
+            report_config_error(&err, cli.check_config || cli.command.is_some());
             return ExitCode::FAILURE;
         }
     };
@@ -112,6 +118,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Cmd::Preflight) = cli.command {
+        let checks = preflight::run(&cfg, &preflight::System::here());
+        return if preflight::report(&checks) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+
     if cli.check_config {
         println!(
             "config OK: {} subsystems, {} namespaces, {} listeners",

@@ -229,6 +229,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         d.restart_required
             .push(format!("engine: {} -> {}", old.engine, new.engine));
     }
+    if old.doca != new.doca {
+        d.restart_required
+            .push("doca: devices or queue size changed".to_string());
+    }
     if old.metrics != new.metrics {
         let text = |m: Option<std::net::SocketAddr>| m.map_or("off".to_string(), |a| a.to_string());
         d.restart_required.push(format!(

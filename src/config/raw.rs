@@ -26,12 +26,25 @@ pub(super) struct RawConfig {
     pub max_io_size: Option<Spanned<RawSize>>,
     pub engine: Option<Spanned<EngineKind>>,
     pub control: Option<Spanned<super::control::RawControl>>,
+    /// Settings of `engine: doca`.
+    pub doca: Option<Spanned<RawDoca>>,
     /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).
     #[serde(default)]
     pub hosts: Vec<Spanned<RawHost>>,
     pub reservations: Option<Spanned<RawReservations>>,
     #[serde(default)]
     pub referrals: Vec<Spanned<RawReferral>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDoca {
+    /// ibdev name of the STA device (the BlueField function with the DPA).
+    pub sta_device: Spanned<String>,
+    /// ibdev names of the RDMA devices that carry NVMe-oF.
+    pub net_devices: Spanned<Vec<Spanned<String>>>,
+    /// Entries of each backend queue handed to DOCA (power of two).
+    pub be_queue_entries: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

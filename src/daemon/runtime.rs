@@ -132,6 +132,7 @@ impl<E: Engine> Runtime<E> {
             engine: cfg.engine,
             // Restart-only: the socket is bound once, at start-up.
             control: cfg.control.clone(),
+            doca: cfg.doca.clone(),
             source: cfg.source.clone(),
             hosts: Vec::new(),
             // Restart-only: the state file was opened at start-up.
