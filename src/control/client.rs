@@ -485,13 +485,15 @@ pub fn render_controllers(list: &[ControllerInfo]) -> String {
                     format!("{}s", c.kato_ms as f64 / 1000.0)
                 },
                 c.connected_seconds.map_or("-".into(), duration_text),
-                format!(
-                    "{}/{} ({}/{})",
-                    c.io.read_commands,
-                    c.io.write_commands,
-                    bytes_text(c.io.read_bytes),
-                    bytes_text(c.io.write_bytes)
-                ),
+                c.io.as_ref().map_or("-".into(), |io| {
+                    format!(
+                        "{}/{} ({}/{})",
+                        io.read_commands,
+                        io.write_commands,
+                        bytes_text(io.read_bytes),
+                        bytes_text(io.write_bytes)
+                    )
+                }),
                 state.to_string(),
             ]
         })

@@ -283,8 +283,9 @@ pub struct ControllerInfo {
     pub errors: u64,
     /// Admin queue (qid 0) first, then the I/O queues by qid.
     pub queues: Vec<QueueInfo>,
-    /// I/O the engine served on its queues (offloaded commands) since they connected.
-    pub io: ControllerIo,
+    /// I/O the engine served on its queues (offloaded commands) since they connected;
+    /// null when the engine does not count per queue.
+    pub io: Option<ControllerIo>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -277,16 +277,22 @@ fn controllers<E: Engine>(rt: &Runtime<E>) -> Vec<ControllerInfo> {
             };
             let mut queues = vec![queue(0, c.admin_queue)];
             queues.extend(c.io_queues.iter().map(|&(qid, key)| queue(qid, key)));
-            let mut io = ControllerIo::default();
             let keys = std::iter::once(c.admin_queue).chain(c.io_queues.iter().map(|q| q.1));
-            for t in keys.filter_map(|k| per_queue.get(&k)) {
-                io.read_commands += t.read_cmds;
-                io.write_commands += t.write_cmds;
-                io.read_bytes += t.read_bytes;
-                io.write_bytes += t.write_bytes;
-                io.other_commands += t.other_cmds;
-                io.errors += t.errors;
-            }
+            let counted: Vec<&sta::QueueTotals> = keys.filter_map(|k| per_queue.get(&k)).collect();
+            // An engine that counts per QP counts every live one, the admin queue too;
+            // one that does not (none found) gets null rather than zeros.
+            let io = (!counted.is_empty()).then(|| {
+                let mut io = ControllerIo::default();
+                for t in &counted {
+                    io.read_commands += t.read_cmds;
+                    io.write_commands += t.write_cmds;
+                    io.read_bytes += t.read_bytes;
+                    io.write_bytes += t.write_bytes;
+                    io.other_commands += t.other_cmds;
+                    io.errors += t.errors;
+                }
+                io
+            });
             ControllerInfo {
                 cntlid: c.cntlid,
                 subsystem: c.subnqn.clone(),

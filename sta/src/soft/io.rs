@@ -15,7 +15,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nvmf::tcp::ControllerLimits;
 
 use super::cmd::{free_cmd, Core, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
-use super::counters::{bump, StatsRegistry};
+use super::counters::{bump, StatsRegistry, ThreadCounters};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
@@ -68,8 +68,8 @@ impl StaIo {
         ctrl: Receiver<Ctrl>,
         ack: Sender<Ack>,
         stats: Arc<StatsRegistry>,
+        counters: Arc<ThreadCounters>,
     ) -> std::io::Result<StaIo> {
-        let counters = stats.register_thread();
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let now = Instant::now();
         Ok(StaIo {
