@@ -95,12 +95,6 @@ pub(crate) fn detach_device(dev: &Arc<dyn DeviceAccess>) {
     }
 }
 
-/// Drives attached now (tests).
-#[cfg(test)]
-pub(crate) fn attached_devices() -> usize {
-    devices().len()
-}
-
 /// `doca_sta_zmalloc_cb_t`.
 pub(crate) unsafe extern "C" fn zmalloc(size: usize, align: usize, phys: *mut u64) -> *mut c_void {
     if align != 0 && !align.is_power_of_two() {

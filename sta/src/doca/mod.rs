@@ -17,17 +17,19 @@
 //! engine turns the records into [`Event`](crate::Event)s / [`MainEvent`]s after progress returns.
 //!
 //! Backends. DOCA STA drives NVMe queues (`doca_sta_be_add_queue`: SQ/CQ rings and
-//! doorbells of a drive). The nvme backend can already give a queue pair away
-//! (`backend::nvme::OffloadQueue`: rings, BAR0 doorbell window as a dma-buf), but this
-//! engine does not take it yet: that needs the `Backend` trait to hand it over, the BAR
-//! window's mapped address for `doca_mmap_set_dmabuf_memrange`, and the allocator's
-//! memory mapped into the drive's VFIO container. Until then every namespace gets
-//! SPDK's "null" backend of doca-sta-api.md 5.6: engine-allocated
-//! SQ/CQ rings and a 16-byte doorbell area in allocator memory. What serves those rings:
-//! with the workspace's DOCA double loaded, its RAM drive (so a RAM or file namespace
-//! under `engine: doca` is served from the double's memory, not from the configured
-//! backend, whose size and block size only describe it); with NVIDIA's library nothing
-//! would, so [`Sta::ns_add`] refuses a non-NVMe backend there with
+//! doorbells of a drive). An `nvme` namespace gives its drive's own I/O queue pair
+//! ([`Backend::offload_queue`], `backend::nvme::OffloadQueue`): the rings are registered
+//! as mmaps of the driver's DMA memory, the doorbell window of BAR0 as a dma-buf mmap at
+//! its VFIO-mapped address, and the allocator's memory (module `mem`) is mapped into the
+//! drive's VFIO container at IOVA = VA. Without a BAR dma-buf (a stock kernel) NVIDIA's
+//! library cannot reach the doorbells and the namespace is refused with that reason; the
+//! DOCA double is given the CPU mapping instead (`doca_double_mmap_set_bar_memrange`)
+//! and rings the doorbells by stores into it. Any other backend gets SPDK's "null"
+//! backend of doca-sta-api.md 5.6: engine-allocated SQ/CQ rings and a 16-byte doorbell
+//! area in allocator memory. What serves those rings: with the DOCA double loaded, its
+//! RAM drive (so a RAM or file namespace under `engine: doca` is served from the double's
+//! memory, not from the configured backend, whose size and block size only describe it);
+//! with NVIDIA's library nothing would, so [`Sta::ns_add`] refuses it with
 //! [`EngineError::Unsupported`].
 //!
 //! Errors: every failing DOCA call becomes [`EngineError::Library`] naming the call and
