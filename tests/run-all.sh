@@ -80,8 +80,8 @@ NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-ser
 stage "interop: DH-HMAC-CHAP and TLS with the kernel 6.12 host and tlshd (the trixie guest: its own image and boot)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-auth nvmft-tls
 
-stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot)"
-NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio
+stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot), first under the doca engine's double"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-doca-vfio nvmft-vfio
 
 stage "interop: BAR dma-buf export on the patched 6.1 kernel (SKIPPED unless kernel-patches/build.sh ran)"
 tests/interop/run.sh kernel-dmabuf

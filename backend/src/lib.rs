@@ -132,6 +132,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn health_log(&self) -> Option<[u8; 512]> {
         None
     }
+    /// For an offload engine that drives the drive's queues itself (DOCA STA's
+    /// `doca_sta_be_add_queue`): a new I/O queue pair of about `entries` entries with its
+    /// rings and doorbell window ([`nvme::OffloadQueue`]). `None` for backends that are not
+    /// an NVMe drive (RAM, file); `Some(Err)` when the drive cannot give one. Blocking
+    /// (admin commands); call it at namespace add, off the data path.
+    fn offload_queue(&self, _entries: u32) -> Option<Result<nvme::OffloadQueue, Error>> {
+        None
+    }
 }
 
 /// A per-thread queue. Not shared: one IO thread creates it, submits and polls (it is

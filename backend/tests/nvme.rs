@@ -544,6 +544,71 @@ fn offload_queue_hands_out_rings_and_doorbells_an_engine_can_drive() {
 }
 
 #[test]
+fn offload_queue_through_the_backend_trait_with_engine_memory_at_iova_equal_va() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    // The engine sees only `dyn Backend`: RAM and file backends have no queue to give.
+    let ram: Arc<dyn Backend> = backend::RamBackend::new(1 << 20, 512).unwrap();
+    assert!(ram.offload_queue(128).is_none());
+    let dynbe: Arc<dyn Backend> = be.clone();
+    let before = e.io_queues();
+    let mut oq = dynbe
+        .offload_queue(64)
+        .expect("an nvme backend has one")
+        .unwrap();
+    assert_eq!(e.io_queues(), before + 1);
+    assert_eq!(oq.entries, 64);
+    // The emulator's BAR0 is not memory: no address to ring the doorbells at.
+    assert_eq!(oq.doorbell_window_addr(), None);
+    // Engine memory (not an IoBuf, not from the driver's IOVA allocator) at IOVA = VA.
+    let mut engine_mem = vec![0u8; 8192].into_boxed_slice();
+    let va = engine_mem.as_mut_ptr() as usize;
+    engine_mem[..512].copy_from_slice(&pattern(5, 3, 512));
+    oq.map_engine_memory(va, engine_mem.len()).unwrap();
+    // An IOVA inside the driver's own range is refused (it would alias its buffers).
+    let bad = be.controller().device().map_dma_at(va, 4096, 1 << 32);
+    assert!(bad.is_err(), "overlap with the driver's IOVA range refused");
+    let dev = be.controller().device().clone();
+    let mut sqe = spec::Sqe::new(spec::io::WRITE, oq.nsid);
+    sqe.set_cid(7);
+    sqe.set_slba(3);
+    sqe.set_prp(va as u64, 0);
+    let ring = oq.ring_mut().unwrap();
+    ring.push(&sqe);
+    ring.ring_sq(&*dev);
+    let cqe = ring.pop().expect("completion");
+    ring.ring_cq(&*dev);
+    assert!(cqe.status().is_success());
+    assert_eq!(e.read_blocks(1, 3, 1), pattern(5, 3, 512));
+    // Read it back into the second page of engine memory.
+    let mut sqe = spec::Sqe::new(spec::io::READ, oq.nsid);
+    sqe.set_cid(8);
+    sqe.set_slba(3);
+    sqe.set_prp(va as u64 + 4096, 0);
+    let ring = oq.ring_mut().unwrap();
+    ring.push(&sqe);
+    ring.ring_sq(&*dev);
+    assert!(ring.pop().expect("completion").status().is_success());
+    ring.ring_cq(&*dev);
+    assert_eq!(&engine_mem[4096..4608], &pattern(5, 3, 512)[..]);
+    // Unmapped: the drive can no longer reach it (Data Transfer Error, not a write).
+    oq.unmap_engine_memory(va, engine_mem.len());
+    let mut sqe = spec::Sqe::new(spec::io::READ, oq.nsid);
+    sqe.set_cid(9);
+    sqe.set_slba(3);
+    sqe.set_prp(va as u64 + 4096, 0);
+    engine_mem[4096..4608].fill(0);
+    let ring = oq.ring_mut().unwrap();
+    ring.push(&sqe);
+    ring.ring_sq(&*dev);
+    assert!(!ring.pop().expect("completion").status().is_success());
+    ring.ring_cq(&*dev);
+    assert!(engine_mem[4096..4608].iter().all(|&b| b == 0));
+    drop(oq);
+    assert_eq!(e.io_queues(), before);
+}
+
+#[test]
 fn dropping_a_queue_with_stuck_commands_is_bounded() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());

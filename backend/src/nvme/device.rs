@@ -74,6 +74,25 @@ pub trait DeviceAccess: Send + Sync + std::fmt::Debug {
     /// and the platform may take the device away. Called once the driver has failed
     /// everything outstanding.
     fn release(&self) {}
+    /// This process's address of BAR0 byte `off`, when BAR0 is memory-mapped (VFIO with
+    /// an mmap-able BAR); `None` otherwise (the emulator, a BAR reached by pread/pwrite).
+    /// An offload engine registers the doorbell window at this address
+    /// (`doca_mmap_set_dmabuf_memrange` takes the mapped address and the dma-buf).
+    fn bar0_addr(&self, _off: u64) -> Option<usize> {
+        None
+    }
+    /// Makes `len` bytes of host memory at `addr` reachable by the device at the chosen
+    /// IOVA `iova` (an offload engine's ring and buffer memory, whose DMA address the
+    /// engine's allocator has already handed out: IOVA = VA). Refused when the range
+    /// overlaps the IOVAs this device hands out itself. The caller keeps the memory alive
+    /// until [`DeviceAccess::unmap_dma_at`].
+    fn map_dma_at(&self, _addr: usize, _len: usize, _iova: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported(
+            "this device cannot map memory at a chosen IOVA".into(),
+        ))
+    }
+    /// Undoes one [`DeviceAccess::map_dma_at`].
+    fn unmap_dma_at(&self, _iova: u64, _len: usize) {}
     /// Exports a window of BAR0 as a dma-buf for peer-to-peer access by another device
     /// (the offload engine's doorbell path). See `p2p.rs`.
     fn export_bar0_dmabuf(
@@ -98,6 +117,7 @@ pub struct IovaAllocator {
 
 #[derive(Debug)]
 struct IovaInner {
+    base: u64,
     next: u64,
     limit: u64,
     free: HashMap<u64, Vec<u64>>,
@@ -108,6 +128,7 @@ impl IovaAllocator {
     pub fn new(base: u64, limit: u64) -> IovaAllocator {
         IovaAllocator {
             inner: Mutex::new(IovaInner {
+                base,
                 next: base,
                 limit,
                 free: HashMap::new(),
@@ -129,6 +150,13 @@ impl IovaAllocator {
         }
         g.next = end;
         Some(iova)
+    }
+
+    /// Whether `iova..iova + len` meets the range this allocator hands out.
+    pub fn overlaps(&self, iova: u64, len: usize) -> bool {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let end = iova.saturating_add(len as u64);
+        iova < g.limit && end > g.base
     }
 
     pub fn free(&self, iova: u64, len: usize) {

@@ -240,6 +240,10 @@ impl NvmeBackend {
     /// CAP.MQES) handed to an offload engine, with BAR0's doorbell window exported as a
     /// dma-buf where the kernel can (see [`p2p`]). This process does not drive it.
     pub fn offload_queue(self: &Arc<Self>, entries: u32) -> Result<OffloadQueue, Error> {
+        self.make_offload_queue(entries)
+    }
+
+    fn make_offload_queue(&self, entries: u32) -> Result<OffloadQueue, Error> {
         let n = self.ctrl.io_queue_entries(entries);
         let ring = self
             .ctrl
@@ -316,5 +320,9 @@ impl Backend for NvmeBackend {
 
     fn health_log(&self) -> Option<[u8; 512]> {
         self.ctrl.health_log().ok()
+    }
+
+    fn offload_queue(&self, entries: u32) -> Option<Result<OffloadQueue, Error>> {
+        Some(self.make_offload_queue(entries))
     }
 }

@@ -27,6 +27,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::driver::{Controller, Ring};
+use crate::Error;
 
 /// Which kernel interface produced a dma-buf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +150,38 @@ impl OffloadQueue {
             ring: Some(ring),
             ctrl,
         }
+    }
+
+    /// This process's address of the doorbell window (BAR0 memory-mapped through VFIO):
+    /// the address `doca_mmap_set_dmabuf_memrange` takes with the dma-buf, and the one a
+    /// host-CPU double writes the doorbells at. `None` when BAR0 is not memory-mapped
+    /// (the emulated controller, a BAR reached by pread/pwrite).
+    pub fn doorbell_window_addr(&self) -> Option<usize> {
+        self.ctrl
+            .device()
+            .bar0_addr(self.doorbells.window_bar_offset)
+    }
+
+    /// Makes the engine's memory (`len` bytes at `addr`, data buffers and anything its
+    /// commands point at) reachable by this drive at IOVA = `addr`, the address the
+    /// engine's allocator reports as the DMA address. Undo with
+    /// [`OffloadQueue::unmap_engine_memory`] before the memory is freed.
+    pub fn map_engine_memory(&self, addr: usize, len: usize) -> Result<(), Error> {
+        self.ctrl
+            .device()
+            .map_dma_at(addr, len, addr as u64)
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "nvme {}: cannot map offload engine memory {addr:#x}+{len:#x} for the \
+                     drive: {e}",
+                    self.ctrl.device().name()
+                ))
+            })
+    }
+
+    /// Undoes one [`OffloadQueue::map_engine_memory`].
+    pub fn unmap_engine_memory(&self, addr: usize, len: usize) {
+        self.ctrl.device().unmap_dma_at(addr as u64, len);
     }
 
     /// The ring memory and doorbells, for a test double that plays the engine in this

@@ -532,6 +532,26 @@ impl DeviceAccess for VfioDevice {
         self.iova.free(iova, len);
     }
 
+    fn bar0_addr(&self, off: u64) -> Option<usize> {
+        match self.bar {
+            Bar::Mapped { base, len } if (off as usize) < len => Some(base + off as usize),
+            _ => None,
+        }
+    }
+
+    fn map_dma_at(&self, addr: usize, len: usize, iova: u64) -> Result<(), DeviceError> {
+        if len == 0 || self.iova.overlaps(iova, len) {
+            return Err(DeviceError::Invalid(format!(
+                "IOVA {iova:#x}+{len:#x} is empty or overlaps the driver's own IOVA range"
+            )));
+        }
+        self.dma_map(addr as u64, iova, len as u64)
+    }
+
+    fn unmap_dma_at(&self, iova: u64, len: usize) {
+        dma_unmap(&self.container, iova, len as u64);
+    }
+
     fn removal_requested(&self) -> bool {
         if self.removal.load(Ordering::Relaxed) {
             return true;

@@ -374,7 +374,7 @@ pub unsafe extern "C" fn doca_mmap_create(m: *mut *mut doca_mmap) -> doca_error_
     )
 }
 
-fn configurable(w: &mut World, m: *mut doca_mmap) -> Res<u64> {
+pub(crate) fn configurable(w: &mut World, m: *mut doca_mmap) -> Res<u64> {
     let (id, x) = w.mmap(m)?;
     if x.started {
         return broken(

@@ -239,3 +239,35 @@ pub unsafe extern "C" fn doca_double_set_be_timeout_ms(
         })(),
     )
 }
+
+/// `doca_double_mmap_set_bar_memrange`: a device BAR window mapped in this process (a
+/// VFIO mmap of an NVMe drive's BAR0) registered as device memory without a dma-buf. For
+/// kernels that cannot export a BAR as a dma-buf (no `VFIO_DEVICE_FEATURE_DMA_BUF`): the
+/// double's "device" is host code, so it rings the doorbells with CPU stores into the
+/// mapping, where DOCA on a BlueField would need the dma-buf for a peer-to-peer write.
+/// The queue is then left to the device behind it, as with a dma-buf range.
+#[no_mangle]
+pub unsafe extern "C" fn doca_double_mmap_set_bar_memrange(
+    m: *mut doca_mmap,
+    addr: *mut c_void,
+    len: usize,
+) -> doca_error_t {
+    finish(
+        "doca_double_mmap_set_bar_memrange",
+        (|| {
+            let mut w = world();
+            let id = crate::core_api::configurable(&mut w, m)?;
+            if addr.is_null() || len == 0 {
+                return broken(
+                    &contract::NULL_ARG,
+                    "BAR range with a NULL address or zero length",
+                );
+            }
+            let x = w.mmaps.get_mut(&id).expect("live");
+            x.addr = addr as usize;
+            x.len = len;
+            x.dmabuf = true;
+            Ok(())
+        })(),
+    )
+}

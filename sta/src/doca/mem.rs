@@ -6,11 +6,12 @@
 //! the device's container; this allocator's IOVA is the virtual address (SPDK's
 //! `iova-mode va`), for every byte of an allocation (one contiguous run, which DOCA
 //! requires). Memory not from this allocator has no IOVA (`DOCA_STA_VTOPHYS_ERROR`).
-//! What is not done yet: mapping this memory into the VFIO container of each NVMe drive
-//! handed to DOCA (at IOVA = VA; the nvme backend's own buffers use IOVAs from 4 GiB to
-//! 512 GiB, below any user-space address, so the two cannot collide). Until then only
-//! DOCA's own devices (and the double) use these addresses, which is all the null backend
-//! needs. Without an IOMMU a device would need physical addresses; not supported.
+//! NVMe drives whose queues are handed to DOCA ([`attach_device`]) must reach this memory
+//! too (DOCA writes these addresses into the drive's commands): every allocation, past and
+//! future, is mapped into each attached drive's VFIO container at IOVA = VA. The nvme
+//! backend's own buffers use IOVAs from 4 GiB to 512 GiB (1 TiB on the emulator), below
+//! user-space heap and mmap addresses, and the device refuses an overlapping mapping.
+//! Without an IOMMU a device would need physical addresses; not supported.
 //!
 //! Pinning: every allocation is `mlock`ed. With NVIDIA's library a failed `mlock` fails
 //! the allocation (DOCA then reports `DOCA_ERROR_NO_MEMORY`; raise `LimitMEMLOCK`); with
@@ -20,8 +21,9 @@ use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use backend::nvme::DeviceAccess;
 use doca_sys::DOCA_STA_VTOPHYS_ERROR;
 
 const PAGE: usize = 4096;
@@ -29,6 +31,68 @@ const PAGE: usize = 4096;
 fn allocations() -> std::sync::MutexGuard<'static, BTreeMap<usize, Layout>> {
     static A: Mutex<BTreeMap<usize, Layout>> = Mutex::new(BTreeMap::new());
     A.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A drive that must reach the allocator's memory, and how many backend queues use it.
+struct Attached {
+    dev: Arc<dyn DeviceAccess>,
+    users: usize,
+}
+
+/// Lock order: `allocations()` first, then this.
+fn devices() -> std::sync::MutexGuard<'static, Vec<Attached>> {
+    static D: Mutex<Vec<Attached>> = Mutex::new(Vec::new());
+    D.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn same(a: &Arc<dyn DeviceAccess>, b: &Arc<dyn DeviceAccess>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
+/// Map every allocation (now and later) into `dev` at IOVA = VA, once per device however
+/// many backend queues attach it; undone by as many [`detach_device`] calls.
+pub(crate) fn attach_device(dev: &Arc<dyn DeviceAccess>) -> Result<(), String> {
+    let a = allocations();
+    let mut d = devices();
+    if let Some(x) = d.iter_mut().find(|x| same(&x.dev, dev)) {
+        x.users += 1;
+        return Ok(());
+    }
+    let mut done = Vec::new();
+    for (&p, l) in a.iter() {
+        if let Err(e) = dev.map_dma_at(p, l.size(), p as u64) {
+            for (q, n) in done {
+                dev.unmap_dma_at(q as u64, n);
+            }
+            return Err(format!(
+                "cannot map DOCA allocator memory {p:#x}+{:#x} for drive {}: {e}",
+                l.size(),
+                dev.name()
+            ));
+        }
+        done.push((p, l.size()));
+    }
+    d.push(Attached {
+        dev: Arc::clone(dev),
+        users: 1,
+    });
+    Ok(())
+}
+
+/// Undo one [`attach_device`]; the last one unmaps every allocation from the drive.
+pub(crate) fn detach_device(dev: &Arc<dyn DeviceAccess>) {
+    let a = allocations();
+    let mut d = devices();
+    let Some(i) = d.iter().position(|x| same(&x.dev, dev)) else {
+        return;
+    };
+    d[i].users -= 1;
+    if d[i].users == 0 {
+        let x = d.remove(i);
+        for (&p, l) in a.iter() {
+            x.dev.unmap_dma_at(p as u64, l.size());
+        }
+    }
 }
 
 /// `doca_sta_zmalloc_cb_t`.
@@ -70,7 +134,29 @@ pub(crate) unsafe extern "C" fn zmalloc(size: usize, align: usize, phys: *mut u6
             );
         }
     }
-    allocations().insert(p as usize, l);
+    {
+        let mut a = allocations();
+        let d = devices();
+        for (i, x) in d.iter().enumerate() {
+            if let Err(e) = x.dev.map_dma_at(p as usize, l.size(), p as u64) {
+                tracing::error!(
+                    "doca: cannot map {} bytes of DOCA memory for drive {}: {e}",
+                    l.size(),
+                    x.dev.name()
+                );
+                for y in &d[..i] {
+                    y.dev.unmap_dma_at(p as u64, l.size());
+                }
+                // SAFETY: the range we just allocated and pinned; nothing else has it.
+                unsafe {
+                    libc::munlock(p as *const c_void, l.size());
+                    std::alloc::dealloc(p, l);
+                }
+                return std::ptr::null_mut();
+            }
+        }
+        a.insert(p as usize, l);
+    }
     if !phys.is_null() {
         // SAFETY: DOCA's out pointer.
         unsafe { phys.write(p as u64) };
@@ -83,9 +169,16 @@ pub(crate) unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    let Some(l) = allocations().remove(&(p as usize)) else {
-        tracing::error!("doca: free of memory the allocator did not hand out");
-        return;
+    let l = {
+        let mut a = allocations();
+        let Some(l) = a.remove(&(p as usize)) else {
+            tracing::error!("doca: free of memory the allocator did not hand out");
+            return;
+        };
+        for x in devices().iter() {
+            x.dev.unmap_dma_at(p as u64, l.size());
+        }
+        l
     };
     // SAFETY: allocated by `zmalloc` with this layout, unused by DOCA from now on.
     unsafe {

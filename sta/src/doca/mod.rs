@@ -17,17 +17,19 @@
 //! engine turns the records into [`Event`](crate::Event)s / [`MainEvent`]s after progress returns.
 //!
 //! Backends. DOCA STA drives NVMe queues (`doca_sta_be_add_queue`: SQ/CQ rings and
-//! doorbells of a drive). The nvme backend can already give a queue pair away
-//! (`backend::nvme::OffloadQueue`: rings, BAR0 doorbell window as a dma-buf), but this
-//! engine does not take it yet: that needs the `Backend` trait to hand it over, the BAR
-//! window's mapped address for `doca_mmap_set_dmabuf_memrange`, and the allocator's
-//! memory mapped into the drive's VFIO container. Until then every namespace gets
-//! SPDK's "null" backend of doca-sta-api.md 5.6: engine-allocated
-//! SQ/CQ rings and a 16-byte doorbell area in allocator memory. What serves those rings:
-//! with the workspace's DOCA double loaded, its RAM drive (so a RAM or file namespace
-//! under `engine: doca` is served from the double's memory, not from the configured
-//! backend, whose size and block size only describe it); with NVIDIA's library nothing
-//! would, so [`Sta::ns_add`] refuses a non-NVMe backend there with
+//! doorbells of a drive). An `nvme` namespace gives its drive's own I/O queue pair
+//! ([`Backend::offload_queue`], `backend::nvme::OffloadQueue`): the rings are registered
+//! as mmaps of the driver's DMA memory, the doorbell window of BAR0 as a dma-buf mmap at
+//! its VFIO-mapped address, and the allocator's memory (module `mem`) is mapped into the
+//! drive's VFIO container at IOVA = VA. Without a BAR dma-buf (a stock kernel) NVIDIA's
+//! library cannot reach the doorbells and the namespace is refused with that reason; the
+//! DOCA double is given the CPU mapping instead (`doca_double_mmap_set_bar_memrange`)
+//! and rings the doorbells by stores into it. Any other backend gets SPDK's "null"
+//! backend of doca-sta-api.md 5.6: engine-allocated SQ/CQ rings and a 16-byte doorbell
+//! area in allocator memory. What serves those rings: with the DOCA double loaded, its
+//! RAM drive (so a RAM or file namespace under `engine: doca` is served from the double's
+//! memory, not from the configured backend, whose size and block size only describe it);
+//! with NVIDIA's library nothing would, so [`Sta::ns_add`] refuses it with
 //! [`EngineError::Unsupported`].
 //!
 //! Errors: every failing DOCA call becomes [`EngineError::Library`] naming the call and
@@ -130,14 +132,19 @@ pub(crate) struct NetDev {
     pub dev: *mut doca_dev,
 }
 
-/// One namespace's null backend (doca-sta-api.md 5.6): a backend object and one queue
-/// whose rings and doorbells are allocator memory.
+/// One namespace's backend (doca-sta-api.md 5.6): a backend object and one queue, either
+/// a drive's I/O queue pair (`drive`) or the null backend's rings and doorbells in
+/// allocator memory (`mem`).
 struct BeQueue {
     be: *mut doca_sta_be_handle,
     /// NULL once destroyed by its task.
     beq: *mut doca_sta_be_q_handle,
     mmaps: Vec<*mut doca_mmap>,
     mem: Vec<*mut c_void>,
+    /// The drive's queue pair handed to DOCA (an `nvme` namespace).
+    drive: Option<backend::nvme::OffloadQueue>,
+    /// The drive whose VFIO container maps the allocator's memory (`mem::attach_device`).
+    attached: Option<Arc<dyn backend::nvme::DeviceAccess>>,
 }
 
 struct Ns {
@@ -1036,6 +1043,9 @@ fn free_backend(be: BeQueue) {
              memory are left allocated",
             be.mmaps.len()
         );
+        // The drive's queue pair and the memory mappings stay too: DOCA may still use them.
+        std::mem::forget(be.drive);
+        std::mem::forget(be.attached);
         return;
     }
     // SAFETY: the queue was destroyed by its task (or never made); nothing uses these
@@ -1046,6 +1056,12 @@ fn free_backend(be: BeQueue) {
                 tracing::error!("doca: {e}");
             }
         }
+        // The queue is gone from DOCA: the drive no longer needs our memory, and the
+        // queue pair goes back to the drive (its CQ zeroed, deleted; p2p.rs).
+        if let Some(dev) = &be.attached {
+            mem::detach_device(dev);
+        }
+        drop(be.drive);
         if !be.be.is_null() {
             if let Err(e) = check("doca_sta_be_destroy", (d.doca_sta_be_destroy)(be.be)) {
                 tracing::error!("doca: {e}");
@@ -1057,9 +1073,200 @@ fn free_backend(be: BeQueue) {
     }
 }
 
+/// An mmap on the STA device over `len` bytes of host memory at `p`.
+///
+/// # Safety
+/// `p..p + len` stays valid until the mmap is destroyed.
+unsafe fn host_mmap(
+    core: &Core,
+    p: *mut c_void,
+    len: usize,
+) -> Result<*mut doca_mmap, EngineError> {
+    let d = lib();
+    let mut m = std::ptr::null_mut();
+    // SAFETY: DOCA calls on an mmap we create here, on the live STA device; the range is
+    // valid for the mmap's life (the caller's contract).
+    unsafe {
+        check("doca_mmap_create", (d.doca_mmap_create)(&mut m))?;
+        let r = (|| {
+            check("doca_mmap_add_dev", (d.doca_mmap_add_dev)(m, core.sta_dev))?;
+            check(
+                "doca_mmap_set_memrange",
+                (d.doca_mmap_set_memrange)(m, p, len),
+            )?;
+            check(
+                "doca_mmap_set_permissions",
+                (d.doca_mmap_set_permissions)(m, DOCA_ACCESS_FLAG_LOCAL_READ_WRITE),
+            )?;
+            check("doca_mmap_start", (d.doca_mmap_start)(m))
+        })();
+        if let Err(e) = r {
+            (d.doca_mmap_destroy)(m);
+            return Err(e);
+        }
+    }
+    Ok(m)
+}
+
+/// A namespace's backend: the drive's own I/O queue pair for an `nvme` namespace
+/// ([`Backend::offload_queue`]), the null backend for anything else. Returns it and the
+/// namespace ID on the backend (`be_nsid` of `doca_sta_subsystem_add_ns`).
+fn make_backend(
+    core: &Core,
+    entries: u16,
+    backend: &dyn Backend,
+) -> Result<(BeQueue, u32), EngineError> {
+    match backend.offload_queue(u32::from(entries)) {
+        None => {
+            if !lib().is_double() {
+                return Err(EngineError::Unsupported(format!(
+                    "the doca engine offloads to NVMe drives only (doca_sta_be_add_queue \
+                     takes a drive's queues); backend {} is not one, and nothing would serve \
+                     a null backend's rings on a BlueField",
+                    backend.describe()
+                )));
+            }
+            // The null backend's only namespace; SPDK counts from 1.
+            Ok((make_null_backend(core, entries)?, 1))
+        }
+        Some(Err(e)) => Err(EngineError::Unsupported(format!(
+            "{}: no I/O queue pair for DOCA STA: {e}",
+            backend.describe()
+        ))),
+        Some(Ok(q)) => {
+            let nsid = q.nsid;
+            Ok((make_drive_backend(core, q, &backend.describe())?, nsid))
+        }
+    }
+}
+
+/// doca-sta-api.md 5.6 for a drive: the SQ and CQ rings (host DMA memory the driver
+/// allocated) as mmaps on the STA device, the doorbell window of BAR0 as a dma-buf mmap,
+/// `doca_sta_be_add_queue` with the doorbells' offsets in that window, and the
+/// allocator's memory mapped for the drive (DOCA's commands point at it).
+fn make_drive_backend(
+    core: &Core,
+    q: backend::nvme::OffloadQueue,
+    what: &str,
+) -> Result<BeQueue, EngineError> {
+    let d = lib();
+    let window_va = q.doorbell_window_addr().ok_or_else(|| {
+        EngineError::Unsupported(format!(
+            "{what}: BAR0 is not memory-mapped in this process (an emulated controller, or \
+             VFIO without an mmap-able BAR0), so the doorbells have no address to register"
+        ))
+    })?;
+    let db = &q.doorbells;
+    // Which way the doorbell window is registered: the dma-buf (DOCA's only way); with the
+    // double and no dma-buf, the CPU mapping itself (the double rings by CPU stores).
+    let dmabuf = match (&db.dmabuf, db.window_dmabuf_offset()) {
+        (Some(x), Some(off)) => Some((std::os::fd::AsRawFd::as_raw_fd(&x.fd), off)),
+        _ => None,
+    };
+    type BarRange = unsafe extern "C" fn(*mut doca_mmap, *mut c_void, usize) -> doca_error_t;
+    let bar_range: Option<BarRange> = if dmabuf.is_none() {
+        let f = double_fn::<BarRange>(b"doca_double_mmap_set_bar_memrange\0");
+        if f.is_none() {
+            return Err(EngineError::Unsupported(format!(
+                "{what}: the kernel cannot export the drive's BAR0 as a dma-buf ({}); DOCA \
+                 STA rings the drive's doorbells by PCIe peer-to-peer through one. It needs \
+                 VFIO_DEVICE_FEATURE_DMA_BUF (upstream) or NVIDIA's patched kernel \
+                 (VFIO_DEVICE_P2P_DMA_BUF); see kernel-patches/README.md",
+                db.dmabuf_error.as_deref().unwrap_or("no dma-buf")
+            )));
+        }
+        tracing::warn!(
+            "doca: {what}: no BAR0 dma-buf ({}); the DOCA double rings the doorbells through \
+             the VFIO mapping instead (NVIDIA's library could not)",
+            db.dmabuf_error.as_deref().unwrap_or("no dma-buf")
+        );
+        f
+    } else {
+        None
+    };
+    let dev = Arc::clone(q.controller().device());
+    let mut be = BeQueue {
+        be: std::ptr::null_mut(),
+        beq: std::ptr::null_mut(),
+        mmaps: Vec::new(),
+        mem: Vec::new(),
+        drive: None,
+        attached: None,
+    };
+    let (sq, cq) = (q.sq, q.cq);
+    let (sq_off, cq_off, wlen) = (db.sq_tail_offset, db.cq_head_offset, db.window_len);
+    be.drive = Some(q);
+    let r = (|| {
+        mem::attach_device(&dev).map_err(|e| EngineError::Unsupported(format!("{what}: {e}")))?;
+        be.attached = Some(Arc::clone(&dev));
+        // SAFETY: a live running main context and valid out pointers; the rings are the
+        // drive queue's DMA memory and the window its BAR0 mapping, both owned by
+        // `be.drive` until `free_backend` (after the mmaps are destroyed).
+        unsafe {
+            check(
+                "doca_sta_be_create",
+                (d.doca_sta_be_create)(core.sta, &mut be.be),
+            )?;
+            be.mmaps
+                .push(host_mmap(core, sq.host_addr as *mut c_void, sq.bytes)?);
+            be.mmaps
+                .push(host_mmap(core, cq.host_addr as *mut c_void, cq.bytes)?);
+            let mut m = std::ptr::null_mut();
+            check("doca_mmap_create", (d.doca_mmap_create)(&mut m))?;
+            be.mmaps.push(m);
+            check("doca_mmap_add_dev", (d.doca_mmap_add_dev)(m, core.sta_dev))?;
+            match (dmabuf, bar_range) {
+                (Some((fd, off)), _) => check(
+                    "doca_mmap_set_dmabuf_memrange",
+                    (d.doca_mmap_set_dmabuf_memrange)(
+                        m,
+                        fd,
+                        window_va as *mut c_void,
+                        off as usize,
+                        wlen as usize,
+                    ),
+                )?,
+                (None, Some(f)) => check(
+                    "doca_double_mmap_set_bar_memrange",
+                    f(m, window_va as *mut c_void, wlen as usize),
+                )?,
+                (None, None) => unreachable!("checked above"),
+            }
+            check(
+                "doca_mmap_set_permissions",
+                (d.doca_mmap_set_permissions)(
+                    m,
+                    DOCA_ACCESS_FLAG_LOCAL_READ_WRITE | DOCA_ACCESS_FLAG_PCI_RELAXED_ORDERING,
+                ),
+            )?;
+            check("doca_mmap_start", (d.doca_mmap_start)(m))?;
+            check(
+                "doca_sta_be_add_queue",
+                (d.doca_sta_be_add_queue)(
+                    be.be,
+                    be.mmaps[0],
+                    be.mmaps[2],
+                    sq_off,
+                    be.mmaps[1],
+                    be.mmaps[2],
+                    cq_off,
+                    &mut be.beq,
+                ),
+            )
+        }
+    })();
+    match r {
+        Ok(()) => Ok(be),
+        Err(e) => {
+            free_backend(be);
+            Err(e)
+        }
+    }
+}
+
 /// The null backend of doca-sta-api.md 5.6: SQ and CQ rings of `entries` and a 16-byte
 /// doorbell area (SQ tail at 0, CQ head at 8), each an mmap on the STA device.
-fn make_backend(core: &Core, entries: u16) -> Result<BeQueue, EngineError> {
+fn make_null_backend(core: &Core, entries: u16) -> Result<BeQueue, EngineError> {
     let d = lib();
     let n = entries as usize;
     let mut be = BeQueue {
@@ -1067,6 +1274,8 @@ fn make_backend(core: &Core, entries: u16) -> Result<BeQueue, EngineError> {
         beq: std::ptr::null_mut(),
         mmaps: Vec::new(),
         mem: Vec::new(),
+        drive: None,
+        attached: None,
     };
     let r = (|| {
         // SAFETY: a live running main context, valid out pointers; the memory comes from
@@ -1219,20 +1428,11 @@ impl Engine for Sta {
         if !unsafe { (d.doca_sta_is_logical_block_size_supported)(bs) } {
             return Err(EngineError::BlockSize(bs));
         }
-        if !d.is_double() {
-            return Err(EngineError::Unsupported(
-                "the doca engine offloads to NVMe drives only (doca_sta_be_add_queue takes a \
-                 drive's queues); this backend is not one, and nothing would serve a null \
-                 backend's rings on a BlueField"
-                    .into(),
-            ));
-        }
-        let be = make_backend(&self.core, self.core.cfg.be_queue_entries)?;
+        let (be, be_nsid) = make_backend(&self.core, self.core.cfg.be_queue_entries, &*backend)?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: live subsystem and backend, a valid out pointer. The backend NSID of a
-        // null backend is 1 (its only namespace; SPDK counts from 1).
+        // SAFETY: live subsystem and backend, a valid out pointer.
         let r = check("doca_sta_subsystem_add_ns", unsafe {
-            (d.doca_sta_subsystem_add_ns)(s.raw, nsid, bs, 1, be.be, &mut raw)
+            (d.doca_sta_subsystem_add_ns)(s.raw, nsid, bs, be_nsid, be.be, &mut raw)
         });
         if let Err(e) = r {
             // The queue was never used: destroy it by task before freeing (5.13).

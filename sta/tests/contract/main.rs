@@ -17,6 +17,8 @@
 
 #[cfg(feature = "doca")]
 mod doca;
+#[cfg(feature = "doca")]
+mod doca_drive;
 mod suite;
 mod tcp;
 
@@ -51,6 +53,93 @@ mod doca_scenarios {
         ns_remove_waits_for_inflight_io,
         hung_backend,
     );
+}
+
+/// The scenarios without a stalled backend on the doca engine with an `nvme` namespace
+/// on the emulated drive: DOCA gets the drive's own queue pair (see `doca_drive.rs`).
+#[cfg(feature = "doca")]
+mod doca_drive_scenarios {
+    use super::doca::serial;
+    use super::doca_drive::DocaDrive;
+    use super::suite;
+
+    macro_rules! scenario {
+        ($($name:ident),* $(,)?) => {$(
+            #[test]
+            fn $name() {
+                let _one_at_a_time = serial();
+                let f = DocaDrive::new();
+                let emu = f.emu.clone();
+                suite::$name(f);
+                assert_eq!(emu.io_queues(), 0, "the drive's queue pair was given back");
+            }
+        )*};
+    }
+
+    scenario!(
+        caps_are_usable,
+        control_plane,
+        admin_path,
+        host_data_by_rdma_read,
+        stale_handles_are_errors,
+        disconnect_and_user_data,
+        host_close_is_a_transport_error,
+    );
+
+    /// The offloaded WRITE and READ are NVMe commands in the drive's own queue: the
+    /// emulated drive counted them and its media holds what the host wrote.
+    #[test]
+    fn io_is_offloaded_into_the_drives_queue() {
+        let _one_at_a_time = serial();
+        let f = DocaDrive::new();
+        let emu = f.emu.clone();
+        let bar = f.bar.clone();
+        let before = emu.counters();
+        suite::io_is_offloaded(f);
+        let bar = bar.lock().unwrap().clone().expect("backend opened");
+        // Each offloaded command: an SQ tail and a CQ head store into the registered
+        // doorbell window (the double's stores, forwarded to the drive), none through the
+        // driver's own register writes. Stores may coalesce before the forwarder sees them.
+        assert!(
+            bar.forwarded() >= 2,
+            "doorbells forwarded: {}",
+            bar.forwarded()
+        );
+        let after = emu.counters();
+        assert_eq!(after.writes - before.writes, 2, "{after:?}");
+        assert_eq!(after.reads - before.reads, 2, "{after:?}");
+        assert_eq!(after.blocks_written - before.blocks_written, 136);
+        assert!(
+            emu.read_blocks(1, 8, 128) == suite::pattern(3, 64 * 1024),
+            "the 64 KiB write is on the drive's media"
+        );
+        assert!(emu.read_blocks(1, 300, 8) == suite::pattern(4, 4096));
+        assert_eq!(emu.io_queues(), 0, "the drive's queue pair was given back");
+    }
+
+    /// A drive whose BAR0 has no address in this process (the plain emulator: no VFIO
+    /// mapping, no dma-buf): the namespace is refused with the reason, and the queue pair
+    /// goes back to the drive.
+    #[test]
+    fn a_drive_without_a_mapped_bar_is_refused_with_the_reason() {
+        use backend::nvme::{DeviceAccess, EmuConfig, EmulatedController, NvmeBackend};
+        use sta::Engine;
+        let _one_at_a_time = serial();
+        let mut fabric = DocaDrive::new();
+        let mut engine = suite::Fabric::engine(&mut fabric, std::time::Duration::from_secs(5));
+        let emu = EmulatedController::new(EmuConfig::default());
+        let be = NvmeBackend::open(
+            emu.clone() as std::sync::Arc<dyn DeviceAccess>,
+            Default::default(),
+        )
+        .unwrap();
+        let s = engine.subsystem_create("nqn.2024-01.test:nobar").unwrap();
+        let e = engine.ns_add(s, 1, be).expect_err("no doorbell address");
+        let msg = e.to_string();
+        assert!(msg.contains("BAR0 is not memory-mapped"), "{msg}");
+        assert_eq!(emu.io_queues(), 0, "the queue pair was given back");
+        engine.subsystem_destroy(s).unwrap();
+    }
 }
 
 #[test]

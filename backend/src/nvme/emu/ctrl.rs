@@ -905,6 +905,26 @@ impl DeviceAccess for EmulatedController {
         Ok(iova)
     }
 
+    fn map_dma_at(&self, addr: usize, len: usize, iova: u64) -> Result<(), DeviceError> {
+        if len == 0 || addr == 0 || self.iova.overlaps(iova, len) {
+            return Err(DeviceError::Invalid(format!(
+                "IOVA {iova:#x}+{len:#x} is empty or overlaps the driver's own IOVA range"
+            )));
+        }
+        self.maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(iova, HostRange::of_raw(addr, len));
+        Ok(())
+    }
+
+    fn unmap_dma_at(&self, iova: u64, _len: usize) {
+        self.maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&iova);
+    }
+
     fn unmap_dma(&self, iova: u64, len: usize) {
         if self
             .maps

@@ -40,6 +40,11 @@ impl HostRange {
         }
     }
 
+    /// Memory lent by `map_dma_at` (an offload engine's allocator).
+    pub(crate) fn of_raw(addr: usize, len: usize) -> HostRange {
+        HostRange { addr, len }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
