@@ -16,6 +16,7 @@
 //! RDMA listener can be served on this host (the daemon does, at start-up), or check
 //! that a block device's size or logical block size fits the configured block size.
 
+mod control;
 mod raw;
 mod size;
 mod validate;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use control::{default_socket_path, ControlConfig};
 pub use size::parse_size;
 
 /// The file name reported in errors about the embedded default config.
@@ -68,6 +70,8 @@ pub struct Config {
     pub max_io_size: u32,
     /// Which offload engine runs the data path (`engine:`, default `soft`).
     pub engine: EngineKind,
+    /// The control socket (`control:`); `None` when `control: {enabled: false}`.
+    pub control: Option<ControlConfig>,
     /// `doca:`: the doca engine's devices (required with `engine: doca`).
     pub doca: Option<DocaSettings>,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
@@ -379,6 +383,10 @@ pub struct NamespaceConfig {
 
 impl Config {
     /// Reads and checks the config file at `path`.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the daemon uses load_with_text; tests use this")
+    )]
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
         let source = path.display().to_string();
@@ -395,6 +403,27 @@ impl Config {
             cfg.reservations.state_file = Some(PathBuf::from(name));
         }
         Ok(cfg)
+    }
+
+    /// [`Config::load`], also returning the text it parsed (what the control socket hands
+    /// `--check-config --diff` as the running config).
+    pub fn load_with_text(path: impl AsRef<Path>) -> Result<(Config, String), ConfigError> {
+        let path = path.as_ref();
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: source.clone(),
+            error,
+        })?;
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let cfg = validate::parse(&text, &source, base)?;
+        Ok((cfg, text))
+    }
+
+    /// Parses text that was read from `path` (relative backend paths resolve against its
+    /// directory, as [`Config::load`] does), e.g. the running config a daemon reports.
+    pub fn parse_as_file(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+        validate::parse(text, &path.display().to_string(), base)
     }
 
     /// Parses and checks config text; `source` names it in errors. Relative backend paths

@@ -12,17 +12,17 @@ use std::path::PathBuf;
 use crate::config::{Config, EngineKind};
 
 /// Build the configured engine and run the daemon on it.
-pub fn run(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(cfg: Config, text: String, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     match cfg.engine {
         EngineKind::Soft => {
             let engine =
                 sta::soft::Sta::new(sta::soft::SoftConfig::with_max_io_size(cfg.max_io_size));
-            crate::daemon::run(engine, cfg, config_path)
+            crate::daemon::run(engine, cfg, text, config_path)
         }
         #[cfg(feature = "doca")]
         EngineKind::Doca => {
             let engine = doca_engine(&cfg)?;
-            crate::daemon::run(engine, cfg, config_path)
+            crate::daemon::run(engine, cfg, text, config_path)
         }
         #[cfg(not(feature = "doca"))]
         EngineKind::Doca => anyhow::bail!(

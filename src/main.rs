@@ -3,9 +3,12 @@
 //! This file is the command line: parse arguments, set up logging, load and check the
 //! config, then hand over to [`engine::run`], which starts the configured engine and runs
 //! [`daemon::run`] on it. With `--check-config` it stops after the
-//! check, so operators (and `ExecStartPre=`) can validate a file without starting anything.
+//! check, so operators (and `ExecStartPre=`) can validate a file without starting anything;
+//! with `--diff` as well it also asks the running daemon what a reload would change.
+//! `nvmf-target ctl ...` is the control socket's client (`control::client`).
 
 mod config;
+mod control;
 mod daemon;
 mod engine;
 mod metrics;
@@ -20,7 +23,7 @@ mod tls;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError};
 
@@ -38,6 +41,15 @@ struct Cli {
     #[arg(long)]
     check_config: bool,
 
+    /// With --check-config: print what a reload of the file would change in the running
+    /// daemon (asked over its control socket: --socket, else the file's control.path).
+    #[arg(long, requires = "check_config")]
+    diff: bool,
+
+    /// With --diff: the running daemon's control socket.
+    #[arg(long, value_name = "PATH", requires = "diff")]
+    socket: Option<PathBuf>,
+
     /// More logging: -v debug, -vv trace (RUST_LOG, when set, takes precedence).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -47,11 +59,14 @@ struct Cli {
     log_format: LogFormat,
 
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<Cmd>,
 }
 
-#[derive(Debug, clap::Subcommand)]
-enum Command {
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Ask the running daemon over its control socket (status, subsystems, controllers,
+    /// disconnect, reload).
+    Ctl(control::client::CtlArgs),
     /// Check what this machine lacks to serve the config: DOCA libraries and devices, a
     /// BlueField-3 DPA, RDMA links, IOMMU and VFIO binding of NVMe drives, P2P dma-buf,
     /// hugepages, memlock. One line per check (OK, FAIL with the fix, SKIP); exit
@@ -67,13 +82,19 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Cmd::Ctl(args)) = &cli.command {
+        return control::client::run(args);
+    }
     logging::init(cli.verbose, cli.log_format);
 
     let loaded = match &cli.config {
-        Some(path) => Config::load(path),
-        None => Ok(Config::embedded_default()),
+        Some(path) => Config::load_with_text(path),
+        None => Ok((
+            Config::embedded_default(),
+            config::EMBEDDED_DEFAULT.to_string(),
+        )),
     };
-    let cfg = match loaded {
+    let (cfg, text) = match loaded {
         Ok(cfg) => cfg,
         Err(err) => {
             report_config_error(&err, cli.check_config || cli.command.is_some());
@@ -81,7 +102,23 @@ fn main() -> ExitCode {
         }
     };
 
-    if let Some(Command::Preflight) = cli.command {
+    if cli.diff {
+        let Some(file) = &cli.config else {
+            eprintln!("--diff needs --config FILE: the file a reload would read");
+            return ExitCode::FAILURE;
+        };
+        return match control::client::diff_against_running(&cfg, file, cli.socket.as_deref()) {
+            Ok(text) => {
+                control::client::emit(&text);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nvmf-target --diff: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(Cmd::Preflight) = cli.command {
         let checks = preflight::run(&cfg, &preflight::System::here());
         return if preflight::report(&checks) {
             ExitCode::SUCCESS
@@ -101,7 +138,7 @@ fn main() -> ExitCode {
     }
 
     log_config(&cfg);
-    match engine::run(cfg, cli.config) {
+    match engine::run(cfg, text, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");

@@ -52,8 +52,8 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine and the
-//!   metrics address;
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, the
+//!   metrics address and the control socket (`control:`);
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial, model or named listeners (a changed address of a listener it
 //!   names too). A subsystem that names no listeners is on all of them, and follows
@@ -239,6 +239,24 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             "metrics address: {} -> {}",
             text(old.metrics),
             text(new.metrics)
+        ));
+    }
+    if old.control != new.control {
+        let text = |c: &Option<crate::config::ControlConfig>| match c {
+            None => "off".to_string(),
+            Some(c) => format!(
+                "{} mode {:04o}{}",
+                c.path.display(),
+                c.mode,
+                c.group
+                    .as_ref()
+                    .map_or(String::new(), |g| format!(" group {g}"))
+            ),
+        };
+        d.restart_required.push(format!(
+            "control socket: {} -> {}",
+            text(&old.control),
+            text(&new.control)
         ));
     }
 

@@ -25,6 +25,7 @@ pub(super) struct RawConfig {
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
     pub engine: Option<Spanned<EngineKind>>,
+    pub control: Option<Spanned<super::control::RawControl>>,
     /// Settings of `engine: doca`.
     pub doca: Option<Spanned<RawDoca>>,
     /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).

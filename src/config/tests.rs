@@ -648,6 +648,60 @@ fn engine_defaults_to_soft_and_doca_needs_devices_and_rdma() {
 }
 
 #[test]
+fn control_socket_defaults_and_settings() {
+    let cfg = Config::parse(MINIMAL, "t.yaml").unwrap();
+    let c = cfg.control.expect("on by default");
+    assert_eq!(c.path, default_socket_path());
+    assert_eq!((c.mode, c.group, c.explicit), (0o600, None, false));
+
+    for (mode, want) in [
+        ("\"0660\"", 0o660),
+        ("\"0o640\"", 0o640),
+        ("600", 0o600),
+        ("0600", 0o600),
+    ] {
+        let yaml = format!("control: {{path: /run/x/c.sock, mode: {mode}, group: adm}}\n{MINIMAL}");
+        let c = Config::parse(&yaml, "t.yaml").unwrap().control.unwrap();
+        assert_eq!(c.path, PathBuf::from("/run/x/c.sock"));
+        assert_eq!(
+            (c.mode, c.group.as_deref(), c.explicit),
+            (want, Some("adm"), true),
+            "{mode}"
+        );
+    }
+    let off = format!("control: {{enabled: false}}\n{MINIMAL}");
+    assert_eq!(Config::parse(&off, "t.yaml").unwrap().control, None);
+}
+
+#[test]
+fn control_socket_errors_name_the_field() {
+    let long = format!("/{}", "a".repeat(120));
+    for (control, want) in [
+        (
+            "{path: relative.sock}",
+            "t.yaml:1:17: control.path: must be an absolute path",
+        ),
+        (
+            &*format!("{{path: {long}}}"),
+            "control.path: is 121 bytes long",
+        ),
+        (
+            "{mode: \"0999\"}",
+            "t.yaml:1:17: control.mode: invalid mode \"0999\"",
+        ),
+        ("{mode: 1777}", "control.mode: invalid mode \"1777\""),
+        ("{group: \"\"}", "control.group: must not be empty"),
+        ("{socket: /x}", "unknown field `socket`"),
+    ] {
+        let errs = errors(&format!("control: {control}\n{MINIMAL}"));
+        assert!(
+            errs.iter().any(|e| e.contains(want)),
+            "{control}: {errs:?} lacks {want:?}"
+        );
+    }
+}
+
+#[test]
 fn ana_groups_visibility_referrals_and_reservations() {
     let yaml = "\
 listeners:

@@ -219,6 +219,10 @@ impl Checker<'_> {
             }
             e.value
         });
+        let (control, problems) = super::control::check(raw.control.as_ref());
+        for (at, field, message) in problems {
+            self.error_at(at, field, message);
+        }
         let doca = self.doca(&raw, engine);
         Config {
             threads,
@@ -228,6 +232,7 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             engine,
+            control,
             doca,
             source: self.source.to_owned(),
             hosts,

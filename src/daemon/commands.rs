@@ -113,6 +113,7 @@ impl<I: IoContext> IoThread<I> {
                 );
                 cqe = Cqe::new(sqe.cid(), Status::INTERNAL_ERROR);
             } else {
+                shared.queue_facts.connected(key, ok.sqsize);
                 tracing::info!(
                     "io{}: controller {} queue {} connected to {}",
                     self.index,

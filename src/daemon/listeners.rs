@@ -94,6 +94,11 @@ impl ListenerDirectory {
             .min_by_key(|(_, l)| l.addr.is_unspecified())
             .cloned()
     }
+
+    /// Every open listener, in the order they were opened.
+    pub fn all(&self) -> Vec<(String, ListenerInfo)> {
+        self.entries().clone()
+    }
 }
 
 enum Socket {

@@ -1,9 +1,8 @@
 //! The main thread's loop: wait (at most 100 ms) for a TCP connection or a signal, then
-//! accept, reload on SIGHUP, run the keep-alive timers, drain the engine's main events
-//! and feed the systemd watchdog. Returns why it stopped.
+//! accept, reload on SIGHUP, answer the control socket, run the keep-alive timers, drain
+//! the engine's main events and feed the systemd watchdog. Returns why it stopped.
 
 use std::os::fd::AsFd;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -12,6 +11,7 @@ use nix::sys::signalfd::SignalFd;
 use nvmf::target::Action;
 use sta::Engine;
 
+use super::control::ControlHook;
 use super::runtime::Runtime;
 use super::shared::Shared;
 use super::IoThreadSet;
@@ -22,7 +22,7 @@ const TICK: Duration = Duration::from_millis(100);
 pub(super) fn serve<E: Engine>(
     rt: &mut Runtime<E>,
     sfd: &SignalFd,
-    config_path: Option<&Path>,
+    ctl: &mut ControlHook,
     threads: &IoThreadSet,
 ) -> String {
     let mut watchdog = crate::notify::Watchdog::from_env();
@@ -32,10 +32,10 @@ pub(super) fn serve<E: Engine>(
         match sfd.read_signal() {
             Ok(Some(si)) => match Signal::try_from(si.ssi_signo as i32) {
                 Ok(Signal::SIGHUP) => {
-                    crate::notify::reloading();
-                    rt.reload(config_path);
-                    crate::notify::status("serving; reloaded");
-                    crate::notify::ready();
+                    tracing::info!("SIGHUP: reloading");
+                    // Logged as it is applied; the control socket's copy of the running
+                    // text follows a successful load.
+                    let _ = ctl.reload(rt);
                 }
                 Ok(s) => return format!("{s:?}"),
                 // Only the three signals of the mask reach the signalfd.
@@ -45,6 +45,7 @@ pub(super) fn serve<E: Engine>(
             Err(e) => tracing::warn!("signalfd read: {e}"),
         }
         rt.listeners.accept(&rt.shared);
+        ctl.serve_pending(rt);
         let now = Instant::now();
         if now >= next_timer {
             next_timer = now + TICK;

@@ -18,11 +18,13 @@
 
 mod backends;
 mod commands;
+mod control;
 mod health;
 mod io_thread;
 mod listeners;
 mod main_loop;
 mod policy;
+mod queue_facts;
 mod runtime;
 mod shared;
 mod subsystems;
@@ -40,6 +42,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nvmf::target::{Target, TargetOptions};
 use sta::{Engine, IoSeed};
 
+use self::control::ControlHook;
 use self::io_thread::IoThread;
 use self::listeners::MAX_IO_QUEUES;
 use self::runtime::Runtime;
@@ -52,7 +55,14 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serve `cfg` with `engine` until SIGTERM/SIGINT (or an IO thread dies), then stop
 /// gracefully: listeners close, every queue drains, backends are flushed.
-pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
+///
+/// `text` is the config's text as read (what the control socket reports as running).
+pub fn run<E: Engine>(
+    engine: E,
+    cfg: Config,
+    text: String,
+    config_path: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let source = config_path.as_ref().map_or_else(
         || "<embedded default>".to_string(),
         |p| p.display().to_string(),
@@ -100,6 +110,9 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
         ),
         None => None,
     };
+    // The control socket too: an explicitly configured path that cannot be bound fails
+    // start-up here (the default path only warns).
+    let mut ctl = ControlHook::start(&cfg, config_path.as_deref(), text, engine.name(), started)?;
     let threads = start_io_threads(&mut engine, &shared, &cfg.threads, receivers)?;
 
     // Start-up is the change from nothing to the configuration; at start-up any error
@@ -121,7 +134,9 @@ pub fn run<E: Engine>(engine: E, cfg: Config, config_path: Option<PathBuf>) -> a
     ));
     crate::notify::ready();
 
-    let stop_reason = main_loop::serve(&mut rt, &sfd, config_path.as_deref(), &threads);
+    let stop_reason = main_loop::serve(&mut rt, &sfd, &mut ctl, &threads);
+    // No control requests while draining: the socket goes first.
+    drop(ctl);
     stop(rt, threads, &stop_reason)
 }
 

@@ -130,6 +130,8 @@ impl<E: Engine> Runtime<E> {
             metrics: cfg.metrics,
             max_io_size: cfg.max_io_size,
             engine: cfg.engine,
+            // Restart-only: the socket is bound once, at start-up.
+            control: cfg.control.clone(),
             doca: cfg.doca.clone(),
             source: cfg.source.clone(),
             hosts: Vec::new(),
@@ -542,35 +544,49 @@ impl<E: Engine> Runtime<E> {
         }
     }
 
-    /// SIGHUP: re-read the file, validate it, apply the difference.
-    pub fn reload(&mut self, path: Option<&Path>) {
+    /// SIGHUP (and `ctl reload`): re-read the file, validate it, apply the difference.
+    /// An error means nothing was applied (no file, or it does not load); otherwise the
+    /// summary of what was applied, what failed, and the text now running.
+    pub fn reload(&mut self, path: Option<&Path>) -> Result<Reloaded, String> {
         let Some(path) = path else {
-            tracing::warn!("SIGHUP: running on the embedded default, there is no file to re-read");
-            return;
+            let why = "running on the embedded default, there is no file to re-read";
+            tracing::warn!("reload: {why}");
+            return Err(why.into());
         };
-        tracing::info!("SIGHUP: reloading {}", path.display());
-        let new = match Config::load(path) {
+        tracing::info!("reloading {}", path.display());
+        let (new, text) = match Config::load_with_text(path) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!("reload rejected, configuration unchanged: {e}");
-                return;
+                return Err(format!("reload rejected, configuration unchanged:\n{e}"));
             }
         };
         let d = diff(&self.cfg, &new);
+        let changes = d.summary();
         if d.is_empty() {
             tracing::info!("reload: no changes");
-            return;
         }
-        for line in d.summary() {
+        for line in &changes {
             tracing::info!("reload: {line}");
         }
-        let errors = self.apply(&d, &new);
+        let errors: Vec<String> = if d.is_empty() {
+            Vec::new()
+        } else {
+            self.apply(&d, &new).iter().map(|e| e.to_string()).collect()
+        };
         if errors.is_empty() {
-            tracing::info!("reload applied");
+            if !d.is_empty() {
+                tracing::info!("reload applied");
+            }
         } else {
             tracing::error!("reload applied with {} error(s); see above", errors.len());
         }
         self.cfg = new;
+        Ok(Reloaded {
+            changes,
+            errors,
+            text,
+        })
     }
 
     /// Drain the engine's main events: task completions (a retired subsystem's last
@@ -621,6 +637,16 @@ impl<E: Engine> Runtime<E> {
             None => self.shared.subsystems.name(id),
         }
     }
+}
+
+/// What a reload applied.
+pub(super) struct Reloaded {
+    /// [`ConfigDiff::summary`] of the change (empty: nothing changed).
+    pub changes: Vec<String>,
+    /// The parts that failed (the rest was applied).
+    pub errors: Vec<String>,
+    /// The text of the file now running.
+    pub text: String,
 }
 
 /// Errors of one apply, logged as they happen.

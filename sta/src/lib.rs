@@ -36,6 +36,6 @@ pub use contract::{
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{
-    error_status_index, LatencyTotals, NsTotals, Stats, StatsSource, ThreadTotals, ERROR_STATUSES,
-    LATENCY_BOUNDS_US,
+    error_status_index, LatencyTotals, NsTotals, QueueStats, QueueTotals, Stats, StatsSource,
+    ThreadTotals, ERROR_STATUSES, LATENCY_BOUNDS_US,
 };

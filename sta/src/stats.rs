@@ -129,6 +129,27 @@ pub struct ThreadTotals {
     pub qps: u64,
 }
 
+/// One QP's offloaded I/O, since it was accepted (the application sums a controller's
+/// queues; the admin path's commands are the application's own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueTotals {
+    pub read_cmds: u64,
+    pub write_cmds: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub other_cmds: u64,
+    pub errors: u64,
+}
+
+/// A live QP's counters: its IO context (creation order, as in
+/// [`StatsSource::threads`]) and handle ([`crate::QpHandle::as_u64`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueStats {
+    pub thread: usize,
+    pub qp: u64,
+    pub totals: QueueTotals,
+}
+
 /// What an engine implements so that its counters can be read from any thread.
 pub trait StatsSource: Send + Sync {
     /// Sum of one namespace's counters over all IO contexts (counters of a namespace that
@@ -138,6 +159,10 @@ pub trait StatsSource: Send + Sync {
     fn namespaces(&self) -> Vec<(SubsysId, u32)>;
     /// Per-IO-context counters, in creation order.
     fn threads(&self) -> Vec<ThreadTotals>;
+    /// Every live QP's counters. An engine that does not count per QP reports none.
+    fn queues(&self) -> Vec<QueueStats> {
+        Vec::new()
+    }
 }
 
 /// A read-only view of an engine's counters, cheap to clone into other threads.
@@ -159,6 +184,10 @@ impl Stats {
     /// See [`StatsSource::threads`].
     pub fn threads(&self) -> Vec<ThreadTotals> {
         self.0.threads()
+    }
+    /// See [`StatsSource::queues`].
+    pub fn queues(&self) -> Vec<QueueStats> {
+        self.0.queues()
     }
 }
 

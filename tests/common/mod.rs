@@ -43,8 +43,11 @@ pub const NS1_BLOCK: u32 = 512;
 pub const NS2_SIZE: u64 = 64 << 20;
 pub const NS2_BLOCK: u32 = 4096;
 
-/// The default test config. `{port}` and `{dir}` are replaced by [`Daemon::start`].
+/// The default test config. `{port}` and `{dir}` are replaced by [`Daemon::start`]. The
+/// control socket is in the test's directory (the default, /run/nvmf-target, is one path
+/// for every daemon of the machine).
 pub const CONFIG: &str = "\
+control: {path: \"{dir}/ctl/control.sock\"}
 io_threads: 2
 listeners:
   - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}

@@ -79,6 +79,7 @@ mod authn;
 mod discovery;
 mod health;
 mod io;
+pub mod operator;
 pub mod refusal;
 pub mod report;
 pub mod reservation;

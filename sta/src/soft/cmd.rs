@@ -23,7 +23,7 @@ use nvmf::queue::QueueParams;
 use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
 use nvmf::target::Transport;
 
-use super::counters::{bump, NsCounters, StatsRegistry, ThreadCounters};
+use super::counters::{bump, NsCounters, QueueCounters, StatsRegistry, ThreadCounters};
 use super::io::{qp_ref, QpSlot};
 use super::rdma_link::RdmaLink;
 use super::tcp_link::TcpLink;
@@ -245,6 +245,8 @@ pub(super) struct QpState {
     pub access: AccessKey,
     /// A first fused command (FUSE 01b) waiting for the next capsule.
     pub fused_first: Option<u32>,
+    /// Its offloaded I/O, for the application's per-controller view.
+    pub counters: Arc<QueueCounters>,
 }
 
 pub(super) struct NsSlot {
@@ -1202,9 +1204,22 @@ impl Core {
                 Some(OffloadOp::Write) => k.write_latency.record(lat),
                 _ => k.other_latency.record(lat),
             }
+            let q = &st.counters;
             if !status.is_success() {
                 k.count_error(status);
+                bump(&q.errors, 1);
             } else {
+                match op {
+                    Some(OffloadOp::Read | OffloadOp::Compare) => {
+                        bump(&q.read_cmds, 1);
+                        bump(&q.read_bytes, len as u64);
+                    }
+                    Some(OffloadOp::Write) => {
+                        bump(&q.write_cmds, 1);
+                        bump(&q.write_bytes, len as u64);
+                    }
+                    _ => bump(&q.other_cmds, 1),
+                }
                 match op {
                     Some(OffloadOp::Read) => {
                         bump(&k.read_cmds, 1);

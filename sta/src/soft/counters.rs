@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use nvmf::spec::Status;
 
 use crate::stats::{
-    error_status_index, latency_bucket, LatencyTotals, NsTotals, StatsSource, ThreadTotals,
-    ERROR_STATUSES, LATENCY_BOUNDS_US,
+    error_status_index, latency_bucket, LatencyTotals, NsTotals, QueueStats, QueueTotals,
+    StatsSource, ThreadTotals, ERROR_STATUSES, LATENCY_BOUNDS_US,
 };
 use crate::SubsysId;
 
@@ -92,6 +92,31 @@ impl NsCounters {
     }
 }
 
+/// Per-QP offloaded I/O counters, written by the QP's thread.
+#[derive(Debug, Default)]
+pub(crate) struct QueueCounters {
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other_cmds: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl QueueCounters {
+    fn totals(&self) -> QueueTotals {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        QueueTotals {
+            read_cmds: l(&self.read_cmds),
+            write_cmds: l(&self.write_cmds),
+            read_bytes: l(&self.read_bytes),
+            write_bytes: l(&self.write_bytes),
+            other_cmds: l(&self.other_cmds),
+            errors: l(&self.errors),
+        }
+    }
+}
+
 /// Per-IO-thread engine counters.
 #[derive(Debug, Default)]
 pub(crate) struct ThreadCounters {
@@ -100,6 +125,29 @@ pub(crate) struct ThreadCounters {
     pub busy_polls: AtomicU64,
     pub idle_polls: AtomicU64,
     pub qps: AtomicU64,
+    /// Live QPs' counters by handle (locked when a QP comes and goes, and by readers;
+    /// never per command).
+    queues: Mutex<Vec<(u64, Arc<QueueCounters>)>>,
+}
+
+impl ThreadCounters {
+    /// Counters for a new QP.
+    pub(crate) fn add_queue(&self, qp: u64) -> Arc<QueueCounters> {
+        let c = Arc::new(QueueCounters::default());
+        self.queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((qp, c.clone()));
+        c
+    }
+
+    /// The QP is gone: its counters go with it.
+    pub(crate) fn remove_queue(&self, qp: u64) {
+        self.queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(h, _)| *h != qp);
+    }
 }
 
 /// Every thread's counters, registered as threads and namespaces appear (the only lock,
@@ -162,5 +210,47 @@ impl StatsSource for StatsRegistry {
                 qps: l(&c.qps),
             })
             .collect()
+    }
+
+    fn queues(&self) -> Vec<QueueStats> {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (thread, t) in threads.iter().enumerate() {
+            let queues = t.queues.lock().unwrap_or_else(|e| e.into_inner());
+            out.extend(queues.iter().map(|(qp, c)| QueueStats {
+                thread,
+                qp: *qp,
+                totals: c.totals(),
+            }));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_counters_are_reported_per_thread_while_the_qp_lives() {
+        let reg = StatsRegistry::default();
+        let t0 = reg.register_thread();
+        let t1 = reg.register_thread();
+        let a = t0.add_queue(7);
+        let b = t1.add_queue(7);
+        bump(&a.write_cmds, 2);
+        bump(&a.write_bytes, 8192);
+        bump(&b.read_cmds, 1);
+        let mut q = reg.queues();
+        q.sort_by_key(|s| s.thread);
+        assert_eq!(q.len(), 2);
+        assert_eq!((q[0].thread, q[0].qp), (0, 7));
+        assert_eq!((q[0].totals.write_cmds, q[0].totals.write_bytes), (2, 8192));
+        assert_eq!((q[1].thread, q[1].totals.read_cmds), (1, 1));
+        // A closed QP's counters leave with it; the same handle on another thread stays.
+        t0.remove_queue(7);
+        let q = reg.queues();
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].thread, 1);
     }
 }

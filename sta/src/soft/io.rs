@@ -15,7 +15,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nvmf::tcp::ControllerLimits;
 
 use super::cmd::{free_cmd, Core, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
-use super::counters::{bump, StatsRegistry};
+use super::counters::{bump, StatsRegistry, ThreadCounters};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
@@ -68,8 +68,8 @@ impl StaIo {
         ctrl: Receiver<Ctrl>,
         ack: Sender<Ack>,
         stats: Arc<StatsRegistry>,
+        counters: Arc<ThreadCounters>,
     ) -> std::io::Result<StaIo> {
-        let counters = stats.register_thread();
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let now = Instant::now();
         Ok(StaIo {
@@ -201,6 +201,8 @@ impl StaIo {
     ) -> QpHandle {
         let slot = &mut self.qps[idx as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
+        let handle = QpHandle { idx, gen: slot.gen };
+        let counters = self.core.counters.add_queue(handle.as_u64());
         slot.qp = Some(Qp {
             rx,
             st: QpState {
@@ -214,10 +216,11 @@ impl StaIo {
                 tx_dirty,
                 access: AccessKey::default(),
                 fused_first: None,
+                counters,
             },
         });
         bump(&self.core.counters.qps, 1);
-        QpHandle { idx, gen: slot.gen }
+        handle
     }
 
     /// DOCA `qp_alloc` + `qp_accept` for an RDMA connect request (the CM thread has
@@ -757,6 +760,7 @@ impl StaIo {
 
     fn finish_qp_free(&mut self, i: usize, h: QpHandle, user: u64) {
         self.free_qps.push(i as u32);
+        self.core.counters.remove_queue(h.as_u64());
         let qps = &self.core.counters.qps;
         qps.store(
             qps.load(std::sync::atomic::Ordering::Relaxed)

@@ -135,15 +135,21 @@ pub struct StaIoSeed {
     rx: Receiver<Ctrl>,
     ack: Sender<Ack>,
     stats: Arc<StatsRegistry>,
+    /// Registered when the seed is made, on the main context's thread, so the counters'
+    /// order is the order of `io_create` calls (what `Stats::threads` promises and what
+    /// the application's thread numbers follow), not the order the threads start in.
+    counters: Arc<counters::ThreadCounters>,
 }
 
 impl StaIoSeed {
     /// Build the IO context on the thread that will own it (DOCA: connect the IO context
     /// to that thread's progress engine and start it).
     pub fn start(self) -> Result<StaIo, EngineError> {
-        StaIo::new(self.cfg, self.rx, self.ack, self.stats).map_err(|source| EngineError::Io {
-            what: "creating the IO context's epoll set",
-            source,
+        StaIo::new(self.cfg, self.rx, self.ack, self.stats, self.counters).map_err(|source| {
+            EngineError::Io {
+                what: "creating the IO context's epoll set",
+                source,
+            }
         })
     }
 }
@@ -396,6 +402,7 @@ impl crate::Engine for Sta {
             rx,
             ack: self.ack_tx.clone(),
             stats: self.stats.clone(),
+            counters: self.stats.register_thread(),
         })
     }
 

@@ -3,7 +3,9 @@
 # systemd as PID 1, driven by the real Linux initiator: start (READY), connect, fio, add a
 # namespace by reload (the host sees it without reconnecting), remove a namespace under
 # fio (errors for that namespace only, no hang), /metrics through promtool, watchdog
-# restart, stop (clean exit) and restart (flushed file data survives).
+# restart, stop (clean exit) and restart (flushed file data survives). The control socket
+# with the kernel host connected: ctl status/controllers, --check-config --diff, ctl
+# reload, and ctl disconnect of the kernel's controller, which reconnects by itself.
 # interop-timeout: 480
 # interop-init: systemd
 . "$(dirname "$0")/common.sh"
@@ -107,6 +109,52 @@ dd if=/dev/urandom of=/var/tmp/ns2.pattern bs=1M count=8 status=none
 check write-file-ns dd if=/var/tmp/ns2.pattern of="$NS2" bs=1M count=8 oflag=direct conv=fsync status=none
 check flush-file-ns nvme flush "$NS2"
 SUM2=$(md5sum </var/tmp/ns2.pattern | cut -d' ' -f1)
+
+# --- 3b. the control socket (RuntimeDirectory=nvmf-target) with the kernel host connected ---
+CTL="/usr/local/bin/nvmf-target ctl"
+expect ctl-socket-mode "$(stat -c '%a %U' /run/nvmf-target/control.sock 2>&1)" "600 root"
+check ctl-status sh -c "$CTL status | tee /dev/stderr | grep -q 'engine soft'"
+check ctl-status-listener sh -c "$CTL --json status | grep -q '\"port\": $PORT'"
+if $CTL --json controllers >/var/tmp/ctl-controllers.json 2>&1; then
+    cat /var/tmp/ctl-controllers.json
+    # The kernel's controller: its host NQN, its cntlid, admin + one I/O queue per CPU,
+    # and the fio I/O above counted on its queues.
+    if jq -e --arg host "$HOSTNQN" --argjson id "$CNTLID" '
+        [.[] | select(.cntlid == $id)] | length == 1 and (.[0] |
+            .host_nqn == $host and .listener == "tcp0" and .transport == "tcp"
+            and (.host_address | startswith("127.0.0.1:"))
+            and (.queues | length >= 2 and all(.depth != null))
+            and .enabled and (.retired | not) and .kato_ms > 0
+            and .io.write_commands > 0 and .io.read_commands > 0)' /var/tmp/ctl-controllers.json >/dev/null
+    then pass ctl-controllers-shows-kernel-host
+    else fail ctl-controllers-shows-kernel-host "$(tail -c 300 /var/tmp/ctl-controllers.json)"; fi
+else
+    fail ctl-controllers-shows-kernel-host "$(cat /var/tmp/ctl-controllers.json)"
+fi
+check ctl-controllers-table sh -c "$CTL controllers | tee /dev/stderr | grep -q -- '$HOSTNQN'"
+check ctl-subsystems sh -c "$CTL subsystems | tee /dev/stderr | grep -q 'ram'"
+# --diff against the running daemon: the file itself is no change; with namespace 3 it is.
+check diff-no-changes sh -c "/usr/local/bin/nvmf-target --check-config --config $CFG --diff | tee /dev/stderr | grep -q '^no changes'"
+sed "/{nsid: 2, backend: f0}/a\\
+$NS3_LINE" "$BASE_CFG" >/var/tmp/with-ns3.yaml
+check diff-shows-ns3 sh -c "/usr/local/bin/nvmf-target --check-config --config /var/tmp/with-ns3.yaml --socket /run/nvmf-target/control.sock --diff | tee /dev/stderr | grep -q 'namespace 3: add on backend ram3'"
+check ctl-reload-no-changes sh -c "$CTL reload | tee /dev/stderr | grep -q 'no changes'"
+# ctl disconnect: the kernel host loses its queues and reconnects on its own (error
+# recovery, then a new Connect after reconnect_delay) as the same nvme device.
+if check ctl-disconnect $CTL disconnect --controller "$NQN:$CNTLID"; then
+    t_dc=$SECONDS
+    if wait_until 90 sh -c "c=\$(cat /sys/class/nvme/$CTRL/cntlid 2>/dev/null); [ -n \"\$c\" ] && [ \"\$c\" != $CNTLID ] && [ \"\$(cat /sys/class/nvme/$CTRL/state)\" = live ]"; then
+        pass kernel-host-reconnects-after-ctl-disconnect
+        result "ctl_disconnect_reconnect_seconds=$((SECONDS - t_dc))"
+    else
+        fail kernel-host-reconnects-after-ctl-disconnect "state $(ctrl_state "$CTRL"), cntlid $(cat /sys/class/nvme/$CTRL/cntlid 2>/dev/null) (was $CNTLID) 90 s after ctl disconnect"
+    fi
+    check ctl-disconnect-logged journal_has "ctl disconnect by uid 0 pid [0-9]*: controller $CNTLID ("
+    check kernel-logged-reset sh -c "dmesg | tail -50 | grep -Ei 'nvme.*(reset|reconnect|error recovery|Successfully reconnected)'"
+    CNTLID=$(cat "/sys/class/nvme/$CTRL/cntlid" 2>/dev/null)
+    check ctl-lists-new-cntlid sh -c "$CTL --json controllers | grep -q '\"cntlid\": $CNTLID,'"
+    check io-after-reconnect dd if="$NS1" of=/dev/null bs=1M count=4 iflag=direct status=none
+fi
 
 # --- 4. reload adds namespace 3: the host sees it without reconnecting ---------------------
 config_with_ns3 yes
