@@ -308,3 +308,114 @@ fn block_device_via_loop() {
 
 #[allow(dead_code)]
 fn assert_queue_object_safe(_: &dyn BackendQueue) {}
+
+/// A backing file deleted under the daemon: every write after that would go to an inode
+/// nobody can reach again, so the backend reports itself gone (`Unavailable`), which the
+/// engine answers with a path error a multipath host fails over on.
+#[test]
+fn deleted_backing_file_is_gone() {
+    let (dir, be) = temp_backend(1 << 20, 4096, None);
+    let mut q = be.clone().create_queue(4).unwrap();
+    let data = vec![7u8; 4096];
+    assert_eq!(write(q.as_mut(), 4096, 0, &data, false), IoStatus::Ok);
+    std::fs::remove_file(dir.path().join("ns0.img")).unwrap();
+    // The backend looks at the file at most once a second on the I/O path, and at every
+    // Flush.
+    assert_eq!(
+        run(q.as_mut(), Op::Flush, 0, 0, None).status,
+        IoStatus::Unavailable
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(
+        write(q.as_mut(), 4096, 0, &data, false),
+        IoStatus::Unavailable
+    );
+    let c = run(q.as_mut(), Op::Read, 0, 1, Some(backend::IoBuf::new(4096)));
+    assert_eq!(c.status, IoStatus::Unavailable);
+}
+
+/// Runs `cmd`, returning its trimmed stdout, or why it failed.
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    match Command::new(cmd).args(args).output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+        Ok(o) => Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {cmd}: {e}")),
+    }
+}
+
+/// A writeback error (the device under a buffered backend fails after the writes were
+/// accepted into the page cache) must fail every later Flush, on every IO thread's
+/// queue: Linux reports it once per open file (errseq), so queues sharing one open file
+/// would let all but one Flush succeed over lost data. Made real with a loop device whose
+/// backing file sits on a tmpfs too small for it (needs root, tmpfs and loop devices).
+#[test]
+fn writeback_error_fails_every_flush_on_every_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap().to_string();
+    if let Err(e) = sh("mount", &["-t", "tmpfs", "-o", "size=4m", "tmpfs", &mnt_s]) {
+        eprintln!("SKIPPED: writeback_error_fails_every_flush_on_every_queue: {e}");
+        return;
+    }
+    struct Cleanup(String, Option<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(dev) = &self.1 {
+                let _ = Command::new("losetup").arg("-d").arg(dev).status();
+            }
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mut guard = Cleanup(mnt_s.clone(), None);
+    let img = mnt.join("thin.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let dev = match sh("losetup", &["--find", "--show", img.to_str().unwrap()]) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("SKIPPED: writeback_error_fails_every_flush_on_every_queue: {e}");
+            return;
+        }
+    };
+    guard.1 = Some(dev.clone());
+    let be = FileBackend::open(
+        &dev,
+        FileOptions {
+            direct: Some(false),
+            block_size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut a = be.clone().create_queue(16).unwrap();
+    let mut b = be.clone().create_queue(16).unwrap();
+    // 16 MiB of buffered writes: accepted into the page cache, far more than the 4 MiB
+    // the tmpfs can hold behind the loop device.
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..16u64 {
+        assert_eq!(
+            write(a.as_mut(), 4096, i * 256, &chunk, false),
+            IoStatus::Ok
+        );
+    }
+    let fa = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    let fb = run(b.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(
+        fa,
+        IoStatus::WriteFault,
+        "the queue that wrote sees the error"
+    );
+    assert_eq!(fb, IoStatus::WriteFault, "and so does every other queue");
+    // The data is lost: no later Flush may say otherwise.
+    let again = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(again, IoStatus::WriteFault, "a later Flush fails too");
+    assert!(be.flush_sync().is_err(), "and so does the shutdown flush");
+    drop((a, b, be));
+}

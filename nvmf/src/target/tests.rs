@@ -1962,3 +1962,41 @@ fn listener_covers_its_address_or_wildcard_family() {
     assert!(l("10.1.1.1").covers(ip("::ffff:10.1.1.1")));
     assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }
+
+/// A host that resets its controller (CC.EN 1 -> 0 -> 1) and sends its AER again with the
+/// CID of the one still held (Linux uses one fixed CID for it): the target holds it once,
+/// and one event completes it once.
+#[test]
+fn aer_with_the_cid_of_a_held_one_is_held_once() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    let mut aer = admin_sqe(admin::ASYNC_EVENT_REQUEST, 0);
+    aer.set_opcode_cid(admin::ASYNC_EVENT_REQUEST, 31);
+    let mut buf = [0u8; 0];
+    let t = &mut c.t;
+    assert_eq!(
+        t.execute(c.now, c.admin, &aer, &mut buf, &NoCounters),
+        Outcome::Deferred
+    );
+    c.property_set(0);
+    c.property_set(CC_ENABLE);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    assert_eq!(
+        c.t.execute(c.now, c.admin, &aer, &mut buf, &NoCounters),
+        Outcome::Deferred
+    );
+    let _ = c.t.take_actions();
+    c.t.add_namespace(SUB1, ns(2)).unwrap();
+    let actions = c.t.take_actions();
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.cid == 31),
+        "{actions:?}"
+    );
+    // Nothing else is held: after the log is read, a new event waits for a new AER.
+    c.admin(get_log(lid::CHANGED_NS_LIST, 4096, 0, false, 0xffff_ffff));
+    c.t.add_namespace(SUB1, ns(3)).unwrap();
+    assert!(
+        c.t.take_actions().is_empty(),
+        "no second completion for CID 31"
+    );
+}

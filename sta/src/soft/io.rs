@@ -91,6 +91,20 @@ impl StaIo {
         self.core.cmds.len() - self.core.free_cmds.len()
     }
 
+    /// Bytes of data buffers this context's pool has allocated (in use or idle).
+    pub fn buffer_bytes(&self) -> usize {
+        self.core.pool.allocated_bytes()
+    }
+
+    /// Bytes of receive buffers held by this context's TCP connections.
+    pub fn rx_buffer_bytes(&self) -> usize {
+        self.qps
+            .iter()
+            .filter_map(|s| s.qp.as_ref())
+            .map(|q| q.rx.buf.len())
+            .sum()
+    }
+
     /// Number of live QPs (the acceptor balances threads by it).
     pub fn qp_count(&self) -> usize {
         self.qps.iter().filter(|s| s.qp.is_some()).count()
