@@ -92,6 +92,25 @@ const ERROR_LOG_ENTRIES: usize = 64;
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 const AER_LIMIT: usize = 4;
 
+/// How many bytes of host-to-controller data the target reads for a command the engine
+/// hands up (not offloaded) on a queue that is `connected` (its Fabrics Connect was
+/// answered) or not: the engine fetches no more than this (no R2T, no buffer beyond it).
+///
+/// Before Connect a queue has no controller and the only command the target reads data
+/// for is the Connect itself (its 1024 bytes of Connect data). After it, no command the
+/// target implements takes host data on the slow path: Set Features carries its values
+/// in CDW11, the admin commands that take data (Security Send, Firmware Image Download,
+/// Namespace Management, Authentication Send) are not implemented and are refused
+/// without it, and the I/O commands that reach the slow path are refused too (their
+/// namespace is not attached). A command added here that reads host data must say so.
+pub fn slow_path_host_data(sqe: &Sqe, connected: bool) -> u32 {
+    if !connected && sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
+        ConnectData::SIZE as u32
+    } else {
+        0
+    }
+}
+
 /// Target-wide limits and identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetOptions {
@@ -302,6 +321,9 @@ impl CounterSource for NoCounters {
 struct Subsystem {
     cfg: SubsystemConfig,
     namespaces: BTreeMap<u32, NamespaceConfig>,
+    /// Namespaces whose storage is gone ([`Target::namespace_lost`]): inactive for
+    /// Identify, their I/O answered with a path error, until removed.
+    lost: BTreeMap<u32, NamespaceConfig>,
     is_discovery: bool,
 }
 
@@ -591,6 +613,7 @@ impl Target {
                     listeners: None,
                 },
                 namespaces: BTreeMap::new(),
+                lost: BTreeMap::new(),
                 is_discovery: true,
             },
         );
@@ -661,6 +684,7 @@ impl Target {
             Subsystem {
                 cfg: c,
                 namespaces: BTreeMap::new(),
+                lost: BTreeMap::new(),
                 is_discovery: false,
             },
         );
@@ -721,7 +745,7 @@ impl Target {
         if ns.num_blocks == 0 {
             return bad("no blocks");
         }
-        if s.namespaces.contains_key(&nsid) {
+        if s.namespaces.contains_key(&nsid) || s.lost.contains_key(&nsid) {
             return Err(TargetError::DuplicateNamespace(nsid));
         }
         s.namespaces.insert(nsid, ns);
@@ -732,9 +756,40 @@ impl Target {
     /// Removes a namespace, with the same notifications as [`Target::add_namespace`].
     pub fn remove_namespace(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
         let s = self.user_subsystem_mut(subnqn)?;
-        if s.namespaces.remove(&nsid).is_none() {
+        if s.namespaces.remove(&nsid).is_none() && s.lost.remove(&nsid).is_none() {
             return Err(TargetError::UnknownNamespace(nsid));
         }
+        self.namespace_changed(subnqn, nsid);
+        Ok(())
+    }
+
+    /// The storage behind a namespace is gone (its file was deleted, its device removed)
+    /// or hangs. What hosts see, and why:
+    ///
+    /// - I/O to it is answered Internal Path Error (SCT 3h, SC 00h) without DNR. NVMe
+    ///   Base 2.0 makes SCT 3h the "try another path" class; the Linux host fails such
+    ///   commands over to another path of the namespace when it has one (multipath), and
+    ///   otherwise retries a few times and fails them. Namespace Not Ready (what a
+    ///   namespace not attached *yet* gets) is no good here: Linux retries it on the same
+    ///   path and never fails over, and with DNR no host retries at all, not even
+    ///   elsewhere. ANA statuses would say the same more precisely but need ANA, which
+    ///   this target does not report.
+    /// - It leaves the active namespace list, with a Namespace Attribute Changed event,
+    ///   as a hot-removed drive would: the host rescans and drops this path, so a host
+    ///   with no other path stops retrying and fails the I/O instead of spinning on it.
+    ///
+    /// The namespace stays configured (a reload that removes it, or a restart, clears
+    /// it; re-adding it needs it removed first). Idempotent.
+    pub fn namespace_lost(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
+        let s = self.user_subsystem_mut(subnqn)?;
+        if s.lost.contains_key(&nsid) {
+            return Ok(());
+        }
+        let ns = s
+            .namespaces
+            .remove(&nsid)
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        s.lost.insert(nsid, ns);
         self.namespace_changed(subnqn, nsid);
         Ok(())
     }
@@ -1453,6 +1508,9 @@ fn io_command(subsys: &Subsystem, sqe: &Sqe) -> Result<Reply, Status> {
     );
     if !offloadable {
         return Err(Status::INVALID_OPCODE);
+    }
+    if subsys.lost.contains_key(&sqe.nsid) {
+        return Err(Status::INTERNAL_PATH_ERROR);
     }
     // Flush broadcast (NSID FFFFFFFFh) is advertised as unsupported (VWC bits 2:1 = 10b).
     let ns = subsys

@@ -2000,3 +2000,53 @@ fn aer_with_the_cid_of_a_held_one_is_held_once() {
         "no second completion for CID 31"
     );
 }
+
+/// A namespace whose storage is gone: its I/O gets Internal Path Error without DNR (a
+/// multipath host fails over), it leaves the active list with a Namespace Attribute
+/// Changed event (the host drops the path), and a reload can remove it and add it back.
+#[test]
+fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    let mut buf = [0u8; 0];
+    assert_eq!(
+        c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf),
+        Outcome::Deferred
+    );
+    let (_, ok) = c.io_connect(1, 201);
+    let ioq = ok.unwrap().queue();
+    c.t.namespace_lost(SUB1, 1).unwrap();
+    let actions = c.t.take_actions();
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.dw0 == 0x04_00_02),
+        "{actions:?}"
+    );
+    let mut data = vec![0u8; 4096];
+    match c.exec_on(ioq, admin_sqe(io::READ, 1), &mut data) {
+        Outcome::Complete { cqe, .. } => {
+            assert_eq!(cqe.status(), Status::INTERNAL_PATH_ERROR);
+            assert!(!cqe.status().dnr);
+        }
+        o => panic!("{o:?}"),
+    }
+    let (_, list) = c.admin(identify(cns::ACTIVE_NS_LIST, 0, 0));
+    assert!(
+        !NamespaceList::read_from_bytes(&list[..4096])
+            .unwrap()
+            .to_ids()
+            .contains(&1),
+        "a lost namespace is not active"
+    );
+    // Losing it again changes nothing; it stays configured until removed.
+    c.t.namespace_lost(SUB1, 1).unwrap();
+    assert_eq!(
+        c.t.add_namespace(SUB1, ns(1)),
+        Err(TargetError::DuplicateNamespace(1))
+    );
+    c.t.remove_namespace(SUB1, 1).unwrap();
+    c.t.add_namespace(SUB1, ns(1)).unwrap();
+    match c.exec_on(ioq, admin_sqe(io::READ, 1), &mut data) {
+        Outcome::Complete { cqe, .. } => assert_eq!(cqe.status(), Status::NAMESPACE_NOT_READY),
+        o => panic!("{o:?}"),
+    }
+}
