@@ -162,6 +162,13 @@ impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some(origin) = &self.origin {
             origin.allocated.fetch_sub(self.cap, Ordering::Relaxed);
+            if origin.track_drops.load(Ordering::Relaxed) {
+                origin
+                    .dropped
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(self.id);
+            }
         }
         // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed
         // once, here.
@@ -185,6 +192,11 @@ impl fmt::Debug for IoBuf {
 #[derive(Debug, Default)]
 struct PoolShared {
     allocated: AtomicUsize,
+    /// Record the ids of freed buffers (for [`BufPool::take_dropped`]).
+    track_drops: std::sync::atomic::AtomicBool,
+    /// Ids of buffers freed since the last `take_dropped` (a freed buffer is rare: the
+    /// pool frees only under cap pressure).
+    dropped: std::sync::Mutex<Vec<u64>>,
 }
 
 /// A per-thread pool of [`IoBuf`]s in power-of-two size classes from 4 KiB to `max_buf`.
@@ -265,6 +277,24 @@ impl BufPool {
             Some(class) if MIN_CLASS << class == buf.cap => self.free[class].push(buf),
             _ => drop(buf),
         }
+    }
+
+    /// From now on remember the [`IoBuf::id`] of every buffer of this pool that is freed
+    /// (by the pool or anywhere else), for owners of per-buffer registrations (RDMA
+    /// memory regions) to drop theirs: see [`BufPool::take_dropped`].
+    pub fn track_drops(&self) {
+        self.shared.track_drops.store(true, Ordering::Relaxed);
+    }
+
+    /// Ids of this pool's buffers freed since the last call (with [`BufPool::track_drops`]
+    /// on), appended to `out`.
+    pub fn take_dropped(&self, out: &mut Vec<u64>) {
+        let mut d = self
+            .shared
+            .dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        out.append(&mut d);
     }
 
     /// Largest buffer `get` hands out.
@@ -436,6 +466,32 @@ mod tests {
         std::thread::spawn(move || drop(b)).join().unwrap();
         assert_eq!(pool.allocated_bytes(), 0);
         assert!(pool.get(8192).is_some());
+    }
+
+    #[test]
+    fn freed_buffers_are_reported_when_asked() {
+        let mut pool = BufPool::new(64 << 10, 64 << 10);
+        let a = pool.get(4096).unwrap();
+        drop(a);
+        let mut ids = Vec::new();
+        pool.take_dropped(&mut ids);
+        assert!(ids.is_empty(), "not tracked unless asked");
+        pool.track_drops();
+        let held: Vec<_> = (0..16).map(|_| pool.get(4096).unwrap()).collect();
+        let want: Vec<u64> = held.iter().map(|b| b.id()).collect();
+        for b in held {
+            pool.put(b);
+        }
+        // A 64 KiB buffer needs the room of the 16 idle 4 KiB ones: the pool frees them.
+        let big = pool.get(64 << 10).unwrap();
+        pool.take_dropped(&mut ids);
+        ids.sort_unstable();
+        assert_eq!(ids, want);
+        let id = big.id();
+        std::thread::spawn(move || drop(big)).join().unwrap();
+        ids.clear();
+        pool.take_dropped(&mut ids);
+        assert_eq!(ids, vec![id], "freed on another thread");
     }
 
     #[test]
