@@ -851,6 +851,11 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
                     "engine: backend queues of namespace {nsid} of subsystem {} destroyed",
                     name(subsys)
                 ),
+                sta::MainEvent::BackendGone { subsys, nsid } => tracing::error!(
+                    "engine: the backend of namespace {nsid} of subsystem {} is gone; its \
+                     I/O gets Internal Path Error",
+                    name(subsys)
+                ),
                 sta::MainEvent::BackendTimeout {
                     subsys,
                     nsid,

@@ -96,6 +96,121 @@ pub enum TransportErrorKind {
     Io,
     /// The host broke the NVMe/TCP protocol; the engine sent a C2HTermReq.
     Protocol,
+    /// The peer ran into one of the engine's bounds or deadlines ([`Limit`]) and loses
+    /// its connection for it.
+    Limit(Limit),
+}
+
+/// A bound or deadline the engine holds a peer to (DESIGN: every resource a peer can make
+/// us hold has a bound, a deadline and a counter). Each hit is counted per IO thread
+/// ([`ThreadCounters::limit_hits`], in [`Limit::ALL`] order); the ones that cost the peer
+/// its connection are also reported as [`TransportErrorKind::Limit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// A TCP connection sent no ICReq within [`EngineLimits::icreq_timeout`].
+    IcReqTimeout,
+    /// A queue had no Fabrics Connect answered within [`EngineLimits::connect_timeout`]
+    /// of being accepted.
+    ConnectTimeout,
+    /// Host data an R2T asked for did not come within
+    /// [`EngineLimits::host_data_timeout`] (a C2HTermReq ends the connection).
+    HostDataTimeout,
+    /// The peer took none of its output (responses) for [`EngineLimits::drain_timeout`].
+    DrainTimeout,
+    /// A queue's output grew past its bound (the peer neither reads nor stops sending).
+    SendQueue,
+    /// A capsule arrived while all SQSIZE + 1 entries of its queue were outstanding (a
+    /// C2HTermReq ends the connection).
+    QueueDepth,
+    /// A command waited because its connection already held
+    /// [`EngineLimits::connection_buffer_bytes`] of data buffers (not fatal).
+    ConnectionBuffers,
+    /// The IO thread's buffer pool was exhausted: the command was answered Command
+    /// Interrupted (the host retries it).
+    BufferPool,
+    /// The IO thread's command slots were exhausted: the command was answered Command
+    /// Interrupted.
+    CommandSlots,
+}
+
+impl Limit {
+    pub const ALL: [Limit; 9] = [
+        Limit::IcReqTimeout,
+        Limit::ConnectTimeout,
+        Limit::HostDataTimeout,
+        Limit::DrainTimeout,
+        Limit::SendQueue,
+        Limit::QueueDepth,
+        Limit::ConnectionBuffers,
+        Limit::BufferPool,
+        Limit::CommandSlots,
+    ];
+
+    /// Metric label (`nvmft_limit_hits_total{limit="..."}`) and log reason.
+    pub fn label(self) -> &'static str {
+        match self {
+            Limit::IcReqTimeout => "icreq_timeout",
+            Limit::ConnectTimeout => "connect_timeout",
+            Limit::HostDataTimeout => "host_data_timeout",
+            Limit::DrainTimeout => "drain_timeout",
+            Limit::SendQueue => "send_queue",
+            Limit::QueueDepth => "queue_depth",
+            Limit::ConnectionBuffers => "connection_buffers",
+            Limit::BufferPool => "buffer_pool",
+            Limit::CommandSlots => "command_slots",
+        }
+    }
+
+    /// What happened, in words, for log lines.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Limit::IcReqTimeout => "sent no ICReq in time",
+            Limit::ConnectTimeout => "sent no Fabrics Connect in time",
+            Limit::HostDataTimeout => "did not send the data an R2T asked for in time",
+            Limit::DrainTimeout => "did not read its responses in time",
+            Limit::SendQueue => "let too many responses pile up unread",
+            Limit::QueueDepth => "submitted more commands than its queue has entries",
+            Limit::ConnectionBuffers => "used its whole buffer budget (commands wait)",
+            Limit::BufferPool => "found the IO thread's buffer pool exhausted",
+            Limit::CommandSlots => "found the IO thread's command slots exhausted",
+        }
+    }
+
+    fn index(self) -> usize {
+        Limit::ALL.iter().position(|&l| l == self).unwrap_or(0)
+    }
+}
+
+/// The engine's bounds and deadlines on peers (see [`Limit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// A TCP connection must send its ICReq within this. The Linux host sends it at
+    /// once; nvmet and SPDK have no such deadline, so an idle socket costs them forever.
+    pub icreq_timeout: std::time::Duration,
+    /// A queue must have its Fabrics Connect answered within this of being accepted.
+    pub connect_timeout: std::time::Duration,
+    /// Host data solicited by an R2T must arrive within this (the Linux host's own I/O
+    /// timeout is 30 s: by then it has given up on the command anyway).
+    pub host_data_timeout: std::time::Duration,
+    /// A connection whose output the peer does not take for this long is closed.
+    pub drain_timeout: std::time::Duration,
+    /// Data buffers one connection may hold for commands in flight; more commands wait
+    /// (never fail) until some finish. At least the max I/O size. Host data is only
+    /// given a buffer once it arrives, so commands whose data never comes hold none.
+    pub connection_buffer_bytes: usize,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        use std::time::Duration;
+        EngineLimits {
+            icreq_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            host_data_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+            connection_buffer_bytes: 16 << 20,
+        }
+    }
 }
 
 /// What an IO context reports from `progress()`.
@@ -135,6 +250,9 @@ pub enum Event {
         icreq: bool,
         fes: u16,
         fei: u32,
+        /// The engine ended the connection because the peer ran into this bound or
+        /// deadline (a full queue, host data that never came), not over a bad PDU.
+        limit: Option<Limit>,
     },
 }
 
@@ -163,6 +281,9 @@ pub enum MainEvent {
         nsid: u32,
         commands: u32,
     },
+    /// A namespace's backend answered that it is gone (its file was deleted, its device
+    /// removed): commands got Internal Path Error. Reported once per IO thread.
+    BackendGone { subsys: SubsysId, nsid: u32 },
 }
 
 /// Engine limits (DOCA: `doca_sta_get_max_*`).
@@ -225,7 +346,7 @@ impl LatencyTotals {
 
 /// The error statuses counted one by one (everything else is counted as "other"): the
 /// ones the engine and its backends produce. Label, status.
-pub const ERROR_STATUSES: [(&str, Status); 14] = [
+pub const ERROR_STATUSES: [(&str, Status); 16] = [
     ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
     ("invalid_field", Status::INVALID_FIELD),
     ("invalid_opcode", Status::INVALID_OPCODE),
@@ -246,6 +367,8 @@ pub const ERROR_STATUSES: [(&str, Status); 14] = [
     ("write_fault", Status::WRITE_FAULT),
     ("unrecovered_read_error", Status::UNRECOVERED_READ_ERROR),
     ("compare_failure", Status::COMPARE_FAILURE),
+    ("internal_path_error", Status::INTERNAL_PATH_ERROR),
+    ("command_interrupted", Status::COMMAND_INTERRUPTED),
 ];
 
 /// Index into [`ERROR_STATUSES`] (by SCT and SC; DNR does not matter), or its length for
@@ -338,6 +461,15 @@ pub struct ThreadCounters {
     pub busy_polls: AtomicU64,
     pub idle_polls: AtomicU64,
     pub qps: AtomicU64,
+    /// Hits of each [`Limit`], in [`Limit::ALL`] order.
+    pub limit_hits: [AtomicU64; Limit::ALL.len()],
+}
+
+impl ThreadCounters {
+    #[inline]
+    pub(crate) fn hit(&self, l: Limit) {
+        NsCounters::bump(&self.limit_hits[l.index()], 1);
+    }
 }
 
 #[derive(Default)]
@@ -402,6 +534,21 @@ impl Stats {
         v.sort_by_key(|(s, n)| (s.0, *n));
         v.dedup();
         v
+    }
+
+    /// Hits of every [`Limit`], summed over IO threads: (label, count).
+    pub fn limit_hits(&self) -> Vec<(&'static str, u64)> {
+        let threads = self.threads();
+        Limit::ALL
+            .iter()
+            .map(|l| {
+                let n = threads
+                    .iter()
+                    .map(|t| t.limit_hits[l.index()].load(Ordering::Relaxed))
+                    .sum();
+                (l.label(), n)
+            })
+            .collect()
     }
 
     /// Per-thread engine counters, in thread creation order.

@@ -54,6 +54,19 @@ impl StaIo {
             sqsize,
             sq_flow_control_disabled: sqflow_disabled,
         });
+        // The queue has a controller now: the Connect deadline is met, and its commands
+        // may take data.
+        q.st.connected = true;
+        Ok(())
+    }
+
+    /// Free a non-offloaded command without answering it: the host no longer counts it
+    /// as outstanding (an Asynchronous Event Request held across a controller reset and
+    /// then sent again with the same CID). Its queue entry is free again.
+    pub fn cmd_drop(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        self.core.release(&mut q.st, token.idx);
         Ok(())
     }
 
@@ -78,6 +91,7 @@ impl StaIo {
         }
         q.st.disconnect = Some(user);
         q.st.rx_stopped = true;
+        q.st.waiting.clear();
         match &mut q.st.link {
             Link::Rdma(r) => {
                 // Post what is queued (a final response) best effort, then disconnect: the
@@ -89,8 +103,8 @@ impl StaIo {
                 }
             }
             Link::Tcp(t) => {
-                // Flush what is already queued (e.g. a final response) best effort, then
-                // drop the rest.
+                // Flush what is already queued (e.g. a final response or C2HTermReq) best
+                // effort, then drop the rest.
                 let _ = tcp_link::flush(t, &self.core.cmds, &mut self.released);
                 t.tx.discard(&mut self.released);
                 for c in self.released.drain(..) {

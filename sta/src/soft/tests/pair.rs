@@ -541,7 +541,13 @@ impl Pair {
                 self.io.rdma_send(qp, token, &cqe, 0).expect("rdma_send");
             }
             Outcome::Deferred => {
-                self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
+                // A held command with this CID is one the host sent again (an AER after a
+                // controller reset): the old one will never be answered, free its slot.
+                if let Some((oq, ot)) = self.held.insert((queue.cntlid, sqe.cid()), (qp, token)) {
+                    if ot != token {
+                        let _ = self.io.cmd_drop(oq, ot);
+                    }
+                }
             }
             // A retired controller's queue: its Disconnect action is on the way.
             Outcome::Dropped => {}
