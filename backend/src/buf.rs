@@ -153,6 +153,17 @@ impl IoBuf {
     }
 }
 
+/// Hand memory the allocator holds free back to the system. glibc keeps freed heap
+/// memory (and raises its mmap threshold after large frees, so large buffers end up on
+/// the heap too): without this, a trimmed pool would not shrink the process.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn layout_for(len: usize) -> Option<Layout> {
     let cap = len.max(1).checked_next_multiple_of(IO_BUF_ALIGN)?;
     Layout::from_size_align(cap, IO_BUF_ALIGN).ok()
@@ -295,6 +306,35 @@ impl BufPool {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         out.append(&mut d);
+    }
+
+    /// Bytes of idle buffers (in the free lists).
+    pub fn idle_bytes(&self) -> usize {
+        self.free
+            .iter()
+            .enumerate()
+            .map(|(c, l)| l.len() * (MIN_CLASS << c))
+            .sum()
+    }
+
+    /// Free idle buffers, largest first, until at most `keep` bytes of them remain: a
+    /// burst's buffers go back to the system once it is over. Returns the bytes freed.
+    pub fn trim_idle(&mut self, keep: usize) -> usize {
+        let mut idle = self.idle_bytes();
+        let mut freed = 0;
+        for c in (0..self.free.len()).rev() {
+            while idle > keep {
+                let Some(b) = self.free[c].pop() else {
+                    break;
+                };
+                idle -= b.cap;
+                freed += b.cap;
+            }
+        }
+        if freed > 0 {
+            return_free_memory();
+        }
+        freed
     }
 
     /// Largest buffer `get` hands out.
@@ -492,6 +532,22 @@ mod tests {
         ids.clear();
         pool.take_dropped(&mut ids);
         assert_eq!(ids, vec![id], "freed on another thread");
+    }
+
+    #[test]
+    fn trim_frees_idle_buffers_largest_first() {
+        let mut pool = BufPool::new(1 << 20, 8 << 20);
+        let big: Vec<_> = (0..4).map(|_| pool.get(1 << 20).unwrap()).collect();
+        let small: Vec<_> = (0..8).map(|_| pool.get(4096).unwrap()).collect();
+        for b in big.into_iter().chain(small) {
+            pool.put(b);
+        }
+        assert_eq!(pool.idle_bytes(), (4 << 20) + 8 * 4096);
+        assert_eq!(pool.trim_idle(64 << 10), 4 << 20);
+        assert_eq!(pool.idle_bytes(), 8 * 4096);
+        assert_eq!(pool.allocated_bytes(), 8 * 4096);
+        assert_eq!(pool.trim_idle(0), 8 * 4096);
+        assert_eq!(pool.allocated_bytes(), 0);
     }
 
     #[test]

@@ -43,6 +43,7 @@ use zerocopy::IntoBytes;
 
 pub use nvmf::tcp::Xfer;
 
+pub mod hostile;
 #[cfg(test)]
 mod tests;
 
@@ -111,6 +112,9 @@ pub struct HostOptions {
     pub disable_sq_flow_control: bool,
     /// SQSIZE (0's based) of the admin queue Connect: Linux uses 31, SPDK's host 1..=4095.
     pub admin_sqsize: u16,
+    /// Local address to connect from (a loopback alias such as 127.1.0.7 makes the
+    /// connection look like another peer); `None`: the kernel picks.
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Default for HostOptions {
@@ -130,6 +134,7 @@ impl Default for HostOptions {
             random_hostid_per_queue: false,
             disable_sq_flow_control: false,
             admin_sqsize: 31,
+            source: None,
         }
     }
 }
@@ -386,7 +391,15 @@ impl TcpHost {
     /// [`send_raw`](Self::send_raw). An ICResp received by [`recv_pdu`](Self::recv_pdu)
     /// still sets up digests and CPDA.
     pub fn connect_raw(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
-        let stream = TcpStream::connect(addr)?;
+        let stream = match opts.source {
+            None => TcpStream::connect(addr)?,
+            Some(from) => {
+                let to = addr.to_socket_addrs()?.next().ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address")
+                })?;
+                connect_from(from, to)?
+            }
+        };
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(opts.timeout))?;
         stream.set_write_timeout(Some(opts.timeout))?;
@@ -907,6 +920,36 @@ impl TcpHost {
             .shutdown(std::net::Shutdown::Both)
             .map_err(Error::Io)
     }
+}
+
+/// A TCP connection to `to` from local address `from` (any port).
+pub fn connect_from(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<TcpStream> {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6};
+    use std::net::SocketAddr;
+    use std::os::fd::AsRawFd;
+    let family = if to.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    let raw = fd.as_raw_fd();
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "address families differ");
+    match (SocketAddr::new(from, 0), to) {
+        (SocketAddr::V4(l), SocketAddr::V4(r)) => {
+            socket::bind(raw, &SockaddrIn::from(l))?;
+            socket::connect(raw, &SockaddrIn::from(r))?;
+        }
+        (SocketAddr::V6(l), SocketAddr::V6(r)) => {
+            socket::bind(raw, &SockaddrIn6::from(l))?;
+            socket::connect(raw, &SockaddrIn6::from(r))?;
+        }
+        _ => return Err(bad()),
+    }
+    Ok(TcpStream::from(fd))
 }
 
 fn check(cqe: Cqe) -> Result<Cqe> {

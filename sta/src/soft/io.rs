@@ -461,6 +461,10 @@ impl StaIo {
                 self.dropped_bufs.clear();
             }
         }
+        // A burst's idle buffers go back to the system (an eighth of the pool stays).
+        self.core
+            .pool
+            .trim_idle(self.core.cfg.buffer_pool_bytes / 8);
         // Host data: the oldest outstanding fetch per TCP QP.
         let mut late: Vec<QpHandle> = Vec::new();
         for c in self.core.cmds.iter() {

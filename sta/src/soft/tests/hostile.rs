@@ -525,3 +525,90 @@ fn vanished_backend_answers_a_path_error() {
 fn io_rw(opcode: u8, nlb: u32) -> Sqe {
     rw(opcode, 0, nlb)
 }
+
+/// A host that writes more than its connection's buffer budget at once is slowed, not
+/// failed: commands past the budget wait for earlier ones and every write lands.
+#[test]
+fn a_connection_past_its_buffer_budget_waits_and_completes() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        limits: crate::EngineLimits {
+            connection_buffer_bytes: 1 << 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    p.conns[q].host.set_max_incapsule(0);
+    let mut cids = Vec::new();
+    for k in 0..24u64 {
+        // 24 writes of 128 KiB: 3 MiB in flight against a 1 MiB budget.
+        cids.push((
+            k,
+            p.submit(
+                q,
+                rw(io::WRITE, k * 256, 256),
+                Xfer::ToController,
+                pattern(k, 128 << 10),
+            ),
+        ));
+    }
+    for (k, cid) in cids {
+        let (cqe, _) = p.wait(q, cid);
+        assert!(cqe.status().is_success(), "write {k}: {}", cqe.status());
+        assert_eq!(disk(&p, k * 256, 256), pattern(k, 128 << 10));
+    }
+    let hits = p.sta.stats().limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::ConnectionBuffers.label() && n > 0),
+        "{hits:?}"
+    );
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+/// The thread's pool is exhausted by a host that sent half of a large write: another
+/// host's write whose data arrives then gets Command Interrupted (retryable, no DNR),
+/// its data is taken off the wire, and its connection keeps working.
+#[test]
+fn pool_exhaustion_fails_the_write_not_the_connection() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        buffer_pool_bytes: 1 << 20,
+        ..Default::default()
+    });
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
+    // A 1 MiB write whose first 64 KiB arrive: its buffer takes the whole pool.
+    let len = 1 << 20;
+    forge(
+        &mut p,
+        hog,
+        &by_transport(io_rw(io::WRITE, len / 512), 0, len),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, hog);
+    let Some(&Out::R2T { ttag, .. }) = w.first() else {
+        panic!("{w:?}")
+    };
+    let mut pdu = Vec::new();
+    tcp::encode_h2c_data(&mut pdu, 0, ttag, 0, &[1u8; 65536], false, Digests::NONE, 0);
+    p.conns[hog].send_raw(&pdu);
+    p.pump();
+    assert!(p.io.buffer_bytes() >= 1 << 20, "the pool is taken");
+    p.conns[q].host.set_max_incapsule(0);
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
+    assert_eq!(
+        cqe.status(),
+        Status::COMMAND_INTERRUPTED,
+        "{}",
+        cqe.status()
+    );
+    assert!(!cqe.status().dnr);
+    // The reads the host retries with still need buffers: the hog goes (its deadline).
+    p.advance(FOREVER);
+    assert!(p.conns[hog].target_closed());
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(disk(&p, 0, 8), pattern(1, 4096));
+}
