@@ -317,7 +317,8 @@ fn main() {
     }
 
     // Running attacks: measured while they run.
-    let running: Vec<(String, Box<dyn FnOnce(SocketAddr, Peers) -> String + Send>)> = vec![
+    type Attack = Box<dyn FnOnce(SocketAddr, Peers) -> String + Send>;
+    let running: Vec<(String, Attack)> = vec![
         (
             format!("{} Connects on one discovery connection", 10_000 / k),
             Box::new(
