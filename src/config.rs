@@ -68,6 +68,71 @@ pub struct Config {
     pub max_io_size: u32,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
+    /// Persist Through Power Loss: where reservation state is kept.
+    pub reservations: ReservationsConfig,
+    /// Discovery referrals (SUBTYPE 1 entries of the discovery log).
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// What to do at start-up when the reservation state file is missing or cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPolicy {
+    /// Start with no reservations (and say so in the log).
+    StartClean,
+    /// Refuse to start, naming the file and what is wrong with it.
+    Fail,
+}
+
+/// `reservations:`: the PTPL state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationsConfig {
+    /// `None` with the embedded default (there is no file to sit beside): reservations
+    /// then cannot persist (RESCAP reports no PTPL). Otherwise `state_file`, relative to
+    /// the config's directory, or `<config file>.ptpl` beside it.
+    pub state_file: Option<PathBuf>,
+    /// Default: start clean (a first start has no file).
+    pub if_missing: StartPolicy,
+    /// Default: fail (losing reservations silently is worse than not starting).
+    pub if_corrupt: StartPolicy,
+}
+
+impl Default for ReservationsConfig {
+    fn default() -> Self {
+        ReservationsConfig {
+            state_file: None,
+            if_missing: StartPolicy::StartClean,
+            if_corrupt: StartPolicy::Fail,
+        }
+    }
+}
+
+/// One referral to another discovery service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferralConfig {
+    pub transport: TransportKind,
+    pub address: IpAddr,
+    pub port: u16,
+}
+
+/// An ANA state as the YAML writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnaStateName {
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
+    Change,
+}
+
+/// One ANA group of a subsystem (`subsystems[].ana_groups[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroupConfig {
+    /// 1..=128.
+    pub id: u32,
+    /// (listener name, state), sorted by listener; listeners not named are optimized.
+    pub states: Vec<(String, AnaStateName)>,
 }
 
 /// IO thread layout.
@@ -176,6 +241,9 @@ pub struct SubsystemConfig {
     /// listeners a reload adds later (Connects are refused on listeners a subsystem is
     /// not on, so this follows the listener list live rather than at start-up).
     pub all_listeners: bool,
+    /// ANA groups with non-default states, by ID (a group not listed is optimized on
+    /// every listener; every namespace is in group 1 unless it names another).
+    pub ana_groups: Vec<AnaGroupConfig>,
     pub namespaces: Vec<NamespaceConfig>,
 }
 
@@ -192,6 +260,10 @@ pub struct NamespaceConfig {
     pub nguid: [u8; 16],
     /// Configured, or derived from `uuid` (a locally administered EUI-64).
     pub eui64: [u8; 8],
+    /// ANA group, 1..=128 (1 when not configured).
+    pub ana_group: u32,
+    /// Host NQNs that see this namespace; `None`: every host of the subsystem.
+    pub hosts: Option<Vec<String>>,
 }
 
 impl Config {
@@ -204,7 +276,14 @@ impl Config {
             error,
         })?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-        validate::parse(&text, &source, base)
+        let mut cfg = validate::parse(&text, &source, base)?;
+        // The PTPL state file sits beside the config unless the config says where.
+        if cfg.reservations.state_file.is_none() {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".ptpl");
+            cfg.reservations.state_file = Some(PathBuf::from(name));
+        }
+        Ok(cfg)
     }
 
     /// Parses and checks config text; `source` names it in errors. Relative backend paths

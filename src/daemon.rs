@@ -83,9 +83,60 @@ struct Shared {
     conns: Mutex<HashMap<u64, ConnInfo>>,
     /// Refusal counters and the rate-limited refusal log.
     refusals: RefusalLog,
+    /// The PTPL state file, when reservations can persist.
+    ptpl: Option<crate::ptpl::PtplStore>,
+    /// Where namespace access views go to the engine.
+    access: sta::AccessPublisher,
 }
 
 impl Shared {
+    /// After the target changed state (a command, a reload): hand new namespace access
+    /// views to the engine and write the PTPL state file if what it keeps changed. Called
+    /// before the completion of the command that caused it is sent.
+    fn sync_target_state(&self) {
+        let (views, snapshot) = {
+            let mut t = self.target();
+            let views = t.take_access_updates();
+            let snapshot = self.ptpl.as_ref().and_then(|_| {
+                let v = t.ptpl_version();
+                (v != 0).then(|| t.ptpl_snapshot())
+            });
+            (views, snapshot)
+        };
+        self.publish_access(views);
+        if let (Some(store), Some((version, entries))) = (&self.ptpl, snapshot) {
+            if let Err(e) = store.save(version, &entries) {
+                tracing::error!(
+                    "reservations: cannot write the state file {}: {e}; reservations that \
+                     persist through power loss may be lost on restart",
+                    store.path().display()
+                );
+            }
+        }
+    }
+
+    /// Hands access views to the engine's data path.
+    fn publish_access(
+        &self,
+        views: Vec<(String, u32, std::sync::Arc<nvmf::target::NamespaceAccess>)>,
+    ) {
+        for (nqn, nsid, view) in views {
+            let id = self
+                .subsys_ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&nqn)
+                .copied();
+            if let Some(id) = id {
+                tracing::debug!(
+                    "namespace {nsid} of {nqn}: new access view (open: {})",
+                    view.is_open()
+                );
+                self.access.publish(id, nsid, view);
+            }
+        }
+    }
+
     fn target(&self) -> MutexGuard<'_, Target> {
         self.target.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -160,10 +211,7 @@ impl Shared {
     /// Send actions to the IO threads that own the queues they concern.
     fn route(&self, actions: Vec<Action>) {
         for a in actions {
-            let key = match &a {
-                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
-            };
-            if let Some(tx) = self.threads.get(thread_of(key)) {
+            if let Some(tx) = self.threads.get(thread_of(a.key())) {
                 let _ = tx.send(ThreadMsg::Action(a));
             }
         }
@@ -257,6 +305,21 @@ struct Runtime {
     /// The RDMA CM service, started with the first RDMA listener; its listeners.
     rdma: Option<RdmaService>,
     rdma_listeners: Vec<(String, ListenerInfo)>,
+    /// Reservations read from the PTPL state file at start-up, restored as their
+    /// namespaces are added (before any host can reach them).
+    persisted: Vec<nvmf::target::PersistedReservation>,
+}
+
+fn ana_state(s: crate::config::AnaStateName) -> nvmf::target::AnaState {
+    use crate::config::AnaStateName as N;
+    use nvmf::target::AnaState as S;
+    match s {
+        N::Optimized => S::Optimized,
+        N::NonOptimized => S::NonOptimized,
+        N::Inaccessible => S::Inaccessible,
+        N::PersistentLoss => S::PersistentLoss,
+        N::Change => S::Change,
+    }
 }
 
 fn listener_info(l: &ListenerConfig) -> ListenerInfo {
@@ -482,19 +545,43 @@ impl Runtime {
                     nguid: ns.nguid,
                     eui64: ns.eui64,
                     volatile_write_cache: be.volatile_write_cache(),
+                    anagrpid: ns.ana_group,
+                    hosts: ns.hosts.clone(),
                 },
             );
             match r {
-                Ok(()) => tracing::info!(
-                    "subsystem {nqn}: namespace {} on backend {}",
-                    ns.nsid,
-                    ns.backend
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        "subsystem {nqn}: namespace {} on backend {}",
+                        ns.nsid,
+                        ns.backend
+                    );
+                    if let Some(i) = self
+                        .persisted
+                        .iter()
+                        .position(|p| p.subnqn == *nqn && p.nsid == ns.nsid)
+                    {
+                        let p = self.persisted.swap_remove(i);
+                        match shared.target().restore_reservation(p) {
+                            Ok(()) => tracing::info!(
+                                "reservations: subsystem {nqn} namespace {}: restored",
+                                ns.nsid
+                            ),
+                            Err(e) => err(format!(
+                                "reservations: subsystem {nqn} namespace {}: {e}",
+                                ns.nsid
+                            )),
+                        }
+                    }
+                }
                 Err(e) => {
                     err(format!("subsystem {nqn} namespace {}: {e}", ns.nsid));
                     let _ = self.sta.ns_remove(id, ns.nsid, 0);
                 }
             }
+            // Its access view (visibility, ANA, a restored reservation) reaches the
+            // engine before a host learns of the namespace.
+            shared.sync_target_state();
             let actions = shared.target().take_actions();
             shared.route(actions);
         }
@@ -503,6 +590,64 @@ impl Runtime {
             shared.route(actions);
             tracing::info!("subsystem {nqn}: host access updated");
         }
+        for (nqn, nsid, hosts) in &d.namespace_hosts_changed {
+            let r = shared
+                .target()
+                .set_namespace_hosts(nqn, *nsid, hosts.clone());
+            match r {
+                Ok(actions) => {
+                    shared.route(actions);
+                    tracing::info!("subsystem {nqn}: namespace {nsid}: visibility updated");
+                }
+                Err(e) => err(format!("subsystem {nqn} namespace {nsid}: {e}")),
+            }
+        }
+        let ana_changes = d
+            .subsystems_added
+            .iter()
+            .filter(|s| !s.ana_groups.is_empty())
+            .map(|s| (s.nqn.clone(), s.ana_groups.clone()))
+            .chain(d.ana_groups_changed.iter().cloned());
+        for (nqn, groups) in ana_changes {
+            let groups = groups
+                .iter()
+                .map(|g| nvmf::target::AnaGroup {
+                    id: g.id,
+                    states: g
+                        .states
+                        .iter()
+                        .filter_map(|(name, st)| {
+                            let l = new.listeners.iter().find(|l| l.name == *name)?;
+                            Some((listener_info(l), ana_state(*st)))
+                        })
+                        .collect(),
+                })
+                .collect();
+            let r = shared.target().set_ana_groups(&nqn, groups);
+            match r {
+                Ok(actions) => {
+                    shared.route(actions);
+                    tracing::info!("subsystem {nqn}: ANA states applied");
+                }
+                Err(e) => err(format!("subsystem {nqn}: ANA groups: {e}")),
+            }
+        }
+        if let Some(refs) = &d.referrals_changed {
+            let refs = refs
+                .iter()
+                .map(|r| nvmf::target::Referral {
+                    transport: match r.transport {
+                        TransportKind::Tcp => Transport::Tcp,
+                        TransportKind::Rdma => Transport::Rdma,
+                    },
+                    addr: r.address,
+                    port: r.port,
+                })
+                .collect();
+            let actions = shared.target().set_referrals(refs);
+            shared.route(actions);
+        }
+        shared.sync_target_state();
         for line in &d.restart_required {
             tracing::warn!("needs a restart to take effect: {line}");
         }
@@ -648,6 +793,34 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         (caps.max_io_size / 4096).trailing_zeros(),
         caps.max_h2c_data / 1024
     );
+    // Reservations persist (PTPL) when there is a state file the daemon can write; with
+    // the embedded default, or a directory it may not write (ProtectSystem=strict makes
+    // /etc read-only: point reservations.state_file at /var/lib/nvmf-target), hosts are
+    // told PTPL is not supported rather than promised something a restart would lose.
+    let ptpl = match &cfg.reservations.state_file {
+        None => None,
+        Some(path) => {
+            let store = crate::ptpl::PtplStore::new(path.clone());
+            match store.probe() {
+                Ok(()) => Some(store),
+                Err(e) => {
+                    tracing::warn!(
+                        "reservations: cannot write next to {} ({e}); reservations will not \
+                         persist through restarts (set reservations.state_file to a writable \
+                         place, e.g. /var/lib/nvmf-target/reservations.ptpl)",
+                        path.display()
+                    );
+                    None
+                }
+            }
+        }
+    };
+    let persisted = match &ptpl {
+        Some(store) => store
+            .load(cfg.reservations.if_missing, cfg.reservations.if_corrupt)
+            .map_err(|e| anyhow::anyhow!(e))?,
+        None => Vec::new(),
+    };
     let target = Target::new(TargetOptions {
         max_queue_depth: caps.max_queue_depth,
         max_io_queues: MAX_IO_QUEUES,
@@ -656,6 +829,10 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         max_namespaces: 1024,
         kato_default_ms: 120_000,
         firmware_revision: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+        ptpl_capable: ptpl.is_some(),
+        // What the engine runs on the offloaded path (Identify advertises only that).
+        copy_max_bytes: if caps.copy { caps.max_io_size } else { 0 },
+        fused_compare_write: caps.fused_compare_write,
     });
 
     // IO threads.
@@ -674,12 +851,14 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         target: Mutex::new(target),
         subsys_ids: Mutex::new(HashMap::new()),
         stats: sta.stats(),
+        access: sta.access_publisher(),
         threads: senders,
         qp_counts: (0..count).map(|_| AtomicUsize::new(0)).collect(),
         rdma_queues: Mutex::new(std::collections::HashSet::new()),
         listeners: Mutex::new(Vec::new()),
         conns: Mutex::new(HashMap::new()),
         refusals: RefusalLog::new(),
+        ptpl,
     });
     // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
     let _metrics = match cfg.metrics {
@@ -731,6 +910,8 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         metrics: cfg.metrics,
         max_io_size: cfg.max_io_size,
         source: cfg.source.clone(),
+        reservations: cfg.reservations.clone(),
+        referrals: Vec::new(),
     };
     let mut rt = Runtime {
         cfg: empty,
@@ -740,6 +921,7 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         listeners: Vec::new(),
         rdma: None,
         rdma_listeners: Vec::new(),
+        persisted,
     };
     let d = diff(&rt.cfg, &cfg);
     let errors = rt.apply(&d, &cfg);
@@ -750,6 +932,13 @@ pub fn run(cfg: Config, config_path: Option<std::path::PathBuf>) -> anyhow::Resu
         bail!("{first}");
     }
     rt.cfg = cfg;
+    for p in std::mem::take(&mut rt.persisted) {
+        tracing::warn!(
+            "reservations: subsystem {} namespace {}: not restored; it is no longer configured",
+            p.subnqn,
+            p.nsid
+        );
+    }
     tracing::info!(
         "ready: {} listener(s), {count} IO thread(s)",
         rt.listeners.len() + rt.rdma_listeners.len()
@@ -1136,6 +1325,27 @@ impl IoThread {
                 self.held.retain(|_, (h, _)| *h != qp);
                 let _ = self.io.qp_disconnect(qp, 0);
             }
+            Action::Abort {
+                key,
+                cid,
+                abort,
+                abort_cid,
+                ..
+            } => {
+                let qp = self
+                    .qps
+                    .keys()
+                    .copied()
+                    .find(|h| queue_key(self.index, *h) == key);
+                let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
+                tracing::debug!(
+                    "io{}: abort of command {cid} on queue {key:#x}: {}",
+                    self.index,
+                    if aborted { "aborted" } else { "not aborted" }
+                );
+                let actions = self.shared.target().abort_done(abort, abort_cid, aborted);
+                self.route_or_apply(actions);
+            }
         }
     }
 
@@ -1160,10 +1370,7 @@ impl IoThread {
 
     fn route_or_apply(&mut self, actions: Vec<Action>) {
         for a in actions {
-            let key = match &a {
-                Action::CompleteHeld { key, .. } | Action::Disconnect { key, .. } => *key,
-            };
-            if thread_of(key) == self.index {
+            if thread_of(a.key()) == self.index {
                 self.on_action(a);
             } else {
                 self.shared.route(vec![a]);
@@ -1321,6 +1528,7 @@ impl IoThread {
                         .copied();
                     if let Some(id) = id {
                         let _ = self.io.qp_add_subsystem(qp, id);
+                        let _ = self.io.qp_set_access(qp, ok.access);
                     }
                 }
                 let _ = self.io.qp_connect_set_params(
@@ -1353,6 +1561,9 @@ impl IoThread {
             (o, t.take_actions(), t.take_notices())
         };
         shared.report_notices(notices);
+        // A reservation, PTPL or visibility change reaches the engine (and the PTPL file)
+        // before the host hears the command completed.
+        shared.sync_target_state();
         match outcome {
             Outcome::Complete { cqe, data_len } if data_len > 0 => {
                 let _ = self.io.rdma_write_send(qp, token, &cqe, data_len, 0);

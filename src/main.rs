@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod metrics;
 mod notify;
+mod ptpl;
 mod rdma_cm;
 mod refusals;
 mod reload;

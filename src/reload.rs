@@ -37,7 +37,14 @@
 //!    listed in `namespaces_added` as well, which is authoritative;
 //! 8. `namespaces_added` — includes every namespace of an added subsystem;
 //! 9. `hosts_changed` — subsystems present in both configs only (an added subsystem
-//!    carries its hosts in its `SubsystemConfig`).
+//!    carries its hosts in its `SubsystemConfig`);
+//! 10. `namespace_hosts_changed` — per-host visibility of surviving namespaces (a change
+//!     of a namespace's `hosts` alone is not a remove + add);
+//! 11. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
+//!     listeners whose state changed get an ANA Change event);
+//! 12. `referrals_changed` — the discovery log's referrals.
+//!
+//! The reservation state file (`reservations:`) needs a restart.
 //!
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
@@ -55,7 +62,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::config::{
-    BackendConfig, BackendKind, Config, IoThreads, ListenerConfig, NamespaceConfig, SubsystemConfig,
+    AnaGroupConfig, BackendConfig, BackendKind, Config, IoThreads, ListenerConfig, NamespaceConfig,
+    ReferralConfig, SubsystemConfig,
 };
 
 /// The changes from one config to the next; see the module docs for the application
@@ -78,6 +86,15 @@ pub struct ConfigDiff {
     /// (subsystem NQN, allow_any_host, hosts) for subsystems in both configs whose access
     /// list changed; the new full list, in the new config's order.
     pub hosts_changed: Vec<(String, bool, Vec<String>)>,
+    /// (subsystem NQN, nsid, hosts) of surviving namespaces whose host list changed (the
+    /// only namespace change that is not remove + add: hosts that gain or lose the
+    /// namespace get a Namespace Attribute Changed notice, the others nothing).
+    pub namespace_hosts_changed: Vec<(String, u32, Option<Vec<String>>)>,
+    /// (subsystem NQN, its new ANA groups) for subsystems in both configs whose groups
+    /// changed (an added subsystem carries its groups in its `SubsystemConfig`).
+    pub ana_groups_changed: Vec<(String, Vec<AnaGroupConfig>)>,
+    /// The new referral list, when it changed.
+    pub referrals_changed: Option<Vec<ReferralConfig>>,
     /// Changes that take effect only after a restart, one human-readable line each.
     pub restart_required: Vec<String>,
 }
@@ -139,6 +156,28 @@ impl ConfigDiff {
         for (nqn, any, hosts) in &self.hosts_changed {
             out.push(format!("subsystem {nqn}: {}", hosts_text(*any, hosts)));
         }
+        for (nqn, nsid, hosts) in &self.namespace_hosts_changed {
+            let who = hosts
+                .as_ref()
+                .map_or("every host".to_string(), |h| h.join(", "));
+            out.push(format!(
+                "subsystem {nqn} namespace {nsid}: visible to {who}"
+            ));
+        }
+        for (nqn, groups) in &self.ana_groups_changed {
+            let text: Vec<String> = groups
+                .iter()
+                .map(|g| {
+                    let states: Vec<String> =
+                        g.states.iter().map(|(l, s)| format!("{l}={s:?}")).collect();
+                    format!("group {} [{}]", g.id, states.join(", "))
+                })
+                .collect();
+            out.push(format!("subsystem {nqn}: ANA {}", text.join("; ")));
+        }
+        if let Some(r) = &self.referrals_changed {
+            out.push(format!("referrals: {} entr(ies)", r.len()));
+        }
         for line in &self.restart_required {
             out.push(format!("restart required: {line}"));
         }
@@ -181,23 +220,56 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     d.listeners_removed = changed(&old_l, &new_l).cloned().collect();
     d.listeners_added = changed(&new_l, &old_l).cloned().collect();
 
-    // Namespaces, by (subsystem NQN, nsid): removed or added unless identical.
+    if old.reservations != new.reservations {
+        d.restart_required.push(format!(
+            "reservations: state file {:?} ({:?}/{:?}) -> {:?} ({:?}/{:?})",
+            old.reservations.state_file,
+            old.reservations.if_missing,
+            old.reservations.if_corrupt,
+            new.reservations.state_file,
+            new.reservations.if_missing,
+            new.reservations.if_corrupt
+        ));
+    }
+    if old.referrals != new.referrals {
+        d.referrals_changed = Some(new.referrals.clone());
+    }
+
+    // Namespaces, by (subsystem NQN, nsid): removed or added unless identical (their host
+    // lists aside, which change live).
     let old_ns = namespaces(old);
     let new_ns = namespaces(new);
+    let same = |a: &NamespaceConfig, b: &NamespaceConfig| {
+        NamespaceConfig {
+            hosts: None,
+            ..a.clone()
+        } == NamespaceConfig {
+            hosts: None,
+            ..b.clone()
+        }
+    };
     d.namespaces_removed = old_ns
         .iter()
-        .filter(|(key, ns)| new_ns.get(key) != Some(ns))
+        .filter(|(key, ns)| !new_ns.get(key).is_some_and(|n| same(n, ns)))
         .map(|(&(nqn, nsid), _)| (nqn.to_string(), nsid))
         .collect();
     d.namespaces_added = new_ns
         .iter()
-        .filter(|(key, ns)| old_ns.get(key) != Some(ns))
+        .filter(|(key, ns)| !old_ns.get(key).is_some_and(|o| same(o, ns)))
         .map(|(&(nqn, _), &ns)| (nqn.to_string(), ns.clone()))
+        .collect();
+    d.namespace_hosts_changed = new_ns
+        .iter()
+        .filter_map(|(key, ns)| {
+            let o = old_ns.get(key)?;
+            (same(o, ns) && o.hosts != ns.hosts)
+                .then(|| (key.0.to_string(), key.1, ns.hosts.clone()))
+        })
         .collect();
     // Backends of namespaces that stay as they are: these cannot be swapped live.
     let in_use: BTreeMap<&str, (&str, u32)> = old_ns
         .iter()
-        .filter(|(key, ns)| new_ns.get(key) == Some(ns))
+        .filter(|(key, ns)| new_ns.get(key).is_some_and(|n| same(n, ns)))
         .map(|(&(nqn, nsid), ns)| (ns.backend.as_str(), (nqn, nsid)))
         .collect();
 
@@ -267,6 +339,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         if o.allow_any_host != n.allow_any_host || host_set(o) != host_set(n) {
             d.hosts_changed
                 .push((nqn.to_string(), n.allow_any_host, n.hosts.clone()));
+        }
+        if o.ana_groups != n.ana_groups {
+            d.ana_groups_changed
+                .push((nqn.to_string(), n.ana_groups.clone()));
         }
     }
 
@@ -1010,5 +1086,47 @@ io_threads: 2
                 img.display()
             )],
         );
+    }
+
+    /// A namespace's host list changes live (no remove + add); its ANA group does not.
+    /// ANA states and referrals change live; the reservation state file needs a restart.
+    #[test]
+    fn visibility_ana_and_referrals_change_live() {
+        let new = edit(
+            "      - {nsid: 2, backend: ram1}",
+            "      - {nsid: 2, backend: ram1, hosts: [nqn.2026-11.dev.test:h2]}",
+        );
+        let d = from_base(&new);
+        assert!(d.namespaces_removed.is_empty() && d.namespaces_added.is_empty());
+        assert_eq!(
+            d.namespace_hosts_changed,
+            vec![(
+                A.to_string(),
+                2,
+                Some(vec!["nqn.2026-11.dev.test:h2".to_string()])
+            )]
+        );
+        let new = edit(
+            "      - {nsid: 2, backend: ram1}",
+            "      - {nsid: 2, backend: ram1, ana_group: 3}",
+        );
+        let d = from_base(&new);
+        assert_eq!(d.namespaces_removed, vec![(A.to_string(), 2)]);
+        let new = edit(
+            "    listeners: [tcp0, tcp1]\n",
+            "    listeners: [tcp0, tcp1]\n    ana_groups: [{id: 1, states: {tcp0: inaccessible}}]\n",
+        );
+        let d = from_base(&new);
+        assert_eq!(d.ana_groups_changed.len(), 1);
+        assert_eq!(d.ana_groups_changed[0].1[0].states[0].0, "tcp0");
+        assert!(d.restart_required.is_empty());
+        let new = edit(
+            "metrics:\n",
+            "referrals: [{transport: tcp, address: 192.0.2.1, port: 8009}]\nreservations: {state_file: /tmp/x}\nmetrics:\n",
+        );
+        let d = from_base(&new);
+        assert_eq!(d.referrals_changed.as_ref().map(Vec::len), Some(1));
+        assert_eq!(d.restart_required.len(), 1);
+        assert!(d.restart_required[0].starts_with("reservations:"));
     }
 }

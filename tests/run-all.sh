@@ -21,6 +21,9 @@ fi
 stage "cargo fmt --check"
 cargo fmt --all --check
 
+stage "benchmark script syntax (bash -n benches/vs-spdk.sh; the benchmark itself is not a test)"
+bash -n benches/vs-spdk.sh
+
 stage "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 

@@ -71,6 +71,8 @@ pub fn namespace(nsid: u32) -> NamespaceConfig {
         nguid: [0x10 + nsid as u8; 16],
         eui64: [0x20 + nsid as u8; 8],
         volatile_write_cache: nsid % 2 == 1,
+        anagrpid: nsid % 3,
+        hosts: None,
     }
 }
 
@@ -281,7 +283,17 @@ impl World {
                             .position(|&c| c == cqe.cid)
                             .unwrap_or_else(|| panic!("completion for CID {} never held", cqe.cid));
                         held.remove(i);
-                        assert!(cqe.status().is_success());
+                        // Events succeed; an AER aborted by Abort says so.
+                        assert!(
+                            cqe.status().is_success()
+                                || cqe.status() == nvmf::spec::Status::ABORT_REQUESTED
+                        );
+                    }
+                    Action::Abort {
+                        abort, abort_cid, ..
+                    } => {
+                        // The toy transport never has a command to abort.
+                        more.extend(self.t.abort_done(abort, abort_cid, false));
                     }
                     Action::Disconnect { queue, key } => {
                         assert_eq!(

@@ -35,6 +35,8 @@ pub enum OffloadOp {
     WriteZeroes,
     DatasetManagement,
     Compare,
+    /// Copy (NVM Command Set 1.0 section 3.2.2), format 0 source ranges: see [`crate::copy`].
+    Copy,
 }
 
 impl OffloadOp {
@@ -46,6 +48,7 @@ impl OffloadOp {
             opcodes::io::FLUSH => OffloadOp::Flush,
             opcodes::io::WRITE_ZEROES => OffloadOp::WriteZeroes,
             opcodes::io::DATASET_MANAGEMENT => OffloadOp::DatasetManagement,
+            opcodes::io::COPY => OffloadOp::Copy,
             opcodes::io::COMPARE => OffloadOp::Compare,
             _ => return None,
         })
@@ -55,9 +58,10 @@ impl OffloadOp {
     pub fn direction(self) -> DataDirection {
         match self {
             OffloadOp::Read => DataDirection::ControllerToHost,
-            OffloadOp::Write | OffloadOp::DatasetManagement | OffloadOp::Compare => {
-                DataDirection::HostToController
-            }
+            OffloadOp::Write
+            | OffloadOp::DatasetManagement
+            | OffloadOp::Compare
+            | OffloadOp::Copy => DataDirection::HostToController,
             OffloadOp::Flush | OffloadOp::WriteZeroes => DataDirection::None,
         }
     }
@@ -86,6 +90,7 @@ impl OffloadOp {
                 (sqe.nlb() as u64) << block_shift
             }
             OffloadOp::DatasetManagement => dsm_range_count(sqe) as u64 * DSM_RANGE_LEN as u64,
+            OffloadOp::Copy => crate::copy::data_len(sqe) as u64,
             OffloadOp::Flush | OffloadOp::WriteZeroes => 0,
         }
     }
@@ -246,6 +251,7 @@ mod tests {
             (0x05, OffloadOp::Compare, HostToController),
             (0x08, OffloadOp::WriteZeroes, None),
             (0x09, OffloadOp::DatasetManagement, HostToController),
+            (0x19, OffloadOp::Copy, HostToController),
         ] {
             let o = OffloadOp::from_opcode(op).unwrap();
             assert_eq!((o, o.direction()), (want, dir));

@@ -11,14 +11,16 @@
 //!   SGLs, send-queue credits and the controller-side queue machine.
 //! - [`queue`] (SQHD and Connect parameters) and [`command`] (offloaded opcodes, transfer
 //!   lengths, SGL checks): what both transports share.
+//! - [`copy`]: Copy source ranges and the fused Compare and Write pairing rules.
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
 //!
-//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, reservations, ANA,
-//! namespace management, metadata/protection information.
+//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, namespace management,
+//! metadata/protection information.
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod copy;
 pub mod queue;
 pub mod rdma;
 pub mod spec;

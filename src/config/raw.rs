@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::TransportKind;
+use super::{AnaStateName, StartPolicy, TransportKind};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +24,37 @@ pub(super) struct RawConfig {
     pub subsystems: Vec<Spanned<RawSubsystem>>,
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
+    pub reservations: Option<Spanned<RawReservations>>,
+    #[serde(default)]
+    pub referrals: Vec<Spanned<RawReferral>>,
+}
+
+/// Where reservations that persist through power loss are kept, and what to do when
+/// that file is missing or unreadable at start-up.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReservations {
+    pub state_file: Option<Spanned<String>>,
+    pub if_missing: Option<Spanned<StartPolicy>>,
+    pub if_corrupt: Option<Spanned<StartPolicy>>,
+}
+
+/// A discovery referral (a SUBTYPE 1 entry).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReferral {
+    pub transport: Spanned<TransportKind>,
+    pub address: Spanned<String>,
+    pub port: Spanned<u64>,
+}
+
+/// One ANA group of a subsystem: its state per listener name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAnaGroup {
+    pub id: Spanned<u64>,
+    #[serde(default)]
+    pub states: std::collections::BTreeMap<String, Spanned<AnaStateName>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +106,8 @@ pub(super) struct RawSubsystem {
     pub hosts: Vec<Spanned<String>>,
     pub listeners: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
+    pub ana_groups: Vec<Spanned<RawAnaGroup>>,
+    #[serde(default)]
     pub namespaces: Vec<Spanned<RawNamespace>>,
 }
 
@@ -86,6 +119,8 @@ pub(super) struct RawNamespace {
     pub uuid: Option<Spanned<String>>,
     pub nguid: Option<Spanned<String>>,
     pub eui64: Option<Spanned<String>>,
+    pub ana_group: Option<Spanned<u64>>,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -458,3 +458,111 @@ fn nvme_backend_errors_name_file_line_and_field() {
         ]
     );
 }
+
+#[test]
+fn ana_groups_visibility_referrals_and_reservations() {
+    let yaml = "\
+listeners:
+  - {name: t0, transport: tcp, address: 127.0.0.1, port: 4420}
+  - {name: t1, transport: tcp, address: 127.0.0.1, port: 4421}
+backends:
+  - {name: b, type: ram, size: 4M}
+  - {name: c, type: ram, size: 4M}
+reservations: {state_file: /var/lib/nvmf-target/r.ptpl, if_missing: fail, if_corrupt: start_clean}
+referrals:
+  - {transport: tcp, address: 192.0.2.9, port: 8009}
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    allow_any_host: true
+    ana_groups:
+      - {id: 2, states: {t0: inaccessible, t1: optimized}}
+    namespaces:
+      - {nsid: 1, backend: b}
+      - {nsid: 2, backend: c, ana_group: 2, hosts: [nqn.2026-11.dev.example:h1]}
+";
+    let cfg = Config::parse(yaml, "t.yaml").unwrap();
+    let s = &cfg.subsystems[0];
+    assert_eq!(
+        s.ana_groups,
+        vec![AnaGroupConfig {
+            id: 2,
+            states: vec![
+                ("t0".into(), AnaStateName::Inaccessible),
+                ("t1".into(), AnaStateName::Optimized)
+            ]
+        }]
+    );
+    assert_eq!(
+        (s.namespaces[0].ana_group, s.namespaces[1].ana_group),
+        (1, 2)
+    );
+    assert_eq!(s.namespaces[0].hosts, None);
+    assert_eq!(
+        s.namespaces[1].hosts,
+        Some(vec!["nqn.2026-11.dev.example:h1".to_string()])
+    );
+    assert_eq!(
+        cfg.reservations,
+        ReservationsConfig {
+            state_file: Some("/var/lib/nvmf-target/r.ptpl".into()),
+            if_missing: StartPolicy::Fail,
+            if_corrupt: StartPolicy::StartClean,
+        }
+    );
+    assert_eq!(cfg.referrals[0].port, 8009);
+    // Defaults: no state file for text configs (the file path gives one), fail on corrupt.
+    let d = Config::parse(MINIMAL, "t.yaml").unwrap();
+    assert_eq!(d.reservations, ReservationsConfig::default());
+    assert_eq!(d.subsystems[0].namespaces[0].ana_group, 1);
+
+    let bad = yaml
+        .replace(
+            "{id: 2, states: {t0: inaccessible, t1: optimized}}",
+            "{id: 200, states: {t9: optimized}}",
+        )
+        .replace("ana_group: 2", "ana_group: 0")
+        .replace(
+            "allow_any_host: true",
+            "hosts: [nqn.2026-11.dev.example:h2]",
+        )
+        .replace("192.0.2.9", "0.0.0.0");
+    let e = errors(&bad);
+    let want = [
+        "referrals[0].address: a referral needs an address",
+        "subsystems[0].ana_groups[0].id: must be 1..=128, got 200",
+        "subsystems[0].namespaces[1].ana_group: must be 1..=128, got 0",
+        "subsystems[0].namespaces[1].hosts[0]: host \"nqn.2026-11.dev.example:h1\" may not connect",
+    ];
+    for w in want {
+        assert!(e.iter().any(|x| x.contains(w)), "{w:?} not in {e:#?}");
+    }
+    let e = errors(&yaml.replace("t1: optimized", "t9: optimized"));
+    assert!(
+        e[0].contains("ana_groups[0].states.t9: listener \"t9\" is not one of"),
+        "{e:?}"
+    );
+    let e = errors(&yaml.replace("t1: optimized", "t1: sideways"));
+    assert!(e[0].contains("states"), "{e:?}");
+}
+
+#[test]
+fn state_file_sits_beside_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("n.yaml");
+    std::fs::write(&path, MINIMAL).unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(
+        cfg.reservations.state_file,
+        Some(dir.path().join("n.yaml.ptpl"))
+    );
+    std::fs::write(
+        &path,
+        format!("{MINIMAL}reservations: {{state_file: r/state}}\n"),
+    )
+    .unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(
+        cfg.reservations.state_file,
+        Some(dir.path().join("r/state"))
+    );
+}

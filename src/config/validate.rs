@@ -8,13 +8,16 @@ use std::path::{Path, PathBuf};
 
 use serde_saphyr::{Location, MessageFormatter, Spanned, UserMessageFormatter};
 
-use super::raw::{RawBackend, RawBackendType, RawConfig, RawListener, RawSize, RawSubsystem};
+use super::raw::{
+    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawListener, RawReferral, RawReservations,
+    RawSize, RawSubsystem,
+};
 use super::yaml_path::{PathIndex, ROOT};
 use super::{
-    derive_eui64, derive_namespace_uuid, derive_serial, parse_size, BackendConfig, BackendKind,
-    Config, ConfigError, Diagnostic, IoThreads, ListenerConfig, NamespaceConfig, SubsystemConfig,
-    TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
-    MIN_MAX_IO_SIZE,
+    derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
+    BackendKind, Config, ConfigError, Diagnostic, IoThreads, ListenerConfig, NamespaceConfig,
+    ReferralConfig, ReservationsConfig, SubsystemConfig, TransportKind, DEFAULT_MAX_IO_SIZE,
+    DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -28,6 +31,8 @@ const NSID_MAX: u64 = 0xFFFF_FFFE;
 const SERIAL_MAX_LEN: usize = 20;
 const MODEL_MAX_LEN: usize = 40;
 const NAME_MAX_LEN: usize = 64;
+/// Highest ANA group ID (the target's ANAGRPMAX).
+const ANA_GROUP_MAX: u32 = nvmf::target::ana::ANAGRPMAX;
 
 pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
     let raw: RawConfig = serde_saphyr::from_str(text)
@@ -195,7 +200,119 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             source: self.source.to_owned(),
+            reservations: raw
+                .reservations
+                .as_ref()
+                .map_or_else(Default::default, |r| self.reservations(&r.value)),
+            referrals: self.referrals(&raw.referrals),
         }
+    }
+
+    fn reservations(&mut self, r: &RawReservations) -> ReservationsConfig {
+        let d = ReservationsConfig::default();
+        let state_file = r.state_file.as_ref().and_then(|f| {
+            if f.value.trim().is_empty() {
+                self.error(f, "reservations.state_file", "must not be empty");
+                return None;
+            }
+            let p = Path::new(&f.value);
+            Some(match self.base {
+                Some(base) if p.is_relative() => base.join(p),
+                _ => p.to_path_buf(),
+            })
+        });
+        ReservationsConfig {
+            state_file,
+            if_missing: r.if_missing.as_ref().map_or(d.if_missing, |v| v.value),
+            if_corrupt: r.if_corrupt.as_ref().map_or(d.if_corrupt, |v| v.value),
+        }
+    }
+
+    fn referrals(&mut self, raw: &[Spanned<RawReferral>]) -> Vec<ReferralConfig> {
+        let mut out: Vec<ReferralConfig> = Vec::new();
+        for (i, r) in raw.iter().enumerate() {
+            let p = format!("referrals[{i}]");
+            let r = &r.value;
+            let address = match r.address.value.trim().parse::<IpAddr>() {
+                Ok(a) if !a.is_unspecified() => Some(a),
+                Ok(_) => {
+                    let msg = "a referral needs an address hosts can reach, not a wildcard";
+                    self.error(&r.address, format!("{p}.address"), msg);
+                    None
+                }
+                Err(_) => {
+                    let msg = format!(
+                        "invalid IP address {:?}: expected an IPv4 or IPv6 literal",
+                        r.address.value
+                    );
+                    self.error(&r.address, format!("{p}.address"), msg);
+                    None
+                }
+            };
+            let port = self.port(&r.port, &format!("{p}.port"));
+            if let (Some(address), Some(port)) = (address, port) {
+                let c = ReferralConfig {
+                    transport: r.transport.value,
+                    address,
+                    port,
+                };
+                if out.contains(&c) {
+                    self.error(
+                        &r.port,
+                        format!("{p}.port"),
+                        "the same referral is listed twice",
+                    );
+                } else {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// `subsystems[].ana_groups`: IDs 1..=128, once each; states name listeners the
+    /// subsystem is on.
+    fn ana_groups(
+        &mut self,
+        raw: &[Spanned<RawAnaGroup>],
+        p: &str,
+        listeners: &[String],
+    ) -> Vec<AnaGroupConfig> {
+        let mut seen: HashMap<u64, Seen> = HashMap::new();
+        let mut out = Vec::new();
+        for (i, g) in raw.iter().enumerate() {
+            let gp = format!("{p}.ana_groups[{i}]");
+            let id = &g.value.id;
+            if !(1..=u64::from(ANA_GROUP_MAX)).contains(&id.value) {
+                let msg = format!("must be 1..={ANA_GROUP_MAX}, got {}", id.value);
+                self.error(id, format!("{gp}.id"), msg);
+                continue;
+            }
+            if let Some(first) = seen.get(&id.value) {
+                let msg = format!("ANA group {} is defined twice (first: {first})", id.value);
+                self.error(id, format!("{gp}.id"), msg);
+                continue;
+            }
+            seen.insert(id.value, Seen::new(gp.clone(), id));
+            let mut states = Vec::new();
+            for (name, state) in &g.value.states {
+                if !listeners.contains(name) {
+                    let msg = format!(
+                        "listener {name:?} is not one of this subsystem's {}",
+                        known("listeners", listeners)
+                    );
+                    self.error(state, format!("{gp}.states.{name}"), msg);
+                    continue;
+                }
+                states.push((name.clone(), state.value));
+            }
+            out.push(AnaGroupConfig {
+                id: id.value as u32,
+                states,
+            });
+        }
+        out.sort_by_key(|g| g.id);
+        out
     }
 
     /// `max_io_size`: a power of two in MIN_MAX_IO_SIZE..=MAX_MAX_IO_SIZE (MDTS is a power
@@ -725,6 +842,7 @@ impl Checker<'_> {
             }
         };
 
+        let ana_groups = self.ana_groups(&s.ana_groups, p, &listeners);
         let mut nsids: HashMap<u64, Seen> = HashMap::new();
         let namespaces = s
             .namespaces
@@ -789,12 +907,47 @@ impl Checker<'_> {
                     }
                     None => derive_eui64(&uuid),
                 };
+                let ana_group = match &ns.ana_group {
+                    None => 1,
+                    Some(g) if (1..=u64::from(ANA_GROUP_MAX)).contains(&g.value) => g.value as u32,
+                    Some(g) => {
+                        let msg = format!("must be 1..={ANA_GROUP_MAX}, got {}", g.value);
+                        self.error(g, format!("{np}.ana_group"), msg);
+                        1
+                    }
+                };
+                let hosts = ns.hosts.as_ref().map(|list| {
+                    let mut seen: HashMap<String, Seen> = HashMap::new();
+                    for (j, h) in list.value.iter().enumerate() {
+                        let field = format!("{np}.hosts[{j}]");
+                        if let Err(msg) = check_nqn(&h.value) {
+                            self.error(h, &field, msg);
+                        } else if !s.allow_any_host && !s.hosts.iter().any(|x| x.value == h.value) {
+                            let msg = format!(
+                                "host {:?} may not connect to this subsystem (add it to \
+                                 {p}.hosts or set allow_any_host)",
+                                h.value
+                            );
+                            self.error(h, &field, msg);
+                        }
+                        if let Some(first) = seen.get(&h.value) {
+                            let msg =
+                                format!("host {:?} is listed twice (first: {first})", h.value);
+                            self.error(h, field, msg);
+                        } else {
+                            seen.insert(h.value.clone(), Seen::new(field, h));
+                        }
+                    }
+                    list.value.iter().map(|h| h.value.clone()).collect()
+                });
                 NamespaceConfig {
                     nsid,
                     backend: backend.value.clone(),
                     uuid,
                     nguid,
                     eui64,
+                    ana_group,
+                    hosts,
                 }
             })
             .collect();
@@ -807,6 +960,7 @@ impl Checker<'_> {
             hosts: s.hosts.iter().map(|h| h.value.clone()).collect(),
             listeners,
             all_listeners: s.listeners.is_none(),
+            ana_groups,
             namespaces,
         }
     }

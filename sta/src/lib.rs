@@ -28,6 +28,25 @@
 //! - `qp_disconnect` drains the QP's in-flight I/O and closes it; [`Event::TransportError`]
 //!   reports a QP the transport lost (peer closed, protocol error).
 //!
+//! - Namespace access views: what the offloaded path must refuse on a namespace
+//!   (reservation conflicts, ANA path states, namespaces a host may not see) is decided
+//!   by `nvmf::target` and pushed by the application as an immutable
+//!   [`NamespaceAccess`] through the main context's [`AccessPublisher`] (cloneable, usable
+//!   from any thread, so an IO thread that just ran a Reservation Acquire publishes before
+//!   it completes the command). Each I/O QP is told its [`AccessKey`] (host and listener)
+//!   with `qp_set_access`. The engine checks every offloaded command against the view
+//!   without a lock: an IO context keeps its own copy and reloads it only when the
+//!   namespace's epoch (one atomic load per command) moved. DOCA STA has no such hook on
+//!   the DPA: an engine that cannot honour views says so in [`Caps::access_views`], and
+//!   the daemon then must not offer reservations or non-optimized ANA states for the
+//!   namespaces it offloads there (the decision for the `doca` engine, which does not
+//!   exist yet: its namespaces are offloaded whole, so RESCAP and ONCS bit 5 would be
+//!   cleared and ANA groups refused at configuration time).
+//! - `cmd_abort` (Abort of an I/O queue's command) aborts a command that has not reached
+//!   the backend: one still waiting for the host's data (it never runs: answered Abort
+//!   Requested once its data is in, so the transport stays consistent) or queued behind a
+//!   full backend queue.
+//!
 //! Engines: [`soft`] runs the contract on host cores over TCP and RDMA (any verbs device,
 //! Soft-RoCE included; rdma-core is loaded at run time, see [`verbs`]). The `doca` engine
 //! (DOCA STA on a BlueField-3 DPA) is later work; it implements the same calls.
@@ -39,6 +58,65 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use nvmf::spec::{Cqe, Sqe, Status};
+pub use nvmf::target::{AccessKey, NamespaceAccess};
+
+/// One namespace's current access view and its epoch (bumped on every publish).
+#[derive(Debug)]
+pub(crate) struct AccessCell {
+    pub epoch: AtomicU64,
+    view: Mutex<Arc<NamespaceAccess>>,
+}
+
+impl AccessCell {
+    pub(crate) fn new() -> AccessCell {
+        AccessCell {
+            epoch: AtomicU64::new(1),
+            view: Mutex::new(Arc::new(NamespaceAccess::open())),
+        }
+    }
+    /// The view now (a lock, taken only when the epoch moved).
+    pub(crate) fn load(&self) -> Arc<NamespaceAccess> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Access cells by (subsystem, nsid).
+type AccessCells = std::collections::HashMap<(u32, u32), Arc<AccessCell>>;
+
+/// Publishes namespace access views to every IO context (see the crate docs). Cheap to
+/// clone; `publish` takes a short lock, never one the data path takes per command.
+#[derive(Clone, Default)]
+pub struct AccessPublisher {
+    cells: Arc<Mutex<AccessCells>>,
+}
+
+impl AccessPublisher {
+    /// The cell of a namespace, created (open) if it has none yet.
+    pub(crate) fn cell(&self, subsys: SubsysId, nsid: u32) -> Arc<AccessCell> {
+        self.cells
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((subsys.0, nsid))
+            .or_insert_with(|| Arc::new(AccessCell::new()))
+            .clone()
+    }
+
+    pub(crate) fn forget(&self, subsys: SubsysId, nsid: u32) {
+        self.cells
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(subsys.0, nsid));
+    }
+
+    /// From now on, every command an IO context takes for this namespace is checked
+    /// against `view`. May be called before the namespace is added (the engine starts
+    /// with it then).
+    pub fn publish(&self, subsys: SubsysId, nsid: u32, view: Arc<NamespaceAccess>) {
+        let cell = self.cell(subsys, nsid);
+        *cell.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
+        cell.epoch.fetch_add(1, Ordering::Release);
+    }
+}
 
 /// A subsystem known to the engine (index into the main context's table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -297,6 +375,12 @@ pub struct Caps {
     pub max_incapsule_data: u32,
     /// Largest H2CData PDU the engine accepts (NVMe/TCP MAXH2CDATA).
     pub max_h2c_data: u32,
+    /// The engine checks offloaded commands against published namespace access views.
+    pub access_views: bool,
+    /// The engine runs Copy (format 0) itself, through one buffer of `max_io_size`.
+    pub copy: bool,
+    /// The engine runs fused Compare and Write itself.
+    pub fused_compare_write: bool,
 }
 
 /// Upper bounds (µs) of the latency histogram buckets; a last bucket catches the rest.
@@ -346,7 +430,7 @@ impl LatencyTotals {
 
 /// The error statuses counted one by one (everything else is counted as "other"): the
 /// ones the engine and its backends produce. Label, status.
-pub const ERROR_STATUSES: [(&str, Status); 16] = [
+pub const ERROR_STATUSES: [(&str, Status); 20] = [
     ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
     ("invalid_field", Status::INVALID_FIELD),
     ("invalid_opcode", Status::INVALID_OPCODE),
@@ -367,6 +451,10 @@ pub const ERROR_STATUSES: [(&str, Status); 16] = [
     ("write_fault", Status::WRITE_FAULT),
     ("unrecovered_read_error", Status::UNRECOVERED_READ_ERROR),
     ("compare_failure", Status::COMPARE_FAILURE),
+    ("reservation_conflict", Status::RESERVATION_CONFLICT),
+    ("ana_inaccessible", Status::ANA_INACCESSIBLE),
+    ("ana_persistent_loss", Status::ANA_PERSISTENT_LOSS),
+    ("ana_transition", Status::ANA_TRANSITION),
     ("internal_path_error", Status::INTERNAL_PATH_ERROR),
     ("command_interrupted", Status::COMMAND_INTERRUPTED),
 ];

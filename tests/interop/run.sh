@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Boot a QEMU guest (TCG) with the real Linux NVMe-oF initiator and run interop scenarios.
 #
-#   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp nvmft-rdma
-#   tests/interop/run.sh all               kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma
+#   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha
+#   tests/interop/run.sh all               kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha
 #
 # Environment:
 #   NVMF_INTEROP_CACHE    cache dir (image, kernel, debs, run dirs); default <repo>/.cache/interop
@@ -30,9 +30,9 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 log() { echo "[interop] $*" >&2; }
 
-DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp nvmft-rdma)
+DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha)
 DEFAULT_SCENARIO_TIMEOUT=300
-ALL_SCENARIOS=(kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma)
+ALL_SCENARIOS=(kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha)
 if [[ $# -eq 0 ]]; then SCENARIOS=("${DEFAULT_SCENARIOS[@]}")
 elif [[ $* == all ]]; then SCENARIOS=("${ALL_SCENARIOS[@]}")
 else SCENARIOS=("$@"); fi

@@ -20,6 +20,10 @@ pub mod fid {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Reservation Notification Mask (namespace scope, per controller).
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
+    /// Reservation Persistence: PTPL (namespace scope).
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
 
 /// Get Features SEL values.
@@ -40,6 +44,8 @@ pub mod capabilities {
 /// Asynchronous Event Configuration bits (Figure 325).
 pub mod async_event_config {
     pub const NS_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+    /// Asymmetric Namespace Access Change Notices.
+    pub const ANA_CHANGE_NOTICES: u32 = 1 << 11;
     pub const DISCOVERY_LOG_CHANGE_NOTICES: u32 = 1 << 31;
 }
 

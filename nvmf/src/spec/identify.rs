@@ -180,11 +180,36 @@ impl Default for IdentifyController {
     }
 }
 
+/// Identify Namespace RESCAP (NVMe Base 2.0 Figure 280): bit 0 Persist Through Power Loss,
+/// bits 1-6 the six reservation types, bit 7 Ignore Existing Key behaves as NVMe 1.3 and
+/// later define it.
+pub mod rescap {
+    pub const PTPL: u8 = 1 << 0;
+    pub const ALL_TYPES: u8 = 0b0111_1110;
+    pub const IEKEY_13: u8 = 1 << 7;
+}
+
 /// Identify Controller bit values used by the target.
 pub mod ctrl {
     /// CMIC bit 0: may have two or more ports; bit 1: may have two or more controllers.
     pub const CMIC_MULTI_PORT: u8 = 1 << 0;
     pub const CMIC_MULTI_CTRL: u8 = 1 << 1;
+    /// CMIC bit 3: Asymmetric Namespace Access reporting.
+    pub const CMIC_ANA: u8 = 1 << 3;
+    /// OAES bit 11: ANA Change Notices.
+    pub const OAES_ANA_CHANGE: u32 = 1 << 11;
+    /// ANACAP: bit 0 optimized, 1 non-optimized, 2 inaccessible, 3 persistent loss, 4
+    /// change state reported; bit 6: ANAGRPID does not change while the namespace is
+    /// attached.
+    pub const ANACAP_ALL_STATES: u8 = 0b1_1111;
+    pub const ANACAP_GRPID_STATIC: u8 = 1 << 6;
+    /// ONCS bit 5: reservations; bit 8: Copy.
+    pub const ONCS_RESERVATIONS: u16 = 1 << 5;
+    pub const ONCS_COPY: u16 = 1 << 8;
+    /// FUSES bit 0: Compare and Write fused operation.
+    pub const FUSES_COMPARE_AND_WRITE: u16 = 1 << 0;
+    /// OCFS bit 0: Copy descriptor format 0.
+    pub const OCFS_FORMAT0: u16 = 1 << 0;
     /// OAES bit 8: Namespace Attribute Notices.
     pub const OAES_NS_ATTR: u32 = 1 << 8;
     /// OAES bit 31: Discovery Log Page Change Notices.

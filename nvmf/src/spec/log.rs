@@ -5,9 +5,11 @@
 //! Page command fields. Supported Log Pages (00h) is 256 dwords with [`LSUPP`] set for
 //! each supported page.
 //!
-//! Not implemented: telemetry, device self-test, persistent event, ANA, reservation
-//! notification, the extended discovery log format (TP8013/8014 ports and referrals
-//! beyond SUBTYPE 1).
+//! The ANA log (0Ch) and the Reservation Notification log (80h) are encoded by
+//! `target::ana` and `target::reservation`.
+//!
+//! Not implemented: telemetry, device self-test, persistent event, the extended discovery
+//! log format (TP8013/8014 ports and referrals beyond SUBTYPE 1).
 
 use super::Sqe;
 use zerocopy::little_endian::{U128, U16, U32, U64};
@@ -21,7 +23,10 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const COMMANDS_EFFECTS: u8 = 0x05;
+    /// Asymmetric Namespace Access.
+    pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
 /// Size of the Supported Log Pages log (LID 00h): 256 four-byte entries.
@@ -301,7 +306,12 @@ impl Default for RdmaTsas {
 /// completed Asynchronous Event Request is type | info << 8 | log page << 16.
 pub mod aen {
     pub const TYPE_NOTICE: u8 = 2;
+    /// I/O Command specific status (type 6h).
+    pub const TYPE_IO_COMMAND_SPECIFIC: u8 = 6;
     pub const INFO_NS_ATTRIBUTE_CHANGED: u8 = 0x00;
+    pub const INFO_ANA_CHANGE: u8 = 0x03;
+    /// Type 6h information 00h: Reservation Log Page Available.
+    pub const INFO_RESERVATION_LOG_AVAILABLE: u8 = 0x00;
     pub const INFO_DISCOVERY_LOG_CHANGED: u8 = 0xf0;
     pub fn dw0(event_type: u8, info: u8, log_page: u8) -> u32 {
         event_type as u32 | (info as u32) << 8 | (log_page as u32) << 16

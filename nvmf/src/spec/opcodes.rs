@@ -46,6 +46,7 @@ pub mod io {
     pub const RESERVATION_REPORT: u8 = 0x0e;
     pub const RESERVATION_ACQUIRE: u8 = 0x11;
     pub const RESERVATION_RELEASE: u8 = 0x15;
+    pub const COPY: u8 = 0x19;
 }
 
 pub mod fabrics {

@@ -38,6 +38,10 @@ statuses! {
     INTERNAL_ERROR = (sct::GENERIC, 0x06, false);
     ABORT_REQUESTED = (sct::GENERIC, 0x07, false);
     ABORTED_SQ_DELETION = (sct::GENERIC, 0x08, false);
+    /// The other command of a fused pair failed (NVMe Base 2.0 section 3.4.2).
+    ABORTED_FAILED_FUSED = (sct::GENERIC, 0x09, false);
+    /// The first command of a fused pair came without its second one, or the reverse.
+    ABORTED_MISSING_FUSED = (sct::GENERIC, 0x0a, false);
     INVALID_NAMESPACE = (sct::GENERIC, 0x0b, true);
     COMMAND_SEQUENCE_ERROR = (sct::GENERIC, 0x0c, true);
     INVALID_SGL_SEGMENT_DESCRIPTOR = (sct::GENERIC, 0x0d, true);
@@ -55,6 +59,9 @@ statuses! {
     LBA_OUT_OF_RANGE = (sct::GENERIC, 0x80, true);
     CAPACITY_EXCEEDED = (sct::GENERIC, 0x81, true);
     NAMESPACE_NOT_READY = (sct::GENERIC, 0x82, false);
+    /// The command conflicts with a reservation on the namespace (NVMe Base 2.0 section
+    /// 8.19); retrying does not help, so DNR is set, as nvmet and SPDK do.
+    RESERVATION_CONFLICT = (sct::GENERIC, 0x83, true);
 
     INVALID_QUEUE_IDENTIFIER = (sct::COMMAND_SPECIFIC, 0x01, true);
     INVALID_QUEUE_SIZE = (sct::COMMAND_SPECIFIC, 0x02, true);
@@ -68,6 +75,8 @@ statuses! {
     FEATURE_NOT_NAMESPACE_SPECIFIC = (sct::COMMAND_SPECIFIC, 0x0f, true);
     /// NVM command set: Dataset Management / Write Zeroes with conflicting attributes.
     CONFLICTING_ATTRIBUTES = (sct::COMMAND_SPECIFIC, 0x80, true);
+    /// NVM command set: a Copy beyond MSSRL, MCL or MSRC.
+    COMMAND_SIZE_LIMIT_EXCEEDED = (sct::COMMAND_SPECIFIC, 0x83, true);
     /// Fabrics Connect (NVMe-oF 1.1 Figure 21).
     CONNECT_INCOMPATIBLE_FORMAT = (sct::COMMAND_SPECIFIC, 0x80, true);
     CONNECT_CONTROLLER_BUSY = (sct::COMMAND_SPECIFIC, 0x81, false);
@@ -86,6 +95,14 @@ statuses! {
     UNRECOVERED_READ_ERROR = (sct::MEDIA, 0x81, false);
     COMPARE_FAILURE = (sct::MEDIA, 0x85, true);
     ACCESS_DENIED = (sct::MEDIA, 0x86, true);
+
+    /// Path related (SCT 3h, NVMe Base 2.0 Figure 100): the namespace is in the ANA
+    /// Persistent Loss, Inaccessible or Change state on this controller. DNR stays clear:
+    /// the Linux host fails a command with a path status over to another path
+    /// (`nvme_decide_disposition`: only without DNR) and re-reads the ANA log.
+    ANA_PERSISTENT_LOSS = (sct::PATH, 0x01, false);
+    ANA_INACCESSIBLE = (sct::PATH, 0x02, false);
+    ANA_TRANSITION = (sct::PATH, 0x03, false);
 }
 
 impl Status {

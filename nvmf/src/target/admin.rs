@@ -4,8 +4,9 @@
 //! (Identify Controller, the discovery and error logs, features 0Bh and 0Fh).
 
 use super::{
-    discovery, CounterSource, Features, NamespaceConfig, Reply, Subsystem, Target, TargetOptions,
-    AER_LIMIT, ERROR_LOG_ENTRIES, VERSION_1_4,
+    ana, discovery, reservation, Action, CounterSource, EventKind, Features, NamespaceConfig,
+    QueueRef, Reply, Subsystem, Target, TargetOptions, ABORT_LIMIT, AER_LIMIT, ERROR_LOG_ENTRIES,
+    VERSION_1_4,
 };
 use crate::spec::features::{self, async_event_config, capabilities, fid, sel, FeatureCommand};
 use crate::spec::identify::{
@@ -14,7 +15,7 @@ use crate::spec::identify::{
     NamespaceList, NsIdDescriptor, IDENTIFY_DATA_SIZE,
 };
 use crate::spec::log::{
-    aen, data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, GetLogPage, SmartLog, LSUPP,
+    data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, GetLogPage, SmartLog, LSUPP,
     SUPPORTED_LOG_PAGES_SIZE,
 };
 use crate::spec::{fabrics, opcodes::admin as op, opcodes::io, Sqe, Status};
@@ -39,11 +40,23 @@ pub(super) fn execute(
         listeners,
         genctr,
         started,
+        referrals,
+        actions,
+        ptpl_version,
         ..
     } = t;
     let ctrl = controllers
         .get_mut(&cntlid)
         .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
+    if sqe.opcode() == op::SET_FEATURES {
+        let f = FeatureCommand::from_sqe(sqe);
+        if !ctrl.is_discovery && f.fid == fid::RESERVATION_PERSISTENCE {
+            let subsys = subsystems
+                .get_mut(&ctrl.subnqn)
+                .ok_or(Status::INTERNAL_ERROR)?;
+            return set_persistence(opts, subsys, sqe, ptpl_version);
+        }
+    }
     let subsys = subsystems.get(&ctrl.subnqn).ok_or(Status::INTERNAL_ERROR)?;
     match sqe.opcode() {
         op::IDENTIFY => identify(opts, ctrl, subsys, sqe, data),
@@ -55,10 +68,19 @@ pub(super) fn execute(
                 (true, lid::DISCOVERY) => discovery::log_page(
                     listeners,
                     subsystems,
+                    referrals,
                     *genctr,
                     &ctrl.hostnqn,
                     ctrl.origin.local,
                 ),
+                (false, lid::ANA) => ana_log(ctrl, subsys, g.lsp & 1 != 0),
+                (false, lid::RESERVATION_NOTIFICATION) => {
+                    // Each read returns the oldest page and removes it (RAE or not: RAE
+                    // only keeps the event masked).
+                    let e = ctrl.resv_log.pop_front().unwrap_or_default();
+                    let left = ctrl.resv_log.len().min(255) as u8;
+                    e.encode(left).to_vec()
+                }
                 (false, lid::SMART_HEALTH) => {
                     let hours =
                         started.map_or(0, |s| now.saturating_duration_since(s).as_secs() / 3600);
@@ -68,13 +90,17 @@ pub(super) fn execute(
                 (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
                 // Per command set (CSI in CDW14): the NVM command set is the only one; for
                 // any other CSI nvmet answers Invalid Log Page, and so do we.
-                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(),
+                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(opts),
                 // NVMe Base 2.0 5.16: an unsupported or reserved LID is Invalid Log Page.
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
             let reply = copy_log(&g, &page, data)?;
             if !g.rae {
                 log_read(ctrl, g.lid);
+                // More reservation pages wait: tell the host again.
+                if g.lid == lid::RESERVATION_NOTIFICATION && !ctrl.resv_log.is_empty() {
+                    ctrl.raise(EventKind::ReservationLog, actions);
+                }
             }
             Ok(reply)
         }
@@ -100,30 +126,135 @@ pub(super) fn execute(
             ctrl.aers.push_back(sqe.cid());
             Ok(Reply::Held)
         }
-        // DW0 bit 0 set: the command was not aborted.
-        op::ABORT if !ctrl.is_discovery => Reply::dw0(1),
+        op::ABORT if !ctrl.is_discovery => abort(ctrl, sqe, actions),
         _ => Err(Status::INVALID_OPCODE),
     }
 }
 
-/// The host read a log page without RAE: clear what reading clears, unmask its events.
+/// The host read a log page without RAE: clear what reading clears, unmask its events
+/// and forget one of its kind still waiting for an AER.
 fn log_read(ctrl: &mut super::Controller, lid: u8) {
-    let dw0_of = |info, page| aen::dw0(aen::TYPE_NOTICE, info, page);
-    match lid {
+    let kind = match lid {
         lid::CHANGED_NS_LIST => {
             ctrl.changed_ns.clear();
             ctrl.changed_ns_overflow = false;
-            ctrl.masked_ns_attr = false;
-            let stale = dw0_of(aen::INFO_NS_ATTRIBUTE_CHANGED, lid::CHANGED_NS_LIST);
-            ctrl.pending_events.retain(|&e| e != stale);
+            EventKind::NamespaceAttribute
         }
-        lid::DISCOVERY => {
-            ctrl.masked_discovery = false;
-            let stale = dw0_of(aen::INFO_DISCOVERY_LOG_CHANGED, lid::DISCOVERY);
-            ctrl.pending_events.retain(|&e| e != stale);
+        lid::DISCOVERY => EventKind::DiscoveryLog,
+        lid::ANA => EventKind::AnaChange,
+        lid::RESERVATION_NOTIFICATION => EventKind::ReservationLog,
+        _ => return,
+    };
+    ctrl.masked &= !kind.bit();
+    let stale = kind.dw0();
+    ctrl.pending_events.retain(|&e| e != stale);
+}
+
+/// Abort (NVMe Base 2.0 section 5.1): SQID in CDW10 bits 15:0, CID in bits 31:16. A held
+/// Asynchronous Event Request is aborted here; a command of an I/O queue is the engine's
+/// (it is aborted if it has not started: still queued or waiting for host data), so the
+/// Abort is held until [`Target::abort_done`]. Anything else is "not aborted" (DW0 bit 0
+/// set), which the spec allows for any command.
+fn abort(
+    ctrl: &mut super::Controller,
+    sqe: &Sqe,
+    actions: &mut Vec<Action>,
+) -> Result<Reply, Status> {
+    let sqid = sqe.cdw10 as u16;
+    let cid = (sqe.cdw10 >> 16) as u16;
+    if sqid == 0 {
+        if let Some(i) = ctrl.aers.iter().position(|&c| c == cid) {
+            ctrl.aers.remove(i);
+            actions.push(Action::CompleteHeld {
+                queue: QueueRef {
+                    cntlid: ctrl.cntlid,
+                    qid: 0,
+                },
+                key: ctrl.admin_key,
+                cqe: crate::spec::Cqe::new(cid, Status::ABORT_REQUESTED),
+            });
+            return Reply::dw0(0);
         }
-        _ => {}
+        return Reply::dw0(1);
     }
+    let Some(&key) = ctrl.io_queues.get(&sqid) else {
+        return Reply::dw0(1);
+    };
+    if ctrl.aborts >= ABORT_LIMIT {
+        return Err(Status::ABORT_COMMAND_LIMIT_EXCEEDED);
+    }
+    ctrl.aborts += 1;
+    actions.push(Action::Abort {
+        queue: QueueRef {
+            cntlid: ctrl.cntlid,
+            qid: sqid,
+        },
+        key,
+        cid,
+        abort: QueueRef {
+            cntlid: ctrl.cntlid,
+            qid: 0,
+        },
+        abort_cid: sqe.cid(),
+    });
+    Ok(Reply::Held)
+}
+
+/// The ANA log page as this controller sees it: a descriptor for every group that holds
+/// a namespace the host can see, with the state on the controller's listener.
+fn ana_log(ctrl: &super::Controller, subsys: &Subsystem, rgo: bool) -> Vec<u8> {
+    let mut groups: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (id, ns) in subsys
+        .namespaces
+        .iter()
+        .filter(|(_, n)| n.visible_to(&ctrl.hostnqn))
+    {
+        groups.entry(ns.group()).or_default().push(*id);
+    }
+    let descs: Vec<ana::GroupDescriptor> = groups
+        .into_iter()
+        .map(|(grpid, nsids)| ana::GroupDescriptor {
+            grpid,
+            chgcnt: subsys.ana.group_chgcnt(grpid),
+            state: subsys.ana.state(grpid, ctrl.origin.listener.as_ref()),
+            nsids,
+        })
+        .collect();
+    ana::log_page(subsys.ana.chgcnt(), &descs, rgo)
+}
+
+/// Set Features Reservation Persistence (83h): PTPL for one namespace, or every one with
+/// NSID FFFFFFFFh. Only where the target can persist (RESCAP bit 0).
+fn set_persistence(
+    opts: &TargetOptions,
+    subsys: &mut Subsystem,
+    sqe: &Sqe,
+    ptpl_version: &mut u64,
+) -> Result<Reply, Status> {
+    let f = FeatureCommand::from_sqe(sqe);
+    if f.sv {
+        return Err(Status::FEATURE_ID_NOT_SAVEABLE);
+    }
+    if !opts.ptpl_capable {
+        return Err(Status::INVALID_FIELD);
+    }
+    let on = f.value & 1 != 0;
+    let ids: Vec<u32> = if sqe.nsid == NSID_ALL {
+        subsys.namespaces.keys().copied().collect()
+    } else if subsys.namespaces.contains_key(&sqe.nsid) {
+        vec![sqe.nsid]
+    } else {
+        return Err(Status::INVALID_NAMESPACE);
+    };
+    for id in ids {
+        if let Some(r) = subsys.resv.get_mut(&id) {
+            if r.ptpl != on {
+                r.ptpl = on;
+                *ptpl_version += 1;
+            }
+        }
+    }
+    Reply::ok()
 }
 
 /// Copies `page[LPO..]` into `data` for NUMD dwords, zero-filling past the page's end.
@@ -226,6 +357,8 @@ fn supported_logs(is_discovery: bool) -> Vec<u8> {
             lid::FIRMWARE_SLOT,
             lid::CHANGED_NS_LIST,
             lid::COMMANDS_EFFECTS,
+            lid::ANA,
+            lid::RESERVATION_NOTIFICATION,
         ]
     };
     for &l in lids {
@@ -234,7 +367,7 @@ fn supported_logs(is_discovery: bool) -> Vec<u8> {
     page
 }
 
-fn effects_log() -> Vec<u8> {
+fn effects_log(opts: &TargetOptions) -> Vec<u8> {
     let mut log = CommandEffectsLog::default();
     for opc in [
         op::GET_LOG_PAGE,
@@ -254,7 +387,15 @@ fn effects_log() -> Vec<u8> {
         (io::COMPARE, effects::CSUPP),
         (io::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
         (io::DATASET_MANAGEMENT, effects::CSUPP | effects::LBCC),
+        (io::RESERVATION_REGISTER, effects::CSUPP),
+        (io::RESERVATION_REPORT, effects::CSUPP),
+        (io::RESERVATION_ACQUIRE, effects::CSUPP),
+        (io::RESERVATION_RELEASE, effects::CSUPP),
+        (io::COPY, effects::CSUPP | effects::LBCC),
     ] {
+        if opc == io::COPY && opts.copy_max_bytes == 0 {
+            continue;
+        }
         log.iocs[opc as usize] = e.into();
     }
     log.as_bytes().to_vec()
@@ -314,13 +455,29 @@ pub(super) fn identify_controller(
         id.iorcsz = 0.into();
     } else {
         id.cntrltype = idc::CNTRLTYPE_IO;
-        id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL;
-        id.oaes = idc::OAES_NS_ATTR.into();
+        // ANA reporting is always on (one default group, optimized everywhere), as
+        // nvmet has it. The Linux host then needs MNAN in 1..=NN.
+        id.cmic = idc::CMIC_MULTI_PORT | idc::CMIC_MULTI_CTRL | idc::CMIC_ANA;
+        id.oaes = (idc::OAES_NS_ATTR | idc::OAES_ANA_CHANGE).into();
+        id.anatt = ana::ANATT_SECONDS;
+        id.anacap = idc::ANACAP_ALL_STATES | idc::ANACAP_GRPID_STATIC;
+        id.anagrpmax = ana::ANAGRPMAX.into();
+        id.nanagrpid = ana::ANAGRPMAX.into();
+        id.mnan = opts.max_namespaces.into();
         id.frmw = idc::FRMW_SLOT1_RO_ONE_SLOT;
         id.lpa = idc::LPA_SMART_PER_NS | idc::LPA_CMD_EFFECTS | idc::LPA_EXTENDED;
         id.maxcmd = opts.max_queue_depth.into();
         id.nn = opts.max_namespaces.into();
-        id.oncs = (idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES).into();
+        let mut oncs =
+            idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_RESERVATIONS;
+        if opts.copy_max_bytes > 0 {
+            oncs |= idc::ONCS_COPY;
+            id.ocfs = idc::OCFS_FORMAT0.into();
+        }
+        id.oncs = oncs.into();
+        if opts.fused_compare_write {
+            id.fuses = idc::FUSES_COMPARE_AND_WRITE.into();
+        }
         id.vwc = idc::VWC_FLUSH_BROADCAST_UNSUPPORTED;
         if subsys.has_volatile_cache() {
             id.vwc |= idc::VWC_PRESENT;
@@ -331,32 +488,68 @@ pub(super) fn identify_controller(
     id
 }
 
-fn identify_namespace(ns: &NamespaceConfig) -> IdentifyNamespace {
+/// RESCAP: every reservation type, IEKEY as NVMe 1.3+ defines it, and PTPL where the
+/// target can persist reservations.
+fn rescap(opts: &TargetOptions) -> u8 {
+    use crate::spec::identify::rescap as rc;
+    let mut r = rc::ALL_TYPES | rc::IEKEY_13;
+    if opts.ptpl_capable {
+        r |= rc::PTPL;
+    }
+    r
+}
+
+fn identify_namespace(
+    opts: &TargetOptions,
+    ns: &NamespaceConfig,
+    state: ana::AnaState,
+) -> IdentifyNamespace {
+    // A namespace this path cannot reach reports no utilization (SPDK does the same).
+    let nuse = match state {
+        ana::AnaState::Inaccessible | ana::AnaState::PersistentLoss => 0,
+        _ => ns.num_blocks,
+    };
     let mut id = IdentifyNamespace {
         nsze: ns.num_blocks.into(),
         ncap: ns.num_blocks.into(),
-        nuse: ns.num_blocks.into(),
+        nuse: nuse.into(),
         nlbaf: 0,
         flbas: 0,
         nmic: 1,
+        rescap: rescap(opts),
+        anagrpid: ns.group().into(),
         nguid: ns.nguid,
         eui64: ns.eui64,
         ..Default::default()
     };
     id.lbaf[0].lbads = ns.block_size.trailing_zeros() as u8;
+    if opts.copy_max_bytes > 0 {
+        let l = crate::copy::CopyLimits::for_buffer(
+            opts.copy_max_bytes,
+            ns.block_size.trailing_zeros(),
+        );
+        id.mssrl = (l.max_range.min(u16::MAX as u32) as u16).into();
+        id.mcl = l.max_total.into();
+        id.msrc = (l.max_ranges - 1) as u8;
+    }
     id
 }
 
-/// The namespace `nsid` names, `None` if it is a valid but inactive ID.
+/// The namespace `nsid` names, `None` if it is a valid but inactive ID (for this host:
+/// a namespace it may not see is inactive to it).
 fn namespace<'a>(
     opts: &TargetOptions,
     subsys: &'a Subsystem,
+    hostnqn: &str,
     nsid: u32,
 ) -> Result<Option<&'a NamespaceConfig>, Status> {
     if nsid == 0 || nsid > opts.max_namespaces {
         return Err(Status::INVALID_NAMESPACE);
     }
-    Ok(subsys.namespaces.get(&nsid))
+    Ok(subsys
+        .namespaces
+        .get(&nsid)
+        .filter(|n| n.visible_to(hostnqn)))
 }
 
 fn identify(
@@ -383,19 +576,24 @@ fn identify(
         let ids = subsys
             .namespaces
             .range(nsid.saturating_add(1)..)
+            .filter(|(_, n)| n.visible_to(&ctrl.hostnqn))
             .map(|(&id, _)| id);
         Ok(NamespaceList::from_ids(ids).as_bytes().to_vec())
     };
     let page = match cns {
         cns::CONTROLLER => identify_controller(opts, ctrl, subsys).as_bytes().to_vec(),
-        cns::NAMESPACE => match namespace(opts, subsys, nsid)? {
-            Some(ns) => identify_namespace(ns).as_bytes().to_vec(),
+        cns::NAMESPACE => match namespace(opts, subsys, &ctrl.hostnqn, nsid)? {
+            Some(ns) => {
+                let state = subsys.ana.state(ns.group(), ctrl.origin.listener.as_ref());
+                identify_namespace(opts, ns, state).as_bytes().to_vec()
+            }
             None => zeros(),
         },
         cns::ACTIVE_NS_LIST => active_list()?,
         cns::CS_ACTIVE_NS_LIST if cs == csi::NVM => active_list()?,
         cns::NS_ID_DESCRIPTORS => {
-            let ns = namespace(opts, subsys, nsid)?.ok_or(Status::INVALID_NAMESPACE)?;
+            let ns =
+                namespace(opts, subsys, &ctrl.hostnqn, nsid)?.ok_or(Status::INVALID_NAMESPACE)?;
             let mut list = Vec::new();
             if ns.eui64 != [0; 8] {
                 list.push(NsIdDescriptor::Eui64(ns.eui64));
@@ -409,10 +607,12 @@ fn identify(
             list.push(NsIdDescriptor::Csi(csi::NVM));
             NsIdDescriptor::encode_list(&list)
         }
-        cns::CS_NAMESPACE if cs == csi::NVM => match namespace(opts, subsys, nsid)? {
-            Some(_) => IdentifyNamespaceNvm::default().as_bytes().to_vec(),
-            None => zeros(),
-        },
+        cns::CS_NAMESPACE if cs == csi::NVM => {
+            match namespace(opts, subsys, &ctrl.hostnqn, nsid)? {
+                Some(_) => IdentifyNamespaceNvm::default().as_bytes().to_vec(),
+                None => zeros(),
+            }
+        }
         cns::CS_CONTROLLER if cs == csi::NVM => {
             IdentifyControllerNvm::default().as_bytes().to_vec()
         }
@@ -426,11 +626,13 @@ fn identify(
             }
             IoCommandSetVector::nvm_only().as_bytes().to_vec()
         }
-        cns::CS_INDEPENDENT_NAMESPACE => match namespace(opts, subsys, nsid)? {
-            Some(_) => {
+        cns::CS_INDEPENDENT_NAMESPACE => match namespace(opts, subsys, &ctrl.hostnqn, nsid)? {
+            Some(ns) => {
                 let id = IdentifyNamespaceIndependent {
                     nmic: 1,
                     nstat: 1,
+                    rescap: rescap(opts),
+                    anagrpid: ns.group().into(),
                     ..Default::default()
                 };
                 id.as_bytes().to_vec()
@@ -462,13 +664,19 @@ fn feature_supported(is_discovery: bool, f: u8) -> bool {
             | fid::ASYNC_EVENT_CONFIG
             | fid::KEEP_ALIVE_TIMER
             | fid::HOST_IDENTIFIER
+            | fid::RESERVATION_NOTIFICATION_MASK
+            | fid::RESERVATION_PERSISTENCE
     )
 }
 
 /// Features whose value is kept per namespace (NVMe Base 2.0 Figure 317, scope
-/// "Namespace"): Error Recovery (its DULBE bit is a namespace property).
+/// "Namespace"): Error Recovery (its DULBE bit is a namespace property) and the two
+/// reservation features.
 fn namespace_scoped(f: u8) -> bool {
-    f == fid::ERROR_RECOVERY
+    matches!(
+        f,
+        fid::ERROR_RECOVERY | fid::RESERVATION_NOTIFICATION_MASK | fid::RESERVATION_PERSISTENCE
+    )
 }
 
 /// The NSID rules of Get/Set Features (NVMe Base 2.0 sections 5.15, 5.27): an NSID that
@@ -494,7 +702,7 @@ fn async_events_supported(is_discovery: bool) -> u32 {
     if is_discovery {
         async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
     } else {
-        async_event_config::NS_ATTRIBUTE_NOTICES
+        async_event_config::NS_ATTRIBUTE_NOTICES | async_event_config::ANA_CHANGE_NOTICES
     }
 }
 
@@ -574,6 +782,25 @@ fn get_features(
         fid::INTERRUPT_VECTOR_CONFIG => f.value & 0xffff,
         fid::WRITE_ATOMICITY => feats.write_atomicity,
         fid::ASYNC_EVENT_CONFIG => feats.async_event_config,
+        // Per namespace: Get Features names one (Invalid Namespace for FFFFFFFFh, as SPDK).
+        fid::RESERVATION_NOTIFICATION_MASK | fid::RESERVATION_PERSISTENCE => {
+            if !one_namespace || !subsys.namespaces.contains_key(&sqe.nsid) {
+                return Err(Status::INVALID_NAMESPACE);
+            }
+            if f.fid == fid::RESERVATION_PERSISTENCE {
+                if !current {
+                    return Reply::dw0(0);
+                }
+                subsys.resv.get(&sqe.nsid).map_or(0, |r| r.ptpl as u32)
+            } else if current {
+                ctrl.resv_masks
+                    .get(&sqe.nsid)
+                    .copied()
+                    .unwrap_or(ctrl.resv_mask_default)
+            } else {
+                0
+            }
+        }
         fid::KEEP_ALIVE_TIMER => {
             if current {
                 ctrl.kato_ms
@@ -676,6 +903,17 @@ fn set_features(
         fid::WRITE_ATOMICITY => feats.write_atomicity = v & 1,
         fid::ASYNC_EVENT_CONFIG => {
             feats.async_event_config = v & async_events_supported(ctrl.is_discovery)
+        }
+        fid::RESERVATION_NOTIFICATION_MASK => {
+            if v & !reservation::NOTIFICATION_MASK_ALL != 0 {
+                return Err(Status::INVALID_FIELD);
+            }
+            if one_namespace {
+                ctrl.resv_masks.insert(sqe.nsid, v);
+            } else {
+                ctrl.resv_mask_default = v;
+                ctrl.resv_masks.clear();
+            }
         }
         fid::KEEP_ALIVE_TIMER => {
             ctrl.kato_ms = v;

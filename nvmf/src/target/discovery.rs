@@ -1,6 +1,9 @@
 //! The discovery log page (NVMe-oF 1.1 section 5.3, Figures 31-33) as one host sees it:
 //! an NVMe subsystem entry (SUBTYPE 2) per (subsystem the host may use, listener that
-//! exposes it) and a current discovery subsystem entry (SUBTYPE 3) per listener.
+//! exposes it), a current discovery subsystem entry (SUBTYPE 3) per listener, and a
+//! referral (SUBTYPE 1) per configured referral to another discovery service (SUBNQN the
+//! well-known discovery NQN, PORTID 0: the referred service's port is not ours to know,
+//! as nvmet's referrals carry the port ID the administrator gave them).
 //!
 //! A listener on a wildcard address (0.0.0.0, ::) cannot be published as such: a host
 //! cannot connect to 0.0.0.0. Like Linux nvmet (which fills TRADDR of a wildcard port from
@@ -9,7 +12,7 @@
 //! (see [`ListenerInfo::covers`]); a wildcard listener that does not (an IPv4 wildcard
 //! seen from an IPv6 connection) is left out, since no address of it is known to work.
 
-use super::{ListenerInfo, Subsystem, Transport, ADMIN_QUEUE_ENTRIES, DISCOVERY_NQN};
+use super::{ListenerInfo, Referral, Subsystem, Transport, ADMIN_QUEUE_ENTRIES, DISCOVERY_NQN};
 use crate::spec::fabrics::copy_nul_terminated;
 use crate::spec::identify::copy_space_padded;
 use crate::spec::log::{disc, DiscoveryLogEntry, DiscoveryLogHeader, RdmaTsas};
@@ -77,6 +80,7 @@ fn entry(
 pub(super) fn entries(
     listeners: &[(u16, ListenerInfo)],
     subsystems: &BTreeMap<String, Subsystem>,
+    referrals: &[Referral],
     hostnqn: &str,
     local: Option<IpAddr>,
 ) -> Vec<DiscoveryLogEntry> {
@@ -104,6 +108,16 @@ pub(super) fn entries(
             DISCOVERY_NQN,
         ));
     }
+    for r in referrals {
+        let l = ListenerInfo {
+            transport: r.transport,
+            addr: r.addr,
+            port: r.port,
+        };
+        let mut e = entry(0, &l, r.addr, disc::SUBTYPE_REFERRAL, DISCOVERY_NQN);
+        e.eflags = 0.into();
+        out.push(e);
+    }
     out
 }
 
@@ -111,11 +125,12 @@ pub(super) fn entries(
 pub(super) fn log_page(
     listeners: &[(u16, ListenerInfo)],
     subsystems: &BTreeMap<String, Subsystem>,
+    referrals: &[Referral],
     genctr: u64,
     hostnqn: &str,
     local: Option<IpAddr>,
 ) -> Vec<u8> {
-    let entries = entries(listeners, subsystems, hostnqn, local);
+    let entries = entries(listeners, subsystems, referrals, hostnqn, local);
     let header = DiscoveryLogHeader {
         genctr: genctr.into(),
         numrec: (entries.len() as u64).into(),

@@ -42,21 +42,37 @@
 //! - Admin: Identify CNS 00h/01h/02h/03h/05h/06h/07h/08h/1Ch; Get Log Page 00h/01h/02h/
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
-//!   Asynchronous Event Request (namespace attribute and discovery log change notices;
-//!   held across a controller reset, as nvmet does); Abort (never aborts).
-//! - I/O commands that are not offloaded: Invalid Namespace / Invalid Opcode answers.
+//!   Asynchronous Event Request (namespace attribute, ANA change, reservation log and
+//!   discovery log change notices, each masked until its log page is read without RAE and
+//!   enabled per Set Features 0Bh; held across a controller reset, as nvmet does); Abort
+//!   (held AERs here; commands of I/O queues through the engine, [`Action::Abort`]).
+//! - Reservations ([`reservation`]): Register, Acquire, Release, Report on I/O queues,
+//!   the Reservation Notification log (80h), features 82h and 83h, PTPL state for the
+//!   caller to persist ([`Target::ptpl_snapshot`], [`Target::restore_reservation`]).
+//! - ANA ([`ana`]): groups per subsystem with a state per listener, the ANA log (0Ch),
+//!   ANA Change events, the Identify fields; always on (group 1 optimized everywhere).
+//! - Per-host namespace visibility and discovery referrals (SUBTYPE 1).
+//! - What the offloaded data path must refuse (reservation conflicts, ANA path states,
+//!   namespaces a host may not see) is published as immutable [`NamespaceAccess`] views
+//!   ([`Target::take_access_updates`]) for the engine to check without a lock.
+//! - I/O commands that are not offloaded: the same checks, then Invalid Namespace /
+//!   Invalid Opcode / Namespace Not Ready answers.
 //!
 //! # Not implemented
 //!
 //! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
-//! reservations, ANA, namespace management/attachment, firmware download/commit, format,
-//! sanitize, self-test, telemetry, saveable features, SMART/temperature events,
-//! I/O command set profiles (Set Features 19h), referrals.
+//! namespace management/attachment, firmware download/commit, format, sanitize,
+//! self-test, telemetry, saveable features, SMART/temperature events, I/O command set
+//! profiles (Set Features 19h).
 
+pub mod access;
 mod admin;
+pub mod ana;
 mod discovery;
+mod io;
 pub mod refusal;
 pub mod report;
+pub mod reservation;
 #[cfg(test)]
 mod tests;
 
@@ -66,9 +82,13 @@ use crate::spec::fabrics::{
 };
 use crate::spec::log::ErrorInformationEntry;
 use crate::spec::{opcodes, Cqe, Sqe, Status};
+pub use access::{AccessKey, NamespaceAccess};
+pub use ana::{AnaGroup, AnaState};
 pub use refusal::{Notice, Refusal, RefusalReason};
+use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The well-known discovery subsystem NQN (NVMe Base 2.0 section 4.5).
@@ -91,23 +111,39 @@ const MAX_CNTLID: u16 = 0xffef;
 const ERROR_LOG_ENTRIES: usize = 64;
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 const AER_LIMIT: usize = 4;
+/// Abort commands a controller may have outstanding at once (ACL + 1).
+const ABORT_LIMIT: usize = 4;
+/// Reservation Notification log pages kept per controller (nvmet keeps 64); when more
+/// arrive they are dropped and the Log Page Count jumps by as many, which tells the host
+/// how many it missed.
+const RESERVATION_LOG_LIMIT: usize = 64;
 
 /// How many bytes of host-to-controller data the target reads for a command the engine
-/// hands up (not offloaded) on a queue that is `connected` (its Fabrics Connect was
-/// answered) or not: the engine fetches no more than this (no R2T, no buffer beyond it).
+/// hands up (not offloaded) on a queue connected as `queue` (its QID, once its Fabrics
+/// Connect was answered; `None` before): the engine fetches no more than this (no R2T,
+/// no buffer beyond it).
 ///
 /// Before Connect a queue has no controller and the only command the target reads data
-/// for is the Connect itself (its 1024 bytes of Connect data). After it, no command the
-/// target implements takes host data on the slow path: Set Features carries its values
-/// in CDW11, the admin commands that take data (Security Send, Firmware Image Download,
+/// for is the Connect itself (its 1024 bytes of Connect data). On the admin queue no
+/// command the target implements takes host data: Set Features carries its values in
+/// CDW11, and the admin commands that take data (Security Send, Firmware Image Download,
 /// Namespace Management, Authentication Send) are not implemented and are refused
-/// without it, and the I/O commands that reach the slow path are refused too (their
-/// namespace is not attached). A command added here that reads host data must say so.
-pub fn slow_path_host_data(sqe: &Sqe, connected: bool) -> u32 {
-    if !connected && sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
-        ConnectData::SIZE as u32
-    } else {
-        0
+/// without it. On I/O queues the reservation commands take theirs (Register and Acquire
+/// 16 bytes, Release 8); the other I/O commands that reach the slow path are answered
+/// without their data. A command added here that reads host data must say so.
+pub fn slow_path_host_data(sqe: &Sqe, queue: Option<u16>) -> u32 {
+    use opcodes::io;
+    match queue {
+        None if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT => {
+            ConnectData::SIZE as u32
+        }
+        None | Some(0) => 0,
+        Some(_) => match sqe.opcode() {
+            io::RESERVATION_REGISTER => reservation::REGISTER_DATA_LEN as u32,
+            io::RESERVATION_ACQUIRE => reservation::ACQUIRE_DATA_LEN as u32,
+            io::RESERVATION_RELEASE => reservation::RELEASE_DATA_LEN as u32,
+            _ => 0,
+        },
     }
 }
 
@@ -128,6 +164,14 @@ pub struct TargetOptions {
     /// stale discovery sessions are cleaned up. 0 disables that.
     pub kato_default_ms: u32,
     pub firmware_revision: String,
+    /// Reservation state can be persisted (a PTPL state file is configured): RESCAP
+    /// advertises Persist Through Power Loss and CPTPL / feature 83h may turn it on.
+    pub ptpl_capable: bool,
+    /// The engine runs Copy (format 0) itself, through one buffer of at most this many
+    /// bytes (0: Copy is not supported; ONCS bit 8 stays clear).
+    pub copy_max_bytes: u32,
+    /// The engine runs fused Compare and Write (FUSES bit 0).
+    pub fused_compare_write: bool,
 }
 
 impl Default for TargetOptions {
@@ -140,6 +184,9 @@ impl Default for TargetOptions {
             max_namespaces: 1024,
             kato_default_ms: 120_000,
             firmware_revision: env!("CARGO_PKG_VERSION").to_string(),
+            ptpl_capable: false,
+            copy_max_bytes: 0,
+            fused_compare_write: false,
         }
     }
 }
@@ -206,6 +253,26 @@ pub struct NamespaceConfig {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub volatile_write_cache: bool,
+    /// ANA group (1..=[`ana::ANAGRPMAX`]); 0 means the default group 1.
+    pub anagrpid: u32,
+    /// Host NQNs that see the namespace; `None`: every host of the subsystem.
+    pub hosts: Option<Vec<String>>,
+}
+
+impl NamespaceConfig {
+    pub fn group(&self) -> u32 {
+        if self.anagrpid == 0 {
+            ana::DEFAULT_GROUP
+        } else {
+            self.anagrpid
+        }
+    }
+    /// Whether `hostnqn` sees this namespace.
+    pub fn visible_to(&self, hostnqn: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|h| h.iter().any(|x| x == hostnqn))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -227,6 +294,24 @@ pub enum TargetError {
     DuplicateNamespace(u32),
     #[error("no namespace {0}")]
     UnknownNamespace(u32),
+    #[error("ANA group {0} is out of range (1..={max})", max = ana::ANAGRPMAX)]
+    InvalidAnaGroup(u32),
+}
+
+/// A referral to another discovery service (a SUBTYPE 1 discovery log entry).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Referral {
+    pub transport: Transport,
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// A namespace's reservation state as the PTPL state file keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedReservation {
+    pub subnqn: String,
+    pub nsid: u32,
+    pub state: Reservations,
 }
 
 /// Opaque to nvmf: the transport's name for a queue (thread index, QP handle...).
@@ -252,6 +337,8 @@ pub struct ConnectOk {
     /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
     pub hostnqn: String,
     pub is_discovery: bool,
+    /// Who the queue's commands come from, for the engine's access checks.
+    pub access: AccessKey,
 }
 
 impl ConnectOk {
@@ -289,6 +376,27 @@ pub enum Action {
     },
     /// Tear the queue down (after sending any completion already given for it).
     Disconnect { queue: QueueRef, key: QueueKey },
+    /// Abort command `cid` on the I/O queue `queue` if it has not started (still queued or
+    /// waiting for host data), then report with [`Target::abort_done`] naming `abort`
+    /// (the Abort command's controller and CID, held until then).
+    Abort {
+        queue: QueueRef,
+        key: QueueKey,
+        cid: u16,
+        abort: QueueRef,
+        abort_cid: u16,
+    },
+}
+
+impl Action {
+    /// The queue whose transport must carry this action out.
+    pub fn key(&self) -> QueueKey {
+        match self {
+            Action::CompleteHeld { key, .. }
+            | Action::Disconnect { key, .. }
+            | Action::Abort { key, .. } => *key,
+        }
+    }
 }
 
 /// Live I/O counters of one namespace, for the SMART / Health log.
@@ -325,6 +433,9 @@ struct Subsystem {
     /// Identify, their I/O answered with a path error, until removed.
     lost: BTreeMap<u32, NamespaceConfig>,
     is_discovery: bool,
+    /// Reservation state per namespace (kept while the namespace exists).
+    resv: BTreeMap<u32, Reservations>,
+    ana: ana::AnaTable,
 }
 
 impl Subsystem {
@@ -371,11 +482,53 @@ impl Features {
     }
 }
 
-/// Event kinds that are masked once reported until the host reads their log page.
+/// Event kinds that are masked once reported until the host reads their log page
+/// without RAE (NVMe Base 2.0 section 5.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EventKind {
     NamespaceAttribute,
     DiscoveryLog,
+    AnaChange,
+    ReservationLog,
+}
+
+impl EventKind {
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+    /// The completion DW0 of this event.
+    fn dw0(self) -> u32 {
+        use crate::spec::log::{aen, lid};
+        match self {
+            EventKind::NamespaceAttribute => aen::dw0(
+                aen::TYPE_NOTICE,
+                aen::INFO_NS_ATTRIBUTE_CHANGED,
+                lid::CHANGED_NS_LIST,
+            ),
+            EventKind::DiscoveryLog => aen::dw0(
+                aen::TYPE_NOTICE,
+                aen::INFO_DISCOVERY_LOG_CHANGED,
+                lid::DISCOVERY,
+            ),
+            EventKind::AnaChange => aen::dw0(aen::TYPE_NOTICE, aen::INFO_ANA_CHANGE, lid::ANA),
+            EventKind::ReservationLog => aen::dw0(
+                aen::TYPE_IO_COMMAND_SPECIFIC,
+                aen::INFO_RESERVATION_LOG_AVAILABLE,
+                lid::RESERVATION_NOTIFICATION,
+            ),
+        }
+    }
+    /// The Asynchronous Event Configuration bit that enables it (reservation log events
+    /// have none: feature 82h masks them per namespace).
+    fn config_bit(self) -> Option<u32> {
+        use crate::spec::features::async_event_config as c;
+        match self {
+            EventKind::NamespaceAttribute => Some(c::NS_ATTRIBUTE_NOTICES),
+            EventKind::DiscoveryLog => Some(c::DISCOVERY_LOG_CHANGE_NOTICES),
+            EventKind::AnaChange => Some(c::ANA_CHANGE_NOTICES),
+            EventKind::ReservationLog => None,
+        }
+    }
 }
 
 struct Controller {
@@ -410,12 +563,23 @@ struct Controller {
     aers: VecDeque<u16>,
     /// Event CQE DW0 values waiting for an AER.
     pending_events: VecDeque<u32>,
-    masked_ns_attr: bool,
-    masked_discovery: bool,
+    /// [`EventKind`] bits reported and not yet cleared by reading their log page.
+    masked: u8,
     changed_ns: Vec<u32>,
     changed_ns_overflow: bool,
     error_log: VecDeque<ErrorInformationEntry>,
     error_count: u64,
+    /// Host, host NQN slot and port of this controller, for access checks.
+    access: AccessKey,
+    /// Reservation Notification log pages not read yet, oldest first.
+    resv_log: VecDeque<NotificationEntry>,
+    /// Log Page Count of the last page added (lost ones included).
+    resv_log_count: u64,
+    /// Reservation Notification Mask (feature 82h) per namespace, and for the others.
+    resv_masks: BTreeMap<u32, u32>,
+    resv_mask_default: u32,
+    /// Abort commands held until the engine answers.
+    aborts: usize,
 }
 
 impl Controller {
@@ -450,17 +614,21 @@ impl Controller {
                 key,
             })
     }
-    /// Queues an event for the host unless its kind is masked; completes a held AER
-    /// if there is one.
-    fn raise(&mut self, kind: EventKind, dw0: u32, actions: &mut Vec<Action>) {
-        let masked = match kind {
-            EventKind::NamespaceAttribute => &mut self.masked_ns_attr,
-            EventKind::DiscoveryLog => &mut self.masked_discovery,
-        };
-        if *masked {
+    /// Queues an event for the host unless the host disabled it (Asynchronous Event
+    /// Configuration) or one of its kind is already reported and its log not read yet;
+    /// completes a held AER if there is one.
+    fn raise(&mut self, kind: EventKind, actions: &mut Vec<Action>) {
+        if kind
+            .config_bit()
+            .is_some_and(|b| self.features.async_event_config & b == 0)
+        {
             return;
         }
-        *masked = true;
+        if self.masked & kind.bit() != 0 {
+            return;
+        }
+        self.masked |= kind.bit();
+        let dw0 = kind.dw0();
         match self.aers.pop_front() {
             Some(cid) => actions.push(Action::CompleteHeld {
                 queue: QueueRef {
@@ -502,8 +670,9 @@ impl Controller {
         self.io_queues.clear();
         self.ns_error_recovery.clear();
         self.pending_events.clear();
-        self.masked_ns_attr = false;
-        self.masked_discovery = false;
+        self.masked = 0;
+        self.resv_masks.clear();
+        self.resv_mask_default = 0;
         self.features = Features::defaults(max_io_queues);
     }
 }
@@ -595,6 +764,13 @@ pub struct Target {
     empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
+    /// Host NQNs interned for access keys (visibility checks compare these numbers).
+    host_slots: BTreeMap<String, u32>,
+    /// Access views built since the last [`Target::take_access_updates`], by namespace.
+    access_updates: BTreeMap<(String, u32), Arc<NamespaceAccess>>,
+    /// Bumped whenever state the PTPL file keeps changes.
+    ptpl_version: u64,
+    referrals: Vec<Referral>,
 }
 
 impl Target {
@@ -615,6 +791,8 @@ impl Target {
                 namespaces: BTreeMap::new(),
                 lost: BTreeMap::new(),
                 is_discovery: true,
+                resv: BTreeMap::new(),
+                ana: ana::AnaTable::default(),
             },
         );
         Target {
@@ -630,6 +808,10 @@ impl Target {
             notices_dropped: 0,
             empty_hostnqn_seen: BTreeSet::new(),
             started: None,
+            host_slots: BTreeMap::new(),
+            access_updates: BTreeMap::new(),
+            ptpl_version: 0,
+            referrals: Vec::new(),
         }
     }
 
@@ -645,6 +827,8 @@ impl Target {
         self.listeners.push((self.next_portid, l));
         self.next_portid = self.next_portid.wrapping_add(1).max(1);
         self.discovery_changed();
+        // ANA states are per port: views name ports by PORTID.
+        self.publish_all();
     }
 
     /// Removes a listener from the discovery log. Connected queues are the transport's
@@ -654,7 +838,18 @@ impl Target {
         self.listeners.retain(|(_, x)| x != l);
         if self.listeners.len() != before {
             self.discovery_changed();
+            self.publish_all();
         }
+    }
+
+    /// Replaces the discovery referrals (SUBTYPE 1 entries); discovery controllers see a
+    /// new GENCTR and a Discovery Log Change event when they differ.
+    pub fn set_referrals(&mut self, referrals: Vec<Referral>) -> Vec<Action> {
+        if referrals != self.referrals {
+            self.referrals = referrals;
+            self.discovery_changed();
+        }
+        self.take_actions()
     }
 
     pub fn add_subsystem(&mut self, c: SubsystemConfig) -> Result<(), TargetError> {
@@ -686,6 +881,8 @@ impl Target {
                 namespaces: BTreeMap::new(),
                 lost: BTreeMap::new(),
                 is_discovery: false,
+                resv: BTreeMap::new(),
+                ana: ana::AnaTable::default(),
             },
         );
         self.discovery_changed();
@@ -697,9 +894,13 @@ impl Target {
     /// answer until the transport closes them). Unknown NQNs and the discovery subsystem
     /// are ignored.
     pub fn remove_subsystem(&mut self, nqn: &str) -> Vec<Action> {
-        if nqn == DISCOVERY_NQN || self.subsystems.remove(nqn).is_none() {
+        let Some(s) = self.subsystems.remove(nqn).filter(|_| nqn != DISCOVERY_NQN) else {
             return self.take_actions();
+        };
+        if s.resv.values().any(|r| r.ptpl) {
+            self.ptpl_version += 1;
         }
+        self.access_updates.retain(|(n, _), _| n != nqn);
         self.retire_controllers_where(|c| c.subnqn == nqn);
         self.discovery_changed();
         self.take_actions()
@@ -745,21 +946,33 @@ impl Target {
         if ns.num_blocks == 0 {
             return bad("no blocks");
         }
+        if ns.group() > ana::ANAGRPMAX {
+            return bad("ANA group ID out of range");
+        }
         if s.namespaces.contains_key(&nsid) || s.lost.contains_key(&nsid) {
             return Err(TargetError::DuplicateNamespace(nsid));
         }
+        let hosts = ns.hosts.clone();
         s.namespaces.insert(nsid, ns);
-        self.namespace_changed(subnqn, nsid);
+        s.resv.insert(nsid, Reservations::default());
+        self.publish(subnqn, nsid);
+        self.namespace_changed(subnqn, nsid, |h| {
+            hosts.as_ref().is_none_or(|l| l.iter().any(|x| x == h))
+        });
         Ok(())
     }
 
     /// Removes a namespace, with the same notifications as [`Target::add_namespace`].
     pub fn remove_namespace(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
         let s = self.user_subsystem_mut(subnqn)?;
-        if s.namespaces.remove(&nsid).is_none() && s.lost.remove(&nsid).is_none() {
+        let Some(old) = s.namespaces.remove(&nsid).or_else(|| s.lost.remove(&nsid)) else {
             return Err(TargetError::UnknownNamespace(nsid));
+        };
+        if s.resv.remove(&nsid).is_some_and(|r| r.ptpl) {
+            self.ptpl_version += 1;
         }
-        self.namespace_changed(subnqn, nsid);
+        self.access_updates.remove(&(subnqn.to_string(), nsid));
+        self.namespace_changed(subnqn, nsid, |h| old.visible_to(h));
         Ok(())
     }
 
@@ -772,8 +985,9 @@ impl Target {
     ///   otherwise retries a few times and fails them. Namespace Not Ready (what a
     ///   namespace not attached *yet* gets) is no good here: Linux retries it on the same
     ///   path and never fails over, and with DNR no host retries at all, not even
-    ///   elsewhere. ANA statuses would say the same more precisely but need ANA, which
-    ///   this target does not report.
+    ///   elsewhere. ANA states (Persistent Loss) say the same but for a whole ANA group
+    ///   on a listener; one lost backend is one namespace, and the rest of its group is
+    ///   fine.
     /// - It leaves the active namespace list, with a Namespace Attribute Changed event,
     ///   as a hot-removed drive would: the host rescans and drops this path, so a host
     ///   with no other path stops retrying and fails the I/O instead of spinning on it.
@@ -789,9 +1003,75 @@ impl Target {
             .namespaces
             .remove(&nsid)
             .ok_or(TargetError::UnknownNamespace(nsid))?;
+        let visible = ns.clone();
         s.lost.insert(nsid, ns);
-        self.namespace_changed(subnqn, nsid);
+        self.access_updates.remove(&(subnqn.to_string(), nsid));
+        self.namespace_changed(subnqn, nsid, |h| visible.visible_to(h));
         Ok(())
+    }
+
+    /// Changes which hosts see a namespace. Controllers of hosts that gain or lose it
+    /// (and only those) get it in their Changed Namespace List and a Namespace Attribute
+    /// Changed event; the engine gets a new access view.
+    pub fn set_namespace_hosts(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        hosts: Option<Vec<String>>,
+    ) -> Result<Vec<Action>, TargetError> {
+        let s = self.user_subsystem_mut(subnqn)?;
+        let ns = s
+            .namespaces
+            .get_mut(&nsid)
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        let old = ns.clone();
+        ns.hosts = hosts;
+        let new = ns.clone();
+        self.publish(subnqn, nsid);
+        self.namespace_changed(subnqn, nsid, |h| old.visible_to(h) != new.visible_to(h));
+        Ok(self.take_actions())
+    }
+
+    /// Replaces a subsystem's ANA groups. Controllers on listeners where a group's state
+    /// changed get an ANA Change event (if they enabled it); the change count moves; the
+    /// engine gets new access views for the subsystem's namespaces.
+    pub fn set_ana_groups(
+        &mut self,
+        subnqn: &str,
+        groups: Vec<AnaGroup>,
+    ) -> Result<Vec<Action>, TargetError> {
+        if let Some(g) = groups.iter().find(|g| g.id == 0 || g.id > ana::ANAGRPMAX) {
+            return Err(TargetError::InvalidAnaGroup(g.id));
+        }
+        let s = self.user_subsystem_mut(subnqn)?;
+        let changed = s.ana.set(&groups);
+        let groups_in_use: BTreeSet<u32> = s.namespaces.values().map(|n| n.group()).collect();
+        let nsids: Vec<u32> = s.namespaces.keys().copied().collect();
+        for nsid in nsids {
+            self.publish(subnqn, nsid);
+        }
+        for c in self
+            .controllers
+            .values_mut()
+            .filter(|c| c.subnqn == subnqn && !c.retired)
+        {
+            let hit = c.origin.listener.as_ref().is_some_and(|l| {
+                changed
+                    .iter()
+                    .any(|(x, g)| x == l && groups_in_use.contains(g))
+            });
+            if hit {
+                c.raise(EventKind::AnaChange, &mut self.actions);
+            }
+        }
+        Ok(self.take_actions())
+    }
+
+    /// The ANA state of `subnqn`'s group `grpid` on `listener`.
+    pub fn ana_state(&self, subnqn: &str, grpid: u32, listener: &ListenerInfo) -> Option<AnaState> {
+        self.subsystems
+            .get(subnqn)
+            .map(|s| s.ana.state(grpid, Some(listener)))
     }
 
     /// (host NQN, subsystem NQN) of a controller, for log lines.
@@ -976,6 +1256,7 @@ impl Target {
             subnqn: subnqn.to_string(),
             hostnqn: hostnqn.to_string(),
             is_discovery,
+            access: AccessKey::default(),
         };
         let cntlid = d.cntlid.get();
         if cmd.qid == 0 {
@@ -1007,6 +1288,21 @@ impl Target {
                     key,
                 });
             }
+            let next_slot = self.host_slots.len() as u32 + 1;
+            let host = *self
+                .host_slots
+                .entry(hostnqn.to_string())
+                .or_insert(next_slot);
+            let port = origin
+                .listener
+                .as_ref()
+                .and_then(|l| self.listeners.iter().find(|(_, x)| x == l))
+                .map_or(0, |(p, _)| *p);
+            let access = AccessKey {
+                host_id: d.hostid,
+                host,
+                port,
+            };
             let mut ctrl = Controller {
                 cntlid,
                 subnqn: subnqn.to_string(),
@@ -1027,16 +1323,25 @@ impl Target {
                 features: Features::defaults(self.opts.max_io_queues),
                 aers: VecDeque::new(),
                 pending_events: VecDeque::new(),
-                masked_ns_attr: false,
-                masked_discovery: false,
+                masked: 0,
                 changed_ns: Vec::new(),
                 changed_ns_overflow: false,
                 error_log: VecDeque::new(),
                 error_count: 0,
+                access,
+                resv_log: VecDeque::new(),
+                resv_log_count: 0,
+                resv_masks: BTreeMap::new(),
+                resv_mask_default: 0,
+                aborts: 0,
             };
             ctrl.restart_keep_alive(now, &self.opts);
             self.controllers.insert(cntlid, ctrl);
-            return Ok(ConnectOk { cntlid, ..ok });
+            return Ok(ConnectOk {
+                cntlid,
+                access,
+                ..ok
+            });
         }
         if is_discovery {
             return Err(ConnectError::sqe(sqe_off::QID, R::IoQueueOnDiscovery));
@@ -1087,7 +1392,11 @@ impl Target {
             .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
-        Ok(ConnectOk { cntlid, ..ok })
+        Ok(ConnectOk {
+            cntlid,
+            access: ctrl.access,
+            ..ok
+        })
     }
 
     fn notice(&mut self, n: Notice) {
@@ -1209,11 +1518,7 @@ impl Target {
         if queue.qid == 0 {
             admin::execute(self, now, queue.cntlid, sqe, data, counters)
         } else {
-            let subsys = self
-                .subsystems
-                .get(&ctrl.subnqn)
-                .ok_or(Status::INTERNAL_ERROR)?;
-            io_command(subsys, sqe)
+            io::execute(self, queue.cntlid, sqe, data)
         }
     }
 
@@ -1328,17 +1633,13 @@ impl Target {
         }
     }
 
-    fn namespace_changed(&mut self, subnqn: &str, nsid: u32) {
-        use crate::spec::log::{aen, lid};
-        let dw0 = aen::dw0(
-            aen::TYPE_NOTICE,
-            aen::INFO_NS_ATTRIBUTE_CHANGED,
-            lid::CHANGED_NS_LIST,
-        );
+    /// Namespace `nsid` changed for the hosts `affected` selects: their controllers get
+    /// it in the Changed Namespace List and a Namespace Attribute Changed event.
+    fn namespace_changed(&mut self, subnqn: &str, nsid: u32, affected: impl Fn(&str) -> bool) {
         for c in self
             .controllers
             .values_mut()
-            .filter(|c| c.subnqn == subnqn && !c.retired)
+            .filter(|c| c.subnqn == subnqn && !c.retired && affected(&c.hostnqn))
         {
             if !c.changed_ns.contains(&nsid) {
                 if c.changed_ns.len() >= crate::spec::identify::NamespaceList::CAPACITY {
@@ -1348,34 +1649,154 @@ impl Target {
                     c.changed_ns.sort_unstable();
                 }
             }
-            if c.features.async_event_config
-                & crate::spec::features::async_event_config::NS_ATTRIBUTE_NOTICES
-                != 0
-            {
-                c.raise(EventKind::NamespaceAttribute, dw0, &mut self.actions);
-            }
+            c.raise(EventKind::NamespaceAttribute, &mut self.actions);
         }
     }
 
     /// The discovery log changed: bump GENCTR, notify discovery controllers that asked.
     fn discovery_changed(&mut self) {
-        use crate::spec::log::{aen, lid};
         self.genctr += 1;
-        let dw0 = aen::dw0(
-            aen::TYPE_NOTICE,
-            aen::INFO_DISCOVERY_LOG_CHANGED,
-            lid::DISCOVERY,
-        );
         for c in self
             .controllers
             .values_mut()
             .filter(|c| c.is_discovery && !c.retired)
         {
-            if c.features.async_event_config
-                & crate::spec::features::async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
-                != 0
+            c.raise(EventKind::DiscoveryLog, &mut self.actions);
+        }
+    }
+
+    /// Builds the access view of one namespace and queues it for the engine.
+    fn publish(&mut self, subnqn: &str, nsid: u32) {
+        let Some(s) = self.subsystems.get(subnqn) else {
+            return;
+        };
+        let Some(ns) = s.namespaces.get(&nsid) else {
+            return;
+        };
+        let visible = ns.hosts.as_ref().map(|hosts| {
+            hosts
+                .iter()
+                .map(|h| {
+                    let next = self.host_slots.len() as u32 + 1;
+                    *self.host_slots.entry(h.clone()).or_insert(next)
+                })
+                .collect()
+        });
+        let ana = self
+            .listeners
+            .iter()
+            .map(|(p, l)| (*p, s.ana.state(ns.group(), Some(l))))
+            .collect();
+        let view = NamespaceAccess::new(visible, ana, s.resv.get(&nsid));
+        self.access_updates
+            .insert((subnqn.to_string(), nsid), Arc::new(view));
+    }
+
+    fn publish_all(&mut self) {
+        let all: Vec<(String, u32)> = self
+            .subsystems
+            .iter()
+            .filter(|(_, s)| !s.is_discovery)
+            .flat_map(|(n, s)| s.namespaces.keys().map(move |id| (n.clone(), *id)))
+            .collect();
+        for (n, id) in all {
+            self.publish(&n, id);
+        }
+    }
+
+    /// Access views built since the last call: hand each to the engine before sending
+    /// the completion of the command that produced it.
+    pub fn take_access_updates(&mut self) -> Vec<(String, u32, Arc<NamespaceAccess>)> {
+        std::mem::take(&mut self.access_updates)
+            .into_iter()
+            .map(|((n, id), v)| (n, id, v))
+            .collect()
+    }
+
+    /// Changes whenever state the PTPL file keeps changes (compare with the last one
+    /// written).
+    pub fn ptpl_version(&self) -> u64 {
+        self.ptpl_version
+    }
+
+    /// The reservation state of every namespace whose PTPL state is on, with the
+    /// version it belongs to.
+    pub fn ptpl_snapshot(&self) -> (u64, Vec<PersistedReservation>) {
+        let mut out = Vec::new();
+        for (nqn, s) in &self.subsystems {
+            for (nsid, r) in s.resv.iter().filter(|(_, r)| r.ptpl) {
+                out.push(PersistedReservation {
+                    subnqn: nqn.clone(),
+                    nsid: *nsid,
+                    state: r.clone(),
+                });
+            }
+        }
+        (self.ptpl_version, out)
+    }
+
+    /// Restores a namespace's reservation state from the PTPL file (at start-up, after
+    /// the namespace was added). The engine gets the new access view.
+    pub fn restore_reservation(&mut self, p: PersistedReservation) -> Result<(), TargetError> {
+        let s = self.user_subsystem_mut(&p.subnqn)?;
+        let r = s
+            .resv
+            .get_mut(&p.nsid)
+            .ok_or(TargetError::UnknownNamespace(p.nsid))?;
+        *r = p.state;
+        self.publish(&p.subnqn, p.nsid);
+        Ok(())
+    }
+
+    /// The engine answered an [`Action::Abort`]: complete the held Abort command with
+    /// DW0 bit 0 clear if the command was aborted, set if it was not.
+    pub fn abort_done(&mut self, abort: QueueRef, abort_cid: u16, aborted: bool) -> Vec<Action> {
+        if let Some(c) = self.controllers.get_mut(&abort.cntlid) {
+            c.aborts = c.aborts.saturating_sub(1);
+            if !c.retired {
+                self.actions.push(Action::CompleteHeld {
+                    queue: QueueRef {
+                        cntlid: abort.cntlid,
+                        qid: 0,
+                    },
+                    key: c.admin_key,
+                    cqe: Cqe {
+                        dw0: (!aborted) as u32,
+                        sqid: 0,
+                        ..Cqe::success(abort_cid)
+                    },
+                });
+            }
+        }
+        self.take_actions()
+    }
+
+    /// Delivers reservation notifications: a log page and an event for every controller
+    /// of each host named, unless that controller masked the kind for the namespace.
+    fn notify_reservation(&mut self, subnqn: &str, nsid: u32, notes: &[reservation::Notify]) {
+        for n in notes {
+            for c in self
+                .controllers
+                .values_mut()
+                .filter(|c| c.subnqn == subnqn && !c.retired && c.hostid == n.host_id)
             {
-                c.raise(EventKind::DiscoveryLog, dw0, &mut self.actions);
+                let mask = c
+                    .resv_masks
+                    .get(&nsid)
+                    .copied()
+                    .unwrap_or(c.resv_mask_default);
+                if mask & n.kind.mask_bit() != 0 {
+                    continue;
+                }
+                c.resv_log_count = c.resv_log_count.wrapping_add(1).max(1);
+                if c.resv_log.len() < RESERVATION_LOG_LIMIT {
+                    c.resv_log.push_back(NotificationEntry {
+                        count: c.resv_log_count,
+                        kind: n.kind as u8,
+                        nsid,
+                    });
+                }
+                c.raise(EventKind::ReservationLog, &mut self.actions);
             }
         }
     }
@@ -1497,31 +1918,4 @@ fn property_set(
         ctrl.csts &= !csts::SHST_MASK;
     }
     Reply::ok()
-}
-
-/// An I/O command the engine did not offload.
-fn io_command(subsys: &Subsystem, sqe: &Sqe) -> Result<Reply, Status> {
-    use opcodes::io;
-    let offloadable = matches!(
-        sqe.opcode(),
-        io::FLUSH | io::WRITE | io::READ | io::COMPARE | io::WRITE_ZEROES | io::DATASET_MANAGEMENT
-    );
-    if !offloadable {
-        return Err(Status::INVALID_OPCODE);
-    }
-    if subsys.lost.contains_key(&sqe.nsid) {
-        return Err(Status::INTERNAL_PATH_ERROR);
-    }
-    // Flush broadcast (NSID FFFFFFFFh) is advertised as unsupported (VWC bits 2:1 = 10b).
-    let ns = subsys
-        .namespaces
-        .get(&sqe.nsid)
-        .ok_or(Status::INVALID_NAMESPACE)?;
-    if sqe.opcode() == io::FLUSH && !ns.volatile_write_cache {
-        // Nothing volatile to flush.
-        return Reply::ok();
-    }
-    // The engine runs these for attached namespaces; one reaching us means the
-    // namespace is not attached yet (or is going away): the host may retry.
-    Err(Status::NAMESPACE_NOT_READY)
 }

@@ -214,6 +214,8 @@ mod tests {
                 nguid: [2; 16],
                 eui64: [3; 8],
                 volatile_write_cache: false,
+                anagrpid: 0,
+                hosts: None,
             },
         )
         .unwrap();

@@ -54,6 +54,8 @@ fn ns(nsid: u32) -> NamespaceConfig {
         nguid: [0x10 + nsid as u8; 16],
         eui64: [0x20 + nsid as u8; 8],
         volatile_write_cache: true,
+        anagrpid: 0,
+        hosts: None,
     }
 }
 
@@ -2050,3 +2052,5 @@ fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
         o => panic!("{o:?}"),
     }
 }
+
+mod issue14;

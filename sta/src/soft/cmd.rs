@@ -35,9 +35,10 @@ use super::rdma_link::RdmaLink;
 use super::tcp_link::TcpLink;
 use super::SoftConfig;
 use crate::{
-    CmdToken, Event, Limit, NsCounters, QpHandle, StatsRegistry, SubsysId, TaskError, TaskKind,
-    ThreadCounters, TransportErrorKind,
+    AccessCell, AccessKey, CmdToken, Event, Limit, NamespaceAccess, NsCounters, QpHandle,
+    StatsRegistry, SubsysId, TaskError, TaskKind, ThreadCounters, TransportErrorKind,
 };
+use nvmf::target::reservation::Access;
 
 /// Admin and Fabrics commands may always carry this much in-capsule data on NVMe/TCP.
 pub(super) const ADMIN_INCAPSULE: u32 = nvmf::tcp::ADMIN_MAX_INCAPSULE_DATA;
@@ -78,6 +79,17 @@ pub(super) struct Cmd {
     pub user: u64,
     /// Capsule arrival, for the latency histograms and the backend timeout.
     pub start: Instant,
+    /// Aborted (Abort command) while waiting for its host data: answered Abort Requested
+    /// when the data is in, never run.
+    pub aborted: bool,
+    /// A Copy in progress: its source ranges are read one by one into one buffer, which
+    /// is then written to the destination.
+    pub copy: Option<Box<CopyPlan>>,
+    /// Fused Compare and Write: this command's role and its partner's slot.
+    pub fused: Fused,
+    /// A first fused command held until its partner arrives: its SGL (its in-capsule data,
+    /// if any, is in `buf`).
+    pub held_sgl: Option<DataSgl>,
     /// The backend timeout was reported for this command.
     pub timeout_reported: bool,
     /// Bytes of the connection's buffer budget this command holds.
@@ -109,6 +121,10 @@ impl Cmd {
             reserved: 0,
             since: now,
             discard: false,
+            aborted: false,
+            copy: None,
+            fused: Fused::None,
+            held_sgl: None,
         }
     }
 
@@ -120,8 +136,41 @@ impl Cmd {
     }
 }
 
+/// A command's part in a fused Compare and Write (NVMe Base 2.0 section 3.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fused {
+    None,
+    /// The Compare; `ready` once its host data is in.
+    First {
+        partner: Option<u32>,
+        ready: bool,
+    },
+    /// The Write.
+    Second {
+        partner: u32,
+        ready: bool,
+    },
+}
+
+/// A Copy being carried out (see [`Cmd::copy`]).
+pub(super) struct CopyPlan {
+    pub ranges: Vec<(u64, u32)>,
+    /// The range being read now.
+    pub next: usize,
+    /// The source data, assembled in range order.
+    pub data: Option<IoBuf>,
+    pub filled: usize,
+    pub dest: u64,
+    pub total: u32,
+    /// The destination write is under way.
+    pub writing: bool,
+}
+
 pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
     if let Some(b) = c.buf.take() {
+        pool.put(b);
+    }
+    if let Some(b) = c.copy.take().and_then(|p| p.data) {
         pool.put(b);
     }
     c.st = St::Free;
@@ -220,8 +269,8 @@ pub(super) struct QpState {
     /// Output is waiting to be written or posted.
     pub tx_dirty: bool,
     /// The application answered the queue's Fabrics Connect (`qp_connect_set_params`):
-    /// the queue has a controller.
-    pub connected: bool,
+    /// the queue has a controller, and this QID.
+    pub qid: Option<u16>,
     /// When the QP was accepted (ICReq and Connect deadlines).
     pub accepted: Instant,
     /// Bytes of data buffers this QP's commands hold (its budget's use).
@@ -232,6 +281,10 @@ pub(super) struct QpState {
     pub tx_blocked: bool,
     /// Output has been waiting without any of it being taken since then.
     pub tx_stalled_since: Option<Instant>,
+    /// Who this I/O queue's commands come from (`qp_set_access`).
+    pub access: AccessKey,
+    /// A first fused command (FUSE 01b) waiting for the next capsule.
+    pub fused_first: Option<u32>,
 }
 
 impl QpState {
@@ -245,12 +298,14 @@ impl QpState {
             error_reported: false,
             disconnect: None,
             tx_dirty,
-            connected: false,
+            qid: None,
             accepted: now,
             buf_bytes: 0,
             waiting: VecDeque::new(),
             tx_blocked: false,
             tx_stalled_since: None,
+            access: AccessKey::default(),
+            fused_first: None,
         }
     }
 }
@@ -272,6 +327,42 @@ pub(super) struct NsSlot {
     /// context once.
     pub gone: bool,
     pub gone_reported: bool,
+    /// The namespace's published access view, and this context's copy of it with the
+    /// epoch it was taken at.
+    pub access: Arc<AccessCell>,
+    pub view: Arc<NamespaceAccess>,
+    pub view_epoch: u64,
+    /// LBA ranges of fused Compare and Write pairs running on this thread, and the
+    /// commands that wait for them: writes to an overlapping range (any write for DSM and
+    /// Copy) and other fused pairs. Writes from other IO threads are not held back (they
+    /// race with this thread's writes anyway; see the crate docs).
+    pub locks: Vec<(u64, u32)>,
+    pub blocked: VecDeque<u32>,
+}
+
+impl NsSlot {
+    /// Whether `key` may run `op` here now: one atomic load, and the namespace's view
+    /// reloaded only when it was republished since.
+    #[inline]
+    pub fn check_access(&mut self, key: &AccessKey, op: OffloadOp) -> Result<(), Status> {
+        let epoch = self.access.epoch.load(Ordering::Acquire);
+        if epoch != self.view_epoch {
+            self.view = self.access.load();
+            self.view_epoch = epoch;
+        }
+        if self.view.is_open() {
+            return Ok(());
+        }
+        let access = match op {
+            OffloadOp::Read | OffloadOp::Compare => Access::Read,
+            OffloadOp::Write
+            | OffloadOp::WriteZeroes
+            | OffloadOp::DatasetManagement
+            | OffloadOp::Flush
+            | OffloadOp::Copy => Access::Write,
+        };
+        self.view.check(key, Some(access))
+    }
 }
 
 /// Everything of an IO context but its QPs, so a QP and the core can be borrowed side by
@@ -374,6 +465,10 @@ impl Core {
         c.timeout_reported = false;
         c.reserved = 0;
         c.discard = false;
+        c.aborted = false;
+        c.copy = None;
+        c.fused = Fused::None;
+        c.held_sgl = None;
         c.start = if self.manual_time {
             self.now
         } else {
@@ -499,8 +594,34 @@ impl Core {
             st.tx_dirty = true;
             return;
         };
+        // Fused Compare and Write: a held first command meets the capsule after it.
+        let mut first_of_pair = None;
+        if let Some(f) = st.fused_first.take() {
+            let pair = sqe.fuse() == nvmf::copy::FUSE_SECOND
+                && nvmf::copy::fused_pair_status(&self.cmds[f as usize].sqe, sqe).is_ok()
+                && matches!(offload, Some((OffloadOp::Write, n)) if n == self.cmds[f as usize].ns);
+            if pair {
+                self.cmds[f as usize].fused = Fused::First {
+                    partner: Some(idx),
+                    ready: false,
+                };
+                self.cmds[idx as usize].fused = Fused::Second {
+                    partner: f,
+                    ready: false,
+                };
+                first_of_pair = Some(f);
+            } else {
+                self.fail(st, f, Status::ABORTED_MISSING_FUSED);
+            }
+        }
+        if sqe.fuse() == nvmf::copy::FUSE_SECOND && first_of_pair.is_none() {
+            return self.fail(st, idx, Status::ABORTED_MISSING_FUSED);
+        }
         if !data_digest_ok {
             // NVMe/TCP 1.0 section 3.6.2.5: a data digest error fails the command only.
+            if let Some(f) = first_of_pair {
+                self.fail(st, f, Status::ABORTED_FAILED_FUSED);
+            }
             return self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
         }
         let sgl = match DataSgl::parse(sqe, st.link.transport(), data.len()) {
@@ -516,13 +637,276 @@ impl Core {
         match offload {
             Some((op, ns)) => {
                 NsCounters::bump(&self.counters.offloaded, 1);
+                // Reservations, ANA path state, per-host visibility (the published view).
+                let checked = self.ns[ns as usize]
+                    .as_mut()
+                    .map_or(Ok(()), |n| n.check_access(&st.access, op));
+                if let Err(status) = checked {
+                    let c = &mut self.cmds[idx as usize];
+                    c.op = Some(op);
+                    c.ns = ns;
+                    if let Some(f) = first_of_pair {
+                        self.fail(st, f, Status::ABORTED_FAILED_FUSED);
+                    }
+                    return self.fail(st, idx, status);
+                }
+                if sqe.fuse() == nvmf::copy::FUSE_FIRST {
+                    return self.hold_first_fused(st, idx, op, ns, sgl, data);
+                }
                 self.start_offload(st, idx, op, ns, sgl, data);
+                if let Some(f) = first_of_pair {
+                    self.start_held(st, f);
+                }
+            }
+            None if sqe.fuse() != 0 => {
+                // Fused commands run where the data is: not on a namespace that is not
+                // offloaded here.
+                self.fail(st, idx, Status::ABORTED_MISSING_FUSED)
             }
             None => {
                 NsCounters::bump(&self.counters.non_offloaded, 1);
                 self.start_non_offload(qp, st, idx, sgl, data);
             }
         }
+    }
+
+    /// A first fused command (a Compare): held, unstarted, until the next capsule.
+    fn hold_first_fused(
+        &mut self,
+        st: &mut QpState,
+        idx: u32,
+        op: OffloadOp,
+        ns: u32,
+        sgl: DataSgl,
+        data: &[u8],
+    ) {
+        if op != OffloadOp::Compare {
+            return self.fail(st, idx, Status::ABORTED_MISSING_FUSED);
+        }
+        if !data.is_empty() {
+            let Some(mut b) = self.pool.get(data.len()) else {
+                return self.fail(st, idx, Status::INTERNAL_ERROR);
+            };
+            b.set_len(data.len());
+            b.as_mut_slice().copy_from_slice(data);
+            self.cmds[idx as usize].buf = Some(b);
+        }
+        let c = &mut self.cmds[idx as usize];
+        c.op = Some(op);
+        c.ns = ns;
+        c.held_sgl = Some(sgl);
+        c.fused = Fused::First {
+            partner: None,
+            ready: false,
+        };
+        st.fused_first = Some(idx);
+    }
+
+    /// Starts a held first fused command now that its partner is here.
+    fn start_held(&mut self, st: &mut QpState, idx: u32) {
+        let c = &mut self.cmds[idx as usize];
+        let (Some(op), Some(sgl)) = (c.op, c.held_sgl.take()) else {
+            return;
+        };
+        let ns = c.ns;
+        let held = c.buf.take();
+        let data: Vec<u8> = held.as_ref().map_or(Vec::new(), |b| b.as_slice().to_vec());
+        if let Some(b) = held {
+            self.pool.put(b);
+        }
+        self.start_offload(st, idx, op, ns, sgl, &data);
+    }
+
+    /// Whether command `idx` must wait for a fused pair's range on its namespace.
+    fn blocked_by_lock(&self, idx: u32) -> bool {
+        let c = &self.cmds[idx as usize];
+        let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) else {
+            return false;
+        };
+        if ns.locks.is_empty() {
+            return false;
+        }
+        match c.op {
+            Some(OffloadOp::Write | OffloadOp::WriteZeroes) => {
+                let r = (c.sqe.slba(), c.sqe.nlb());
+                ns.locks.iter().any(|&l| nvmf::copy::overlaps(l, r))
+            }
+            Some(OffloadOp::DatasetManagement | OffloadOp::Copy) => true,
+            _ => false,
+        }
+    }
+
+    /// A fused command's host data is in: run the pair once both are ready.
+    fn fused_ready(&mut self, st: &mut QpState, idx: u32) {
+        let partner = match &mut self.cmds[idx as usize].fused {
+            Fused::First { partner, ready } => {
+                *ready = true;
+                *partner
+            }
+            Fused::Second { partner, ready } => {
+                *ready = true;
+                Some(*partner)
+            }
+            Fused::None => None,
+        };
+        let Some(p) = partner else {
+            return;
+        };
+        let both = matches!(
+            (self.cmds[idx as usize].fused, self.cmds[p as usize].fused),
+            (
+                Fused::First { ready: true, .. },
+                Fused::Second { ready: true, .. }
+            ) | (
+                Fused::Second { ready: true, .. },
+                Fused::First { ready: true, .. }
+            )
+        );
+        if both {
+            let first = if matches!(self.cmds[idx as usize].fused, Fused::First { .. }) {
+                idx
+            } else {
+                p
+            };
+            self.run_fused(st, first);
+        }
+    }
+
+    /// Runs a ready pair: lock its range on this thread (or wait for the pair holding an
+    /// overlapping one), read for the compare; the write follows in
+    /// [`Core::fused_compared`].
+    fn run_fused(&mut self, st: &mut QpState, first: u32) {
+        let c = &self.cmds[first as usize];
+        let (range, ns_idx) = ((c.sqe.slba(), c.sqe.nlb()), c.ns);
+        let Fused::First {
+            partner: Some(second),
+            ..
+        } = c.fused
+        else {
+            return;
+        };
+        let Some(ns) = self.ns[ns_idx as usize].as_mut() else {
+            self.fail(st, second, Status::ABORTED_FAILED_FUSED);
+            return self.fail(st, first, Status::INVALID_NAMESPACE);
+        };
+        self.cmds[first as usize].st = St::Backend;
+        self.cmds[second as usize].st = St::Backend;
+        if ns.locks.iter().any(|&l| nvmf::copy::overlaps(l, range)) {
+            ns.blocked.push_back(first);
+            return;
+        }
+        ns.locks.push(range);
+        let len = self.cmds[first as usize].len as usize;
+        let Some(mut b) = self.pool.get(len) else {
+            self.unlock(ns_idx, range);
+            self.fail(st, second, Status::ABORTED_FAILED_FUSED);
+            return self.fail(st, first, Status::INTERNAL_ERROR);
+        };
+        b.set_len(len);
+        let c = &mut self.cmds[first as usize];
+        c.pending = 1;
+        let tag = (c.gen as u64) << 32 | first as u64;
+        self.push_req(
+            ns_idx,
+            Request {
+                tag,
+                op: Op::Read,
+                lba: range.0,
+                nblocks: range.1,
+                buf: Some(b),
+            },
+        );
+    }
+
+    /// Drops a fused pair's range lock; the commands that waited for it go on. Returns
+    /// them for the caller to restart with their QPs.
+    fn unlock(&mut self, ns_idx: u32, range: (u64, u32)) -> Vec<u32> {
+        let Some(ns) = self.ns[ns_idx as usize].as_mut() else {
+            return Vec::new();
+        };
+        if let Some(i) = ns.locks.iter().position(|&l| l == range) {
+            ns.locks.swap_remove(i);
+        }
+        ns.blocked.drain(..).collect()
+    }
+
+    /// Restarts commands that waited for a range lock (they may wait again).
+    fn restart_blocked(&mut self, qps: &mut [QpSlot], waiting: Vec<u32>) {
+        for idx in waiting {
+            let c = &self.cmds[idx as usize];
+            if c.st != St::Backend {
+                continue;
+            }
+            let (qh, first) = (c.qp, matches!(c.fused, Fused::First { .. }));
+            let Some(q) = qp_ref(qps, qh) else {
+                self.release_orphan(idx);
+                continue;
+            };
+            if first {
+                self.run_fused(&mut q.st, idx);
+            } else {
+                self.submit_offload(&mut q.st, idx);
+            }
+        }
+    }
+
+    /// The compare of a fused pair finished with `status`: on a match the write goes;
+    /// otherwise both complete (Compare Failure, and the write aborted as its partner
+    /// failed).
+    fn fused_compared(&mut self, qps: &mut [QpSlot], first: u32, status: Status) {
+        let c = &self.cmds[first as usize];
+        let (qh, ns_idx, range) = (c.qp, c.ns, (c.sqe.slba(), c.sqe.nlb()));
+        let Fused::First {
+            partner: Some(second),
+            ..
+        } = c.fused
+        else {
+            return;
+        };
+        if status.is_success() {
+            let w = &mut self.cmds[second as usize];
+            w.pending = 1;
+            let tag = (w.gen as u64) << 32 | second as u64;
+            let req = Request {
+                tag,
+                op: Op::Write { fua: w.sqe.fua() },
+                lba: range.0,
+                nblocks: range.1,
+                buf: w.buf.take(),
+            };
+            return self.push_req(ns_idx, req);
+        }
+        let waiting = self.unlock(ns_idx, range);
+        if let Some(q) = qp_ref(qps, qh) {
+            if q.st.disconnect.is_none() {
+                self.complete_offload(&mut q.st, first, status);
+                self.complete_offload(&mut q.st, second, Status::ABORTED_FAILED_FUSED);
+            } else {
+                self.release(&mut q.st, first);
+                self.release(&mut q.st, second);
+            }
+        }
+        self.restart_blocked(qps, waiting);
+    }
+
+    /// The write of a fused pair finished: both complete, the range is free again.
+    fn fused_written(&mut self, qps: &mut [QpSlot], second: u32, status: Status) {
+        let c = &self.cmds[second as usize];
+        let (qh, ns_idx, range) = (c.qp, c.ns, (c.sqe.slba(), c.sqe.nlb()));
+        let Fused::Second { partner: first, .. } = c.fused else {
+            return;
+        };
+        let waiting = self.unlock(ns_idx, range);
+        if let Some(q) = qp_ref(qps, qh) {
+            if q.st.disconnect.is_none() {
+                self.complete_offload(&mut q.st, first, Status::SUCCESS);
+                self.complete_offload(&mut q.st, second, status);
+            } else {
+                self.release(&mut q.st, first);
+                self.release(&mut q.st, second);
+            }
+        }
+        self.restart_blocked(qps, waiting);
     }
 
     /// Hand a command up with a payload buffer for what the application can use of its
@@ -541,12 +925,12 @@ impl Core {
     ) {
         let sqe = self.cmds[idx as usize].sqe;
         let len = match sqe.data_direction() {
-            DataDirection::HostToController if !st.connected && st.buf_bytes > 0 => 0,
+            DataDirection::HostToController if st.qid.is_none() && st.buf_bytes > 0 => 0,
             DataDirection::HostToController => sgl
                 .len()
-                .min(nvmf::target::slow_path_host_data(&sqe, st.connected)),
+                .min(nvmf::target::slow_path_host_data(&sqe, st.qid)),
             DataDirection::None => 0,
-            _ if st.connected => sgl.len(),
+            _ if st.qid.is_some() => sgl.len(),
             _ => 0,
         };
         if len > self.cfg.max_io_size.max(ADMIN_INCAPSULE) {
@@ -775,6 +1159,8 @@ impl Core {
             // Nothing more goes out; the slot is freed with the QP.
         } else if result.is_err() {
             self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
+        } else if c.aborted {
+            self.fail(st, idx, Status::ABORT_REQUESTED);
         } else {
             self.submit_offload(st, idx);
         }
@@ -800,6 +1186,18 @@ impl Core {
 
     /// All host data is in: hand the command to the backend.
     fn submit_offload(&mut self, st: &mut QpState, idx: u32) {
+        if self.cmds[idx as usize].fused != Fused::None {
+            return self.fused_ready(st, idx);
+        }
+        if self.blocked_by_lock(idx) {
+            let c = &mut self.cmds[idx as usize];
+            c.st = St::Backend;
+            let ns_idx = c.ns;
+            if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+                ns.blocked.push_back(idx);
+            }
+            return;
+        }
         let c = &mut self.cmds[idx as usize];
         let sqe = c.sqe;
         let ns_idx = c.ns;
@@ -819,7 +1217,7 @@ impl Core {
             OffloadOp::WriteZeroes => {
                 Some((Op::WriteZeroes { fua: sqe.fua() }, lba, nblocks, None))
             }
-            OffloadOp::Compare | OffloadOp::DatasetManagement => None,
+            OffloadOp::Compare | OffloadOp::DatasetManagement | OffloadOp::Copy => None,
         };
         if let Some((op, lba, nblocks, buf)) = single {
             c.pending = 1;
@@ -849,6 +1247,9 @@ impl Core {
             };
             return self.push_req(ns_idx, req);
         }
+        if op == OffloadOp::Copy {
+            return self.start_copy(st, idx);
+        }
         // Dataset Management: deallocate every range; the other attributes are hints.
         let mut ranges = [(0u64, 0u32); command::DSM_MAX_RANGES];
         let n = if command::dsm_deallocate(&sqe) {
@@ -875,6 +1276,109 @@ impl Core {
             };
             self.push_req(ns_idx, req);
         }
+    }
+
+    /// Copy, step 1: check the source ranges (format 0, the namespace's MSSRL/MCL/MSRC,
+    /// LBA ranges) and read the first range.
+    fn start_copy(&mut self, st: &mut QpState, idx: u32) {
+        let c = &self.cmds[idx as usize];
+        let (sqe, ns_idx) = (c.sqe, c.ns);
+        let Some(ns) = self.ns[ns_idx as usize].as_ref() else {
+            return self.fail(st, idx, Status::INVALID_NAMESPACE);
+        };
+        let (shift, nblocks) = (ns.shift, ns.nblocks);
+        let limits = nvmf::copy::CopyLimits::for_buffer(self.cfg.max_io_size, shift);
+        let parsed = nvmf::copy::source_ranges(&sqe, c.data(c.len), &limits, nblocks);
+        let (ranges, total) = match parsed {
+            Ok(x) => x,
+            Err(s) => return self.fail(st, idx, s),
+        };
+        let bytes = (total as usize) << shift;
+        let (Some(mut data), Some(mut first)) = (
+            self.pool.get(bytes),
+            self.pool.get((ranges[0].1 as usize) << shift),
+        ) else {
+            return self.fail(st, idx, Status::INTERNAL_ERROR);
+        };
+        data.set_len(bytes);
+        first.set_len((ranges[0].1 as usize) << shift);
+        let (lba, n) = ranges[0];
+        let c = &mut self.cmds[idx as usize];
+        let tag = (c.gen as u64) << 32 | idx as u64;
+        c.pending = 1;
+        c.copy = Some(Box::new(CopyPlan {
+            ranges,
+            next: 0,
+            data: Some(data),
+            filled: 0,
+            dest: nvmf::copy::destination(&sqe),
+            total: total as u32,
+            writing: false,
+        }));
+        self.push_req(
+            ns_idx,
+            Request {
+                tag,
+                op: Op::Read,
+                lba,
+                nblocks: n,
+                buf: Some(first),
+            },
+        );
+    }
+
+    /// Copy, the next steps: a source range was read (keep it, read the next one, or
+    /// write everything to the destination). Returns the completion when the command is
+    /// done with it (the destination write, an error, or not a Copy at all).
+    fn copy_step(&mut self, idx: u32, ns_idx: u32, comp: Completion) -> Option<Completion> {
+        let c = &mut self.cmds[idx as usize];
+        let tag = comp.tag;
+        let Some(plan) = c.copy.as_mut() else {
+            return Some(comp);
+        };
+        if plan.writing || comp.status != IoStatus::Ok {
+            return Some(comp);
+        }
+        if let (Some(b), Some(data)) = (comp.buf, plan.data.as_mut()) {
+            let n = b.len().min(data.len() - plan.filled);
+            data.as_mut_slice()[plan.filled..plan.filled + n].copy_from_slice(&b.as_slice()[..n]);
+            plan.filled += n;
+            self.pool.put(b);
+        }
+        let c = &mut self.cmds[idx as usize];
+        let plan = c.copy.as_mut()?;
+        plan.next += 1;
+        let shift = self.ns[ns_idx as usize].as_ref().map_or(9, |n| n.shift);
+        let req = if let Some(&(lba, n)) = plan.ranges.get(plan.next) {
+            let Some(mut b) = self.pool.get((n as usize) << shift) else {
+                c.status = Status::INTERNAL_ERROR;
+                return Some(Completion {
+                    tag,
+                    status: IoStatus::Ok,
+                    buf: None,
+                });
+            };
+            b.set_len((n as usize) << shift);
+            Request {
+                tag,
+                op: Op::Read,
+                lba,
+                nblocks: n,
+                buf: Some(b),
+            }
+        } else {
+            plan.writing = true;
+            Request {
+                tag,
+                op: Op::Write { fua: false },
+                lba: plan.dest,
+                nblocks: plan.total,
+                buf: plan.data.take(),
+            }
+        };
+        c.pending = 1;
+        self.push_req(ns_idx, req);
+        None
     }
 
     fn complete_offload(&mut self, st: &mut QpState, idx: u32, status: Status) {
@@ -941,6 +1445,11 @@ impl Core {
             }
             return;
         }
+        let comp = match self.copy_step(idx, ns_idx, comp) {
+            Some(comp) => comp,
+            None => return,
+        };
+        let c = &mut self.cmds[idx as usize];
         if c.op == Some(OffloadOp::Compare) {
             // buf holds the host's data, the completion returns what the media has.
             if let Some(b) = comp.buf {
@@ -971,6 +1480,11 @@ impl Core {
         }
         let status = c.status;
         let qh = c.qp;
+        match c.fused {
+            Fused::First { .. } => return self.fused_compared(qps, idx, status),
+            Fused::Second { .. } => return self.fused_written(qps, idx, status),
+            Fused::None => {}
+        }
         match qp_ref(qps, qh) {
             Some(q) if q.st.disconnect.is_none() => self.complete_offload(&mut q.st, idx, status),
             // Disconnecting: nothing more goes out, just free the slot.

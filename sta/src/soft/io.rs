@@ -527,7 +527,7 @@ impl StaIo {
             let icreq_pending = matches!(&q.st.link, Link::Tcp(t) if t.machine.awaiting_icreq());
             let limit = if icreq_pending && age > lim.icreq_timeout {
                 Some(Limit::IcReqTimeout)
-            } else if !q.st.connected && age > lim.connect_timeout {
+            } else if q.st.qid.is_none() && age > lim.connect_timeout {
                 Some(Limit::ConnectTimeout)
             } else if q
                 .st
@@ -628,6 +628,7 @@ impl StaIo {
                     subsys,
                     nsid,
                     backend,
+                    access,
                 } => {
                     let bs = backend.block_size();
                     let nblocks = backend.num_blocks();
@@ -647,6 +648,11 @@ impl StaIo {
                                 removing: None,
                                 gone: false,
                                 gone_reported: false,
+                                view: access.load(),
+                                view_epoch: access.epoch.load(std::sync::atomic::Ordering::Acquire),
+                                access,
+                                locks: Vec::new(),
+                                blocked: VecDeque::new(),
                             };
                             let i = match self.core.ns.iter().position(|s| s.is_none()) {
                                 Some(i) => {

@@ -34,6 +34,28 @@
 //! and a connection's life before Fabrics Connect by the ICReq and Connect deadlines.
 //! Before Connect nothing but the Connect's own data is ever solicited.
 //!
+//! Beyond the plain commands:
+//!
+//! - Every offloaded command is checked against its namespace's access view (reservation
+//!   conflicts, ANA path states, per-host visibility; see the crate docs): one atomic
+//!   load per command, the view reloaded only when it was republished.
+//! - Copy (format 0): the source ranges are read one by one into one buffer (MCL and
+//!   MSSRL are the max I/O size), then written to the destination; not atomic, as the
+//!   spec allows. It is offloaded because the engine is where the backend queues are:
+//!   the daemon has no data path of its own, and a copy through it would cross threads
+//!   twice for data that never needs to leave the IO thread.
+//! - Fused Compare and Write: the first command is held until the next capsule of the
+//!   QP; a matching Write makes the pair, anything else fails the first with Missing
+//!   Fused. The pair locks its LBA range on this IO thread: writes to an overlapping range
+//!   (and DSM, Copy and other pairs) submitted on this thread wait until the write is
+//!   done, so compare and write are atomic against them. Writes arriving on *other* IO
+//!   threads are not held back: queues of one namespace on different threads race anyway
+//!   (the host orders writes it cares about), and a lock shared across threads would put
+//!   one on every write's path.
+//! - Abort: a command waiting for its host data is marked and answered Abort Requested
+//!   once its data is in (never run); one queued behind a full backend queue is taken off
+//!   it. Commands at the backend are not aborted.
+//!
 //! Not implemented yet: more than one outstanding R2T per command, zero-copy receive into
 //! data buffers (H2CData and RDMA in-capsule data are copied once), an SRQ, multi-segment
 //! SGLs.
@@ -55,7 +77,7 @@ use std::sync::Arc;
 use backend::Backend;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use crate::{Caps, MainEvent, Stats, StatsRegistry, SubsysId};
+use crate::{AccessCell, AccessPublisher, Caps, MainEvent, Stats, StatsRegistry, SubsysId};
 
 /// Settings of the soft engine.
 #[derive(Clone, Debug)]
@@ -140,6 +162,8 @@ pub(crate) enum Ctrl {
         subsys: SubsysId,
         nsid: u32,
         backend: Arc<dyn Backend>,
+        /// The namespace's access view, shared with the publisher.
+        access: Arc<AccessCell>,
     },
     /// Stop offloading to the namespace; when its in-flight backend requests are done
     /// (`fail_outstanding`: answered at once with an error, without waiting), destroy the
@@ -188,6 +212,7 @@ pub struct Sta {
     removes: HashMap<u64, PendingRemove>,
     next_task: u64,
     stats: Arc<StatsRegistry>,
+    access: AccessPublisher,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +240,7 @@ impl Sta {
             removes: HashMap::new(),
             next_task: 1,
             stats: Arc::new(StatsRegistry::default()),
+            access: AccessPublisher::default(),
         }
     }
 
@@ -224,6 +250,9 @@ impl Sta {
             max_queue_depth: self.cfg.max_queue_depth,
             max_incapsule_data: self.cfg.max_incapsule_data,
             max_h2c_data: self.cfg.max_h2c_data,
+            access_views: true,
+            copy: true,
+            fused_compare_write: true,
         }
     }
 
@@ -288,15 +317,23 @@ impl Sta {
         {
             return Err(StaError::NsExists(nsid));
         }
+        let access = self.access.cell(subsys, nsid);
         for tx in &self.io_tx {
             let _ = tx.send(Ctrl::NsAdd {
                 subsys,
                 nsid,
                 backend: backend.clone(),
+                access: access.clone(),
             });
         }
         self.namespaces.push((subsys, nsid, backend));
         Ok(())
+    }
+
+    /// The publisher of namespace access views (see the crate docs): hand a clone to
+    /// every thread that runs commands which change them.
+    pub fn access_publisher(&self) -> AccessPublisher {
+        self.access.clone()
     }
 
     /// DOCA: `doca_sta_subsystem_task_rm_ns_alloc_init` + submit. New I/O to the
@@ -336,6 +373,7 @@ impl Sta {
             .position(|(s, n, _)| *s == subsys && *n == nsid)
             .ok_or(StaError::NoNamespace(nsid))?;
         self.namespaces.swap_remove(pos);
+        self.access.forget(subsys, nsid);
         let task = self.next_task;
         self.next_task += 1;
         let mut waiting = 0;
@@ -374,6 +412,7 @@ impl Sta {
                 subsys: *s,
                 nsid: *n,
                 backend: b.clone(),
+                access: self.access.cell(*s, *n),
             });
         }
         self.io_tx.push(tx);

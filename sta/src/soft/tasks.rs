@@ -18,7 +18,7 @@ use nvmf::spec::Cqe;
 use super::cmd::{Link, St};
 use super::io::{post_rdma, qp_ref, StaIo};
 use super::tcp_link;
-use crate::{CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
+use crate::{AccessKey, CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
 
 impl StaIo {
     pub fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) {
@@ -34,6 +34,94 @@ impl StaIo {
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         q.st.subsys = Some(subsys);
         Ok(())
+    }
+
+    /// Who an I/O queue's commands come from: the Host Identifier and host NQN of its
+    /// controller and the listener it came in on (`nvmf::target::ConnectOk::access`). The
+    /// engine checks every offloaded command of the QP against the namespace's published
+    /// access view with this key. Not a DOCA call: DOCA STA has no per-command hook (see
+    /// the crate docs).
+    pub fn qp_set_access(&mut self, qp: QpHandle, key: AccessKey) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        q.st.access = key;
+        Ok(())
+    }
+
+    /// Abort command `cid` of `qp` (the Abort admin command, NVMe Base 2.0 section 5.1) if
+    /// it has not reached the backend. A command still waiting for the host's data is
+    /// marked: its data is still taken in (the host was asked for it; dropping it would
+    /// break the transport), then it is answered Abort Requested and never runs. A command
+    /// queued behind a full backend queue is taken off the queue and answered at once.
+    /// Returns whether the command was aborted; one already at the backend, handed to the
+    /// application, or not found is not (the spec allows that for any command).
+    pub fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
+        let Some(idx) =
+            self.core.cmds.iter().position(|c| {
+                c.st != St::Free && c.qp == qp && c.sqe.cid() == cid && c.op.is_some()
+            })
+        else {
+            return false;
+        };
+        let idx = idx as u32;
+        let c = &mut self.core.cmds[idx as usize];
+        match c.st {
+            St::H2C => {
+                c.aborted = true;
+                true
+            }
+            St::WaitBuf => {
+                // Waiting for its connection's buffer budget: nothing started yet.
+                let Some(q) = qp_ref(&mut self.qps, qp) else {
+                    return false;
+                };
+                q.st.waiting.retain(|&w| w != idx);
+                self.core
+                    .fail(&mut q.st, idx, nvmf::spec::Status::ABORT_REQUESTED);
+                true
+            }
+            St::Backend => {
+                let tag = (c.gen as u64) << 32 | idx as u64;
+                let (ns_idx, pending) = (c.ns, c.pending);
+                let Some(ns) = self
+                    .core
+                    .ns
+                    .get_mut(ns_idx as usize)
+                    .and_then(|n| n.as_mut())
+                else {
+                    return false;
+                };
+                // Only if none of its requests reached the backend yet.
+                let queued = ns.pending.iter().filter(|r| r.tag == tag).count();
+                if queued == 0 || queued != pending as usize {
+                    return false;
+                }
+                let mut bufs = Vec::new();
+                ns.pending.retain_mut(|r| {
+                    if r.tag == tag {
+                        if let Some(b) = r.buf.take() {
+                            bufs.push(b);
+                        }
+                        false
+                    } else {
+                        true
+                    }
+                });
+                ns.inflight = ns.inflight.saturating_sub(queued as u32);
+                ns.counters
+                    .queue_depth
+                    .store(ns.inflight as u64, std::sync::atomic::Ordering::Relaxed);
+                for b in bufs {
+                    self.core.pool.put(b);
+                }
+                let Some(q) = qp_ref(&mut self.qps, qp) else {
+                    return false;
+                };
+                self.core
+                    .fail(&mut q.st, idx, nvmf::spec::Status::ABORT_REQUESTED);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// DOCA `doca_sta_io_qp_connect_set_sq_size`, plus what the transports need from the
@@ -56,7 +144,7 @@ impl StaIo {
         });
         // The queue has a controller now: the Connect deadline is met, and its commands
         // may take data.
-        q.st.connected = true;
+        q.st.qid = Some(qid);
         Ok(())
     }
 

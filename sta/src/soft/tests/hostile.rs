@@ -447,6 +447,8 @@ fn aer_resent_after_reset_does_not_leak_a_slot() {
                 nguid: [5; 16],
                 eui64: [6; 8],
                 volatile_write_cache: false,
+                anagrpid: 0,
+                hosts: None,
             },
         )
         .expect("namespace");

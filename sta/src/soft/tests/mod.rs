@@ -11,6 +11,7 @@
 //! Bytes cross the pipe in pieces of `Conn::chunk` bytes per engine pass, so a test can
 //! split every PDU at every byte boundary.
 
+mod access;
 mod data_path;
 mod faults;
 mod hostile;

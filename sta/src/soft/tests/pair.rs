@@ -67,9 +67,20 @@ pub struct Conn {
     pub cntlid: u16,
     /// The host reads what the target sends (off: a peer that never reads).
     pub reading: bool,
+    /// Host NQN and Host Identifier this connection's Connect sends.
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// Where the connection "came in" (its listener decides its ANA states).
+    pub origin: QueueOrigin,
 }
 
 impl Conn {
+    /// Answers an R2T the test held back (`auto_r2t` off) with H2CData.
+    pub fn send_h2c(&mut self, cid: u16, ttag: u16, offset: u32, data: &[u8]) {
+        self.host.send_data(&mut self.out, cid, ttag, offset, data);
+        self.flush_out();
+    }
+
     fn flush_out(&mut self) {
         for &(data, a, off, len) in &self.out.segs {
             let s: &[u8] = if data {
@@ -185,6 +196,8 @@ impl Pair {
                     nguid: [2; 16],
                     eui64: [3; 8],
                     volatile_write_cache: false,
+                    anagrpid: 0,
+                    hosts: None,
                 },
             )
             .expect("namespace");
@@ -252,6 +265,9 @@ impl Pair {
             r2ts: Vec::new(),
             cntlid: 0,
             reading: true,
+            hostnqn: HOSTNQN.to_string(),
+            hostid: [9; 16],
+            origin: QueueOrigin::default(),
         };
         self.conns.push(c);
         self.conns.len() - 1
@@ -335,7 +351,12 @@ impl Pair {
             cattr,
             kato,
         };
-        let data = ConnectData::new([9; 16], cntlid, NQN, HOSTNQN);
+        let data = ConnectData::new(
+            self.conns[i].hostid,
+            cntlid,
+            NQN,
+            &self.conns[i].hostnqn.clone(),
+        );
         // With flow control disabled the host machine checks SQHD FFFFh from here on.
         self.conns[i]
             .host
@@ -494,7 +515,28 @@ impl Pair {
                         let _ = self.io.qp_disconnect(qp, 0);
                     }
                 }
+                Action::Abort {
+                    key,
+                    cid,
+                    abort,
+                    abort_cid,
+                    ..
+                } => {
+                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
+                    let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
+                    let more = self.target.abort_done(abort, abort_cid, aborted);
+                    self.apply(more);
+                }
             }
+        }
+    }
+
+    /// Hands the target's new namespace access views to the engine (the daemon's
+    /// `sync_target_state`).
+    pub fn publish_views(&mut self) {
+        let publisher = self.sta.access_publisher();
+        for (_, nsid, view) in self.target.take_access_updates() {
+            publisher.publish(self.subsys, nsid, view);
         }
     }
 
@@ -506,15 +548,20 @@ impl Pair {
             return;
         };
         if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
-            let (cqe, ok) = self
-                .target
-                .connect(now, key, &QueueOrigin::default(), sqe, payload);
+            let origin = self
+                .conns
+                .iter()
+                .find(|c| c.qp == qp)
+                .map(|c| c.origin.clone())
+                .unwrap_or_default();
+            let (cqe, ok) = self.target.connect(now, key, &origin, sqe, payload);
             if let Some(ok) = ok {
                 if let Some(a) = self.apps.get_mut(&qp) {
                     a.queue = Some(ok.queue());
                 }
                 if ok.qid > 0 {
                     self.io.qp_add_subsystem(qp, self.subsys).expect("QP");
+                    self.io.qp_set_access(qp, ok.access).expect("QP");
                 }
                 self.io
                     .qp_connect_set_params(qp, ok.qid, ok.sqsize, ok.disable_sq_flow_control)
@@ -531,6 +578,8 @@ impl Pair {
             return;
         };
         let outcome = self.target.execute(now, queue, sqe, payload, &NoCounters);
+        // New access views reach the engine before the completion goes out.
+        self.publish_views();
         match outcome {
             Outcome::Complete { cqe, data_len } if data_len > 0 => {
                 self.io

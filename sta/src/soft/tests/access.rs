@@ -1,0 +1,494 @@
+//! The offloaded path honours the target's namespace access views (reservations, ANA
+//! path states, per-host visibility), and Abort aborts commands that have not started.
+
+use nvmf::spec::opcodes::{admin, io};
+use nvmf::spec::{Sqe, Status};
+use nvmf::target::{AnaGroup, AnaState, ListenerInfo, QueueOrigin, Transport};
+use nvmf::tcp::{Digests, Xfer};
+
+use super::pair::*;
+use crate::soft::SoftConfig;
+
+const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-4000-8000-00000000000a";
+const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-4000-8000-00000000000b";
+
+/// A controller (admin, I/O queue) of host `nqn`/`id`, coming in on `origin`.
+fn host(p: &mut Pair, nqn: &str, id: u8, origin: QueueOrigin) -> (usize, usize) {
+    let a = p.open(Digests::NONE, 0);
+    p.conns[a].hostnqn = nqn.to_string();
+    p.conns[a].hostid = [id; 16];
+    p.conns[a].origin = origin.clone();
+    let cqe = p.connect(a, nvmf::spec::fabrics::CNTLID_DYNAMIC, 0, 31, 0, 0);
+    assert!(cqe.status().is_success());
+    let cntlid = cqe.dw0 as u16;
+    p.conns[a].cntlid = cntlid;
+    let en = nvmf::spec::fabrics::PropertyCommand {
+        attrib: 0,
+        offset: nvmf::spec::fabrics::property::CC,
+        value: 0x0046_0001,
+    };
+    assert!(p
+        .exec(a, en.to_sqe(0, true), Xfer::None, vec![])
+        .0
+        .status()
+        .is_success());
+    let q = p.open(Digests::NONE, 0);
+    p.conns[q].hostnqn = nqn.to_string();
+    p.conns[q].hostid = [id; 16];
+    p.conns[q].origin = origin;
+    let cqe = p.connect(q, cntlid, 1, 31, 0, 0);
+    assert!(cqe.status().is_success(), "I/O connect: {}", cqe.status());
+    p.conns[q].cntlid = cntlid;
+    (a, q)
+}
+
+fn resv(p: &mut Pair, q: usize, opcode: u8, cdw10: u32, data: Vec<u8>) -> Status {
+    let mut s = Sqe {
+        nsid: 1,
+        cdw10,
+        ..Default::default()
+    };
+    s.set_opcode_cid(opcode, 0);
+    p.exec(q, s, Xfer::ToController, data).0.status()
+}
+
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    let mut d = a.to_le_bytes().to_vec();
+    d.extend_from_slice(&b.to_le_bytes());
+    d
+}
+
+fn write(p: &mut Pair, q: usize, slba: u64, seed: u64) -> Status {
+    p.exec(
+        q,
+        rw(io::WRITE, slba, 1),
+        Xfer::ToController,
+        pattern(seed, 512),
+    )
+    .0
+    .status()
+}
+
+fn read(p: &mut Pair, q: usize, slba: u64) -> Status {
+    p.exec(q, rw(io::READ, slba, 1), Xfer::FromController, vec![0; 512])
+        .0
+        .status()
+}
+
+#[test]
+fn reservation_conflicts_are_answered_by_the_engine() {
+    let mut p = Pair::new();
+    let (_, a) = host(&mut p, HOST_A, 0xa, QueueOrigin::default());
+    let (_, b) = host(&mut p, HOST_B, 0xb, QueueOrigin::default());
+    assert_eq!(
+        write(&mut p, b, 10, 1),
+        Status::SUCCESS,
+        "no reservation yet"
+    );
+    assert_eq!(
+        resv(&mut p, a, io::RESERVATION_REGISTER, 0, keys(0, 0xa)),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        resv(&mut p, b, io::RESERVATION_REGISTER, 0, keys(0, 0xb)),
+        Status::SUCCESS
+    );
+    // A holds Write Exclusive: B (a registrant) may read, not write.
+    assert_eq!(
+        resv(&mut p, a, io::RESERVATION_ACQUIRE, 1 << 8, keys(0xa, 0)),
+        Status::SUCCESS
+    );
+    let ops_before = p.backend_ops.lock().unwrap().len();
+    assert_eq!(write(&mut p, b, 11, 2), Status::RESERVATION_CONFLICT);
+    assert_eq!(
+        p.backend_ops.lock().unwrap().len(),
+        ops_before,
+        "never reached the backend"
+    );
+    let t = p.sta.stats().namespace(p.subsys, 1);
+    let i = crate::error_status_index(Status::RESERVATION_CONFLICT);
+    assert_eq!(crate::ERROR_STATUSES[i].0, "reservation_conflict");
+    assert_eq!(t.errors_by_status[i], 1, "counted per namespace");
+    assert_eq!(disk(&p, 11, 1), vec![0; 512]);
+    assert_eq!(read(&mut p, b, 10), Status::SUCCESS);
+    assert_eq!(write(&mut p, a, 12, 3), Status::SUCCESS);
+    assert_eq!(disk(&p, 12, 1), pattern(3, 512));
+    // Write Zeroes, DSM and Flush are writes too.
+    let mut wz = rw(io::WRITE_ZEROES, 12, 1);
+    wz.cdw12 = 0;
+    assert_eq!(
+        p.exec(b, wz, Xfer::None, vec![]).0.status(),
+        Status::RESERVATION_CONFLICT
+    );
+    let mut fl = Sqe {
+        nsid: 1,
+        ..Default::default()
+    };
+    fl.set_opcode_cid(io::FLUSH, 0);
+    assert_eq!(
+        p.exec(b, fl, Xfer::None, vec![]).0.status(),
+        Status::RESERVATION_CONFLICT
+    );
+    // B preempts with Exclusive Access: A's reads now conflict too.
+    assert_eq!(
+        resv(
+            &mut p,
+            b,
+            io::RESERVATION_ACQUIRE,
+            1 | 2 << 8,
+            keys(0xb, 0xa)
+        ),
+        Status::SUCCESS
+    );
+    assert_eq!(read(&mut p, a, 10), Status::RESERVATION_CONFLICT);
+    assert_eq!(write(&mut p, b, 11, 4), Status::SUCCESS);
+    // B releases: everyone may write again.
+    assert_eq!(
+        resv(
+            &mut p,
+            b,
+            io::RESERVATION_RELEASE,
+            2 << 8,
+            0xbu64.to_le_bytes().to_vec()
+        ),
+        Status::SUCCESS
+    );
+    assert_eq!(write(&mut p, a, 13, 5), Status::SUCCESS);
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+#[test]
+fn ana_path_states_and_visibility_on_the_offloaded_path() {
+    let mut p = Pair::new();
+    let l0 = ListenerInfo {
+        transport: Transport::Tcp,
+        addr: "127.0.0.1".parse().unwrap(),
+        port: 4420,
+    };
+    let l1 = ListenerInfo {
+        port: 4421,
+        ..l0.clone()
+    };
+    p.target.add_listener(l0.clone());
+    p.target.add_listener(l1.clone());
+    let on = |l: &ListenerInfo| QueueOrigin {
+        listener: Some(l.clone()),
+        local: Some(l.addr),
+    };
+    let (_, a) = host(&mut p, HOST_A, 0xa, on(&l0));
+    let (_, b) = host(&mut p, HOST_B, 0xb, on(&l1));
+    for (state, want) in [
+        (AnaState::Inaccessible, Status::ANA_INACCESSIBLE),
+        (AnaState::PersistentLoss, Status::ANA_PERSISTENT_LOSS),
+        (AnaState::Change, Status::ANA_TRANSITION),
+        (AnaState::NonOptimized, Status::SUCCESS),
+    ] {
+        let acts = p
+            .target
+            .set_ana_groups(
+                NQN,
+                vec![AnaGroup {
+                    id: 1,
+                    states: vec![(l1.clone(), state)],
+                }],
+            )
+            .unwrap();
+        drop(acts);
+        p.publish_views();
+        assert_eq!(read(&mut p, b, 0), want, "{state:?} on B's path");
+        assert!(!want.dnr, "path statuses let the host fail over");
+        assert_eq!(
+            read(&mut p, a, 0),
+            Status::SUCCESS,
+            "A's path stays optimized"
+        );
+    }
+    // Namespace 1 for host A only: B's commands get Invalid Namespace from the engine.
+    p.target
+        .set_namespace_hosts(NQN, 1, Some(vec![HOST_A.to_string()]))
+        .unwrap();
+    p.publish_views();
+    assert_eq!(read(&mut p, b, 0), Status::INVALID_NAMESPACE);
+    assert_eq!(write(&mut p, a, 0, 7), Status::SUCCESS);
+    p.target.set_namespace_hosts(NQN, 1, None).unwrap();
+    p.publish_views();
+    assert_eq!(read(&mut p, b, 0), Status::SUCCESS);
+}
+
+/// Abort of a write still waiting for its data: the Abort says "aborted", the data the
+/// host was asked for is still taken in, the write answers Abort Requested and the media
+/// is untouched. A command that already ran is not aborted.
+#[test]
+fn abort_a_write_waiting_for_host_data() {
+    let mut p = Pair::with_config(SoftConfig::default());
+    let (adm, q) = p.controller(Digests::NONE, 31, 0);
+    p.conns[q].auto_r2t = false;
+    p.conns[q].host.set_max_incapsule(0);
+    let data = pattern(9, 4096);
+    let cid = p.submit(q, rw(io::WRITE, 40, 8), Xfer::ToController, data.clone());
+    p.pump();
+    let (c, ttag, off, len) = p.conns[q].r2ts.pop().expect("an R2T");
+    assert_eq!(c, cid);
+    let mut abort = Sqe {
+        cdw10: 1 | (cid as u32) << 16,
+        ..Default::default()
+    };
+    abort.set_opcode_cid(admin::ABORT, 0);
+    let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+    assert!(cqe.status().is_success());
+    assert_eq!(cqe.dw0 & 1, 0, "aborted");
+    // The host sends the data it was asked for; the command then ends, unrun.
+    let part = data[off as usize..(off + len) as usize].to_vec();
+    p.conns[q].send_h2c(cid, ttag, off, &part);
+    let (cqe, _) = p.wait(q, cid);
+    assert_eq!(cqe.status(), Status::ABORT_REQUESTED);
+    assert_eq!(disk(&p, 40, 8), vec![0; 4096]);
+    // A command that is done: not aborted.
+    p.conns[q].auto_r2t = true;
+    assert_eq!(write(&mut p, q, 50, 1), Status::SUCCESS);
+    let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+    assert_eq!(cqe.dw0 & 1, 1, "not aborted");
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+fn copy_sqe(dest: u64, nranges: u32) -> Sqe {
+    let mut s = Sqe {
+        nsid: 1,
+        cdw10: dest as u32,
+        cdw11: (dest >> 32) as u32,
+        cdw12: nranges - 1,
+        ..Default::default()
+    };
+    s.set_opcode_cid(io::COPY, 0);
+    s
+}
+
+/// Copy: several source ranges land back to back at the destination; limits and LBA
+/// ranges are checked before anything moves; a reservation refuses it like a write.
+#[test]
+fn copy_single_and_multi_range() {
+    let mut p = Pair::new();
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    assert_eq!(
+        p.exec(
+            q,
+            rw(io::WRITE, 100, 4),
+            Xfer::ToController,
+            pattern(1, 2048)
+        )
+        .0
+        .status(),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        p.exec(
+            q,
+            rw(io::WRITE, 300, 2),
+            Xfer::ToController,
+            pattern(2, 1024)
+        )
+        .0
+        .status(),
+        Status::SUCCESS
+    );
+    // One range.
+    let ranges = nvmf::copy::encode_ranges(&[(100, 4)]);
+    let (cqe, _) = p.exec(q, copy_sqe(1000, 1), Xfer::ToController, ranges);
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    assert_eq!(disk(&p, 1000, 4), pattern(1, 2048));
+    // Three ranges, one of them overlapping the first.
+    let ranges = nvmf::copy::encode_ranges(&[(300, 2), (100, 4), (101, 1)]);
+    let (cqe, _) = p.exec(q, copy_sqe(2000, 3), Xfer::ToController, ranges);
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    let mut want = pattern(2, 1024);
+    want.extend(pattern(1, 2048));
+    want.extend_from_slice(&pattern(1, 2048)[512..1024]);
+    assert_eq!(disk(&p, 2000, 7), want);
+    // Past the end (a source, the destination), a format other than 0: nothing moves.
+    let ops = p.backend_ops.lock().unwrap().len();
+    let ranges = nvmf::copy::encode_ranges(&[(BLOCKS - 1, 2)]);
+    assert_eq!(
+        p.exec(q, copy_sqe(0, 1), Xfer::ToController, ranges)
+            .0
+            .status(),
+        Status::LBA_OUT_OF_RANGE
+    );
+    let ranges = nvmf::copy::encode_ranges(&[(0, 2)]);
+    assert_eq!(
+        p.exec(
+            q,
+            copy_sqe(BLOCKS - 1, 1),
+            Xfer::ToController,
+            ranges.clone()
+        )
+        .0
+        .status(),
+        Status::LBA_OUT_OF_RANGE
+    );
+    let mut fmt1 = copy_sqe(0, 1);
+    fmt1.cdw12 |= 1 << 8;
+    assert_eq!(
+        p.exec(q, fmt1, Xfer::ToController, ranges).0.status(),
+        Status::INVALID_FIELD
+    );
+    // More blocks than one buffer (MCL = 1 MiB of 512-byte blocks = 2048).
+    let ranges = nvmf::copy::encode_ranges(&[(0, 2048), (4096, 1)]);
+    assert_eq!(
+        p.exec(q, copy_sqe(6000, 2), Xfer::ToController, ranges)
+            .0
+            .status(),
+        Status::COMMAND_SIZE_LIMIT_EXCEEDED
+    );
+    assert_eq!(p.backend_ops.lock().unwrap().len(), ops);
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+#[test]
+fn copy_is_a_write_for_reservations() {
+    let mut p = Pair::new();
+    let (_, a) = host(&mut p, HOST_A, 0xa, QueueOrigin::default());
+    let (_, b) = host(&mut p, HOST_B, 0xb, QueueOrigin::default());
+    assert_eq!(
+        resv(&mut p, a, io::RESERVATION_REGISTER, 0, keys(0, 0xa)),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        resv(&mut p, a, io::RESERVATION_ACQUIRE, 1 << 8, keys(0xa, 0)),
+        Status::SUCCESS
+    );
+    let ranges = nvmf::copy::encode_ranges(&[(0, 1)]);
+    assert_eq!(
+        p.exec(b, copy_sqe(10, 1), Xfer::ToController, ranges.clone())
+            .0
+            .status(),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(
+        p.exec(a, copy_sqe(10, 1), Xfer::ToController, ranges)
+            .0
+            .status(),
+        Status::SUCCESS
+    );
+}
+
+fn fused(opcode: u8, fuse: u8, slba: u64, nlb: u32) -> Sqe {
+    let mut s = rw(opcode, slba, nlb);
+    s.cdw0 |= (fuse as u32) << 8;
+    s
+}
+
+/// Fused Compare and Write: match (both succeed, the write lands), mismatch (Compare
+/// Failure, the write aborted as failed fused), a first without its second and a lone
+/// second (Missing Fused), and a plain write to the range submitted behind the pair waits
+/// until the pair is done.
+#[test]
+fn fused_compare_and_write() {
+    let mut p = Pair::new();
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let (old, new, other) = (pattern(1, 1024), pattern(2, 1024), pattern(3, 1024));
+    assert_eq!(
+        p.exec(q, rw(io::WRITE, 5, 2), Xfer::ToController, old.clone())
+            .0
+            .status(),
+        Status::SUCCESS
+    );
+    // Match.
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, 5, 2),
+        Xfer::ToController,
+        old.clone(),
+    );
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, 5, 2),
+        Xfer::ToController,
+        new.clone(),
+    );
+    assert_eq!(p.wait(q, c1).0.status(), Status::SUCCESS);
+    assert_eq!(p.wait(q, c2).0.status(), Status::SUCCESS);
+    assert_eq!(disk(&p, 5, 2), new);
+    // Mismatch: nothing written.
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, 5, 2),
+        Xfer::ToController,
+        old.clone(),
+    );
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, 5, 2),
+        Xfer::ToController,
+        other.clone(),
+    );
+    assert_eq!(p.wait(q, c1).0.status(), Status::COMPARE_FAILURE);
+    assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_FAILED_FUSED);
+    assert_eq!(disk(&p, 5, 2), new);
+    // A first followed by something else; a lone second; a pair over different ranges.
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, 5, 2),
+        Xfer::ToController,
+        new.clone(),
+    );
+    let r = p.submit(q, rw(io::READ, 5, 2), Xfer::FromController, vec![0; 1024]);
+    assert_eq!(p.wait(q, c1).0.status(), Status::ABORTED_MISSING_FUSED);
+    assert_eq!(p.wait(q, r).0.status(), Status::SUCCESS);
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, 5, 2),
+        Xfer::ToController,
+        other.clone(),
+    );
+    assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_MISSING_FUSED);
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, 5, 2),
+        Xfer::ToController,
+        new.clone(),
+    );
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, 6, 2),
+        Xfer::ToController,
+        other.clone(),
+    );
+    assert_eq!(p.wait(q, c1).0.status(), Status::ABORTED_MISSING_FUSED);
+    assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_MISSING_FUSED);
+    assert_eq!(disk(&p, 5, 2), new);
+    // Atomic against a write to the range queued right behind it: the pair compares and
+    // writes first, the plain write lands after.
+    let ops0 = p.backend_ops.lock().unwrap().len();
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, 5, 2),
+        Xfer::ToController,
+        new.clone(),
+    );
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, 5, 2),
+        Xfer::ToController,
+        other.clone(),
+    );
+    let w = p.submit(
+        q,
+        rw(io::WRITE, 6, 1),
+        Xfer::ToController,
+        old[..512].to_vec(),
+    );
+    assert_eq!(p.wait(q, c1).0.status(), Status::SUCCESS);
+    assert_eq!(p.wait(q, c2).0.status(), Status::SUCCESS);
+    assert_eq!(p.wait(q, w).0.status(), Status::SUCCESS);
+    let ops: Vec<_> = p.backend_ops.lock().unwrap()[ops0..].to_vec();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert!(matches!(ops[0], backend::Op::Read), "{ops:?}");
+    assert!(
+        matches!(ops[1], backend::Op::Write { .. }) && matches!(ops[2], backend::Op::Write { .. }),
+        "{ops:?}"
+    );
+    let mut want = other[..512].to_vec();
+    want.extend_from_slice(&old[..512]);
+    assert_eq!(disk(&p, 5, 2), want);
+    assert_eq!(p.io.commands_in_flight(), 0);
+}

@@ -1,0 +1,332 @@
+//! End to end: reservations between two hosts, PTPL across a daemon restart, ANA states
+//! per listener changed by reload, per-host visibility.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use nvmf::spec::opcodes::io;
+use nvmf::spec::{Sqe, Status};
+use nvmf_initiator::{HostOptions, Request, TcpHost, Xfer};
+
+const HA_CONFIG: &str = "\
+io_threads: 2
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 16MiB, block_size: 512}
+reservations: {state_file: {dir}/resv.ptpl}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    namespaces:
+      - {nsid: 1, backend: ram0}
+";
+
+fn resv(
+    io: &mut TcpHost,
+    opcode: u8,
+    cdw10: u32,
+    cdw11: u32,
+    xfer: Xfer,
+    buf: Vec<u8>,
+) -> (Status, Vec<u8>) {
+    let mut sqe = Sqe {
+        nsid: 1,
+        cdw10,
+        cdw11,
+        ..Default::default()
+    };
+    sqe.set_opcode_cid(opcode, 0);
+    let cid = io.submit(Request::new(sqe, xfer, buf)).expect("submit");
+    let c = io.wait(cid).expect("completion");
+    (c.cqe.status(), c.buf)
+}
+
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    let mut d = a.to_le_bytes().to_vec();
+    d.extend_from_slice(&b.to_le_bytes());
+    d
+}
+
+fn register(io: &mut TcpHost, key: u64, cptpl: u32) -> Status {
+    resv(
+        io,
+        io::RESERVATION_REGISTER,
+        cptpl << 30,
+        0,
+        Xfer::ToController,
+        keys(0, key),
+    )
+    .0
+}
+
+fn acquire(io: &mut TcpHost, action: u32, rtype: u32, crkey: u64, prkey: u64) -> Status {
+    resv(
+        io,
+        io::RESERVATION_ACQUIRE,
+        action | rtype << 8,
+        0,
+        Xfer::ToController,
+        keys(crkey, prkey),
+    )
+    .0
+}
+
+/// Reservation Report, extended: (RTYPE, REGCTL, PTPLS, holder host IDs).
+fn report(io: &mut TcpHost) -> (u8, u16, u8, Vec<[u8; 16]>) {
+    let (st, d) = resv(
+        io,
+        io::RESERVATION_REPORT,
+        1023,
+        1,
+        Xfer::FromController,
+        vec![0; 4096],
+    );
+    assert_eq!(st, Status::SUCCESS);
+    let n = u16::from_le_bytes([d[5], d[6]]);
+    let holders = (0..n as usize)
+        .filter(|i| d[64 + i * 64 + 2] & 1 == 1)
+        .map(|i| d[64 + i * 64 + 16..64 + i * 64 + 32].try_into().unwrap())
+        .collect();
+    (d[4], n, d[9], holders)
+}
+
+fn host(d: &Daemon, opts: &HostOptions) -> (TcpHost, TcpHost) {
+    let (mut admin, cntlid) = admin(d, SUBNQN, opts);
+    request_queues(&mut admin, 1);
+    let io = io_queue(d, SUBNQN, cntlid, 1, opts);
+    (admin, io)
+}
+
+#[test]
+fn two_hosts_reserve_and_ptpl_survives_a_restart() {
+    let _w = watchdog(
+        "two_hosts_reserve_and_ptpl_survives_a_restart",
+        Duration::from_secs(60),
+    );
+    let mut d = Daemon::start(HA_CONFIG);
+    let (oa, ob) = (host_opts(), host_opts());
+    assert_ne!(oa.hostid, ob.hostid);
+    let (_aa, mut a) = host(&d, &oa);
+    let (_ab, mut b) = host(&d, &ob);
+    assert_eq!(register(&mut a, 0xa, 0), Status::SUCCESS);
+    assert_eq!(register(&mut b, 0xb, 0), Status::SUCCESS);
+    assert_eq!(acquire(&mut a, 0, 1, 0xa, 0), Status::SUCCESS);
+    assert_eq!(acquire(&mut b, 0, 1, 0xb, 0), Status::RESERVATION_CONFLICT);
+    // The engine refuses B's write (offloaded) and runs its read; A writes.
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(b.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
+    assert_eq!(a.write(1, 0, &[8; 512], false).unwrap(), Status::SUCCESS);
+    let (rtype, n, _, holders) = report(&mut b);
+    assert_eq!((rtype, n, holders), (1, 2, vec![oa.hostid]));
+    // EDS 0: Host Identifier Inconsistent (128-bit host IDs).
+    let (st, _) = resv(
+        &mut b,
+        io::RESERVATION_REPORT,
+        15,
+        0,
+        Xfer::FromController,
+        vec![0; 64],
+    );
+    assert_eq!(st, Status::HOST_IDENTIFIER_INCONSISTENT);
+    // B preempts A; A's registration is gone.
+    assert_eq!(acquire(&mut b, 1, 2, 0xb, 0xa), Status::SUCCESS);
+    assert_eq!(report(&mut a).1, 1);
+    // A registers again with PTPL and takes the reservation after B releases.
+    let (st, _) = resv(
+        &mut b,
+        io::RESERVATION_RELEASE,
+        2 << 8,
+        0,
+        Xfer::ToController,
+        0xbu64.to_le_bytes().to_vec(),
+    );
+    assert_eq!(st, Status::SUCCESS);
+    assert_eq!(register(&mut a, 0xa, 0b11), Status::SUCCESS);
+    assert_eq!(acquire(&mut a, 0, 3, 0xa, 0), Status::SUCCESS);
+    let state = std::fs::read_to_string(d.dir().join("resv.ptpl")).expect("PTPL state file");
+    assert!(state.contains("rtype: 3"), "{state}");
+    drop((a, b));
+    d.stop();
+    d.restart();
+    let (_aa, mut a) = host(&d, &oa);
+    let (rtype, n, ptpls, holders) = report(&mut a);
+    assert_eq!((rtype, n, ptpls, holders), (3, 2, 1, vec![oa.hostid]));
+    assert!(d.log().contains("restored"), "{}", d.log());
+}
+
+/// A corrupt state file stops start-up with the file named (the default policy).
+#[test]
+fn corrupt_state_file_fails_start_up() {
+    let _w = watchdog("corrupt_state_file_fails_start_up", Duration::from_secs(60));
+    let mut d = Daemon::start(HA_CONFIG);
+    d.stop();
+    std::fs::write(
+        d.dir().join("resv.ptpl"),
+        "format: nvmf-target-ptpl/1\nnamespaces: 7\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(daemon_binary())
+        .arg("--config")
+        .arg(d.dir().join("nvmf-target.yaml"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("resv.ptpl") && err.contains("unusable"),
+        "{err}"
+    );
+}
+
+/// Two listeners, one subsystem in ANA group 1: optimized on tcp0, inaccessible on tcp1.
+const ANA_CONFIG: &str = "\
+io_threads: 2
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+  - {name: tcp1, transport: tcp, address: 127.0.0.2, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 16MiB, block_size: 512}
+  - {name: ram1, type: ram, size: 16MiB, block_size: 512}
+referrals:
+  - {transport: tcp, address: 192.0.2.44, port: 8009}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    ana_groups:
+      - {id: 1, states: {tcp0: optimized, tcp1: inaccessible}}
+    namespaces:
+      - {nsid: 1, backend: ram0}
+      - {nsid: 2, backend: ram1, hosts: [HOST_A]}
+";
+
+fn write_config(d: &Daemon, text: &str) {
+    let text = text
+        .replace("{port}", &d.port().to_string())
+        .replace("{dir}", &d.dir().display().to_string());
+    std::fs::write(d.dir().join("nvmf-target.yaml"), text).expect("rewrite config");
+}
+
+fn wait_log(d: &Daemon, what: &str, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.log().matches(what).count() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "log never said {what:?} {count} times:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (CHGCNT, [(ANAGRPID, state, NSIDs)]) from an ANA log page.
+fn ana_log(admin: &mut TcpHost) -> (u64, Vec<(u32, u8, Vec<u32>)>) {
+    let b = admin
+        .get_log_page(0x0c, 0xffff_ffff, 0, 4096, false)
+        .expect("ANA log");
+    let n = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let mut at = 16;
+    let mut groups = Vec::new();
+    for _ in 0..n {
+        let id = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let nn = u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
+        let state = b[at + 16];
+        let ids = (0..nn)
+            .map(|i| u32::from_le_bytes(b[at + 32 + i * 4..at + 36 + i * 4].try_into().unwrap()))
+            .collect();
+        groups.push((id, state, ids));
+        at += 32 + nn * 4;
+    }
+    (u64::from_le_bytes(b[..8].try_into().unwrap()), groups)
+}
+
+fn active_nsids(admin: &mut TcpHost) -> Vec<u32> {
+    admin
+        .identify(2, 0)
+        .expect("Identify active namespace list")
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&n| n != 0)
+        .collect()
+}
+
+#[test]
+fn ana_states_per_listener_visibility_and_referrals_follow_reload() {
+    let _w = watchdog("ana_states_per_listener", Duration::from_secs(60));
+    let (oa, ob) = (host_opts(), host_opts());
+    let config = ANA_CONFIG.replace("HOST_A", &oa.hostnqn);
+    let d = Daemon::start(&config);
+    let addr1 = std::net::SocketAddr::new("127.0.0.2".parse().unwrap(), d.port());
+    // Host A on tcp0, host B on tcp1.
+    let (mut a, _) = admin(&d, SUBNQN, &oa);
+    let mut b = TcpHost::connect(addr1, ob.clone()).expect("ICReq on tcp1");
+    b.connect_admin(SUBNQN, 0).expect("Connect on tcp1");
+    b.enable_controller().unwrap();
+    let mut bio = TcpHost::connect(addr1, ob.clone()).expect("ICReq on tcp1 (I/O)");
+    let bcntlid = {
+        let id = b.identify(1, 0).expect("Identify Controller");
+        u16::from_le_bytes([id[78], id[79]])
+    };
+    bio.connect_io(SUBNQN, bcntlid, 1, 31)
+        .expect("I/O Connect on tcp1");
+    // I/O on the inaccessible path: the engine answers the ANA path status (no DNR).
+    assert_eq!(
+        bio.read(1, 0, 1, &mut [0; 512]).unwrap(),
+        Status::ANA_INACCESSIBLE
+    );
+    let (_, ga) = ana_log(&mut a);
+    let (_, gb) = ana_log(&mut b);
+    assert_eq!(ga, vec![(1, 1, vec![1, 2])]);
+    assert_eq!(
+        gb,
+        vec![(1, 3, vec![1])],
+        "B sees only namespace 1, inaccessible on tcp1"
+    );
+    assert_eq!(active_nsids(&mut a), vec![1, 2]);
+    assert_eq!(active_nsids(&mut b), vec![1]);
+    // Discovery shows the referral.
+    let (mut disc, _) = admin(&d, DISCOVERY_NQN, &oa);
+    let log = disc.get_log_page(0x70, 0, 0, 8192, false).unwrap();
+    let n = u64::from_le_bytes(log[8..16].try_into().unwrap()) as usize;
+    let referral = (0..n)
+        .map(|i| &log[1024 + i * 1024..2048 + i * 1024])
+        .find(|e| e[2] == 1);
+    let r = referral.expect("a SUBTYPE 1 entry");
+    assert_eq!(&r[512..522], b"192.0.2.44");
+
+    // B asks for ANA and namespace events.
+    b.set_features(0x0b, 0, 1 << 8 | 1 << 11, false).unwrap();
+    let aer = {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(nvmf::spec::opcodes::admin::ASYNC_EVENT_REQUEST, 0);
+        b.submit(Request::new(sqe, Xfer::None, Vec::new())).unwrap()
+    };
+    // Reload: tcp1 optimized, tcp0 non-optimized, namespace 2 for everyone.
+    let reloaded = ANA_CONFIG
+        .replace(
+            "{tcp0: optimized, tcp1: inaccessible}",
+            "{tcp0: non_optimized, tcp1: optimized}",
+        )
+        .replace(", hosts: [HOST_A]", "");
+    write_config(&d, &reloaded);
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_log(&d, "ANA states applied", 2);
+    let c = b.wait(aer).expect("AER completes");
+    // Either event may come first; the other waits for the next AER.
+    assert!(
+        matches!(c.cqe.dw0, 0x0c_03_02 | 0x04_00_02),
+        "AER dw0 {:#x}",
+        c.cqe.dw0
+    );
+    let (cnt, gb) = ana_log(&mut b);
+    assert!(cnt >= 1);
+    assert_eq!(gb, vec![(1, 1, vec![1, 2])]);
+    assert_eq!(ana_log(&mut a).1, vec![(1, 2, vec![1, 2])]);
+    assert_eq!(active_nsids(&mut b), vec![1, 2]);
+    assert_eq!(bio.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
+}
