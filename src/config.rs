@@ -68,10 +68,61 @@ pub struct Config {
     pub max_io_size: u32,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
+    /// Per-host credentials (`hosts[]`): DH-HMAC-CHAP secrets and TLS PSKs.
+    pub hosts: Vec<HostConfig>,
     /// Persist Through Power Loss: where reservation state is kept.
     pub reservations: ReservationsConfig,
     /// Discovery referrals (SUBTYPE 1 entries of the discovery log).
     pub referrals: Vec<ReferralConfig>,
+}
+
+/// One host's credentials (`hosts[]`). Secrets come inline or from files that only
+/// their owner may read (checked when the config is loaded, so a reload re-reads them:
+/// that is how a secret is rotated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    pub nqn: String,
+    pub dhchap: Option<DhchapConfig>,
+    /// The configured TLS PSK (`NVMeTLSkey-1:` interchange format).
+    pub tls_psk: Option<nvmf::auth::tls::ConfiguredPsk>,
+    /// How the host derives its TLS PSK from it: `rfc8446` (default) or `libnvme-compat`
+    /// (nvme-cli 2.13 / libnvme 1.13, e.g. Debian trixie).
+    pub tls_derivation: nvmf::auth::tls::Derivation,
+}
+
+/// DH-HMAC-CHAP settings of a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhchapConfig {
+    /// The host's secret (`nvme connect --dhchap-secret`).
+    pub secret: nvmf::auth::key::DhchapKey,
+    /// The controller's secret, for bidirectional authentication (`--dhchap-ctrl-secret`).
+    pub ctrl_secret: Option<nvmf::auth::key::DhchapKey>,
+    /// Hash functions and DH groups the host may use, in order of preference.
+    pub hashes: Vec<nvmf::auth::HashId>,
+    pub dhgroups: Vec<nvmf::auth::DhGroup>,
+}
+
+/// TLS on a TCP listener (`listeners[].tls`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// Plain TCP only (the default).
+    #[default]
+    None,
+    /// TLS 1.3 with a PSK, or plain TCP: the discovery log says "not required".
+    Optional,
+    /// TLS 1.3 with a PSK only.
+    Required,
+}
+
+impl fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsMode::None => "none",
+            TlsMode::Optional => "optional",
+            TlsMode::Required => "required",
+        })
+    }
 }
 
 /// What to do at start-up when the reservation state file is missing or cannot be read.
@@ -179,6 +230,8 @@ pub struct ListenerConfig {
     pub address: IpAddr,
     /// 1..=65535.
     pub port: u16,
+    /// TLS (TCP only).
+    pub tls: TlsMode,
 }
 
 impl ListenerConfig {
@@ -234,6 +287,8 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect (in addition to any host when `allow_any_host`).
     pub hosts: Vec<String>,
+    /// Hosts without a DH-HMAC-CHAP secret are refused.
+    pub require_auth: bool,
     /// Names of the listeners this subsystem is reachable on; all listeners when the
     /// config does not say.
     pub listeners: Vec<String>,

@@ -12,6 +12,7 @@ mod ptpl;
 mod rdma_cm;
 mod refusals;
 mod reload;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -34,11 +34,14 @@ pub const H2C_TERM_REQ_RECEIVED: &str = "h2c_term_req_received";
 /// An NVMe/RDMA connect request rejected by the CM thread (the RDMA analog of a rejected
 /// ICReq: bad private data, queue too deep, no resources).
 pub const RDMA_CONNECT_REJECTED: &str = "rdma_connect_rejected";
-const ENGINE_LABELS: [&str; 4] = [
+/// A TLS handshake failed or timed out, or a plain host came to a TLS-required listener.
+pub const TLS_HANDSHAKE_FAILED: &str = "tls_handshake_failed";
+const ENGINE_LABELS: [&str; 5] = [
     ICREQ_REJECTED,
     C2H_TERM_REQ_SENT,
     H2C_TERM_REQ_RECEIVED,
     RDMA_CONNECT_REJECTED,
+    TLS_HANDSHAKE_FAILED,
 ];
 
 /// What is known of a connection, for log lines: who it came from and on which listener.

@@ -33,16 +33,19 @@
 //! 4. `listeners_removed`;
 //! 5. `listeners_added`;
 //! 6. `backends_added`;
-//! 7. `subsystems_added` — add the subsystem *without* its `namespaces`: those are
+//! 7. `auth_changed` — replace every host's credentials and every subsystem's
+//!    `require_auth` with the new config's, before any subsystem is added, so that no host
+//!    reaches a new subsystem before the rules that bind it are in place;
+//! 8. `subsystems_added` — add the subsystem *without* its `namespaces`: those are
 //!    listed in `namespaces_added` as well, which is authoritative;
-//! 8. `namespaces_added` — includes every namespace of an added subsystem;
-//! 9. `hosts_changed` — subsystems present in both configs only (an added subsystem
-//!    carries its hosts in its `SubsystemConfig`);
-//! 10. `namespace_hosts_changed` — per-host visibility of surviving namespaces (a change
+//! 9. `namespaces_added` — includes every namespace of an added subsystem;
+//! 10. `hosts_changed` — subsystems present in both configs only (an added subsystem
+//!     carries its hosts in its `SubsystemConfig`);
+//! 11. `namespace_hosts_changed` — per-host visibility of surviving namespaces (a change
 //!     of a namespace's `hosts` alone is not a remove + add);
-//! 11. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
+//! 12. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
 //!     listeners whose state changed get an ANA Change event);
-//! 12. `referrals_changed` — the discovery log's referrals.
+//! 13. `referrals_changed` — the discovery log's referrals.
 //!
 //! The reservation state file (`reservations:`) needs a restart.
 //!
@@ -97,6 +100,10 @@ pub struct ConfigDiff {
     pub referrals_changed: Option<Vec<ReferralConfig>>,
     /// Changes that take effect only after a restart, one human-readable line each.
     pub restart_required: Vec<String>,
+    /// Host credentials (`hosts[]`, secrets re-read from their files) or a subsystem's
+    /// `require_auth` changed: apply the new config's whole set (step 7). Connected
+    /// controllers stay; new secrets apply from the next (re-)authentication.
+    pub auth_changed: bool,
 }
 
 impl ConfigDiff {
@@ -134,6 +141,9 @@ impl ConfigDiff {
                 b.name,
                 backend_text(&b.kind)
             ));
+        }
+        if self.auth_changed {
+            out.push("host credentials or require_auth: updated".to_string());
         }
         for s in &self.subsystems_added {
             out.push(format!(
@@ -189,6 +199,17 @@ impl ConfigDiff {
 /// docs for how entries are matched and what each list means.
 pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     let mut d = ConfigDiff::default();
+    let require = |c: &Config| -> BTreeSet<String> {
+        c.subsystems
+            .iter()
+            .filter(|s| s.require_auth)
+            .map(|s| s.nqn.clone())
+            .collect()
+    };
+    let hosts = |c: &Config| -> BTreeMap<String, crate::config::HostConfig> {
+        c.hosts.iter().map(|h| (h.nqn.clone(), h.clone())).collect()
+    };
+    d.auth_changed = hosts(old) != hosts(new) || require(old) != require(new);
 
     if !same_threads(&old.threads, &new.threads) {
         d.restart_required.push(format!(
@@ -425,6 +446,9 @@ fn listeners_change(
 }
 
 fn listener_text(l: &ListenerConfig) -> String {
+    if l.tls != crate::config::TlsMode::None {
+        return format!("{} {}, tls {}", l.transport, l.socket_addr(), l.tls);
+    }
     format!("{} {}", l.transport, l.socket_addr())
 }
 
@@ -671,6 +695,7 @@ io_threads: 2
                     transport: crate::config::TransportKind::Tcp,
                     address: "::1".parse().unwrap(),
                     port: 4420,
+                    tls: crate::config::TlsMode::None,
                 }],
                 ..ConfigDiff::default()
             }

@@ -154,7 +154,8 @@ fn unknown_field() {
     assert_error(
         &edit(17, "allow_any_host", "allow_any_hots"),
         "17:5: subsystems[0].allow_any_hots: unknown field `allow_any_hots` (expected one of: \
-         nqn, serial, model, allow_any_host, hosts, listeners, ana_groups, namespaces)",
+         nqn, serial, model, allow_any_host, hosts, require_auth, listeners, ana_groups, \
+         namespaces)",
     );
 }
 

@@ -12,6 +12,8 @@ stage "host tools the tests need (installed when missing)"
 need=()
 command -v promtool >/dev/null || need+=(prometheus)          # promtool check metrics
 command -v systemd-analyze >/dev/null || need+=(systemd)      # unit file verification
+command -v gnutls-cli >/dev/null || need+=(gnutls-bin)        # nvmf-tls against GnuTLS (tlshd's library)
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev pkg-config)   # openssl-sys (nvmf-tls)
 if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
@@ -35,7 +37,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 (
     cd fuzz
     CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
-    for t in tcp_framer tcp_queue capsule connect_data config; do
+    for t in tcp_framer tcp_queue capsule connect_data config auth; do
         ../target/fuzz/release/"$t" --secs 15
     done
 )
@@ -54,6 +56,9 @@ stage "interop: the daemon as a systemd service in the guest (systemd as PID 1)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-service
 
 # (the benchmark scenario nvmft-vfio-bench is not a test: run it by hand, see tests/interop/README.md)
+stage "interop: DH-HMAC-CHAP and TLS with the kernel 6.12 host and tlshd (the trixie guest: its own image and boot)"
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-auth nvmft-tls
+
 stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own boot)"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-vfio
 

@@ -16,8 +16,8 @@
 //!   admin queue is re-established.
 //!
 //! Checks: `data_len <= data.len()`; CQE CID/SQID echo the command and queue; errors
-//! carry no data; only AERs on the admin queue are held; every held completion answers
-//! an AER that was held; Disconnect actions name queues that exist.
+//! carry no data; only AERs and Aborts on the admin queue are held; every held completion
+//! answers a command that was held; Disconnect actions name queues that exist.
 
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::features::{fid, FeatureCommand};
@@ -245,11 +245,13 @@ impl World {
                 }
             }
             Outcome::Deferred => {
+                // AERs wait for an event; an Abort waits for the transport to look for
+                // its command (Action::Abort, answered through abort_done).
                 assert!(
                     queue.qid == 0
                         && !sqe.is_fabrics()
-                        && sqe.opcode() == admin::ASYNC_EVENT_REQUEST,
-                    "held a command that is not an AER: {sqe:?}"
+                        && matches!(sqe.opcode(), admin::ASYNC_EVENT_REQUEST | admin::ABORT),
+                    "held a command that is neither an AER nor an Abort: {sqe:?}"
                 );
                 self.held.entry(queue.cntlid).or_default().push(sqe.cid());
             }

@@ -6,6 +6,7 @@
 //! - [`capsule`]: admin/fabrics/I/O capsules into a [`nvmf::target::Target`] with a
 //!   connected, enabled controller.
 //! - [`connect_data`]: Fabrics Connect SQE + Connect data into `Target::connect`.
+//! - [`auth`]: DH-HMAC-CHAP messages into both sides' state machines.
 //! - [`config`]: YAML text into the daemon's config parser (`src/config.rs`, compiled here
 //!   in place).
 //!
@@ -14,6 +15,7 @@
 //! (`--cfg fuzzing`) and in [`runner::main`] otherwise, which replays files and mutates
 //! seeds for a bounded time on a stable toolchain.
 
+pub mod auth;
 pub mod capsule;
 pub mod config;
 pub mod connect_data;

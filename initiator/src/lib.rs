@@ -77,6 +77,12 @@ pub enum Error {
     QueueFull(usize),
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// The TLS handshake failed (unknown PSK, wrong key, plain-only target).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// DH-HMAC-CHAP failed (the target refused us, or we refused the target).
+    #[error("authentication: {0}")]
+    Auth(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -115,6 +121,8 @@ pub struct HostOptions {
     /// Local address to connect from (a loopback alias such as 127.1.0.7 makes the
     /// connection look like another peer); `None`: the kernel picks.
     pub source: Option<std::net::IpAddr>,
+    /// TLS 1.3 with this PSK (TP 8011) before ICReq; `None`: plain TCP.
+    pub tls: Option<std::sync::Arc<nvmf_tls::PskEntry>>,
 }
 
 impl Default for HostOptions {
@@ -135,6 +143,7 @@ impl Default for HostOptions {
             disable_sq_flow_control: false,
             admin_sqsize: 31,
             source: None,
+            tls: None,
         }
     }
 }
@@ -330,8 +339,63 @@ impl TxSink for Out {
 
 /// One NVMe/TCP connection (one queue), host side: a blocking shell around
 /// [`nvmf::tcp::HostQueue`], which builds and checks every PDU.
+/// The connection under the NVMe/TCP PDUs: plain TCP or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<nvmf_tls::SslStream<TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => t.get_ref(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write_vectored(bufs),
+            // One record for the pieces of a PDU rather than one per piece.
+            Stream::Tls(t) => {
+                let mut v = Vec::with_capacity(bufs.iter().map(|b| b.len()).sum());
+                for b in bufs {
+                    v.extend_from_slice(b);
+                    if v.len() >= 16 * 1024 {
+                        break;
+                    }
+                }
+                t.write(&v)
+            }
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
+
 pub struct TcpHost {
-    stream: TcpStream,
+    stream: Stream,
     opts: HostOptions,
     q: HostQueue,
     rx: Vec<u8>,
@@ -391,7 +455,7 @@ impl TcpHost {
     /// [`send_raw`](Self::send_raw). An ICResp received by [`recv_pdu`](Self::recv_pdu)
     /// still sets up digests and CPDA.
     pub fn connect_raw(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
-        let stream = match opts.source {
+        let tcp = match opts.source {
             None => TcpStream::connect(addr)?,
             Some(from) => {
                 let to = addr.to_socket_addrs()?.next().ok_or_else(|| {
@@ -400,9 +464,20 @@ impl TcpHost {
                 connect_from(from, to)?
             }
         };
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(opts.timeout))?;
-        stream.set_write_timeout(Some(opts.timeout))?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(opts.timeout))?;
+        tcp.set_write_timeout(Some(opts.timeout))?;
+        let stream = match &opts.tls {
+            None => Stream::Plain(tcp),
+            Some(psk) => {
+                let ctx =
+                    nvmf_tls::client_context(psk.clone()).map_err(|e| Error::Tls(e.to_string()))?;
+                let s = nvmf_tls::Handshake::connect(&ctx, tcp)
+                    .finish()
+                    .map_err(|e| Error::Tls(e.to_string()))?;
+                Stream::Tls(Box::new(s))
+            }
+        };
         let q = HostQueue::new(
             HostConfig {
                 digests: Digests {
@@ -463,7 +538,7 @@ impl TcpHost {
         self.q.set_max_incapsule(n);
     }
     pub fn stream(&self) -> &TcpStream {
-        &self.stream
+        self.stream.tcp()
     }
 
     /// Write what the machine queued, resolving data references against the buffers.
@@ -917,6 +992,7 @@ impl TcpHost {
     /// Closes both directions of the socket.
     pub fn shutdown(&self) -> Result<()> {
         self.stream
+            .tcp()
             .shutdown(std::net::Shutdown::Both)
             .map_err(Error::Io)
     }
@@ -969,7 +1045,7 @@ fn io_err(e: std::io::Error) -> Error {
 }
 
 /// `writev` until every part is out.
-fn write_all_vectored(w: &mut TcpStream, parts: &[&[u8]]) -> Result<()> {
+fn write_all_vectored(w: &mut Stream, parts: &[&[u8]]) -> Result<()> {
     let mut idx = 0;
     let mut off = 0;
     while idx < parts.len() {
@@ -1005,4 +1081,67 @@ fn write_all_vectored(w: &mut TcpStream, parts: &[&[u8]]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl TcpHost {
+    /// DH-HMAC-CHAP on this queue (after its Connect answered with ATR): Negotiate,
+    /// Challenge, Reply, Success1 and, when `ctrl_key` is given, Success2 (the controller
+    /// proved itself too). On a failure the controller's answer or our AUTH_Failure2 has
+    /// been exchanged; the error says which side refused.
+    pub fn authenticate(
+        &mut self,
+        subnqn: &str,
+        key: nvmf::auth::key::DhchapKey,
+        ctrl_key: Option<nvmf::auth::key::DhchapKey>,
+    ) -> Result<()> {
+        use nvmf::auth::host::{HostConfig, HostTransaction};
+        use nvmf::auth::msg::AuthCommand;
+        let cfg = HostConfig::new(&self.opts.hostnqn, subnqn, key, ctrl_key);
+        let mut tx = HostTransaction::new(cfg, self.qid.unwrap_or(0));
+        let no_entropy = std::cell::Cell::new(false);
+        let mut rng = |b: &mut [u8]| {
+            if getrandom::getrandom(b).is_err() {
+                no_entropy.set(true);
+            }
+        };
+        let send = |h: &mut TcpHost, m: &[u8]| -> Result<()> {
+            let sqe = AuthCommand::dhchap(m.len() as u32).to_sqe(0, true);
+            let (cqe, _) = h.submit_admin_raw(sqe, m, 0)?;
+            check(cqe).map(|_| ())
+        };
+        let receive = |h: &mut TcpHost| -> Result<Vec<u8>> {
+            let sqe = AuthCommand::dhchap(4096).to_sqe(0, false);
+            let (cqe, data) = h.submit_admin_raw(sqe, &[], 4096)?;
+            check(cqe)?;
+            Ok(data)
+        };
+        let auth_err = |e: nvmf::auth::host::HostError| Error::Auth(e.to_string());
+        send(self, &tx.negotiate())?;
+        let chal = receive(self)?;
+        let reply = match tx.on_challenge(&chal, &mut rng) {
+            // No OS randomness: give up rather than send predictable values.
+            Ok(_) if no_entropy.get() => {
+                return Err(Error::Auth("the OS random generator failed".into()))
+            }
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(r) = e.failure2_reason() {
+                    let _ = send(self, &tx.failure2(r));
+                }
+                return Err(auth_err(e));
+            }
+        };
+        send(self, &reply)?;
+        let s1 = receive(self)?;
+        match tx.on_success1(&s1) {
+            Ok(Some(s2)) => send(self, &s2),
+            Ok(None) => Ok(()),
+            Err(e) => {
+                if let Some(r) = e.failure2_reason() {
+                    let _ = send(self, &tx.failure2(r));
+                }
+                Err(auth_err(e))
+            }
+        }
+    }
 }

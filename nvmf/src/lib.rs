@@ -14,11 +14,14 @@
 //! - [`copy`]: Copy source ranges and the fused Compare and Write pairing rules.
 //! - [`target`]: subsystems, namespaces, hosts, the controller state machine, admin and
 //!   Fabrics command handling, the discovery subsystem.
+//! - [`auth`]: DH-HMAC-CHAP in-band authentication (secrets, FFDHE, messages, both
+//!   sides' state machines) and the PSK derivations of TLS for NVMe/TCP.
 //!
-//! Not implemented: NVMe authentication (DH-HMAC-CHAP), TLS, namespace management,
-//! metadata/protection information.
+//! Not implemented: the TLS handshake itself (the transport's socket shell runs it with
+//! the PSKs [`auth::tls`] derives), namespace management, metadata/protection information.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod command;
 pub mod copy;
 pub mod queue;

@@ -24,9 +24,27 @@ pub(super) struct RawConfig {
     pub subsystems: Vec<Spanned<RawSubsystem>>,
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
+    /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).
+    #[serde(default)]
+    pub hosts: Vec<Spanned<RawHost>>,
     pub reservations: Option<Spanned<RawReservations>>,
     #[serde(default)]
     pub referrals: Vec<Spanned<RawReferral>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHost {
+    pub nqn: Spanned<String>,
+    pub dhchap_secret: Option<Spanned<String>>,
+    pub dhchap_secret_file: Option<Spanned<String>>,
+    pub dhchap_ctrl_secret: Option<Spanned<String>>,
+    pub dhchap_ctrl_secret_file: Option<Spanned<String>>,
+    pub dhchap_hashes: Option<Spanned<Vec<Spanned<String>>>>,
+    pub dhchap_dhgroups: Option<Spanned<Vec<Spanned<String>>>>,
+    pub tls_psk: Option<Spanned<String>>,
+    pub tls_psk_file: Option<Spanned<String>>,
+    pub tls_psk_derivation: Option<Spanned<String>>,
 }
 
 /// Where reservations that persist through power loss are kept, and what to do when
@@ -64,6 +82,7 @@ pub(super) struct RawListener {
     pub transport: Spanned<TransportKind>,
     pub address: Spanned<String>,
     pub port: Spanned<u64>,
+    pub tls: Option<Spanned<super::TlsMode>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -104,6 +123,9 @@ pub(super) struct RawSubsystem {
     pub allow_any_host: bool,
     #[serde(default)]
     pub hosts: Vec<Spanned<String>>,
+    /// Refuse hosts that have no DH-HMAC-CHAP secret (`hosts:` at the top level).
+    #[serde(default)]
+    pub require_auth: bool,
     pub listeners: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     pub ana_groups: Vec<Spanned<RawAnaGroup>>,

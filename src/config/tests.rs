@@ -36,6 +36,7 @@ fn embedded_default() {
             transport: TransportKind::Tcp,
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 4420,
+            tls: TlsMode::None,
         }]
     );
     assert_eq!(
@@ -406,6 +407,120 @@ fn max_io_size_default_units_and_range() {
     }
     let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
     assert_eq!(example.max_io_size, 1 << 20);
+}
+
+/// `hosts[]` with inline secrets, a secret file, algorithm lists, `require_auth` and a
+/// TLS listener; keys made by the nvmf crate's own printers (the parser is tested
+/// against independent vectors there).
+#[test]
+fn host_credentials() {
+    use nvmf::auth::{key::DhchapKey, tls::ConfiguredPsk, DhGroup, HashId};
+    let host_key = DhchapKey::from_bytes(Some(HashId::Sha256), &[1; 32]).unwrap();
+    let ctrl_key = DhchapKey::from_bytes(None, &[2; 48]).unwrap();
+    let psk = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[3; 32]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("h2.key");
+    std::fs::write(&file, format!("{}\n", *host_key.to_text())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let yaml = format!(
+        "\
+listeners:
+  - {{name: l, transport: tcp, address: '::', port: 4420, tls: required}}
+backends:
+  - {{name: b, type: ram, size: 4M}}
+hosts:
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_secret: \"{}\"
+    dhchap_ctrl_secret: \"{}\"
+    dhchap_hashes: [sha384, sha256]
+    dhchap_dhgroups: [ffdhe3072, 'null']
+    tls_psk: \"{}\"
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002
+    dhchap_secret_file: h2.key
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    require_auth: true
+    hosts: [nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001]
+",
+        *host_key.to_text(),
+        *ctrl_key.to_text(),
+        *psk.to_text()
+    );
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let cfg = Config::load(&path).unwrap();
+    assert_eq!(cfg.listeners[0].tls, TlsMode::Required);
+    assert!(cfg.subsystems[0].require_auth);
+    let h1 = &cfg.hosts[0];
+    let d = h1.dhchap.as_ref().unwrap();
+    assert_eq!(d.secret, host_key);
+    assert_eq!(d.ctrl_secret.as_ref(), Some(&ctrl_key));
+    assert_eq!(d.hashes, vec![HashId::Sha384, HashId::Sha256]);
+    assert_eq!(d.dhgroups, vec![DhGroup::Ffdhe3072, DhGroup::Null]);
+    assert_eq!(h1.tls_psk.as_ref(), Some(&psk));
+    assert_eq!(cfg.hosts[1].dhchap.as_ref().unwrap().secret, host_key);
+    assert_eq!(
+        cfg.hosts[1].dhchap.as_ref().unwrap().hashes,
+        HashId::ALL.to_vec()
+    );
+
+    // A secret file others can read is refused, naming the file and the fix.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Config::load(&path).unwrap_err().to_string();
+    assert!(err.contains("hosts[1].dhchap_secret_file"), "{err}");
+    assert!(
+        err.contains("mode 0644") && err.contains("chmod 600"),
+        "{err}"
+    );
+    // Rotation: the file is re-read on every load.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, &*ctrl_key.to_text()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cfg2 = Config::load(&path).unwrap();
+    assert_eq!(cfg2.hosts[1].dhchap.as_ref().unwrap().secret, ctrl_key);
+    let d = crate::reload::diff(&cfg, &cfg2);
+    assert!(d.auth_changed && !d.is_empty());
+}
+
+#[test]
+fn host_credential_errors() {
+    let e = errors(
+        "\
+listeners:
+  - {name: l, transport: rdma, address: '::', port: 4420, tls: optional}
+hosts:
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_secret: \"DHHC-1:00:AAAA:\"
+    dhchap_hashes: [md5]
+    dhchap_dhgroups: []
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001
+    dhchap_ctrl_secret: \"DHHC-1:00:AAAA:\"
+    tls_psk: \"NVMeTLSkey-1:05:AAAA:\"
+    tls_psk_file: /nonexistent
+  - nqn: nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000003
+    dhchap_secret_file: /nonexistent/key
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    require_auth: true
+    hosts: [nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000009]
+",
+    );
+    let all = e.join("\n");
+    for want in [
+        "listeners[0].tls: TLS is defined for NVMe/TCP listeners only",
+        "hosts[0].dhchap_secret: the key is 0 bytes",
+        "hosts[0].dhchap_hashes[0]: unknown \"md5\"",
+        "hosts[0].dhchap_dhgroups: must name at least one",
+        "hosts[1].nqn: host \"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001\" is listed twice",
+        "hosts[1].dhchap_ctrl_secret: a controller secret needs a host secret",
+        "hosts[1].tls_psk_file: give tls_psk or tls_psk_file, not both",
+        "hosts[2].dhchap_secret_file: cannot read /nonexistent/key",
+        "subsystems[0].hosts[0]: the subsystem requires authentication",
+    ] {
+        assert!(all.contains(want), "missing {want:?} in\n{all}");
+    }
 }
 
 #[test]

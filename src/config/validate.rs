@@ -9,15 +9,16 @@ use std::path::{Path, PathBuf};
 use serde_saphyr::{Location, MessageFormatter, Spanned, UserMessageFormatter};
 
 use super::raw::{
-    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawListener, RawReferral, RawReservations,
-    RawSize, RawSubsystem,
+    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawHost, RawListener, RawReferral,
+    RawReservations, RawSize, RawSubsystem,
 };
 use super::yaml_path::{PathIndex, ROOT};
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
-    BackendKind, Config, ConfigError, Diagnostic, IoThreads, ListenerConfig, NamespaceConfig,
-    ReferralConfig, ReservationsConfig, SubsystemConfig, TransportKind, DEFAULT_MAX_IO_SIZE,
-    DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
+    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, HostConfig, IoThreads,
+    ListenerConfig, NamespaceConfig, ReferralConfig, ReservationsConfig, SubsystemConfig, TlsMode,
+    TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
+    MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -179,11 +180,21 @@ impl Checker<'_> {
         self.error_at(at.referenced, field, message);
     }
 
+    /// A path from the file: relative ones are taken from the config file's directory.
+    fn resolve(&self, path: &str) -> PathBuf {
+        match self.base {
+            Some(base) if Path::new(path).is_relative() => base.join(path),
+            _ => PathBuf::from(path),
+        }
+    }
+
     fn config(&mut self, raw: RawConfig) -> Config {
         let threads = self.threads(&raw);
         let listeners = self.listeners(&raw.listeners);
         let backends = self.backends(&raw.backends);
+        let hosts = self.hosts(&raw.hosts);
         let subsystems = self.subsystems(&raw.subsystems, &listeners, &backends);
+        self.auth_consistency(&raw.subsystems, &hosts);
         let metrics = raw
             .metrics
             .as_ref()
@@ -200,11 +211,242 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             source: self.source.to_owned(),
+            hosts,
             reservations: raw
                 .reservations
                 .as_ref()
                 .map_or_else(Default::default, |r| self.reservations(&r.value)),
             referrals: self.referrals(&raw.referrals),
+        }
+    }
+
+    /// `hosts[]`: NQNs, secrets (inline or from owner-only files), algorithm lists.
+    fn hosts(&mut self, raw: &[Spanned<RawHost>]) -> Vec<HostConfig> {
+        let mut seen: HashMap<String, Seen> = HashMap::new();
+        let mut out = Vec::new();
+        for (i, h) in raw.iter().enumerate() {
+            let p = format!("hosts[{i}]");
+            let h = &h.value;
+            if let Err(msg) = check_nqn(&h.nqn.value) {
+                self.error(&h.nqn, format!("{p}.nqn"), msg);
+            } else if h.nqn.value == DISCOVERY_NQN {
+                self.error(
+                    &h.nqn,
+                    format!("{p}.nqn"),
+                    "the discovery NQN is not a host",
+                );
+            }
+            if let Some(first) = seen.get(&h.nqn.value) {
+                let msg = format!("host {:?} is listed twice (first: {first})", h.nqn.value);
+                self.error(&h.nqn, format!("{p}.nqn"), msg);
+            } else {
+                seen.insert(h.nqn.value.clone(), Seen::new(format!("{p}.nqn"), &h.nqn));
+            }
+            let secret = self
+                .secret_text(&h.dhchap_secret, &h.dhchap_secret_file, &p, "dhchap_secret")
+                .and_then(|(text, at, field)| {
+                    nvmf::auth::key::DhchapKey::parse(&text)
+                        .map_err(|e| self.error_at(at, field, e.to_string()))
+                        .ok()
+                });
+            let ctrl_secret = self
+                .secret_text(
+                    &h.dhchap_ctrl_secret,
+                    &h.dhchap_ctrl_secret_file,
+                    &p,
+                    "dhchap_ctrl_secret",
+                )
+                .and_then(|(text, at, field)| {
+                    nvmf::auth::key::DhchapKey::parse(&text)
+                        .map_err(|e| self.error_at(at, field, e.to_string()))
+                        .ok()
+                });
+            let has_secret = h.dhchap_secret.is_some() || h.dhchap_secret_file.is_some();
+            let has_ctrl = h.dhchap_ctrl_secret.is_some() || h.dhchap_ctrl_secret_file.is_some();
+            if has_ctrl && !has_secret {
+                let at = h
+                    .dhchap_ctrl_secret
+                    .as_ref()
+                    .or(h.dhchap_ctrl_secret_file.as_ref())
+                    .map_or(h.nqn.referenced, |s| s.referenced);
+                self.error_at(
+                    at,
+                    format!("{p}.dhchap_ctrl_secret"),
+                    "a controller secret needs a host secret (dhchap_secret) too",
+                );
+            }
+            let hashes = match &h.dhchap_hashes {
+                None => nvmf::auth::HashId::ALL.to_vec(),
+                Some(list) => self.names(
+                    list,
+                    &format!("{p}.dhchap_hashes"),
+                    nvmf::auth::HashId::from_name,
+                    "sha256, sha384, sha512",
+                ),
+            };
+            let dhgroups = match &h.dhchap_dhgroups {
+                None => nvmf::auth::ctrl::Policy::default().dhgroups,
+                Some(list) => self.names(
+                    list,
+                    &format!("{p}.dhchap_dhgroups"),
+                    nvmf::auth::DhGroup::from_name,
+                    "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+                ),
+            };
+            if !has_secret && (h.dhchap_hashes.is_some() || h.dhchap_dhgroups.is_some()) {
+                self.error(
+                    &h.nqn,
+                    format!("{p}.dhchap_hashes"),
+                    "DH-HMAC-CHAP settings without a dhchap_secret",
+                );
+            }
+            let tls_psk = self
+                .secret_text(&h.tls_psk, &h.tls_psk_file, &p, "tls_psk")
+                .and_then(|(text, at, field)| {
+                    nvmf::auth::tls::ConfiguredPsk::parse(&text)
+                        .map_err(|e| self.error_at(at, field, e.to_string()))
+                        .ok()
+                });
+            let tls_derivation = match &h.tls_psk_derivation {
+                None => nvmf::auth::tls::Derivation::Rfc8446,
+                Some(d) => match d.value.as_str() {
+                    "rfc8446" => nvmf::auth::tls::Derivation::Rfc8446,
+                    "libnvme-compat" => nvmf::auth::tls::Derivation::LibnvmeCompat,
+                    other => {
+                        self.error(
+                            d,
+                            format!("{p}.tls_psk_derivation"),
+                            format!("unknown {other:?}; known: rfc8446, libnvme-compat"),
+                        );
+                        nvmf::auth::tls::Derivation::Rfc8446
+                    }
+                },
+            };
+            out.push(HostConfig {
+                nqn: h.nqn.value.clone(),
+                tls_derivation,
+                dhchap: secret.map(|secret| DhchapConfig {
+                    secret,
+                    ctrl_secret,
+                    hashes,
+                    dhgroups,
+                }),
+                tls_psk,
+            });
+        }
+        out
+    }
+
+    /// A list of algorithm names, each known and listed once.
+    fn names<T: PartialEq>(
+        &mut self,
+        list: &Spanned<Vec<Spanned<String>>>,
+        field: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        known: &str,
+    ) -> Vec<T> {
+        if list.value.is_empty() {
+            self.error(list, field, format!("must name at least one of {known}"));
+        }
+        let mut out = Vec::new();
+        for (i, n) in list.value.iter().enumerate() {
+            match parse(&n.value) {
+                Some(v) if out.contains(&v) => self.error(
+                    n,
+                    format!("{field}[{i}]"),
+                    format!("{:?} is listed twice", n.value),
+                ),
+                Some(v) => out.push(v),
+                None => self.error(
+                    n,
+                    format!("{field}[{i}]"),
+                    format!("unknown {:?}; known: {known}", n.value),
+                ),
+            }
+        }
+        out
+    }
+
+    /// A secret given inline (`name`) or in a file (`name_file`): its text, where to
+    /// point errors about its content, and the field name. Files must not be readable or
+    /// writable by group or others.
+    fn secret_text(
+        &mut self,
+        inline: &Option<Spanned<String>>,
+        file: &Option<Spanned<String>>,
+        p: &str,
+        name: &str,
+    ) -> Option<(String, Location, String)> {
+        match (inline, file) {
+            (Some(_), Some(f)) => {
+                self.error(
+                    f,
+                    format!("{p}.{name}_file"),
+                    format!("give {name} or {name}_file, not both"),
+                );
+                None
+            }
+            (Some(s), None) => Some((s.value.clone(), s.referenced, format!("{p}.{name}"))),
+            (None, Some(f)) => {
+                use std::os::unix::fs::PermissionsExt;
+                let field = format!("{p}.{name}_file");
+                let resolved = self.resolve(&f.value);
+                let shown = resolved.display().to_string();
+                let meta = match std::fs::metadata(&resolved) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.error(f, field, format!("cannot read {shown}: {e}"));
+                        return None;
+                    }
+                };
+                let mode = meta.permissions().mode() & 0o777;
+                if !meta.is_file() {
+                    self.error(f, field, format!("{shown} is not a regular file"));
+                    return None;
+                }
+                if mode & 0o077 != 0 {
+                    self.error(
+                        f,
+                        field,
+                        format!(
+                            "{shown} has mode {mode:04o}: a secret must not be readable or \
+                             writable by group or others (chmod 600 {shown})"
+                        ),
+                    );
+                    return None;
+                }
+                match std::fs::read_to_string(&resolved) {
+                    Ok(text) => Some((text, f.referenced, field)),
+                    Err(e) => {
+                        self.error(f, field, format!("cannot read {shown}: {e}"));
+                        None
+                    }
+                }
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// `require_auth` subsystems: every host they list needs a DH-HMAC-CHAP secret.
+    fn auth_consistency(&mut self, raw: &[Spanned<RawSubsystem>], hosts: &[HostConfig]) {
+        for (i, s) in raw.iter().enumerate() {
+            let s = &s.value;
+            if !s.require_auth {
+                continue;
+            }
+            for (j, h) in s.hosts.iter().enumerate() {
+                if !hosts.iter().any(|c| c.nqn == h.value && c.dhchap.is_some()) {
+                    self.error(
+                        h,
+                        format!("subsystems[{i}].hosts[{j}]"),
+                        format!(
+                            "the subsystem requires authentication and host {:?} has no \
+                             dhchap_secret in hosts[]; it could never connect",
+                            h.value
+                        ),
+                    );
+                }
+            }
         }
     }
 
@@ -215,11 +457,7 @@ impl Checker<'_> {
                 self.error(f, "reservations.state_file", "must not be empty");
                 return None;
             }
-            let p = Path::new(&f.value);
-            Some(match self.base {
-                Some(base) if p.is_relative() => base.join(p),
-                _ => p.to_path_buf(),
-            })
+            Some(self.resolve(&f.value))
         });
         ReservationsConfig {
             state_file,
@@ -453,12 +691,21 @@ impl Checker<'_> {
             } else {
                 endpoints.insert(key, Seen::new(p.clone(), listener));
             }
+            let tls = l.tls.as_ref().map_or(TlsMode::None, |t| t.value);
+            if tls != TlsMode::None && l.transport.value != TransportKind::Tcp {
+                self.error(
+                    l.tls.as_ref().expect("set"),
+                    format!("{p}.tls"),
+                    "TLS is defined for NVMe/TCP listeners only",
+                );
+            }
             out.push((
                 ListenerConfig {
                     name: l.name.value.clone(),
                     transport: l.transport.value,
                     address,
                     port,
+                    tls,
                 },
                 l.port.referenced,
             ));
@@ -698,10 +945,7 @@ impl Checker<'_> {
             self.error(path, field, "must not be empty");
             return PathBuf::new();
         }
-        let resolved = match self.base {
-            Some(base) if Path::new(&path.value).is_relative() => base.join(&path.value),
-            _ => PathBuf::from(&path.value),
-        };
+        let resolved = self.resolve(&path.value);
         let shown = resolved.display();
         match std::fs::metadata(&resolved) {
             Ok(meta) if meta.file_type().is_block_device() => {
@@ -958,6 +1202,7 @@ impl Checker<'_> {
             model,
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.iter().map(|h| h.value.clone()).collect(),
+            require_auth: s.require_auth,
             listeners,
             all_listeners: s.listeners.is_none(),
             ana_groups,

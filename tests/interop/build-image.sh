@@ -3,6 +3,11 @@
 # NVMe-oF initiator, the kernel target (nvmet) and Soft-RoCE userland, packed as a raw
 # ext4 image, plus the kernel and a small initramfs copied out beside it.
 #
+# NVMF_INTEROP_SUITE=trixie builds the second guest instead: Debian trixie (kernel 6.12
+# with NVME_AUTH and NVME_TCP_TLS, nvme-cli 2.13, ktls-utils' tlshd, keyutils) for the
+# authentication and TLS scenarios. Its default cache is <repo>/.cache/interop-trixie
+# (lib.sh), so the two images and their stamps never overwrite each other.
+#
 # Outputs (in $NVMF_INTEROP_CACHE, default <repo>/.cache/interop):
 #   rootfs.img  vmlinuz  initrd.img  image.stamp   (and debs/: the .deb cache)
 #
@@ -28,7 +33,19 @@ PACKAGES=(
     # scenario asks for systemd), promtool (Debian ships it in prometheus), curl.
     systemd systemd-sysv prometheus curl
 )
-SUITE=bookworm
+SUITE=$INTEROP_SUITE
+if [[ $SUITE == trixie ]]; then
+    # DH-HMAC-CHAP and TLS for NVMe/TCP: the kernel's handshake daemon and the keyring
+    # tools; nvme-cli 2.13 talks to both. No Soft-RoCE/systemd/prometheus scenarios here.
+    PACKAGES=(
+        linux-image-amd64 kmod
+        nvme-cli fio
+        iproute2 util-linux procps e2fsprogs
+        ktls-utils keyutils openssl
+    )
+elif [[ $SUITE != bookworm ]]; then
+    log "unknown suite $SUITE (bookworm | trixie)"; exit 2
+fi
 # Free space left on the root fs: file-backed namespaces (256 MiB) and logs live there.
 FREE_MB=1024
 

@@ -3,7 +3,14 @@
 
 INTEROP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$INTEROP_DIR/../.." && pwd)
-CACHE_DIR=${NVMF_INTEROP_CACHE:-$REPO_ROOT/.cache/interop}
+# The guest's Debian suite: bookworm (the default image) or trixie (authentication and
+# TLS scenarios; scenarios say which with "# interop-suite: trixie").
+INTEROP_SUITE=${NVMF_INTEROP_SUITE:-bookworm}
+if [[ $INTEROP_SUITE == bookworm ]]; then
+    CACHE_DIR=${NVMF_INTEROP_CACHE:-$REPO_ROOT/.cache/interop}
+else
+    CACHE_DIR=${NVMF_INTEROP_CACHE:-$REPO_ROOT/.cache/interop-$INTEROP_SUITE}
+fi
 
 # The URI of the machine's own Debian mirror (the source whose suites include
 # plain "bookworm"), deb822 .sources first, then one-line .list files.

@@ -22,6 +22,9 @@
 #   # interop-disk: NAME SIZE     create a sparse file RUN_DIR/NAME of SIZE (truncate -s)
 #   # interop-kernel: PATH        boot this kernel (relative to the repo, no initrd) instead
 #                                 of the image's; missing: the boot is SKIPPED (exit 0)
+#   # interop-suite: SUITE        the guest image: bookworm (default) or trixie (kernel
+#                                 6.12 with NVMe authentication and TLS, nvme-cli 2.13,
+#                                 tlshd); its own image and cache (lib.sh), same rule
 #
 # Exit status: 0 only if every check passed, every requested scenario ran to its end and
 # the guest powered off by itself.
@@ -55,6 +58,19 @@ fi
 # emulated IOMMU): every scenario of one boot must ask for the same ones, so scenarios
 # without them never run on a different machine than they were written for.
 header() { sed -n "s/^# $2: *//p" "$INTEROP_DIR/scenarios/$1.sh" | head -1; }
+SUITE=$(header "${SCENARIOS[0]}" interop-suite); SUITE=${SUITE:-bookworm}
+for s in "${SCENARIOS[@]}"; do
+    ss=$(header "$s" interop-suite)
+    if [[ ${ss:-bookworm} != "$SUITE" ]]; then
+        log "scenario $s needs the ${ss:-bookworm} guest, ${SCENARIOS[0]} the $SUITE one: run them in separate boots"; exit 2
+    fi
+done
+if [[ $SUITE != "$INTEROP_SUITE" ]]; then
+    # Re-derive the cache dir for this suite (NVMF_INTEROP_CACHE still wins if set).
+    export NVMF_INTEROP_SUITE=$SUITE
+    # shellcheck source=lib.sh
+    source "$INTEROP_DIR/lib.sh"
+fi
 EXTRA_QEMU=$(header "${SCENARIOS[0]}" interop-qemu)
 EXTRA_APPEND=$(header "${SCENARIOS[0]}" interop-append)
 GUEST_KERNEL=$(header "${SCENARIOS[0]}" interop-kernel)

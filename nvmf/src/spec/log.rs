@@ -269,6 +269,8 @@ pub mod disc {
     pub const TREQ_SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0b00;
     /// TREQ bits 1:0 = 10b: secure channel not required.
     pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
+    /// TREQ bits 1:0 = 01b: secure channel required.
+    pub const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0b01;
     /// TREQ bit 2: SQ flow control disable supported.
     pub const TREQ_DISABLE_SQ_FLOW: u8 = 1 << 2;
     /// EFLAGS bit 0: duplicate returned information; bit 1: explicit persistent
@@ -281,6 +283,8 @@ pub mod disc {
     pub const RDMA_CMS_RDMA_CM: u8 = 1;
     /// TCP SECTYPE: no security.
     pub const TCP_SECTYPE_NONE: u8 = 0;
+    /// TCP SECTYPE: TLS 1.3 (NVMe/TCP Transport Specification, TP 8011).
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
 }
 
 /// RDMA Transport Specific Address Subtype (NVMe-oF 1.1 Figure 33), 256 bytes.
@@ -305,6 +309,11 @@ impl Default for RdmaTsas {
 /// Async event types and information (NVMe Base 2.0 Figures 146-150): the CQE DW0 of a
 /// completed Asynchronous Event Request is type | info << 8 | log page << 16.
 pub mod aen {
+    /// SMART / Health status (type 1h) and its information (Base 2.0 Figure 148).
+    pub const TYPE_SMART_HEALTH: u8 = 1;
+    pub const INFO_RELIABILITY: u8 = 0x00;
+    pub const INFO_TEMPERATURE: u8 = 0x01;
+    pub const INFO_SPARE_BELOW_THRESHOLD: u8 = 0x02;
     pub const TYPE_NOTICE: u8 = 2;
     /// I/O Command specific status (type 6h).
     pub const TYPE_IO_COMMAND_SPECIFIC: u8 = 6;

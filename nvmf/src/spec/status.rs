@@ -86,6 +86,9 @@ statuses! {
     /// Fabrics: a command on a queue type it does not apply to (Disconnect on the admin
     /// queue).
     INVALID_QUEUE_TYPE = (sct::COMMAND_SPECIFIC, 0x85, true);
+    /// A command other than Authentication Send/Receive on a queue that must
+    /// authenticate first (NVMe Base 2.0 Figure 103; nvmet's NVME_SC_AUTH_REQUIRED).
+    AUTHENTICATION_REQUIRED = (sct::COMMAND_SPECIFIC, 0x91, true);
 
     /// Path Related Status (SCT 3h): the controller cannot reach the namespace's storage
     /// (NVMe Base 2.0 Figure 103). Without DNR a multipath host retries on another path.

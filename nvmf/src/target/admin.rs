@@ -38,6 +38,7 @@ pub(super) fn execute(
         controllers,
         subsystems,
         listeners,
+        listener_tls,
         genctr,
         started,
         referrals,
@@ -67,6 +68,7 @@ pub(super) fn execute(
                 (_, lid::ERROR_INFORMATION) => error_log(ctrl),
                 (true, lid::DISCOVERY) => discovery::log_page(
                     listeners,
+                    listener_tls,
                     subsystems,
                     referrals,
                     *genctr,
@@ -143,8 +145,22 @@ fn log_read(ctrl: &mut super::Controller, lid: u8) {
         lid::DISCOVERY => EventKind::DiscoveryLog,
         lid::ANA => EventKind::AnaChange,
         lid::RESERVATION_NOTIFICATION => EventKind::ReservationLog,
+        lid::SMART_HEALTH => {
+            for kind in [
+                EventKind::SmartReliability,
+                EventKind::SmartTemperature,
+                EventKind::SmartSpare,
+            ] {
+                unmask(ctrl, kind);
+            }
+            return;
+        }
         _ => return,
     };
+    unmask(ctrl, kind);
+}
+
+fn unmask(ctrl: &mut super::Controller, kind: EventKind) {
     ctrl.masked &= !kind.bit();
     let stale = kind.dw0();
     ctrl.pending_events.retain(|&e| e != stale);
@@ -296,8 +312,14 @@ fn smart_log(
         return Err(Status::INVALID_NAMESPACE);
     };
     let mut sum = super::IoCounters::default();
+    let mut drives = Vec::new();
     for id in nsids {
-        let c = counters.namespace_counters(&subsys.cfg.nqn, id);
+        let mut c = counters.namespace_counters(&subsys.cfg.nqn, id);
+        if let Some(d) = subsys.device_health.get(&id) {
+            // The drive counts its media errors itself (ours would count them twice).
+            drives.push(d);
+            c.media_errors = 0;
+        }
         sum.read_cmds = sum.read_cmds.saturating_add(c.read_cmds);
         sum.write_cmds = sum.write_cmds.saturating_add(c.write_cmds);
         sum.read_bytes = sum.read_bytes.saturating_add(c.read_bytes);
@@ -305,8 +327,9 @@ fn smart_log(
         sum.media_errors = sum.media_errors.saturating_add(c.media_errors);
     }
     // No thermal sensor, spare or wear exists behind a software target: temperature is
-    // reported as 0 (not available), spare as 100 %, wear as 0 %.
-    let log = SmartLog {
+    // reported as 0 (not available), spare as 100 %, wear as 0 %, unless a real drive
+    // backs the namespace(s) (super::health).
+    let mut log = SmartLog {
         available_spare: 100,
         available_spare_threshold: 10,
         data_units_read: data_units(sum.read_bytes).into(),
@@ -318,6 +341,9 @@ fn smart_log(
         num_error_log_entries: (ctrl.error_count as u128).into(),
         ..Default::default()
     };
+    let drive_errors: u128 = drives.iter().map(|d| d.media_errors.get()).sum();
+    log.media_errors = (log.media_errors.get().saturating_add(drive_errors)).into();
+    super::health::merge_drive_fields(&mut log, &drives);
     Ok(log.as_bytes().to_vec())
 }
 
@@ -702,7 +728,9 @@ fn async_events_supported(is_discovery: bool) -> u32 {
     if is_discovery {
         async_event_config::DISCOVERY_LOG_CHANGE_NOTICES
     } else {
-        async_event_config::NS_ATTRIBUTE_NOTICES | async_event_config::ANA_CHANGE_NOTICES
+        async_event_config::NS_ATTRIBUTE_NOTICES
+            | async_event_config::ANA_CHANGE_NOTICES
+            | super::health::CRITICAL_WARNING_BITS
     }
 }
 

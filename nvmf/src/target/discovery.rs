@@ -12,11 +12,13 @@
 //! (see [`ListenerInfo::covers`]); a wildcard listener that does not (an IPv4 wildcard
 //! seen from an IPv6 connection) is left out, since no address of it is known to work.
 
-use super::{ListenerInfo, Referral, Subsystem, Transport, ADMIN_QUEUE_ENTRIES, DISCOVERY_NQN};
+use super::{
+    ListenerInfo, ListenerTls, Referral, Subsystem, Transport, ADMIN_QUEUE_ENTRIES, DISCOVERY_NQN,
+};
 use crate::spec::fabrics::copy_nul_terminated;
 use crate::spec::identify::copy_space_padded;
 use crate::spec::log::{disc, DiscoveryLogEntry, DiscoveryLogHeader, RdmaTsas};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use zerocopy::IntoBytes;
 
@@ -34,6 +36,7 @@ fn published_addr(l: &ListenerInfo, local: Option<IpAddr>) -> Option<IpAddr> {
 fn entry(
     portid: u16,
     l: &ListenerInfo,
+    tls: ListenerTls,
     addr: IpAddr,
     subtype: u8,
     subnqn: &str,
@@ -70,7 +73,18 @@ fn entry(
         };
         e.tsas.copy_from_slice(tsas.as_bytes());
     } else {
-        e.tsas[0] = disc::TCP_SECTYPE_NONE;
+        // TLS listeners: SECTYPE TLS 1.3 and whether the secure channel is required, as
+        // nvmet publishes them. Plain listeners keep "not specified" (see the constant).
+        e.tsas[0] = match tls {
+            ListenerTls::None => disc::TCP_SECTYPE_NONE,
+            ListenerTls::Optional | ListenerTls::Required => disc::TCP_SECTYPE_TLS13,
+        };
+        let secure = match tls {
+            ListenerTls::None => disc::TREQ_SECURE_CHANNEL_NOT_SPECIFIED,
+            ListenerTls::Optional => disc::TREQ_SECURE_CHANNEL_NOT_REQUIRED,
+            ListenerTls::Required => disc::TREQ_SECURE_CHANNEL_REQUIRED,
+        };
+        e.treq = secure | disc::TREQ_DISABLE_SQ_FLOW;
     }
     e
 }
@@ -79,12 +93,14 @@ fn entry(
 /// discovery connection (for wildcard listeners).
 pub(super) fn entries(
     listeners: &[(u16, ListenerInfo)],
+    tls: &HashMap<ListenerInfo, ListenerTls>,
     subsystems: &BTreeMap<String, Subsystem>,
     referrals: &[Referral],
     hostnqn: &str,
     local: Option<IpAddr>,
 ) -> Vec<DiscoveryLogEntry> {
     let mut out = Vec::new();
+    let tls_of = |l: &ListenerInfo| tls.get(l).copied().unwrap_or_default();
     let published: Vec<(u16, &ListenerInfo, IpAddr)> = listeners
         .iter()
         .filter_map(|(p, l)| published_addr(l, local).map(|a| (*p, l, a)))
@@ -95,7 +111,14 @@ pub(super) fn entries(
     {
         for &(portid, l, addr) in &published {
             if s.cfg.listeners.as_ref().is_none_or(|ls| ls.contains(l)) {
-                out.push(entry(portid, l, addr, disc::SUBTYPE_NVME, &s.cfg.nqn));
+                out.push(entry(
+                    portid,
+                    l,
+                    tls_of(l),
+                    addr,
+                    disc::SUBTYPE_NVME,
+                    &s.cfg.nqn,
+                ));
             }
         }
     }
@@ -103,6 +126,7 @@ pub(super) fn entries(
         out.push(entry(
             portid,
             l,
+            tls_of(l),
             addr,
             disc::SUBTYPE_CURRENT_DISCOVERY,
             DISCOVERY_NQN,
@@ -114,7 +138,16 @@ pub(super) fn entries(
             addr: r.addr,
             port: r.port,
         };
-        let mut e = entry(0, &l, r.addr, disc::SUBTYPE_REFERRAL, DISCOVERY_NQN);
+        // Whether the referred service wants TLS is not ours to know (the config does not
+        // say): "not specified", as a plain listener of ours.
+        let mut e = entry(
+            0,
+            &l,
+            ListenerTls::None,
+            r.addr,
+            disc::SUBTYPE_REFERRAL,
+            DISCOVERY_NQN,
+        );
         e.eflags = 0.into();
         out.push(e);
     }
@@ -124,13 +157,14 @@ pub(super) fn entries(
 /// The whole log page: 1024-byte header then the entries.
 pub(super) fn log_page(
     listeners: &[(u16, ListenerInfo)],
+    tls: &HashMap<ListenerInfo, ListenerTls>,
     subsystems: &BTreeMap<String, Subsystem>,
     referrals: &[Referral],
     genctr: u64,
     hostnqn: &str,
     local: Option<IpAddr>,
 ) -> Vec<u8> {
-    let entries = entries(listeners, subsystems, referrals, hostnqn, local);
+    let entries = entries(listeners, tls, subsystems, referrals, hostnqn, local);
     let header = DiscoveryLogHeader {
         genctr: genctr.into(),
         numrec: (entries.len() as u64).into(),

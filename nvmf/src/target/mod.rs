@@ -43,7 +43,8 @@
 //!   03h/04h/05h (per CSI)/70h with LPO/NUMD; Get/Set Features 01h, 02h, 04h, 05h (per
 //!   namespace), 06h, 07h, 08h, 09h, 0Ah, 0Bh, 0Fh, 81h with NSID checks; Keep Alive;
 //!   Asynchronous Event Request (namespace attribute, ANA change, reservation log and
-//!   discovery log change notices, each masked until its log page is read without RAE and
+//!   discovery log change notices, SMART / Health critical warnings of drives behind
+//!   namespaces ([`Target::set_device_health`]), each masked until its log page is read without RAE and
 //!   enabled per Set Features 0Bh; held across a controller reset, as nvmet does); Abort
 //!   (held AERs here; commands of I/O queues through the engine, [`Action::Abort`]).
 //! - Reservations ([`reservation`]): Register, Acquire, Release, Report on I/O queues,
@@ -57,18 +58,26 @@
 //!   ([`Target::take_access_updates`]) for the engine to check without a lock.
 //! - I/O commands that are not offloaded: the same checks, then Invalid Namespace /
 //!   Invalid Opcode / Namespace Not Ready answers.
+//! - In-band authentication (DH-HMAC-CHAP): Authentication Send/Receive, ATR in the
+//!   Connect response, Authentication Required until a queue authenticates,
+//!   re-authentication, timeouts, secure channel concatenation (TP 8018) on the target
+//!   side (see [`authn`]).
+//! - TLS: the discovery log's TREQ/TSAS for TLS listeners ([`Target::set_listener_tls`]);
+//!   a queue that came over TLS may only Connect as the host and subsystem its PSK is for
+//!   ([`Target::set_queue_tls`]). The handshake itself is the transport's.
 //!
 //! # Not implemented
 //!
-//! Authentication (Connect never sets AUTHREQ), TLS, the static controller model,
-//! namespace management/attachment, firmware download/commit, format, sanitize,
-//! self-test, telemetry, saveable features, SMART/temperature events, I/O command set
-//! profiles (Set Features 19h).
+//! The static controller model, namespace management/attachment, firmware
+//! download/commit, format, sanitize, self-test, telemetry, saveable features,
+//! SMART/temperature events, I/O command set profiles (Set Features 19h).
 
 pub mod access;
 mod admin;
 pub mod ana;
+mod authn;
 mod discovery;
+mod health;
 mod io;
 pub mod refusal;
 pub mod report;
@@ -80,10 +89,11 @@ use crate::spec::fabrics::{
     self, cc, connect_data_offset as data_off, connect_sqe_offset as sqe_off, csts, ConnectCommand,
     ConnectData,
 };
-use crate::spec::log::ErrorInformationEntry;
+use crate::spec::log::{ErrorInformationEntry, SmartLog};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
 pub use access::{AccessKey, NamespaceAccess};
 pub use ana::{AnaGroup, AnaState};
+pub use authn::{Authenticated, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -219,6 +229,19 @@ impl ListenerInfo {
     }
 }
 
+/// TLS on a TCP listener, as the discovery log publishes it (TREQ and TSAS SECTYPE).
+/// The handshake itself is the transport's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ListenerTls {
+    /// Plain TCP (SECTYPE none, TREQ "not specified").
+    #[default]
+    None,
+    /// TLS 1.3 or plain TCP (SECTYPE TLS 1.3, TREQ "not required").
+    Optional,
+    /// TLS 1.3 only (SECTYPE TLS 1.3, TREQ "required").
+    Required,
+}
+
 /// Where a queue's transport connection came in. `Default` is "unknown", which only
 /// subsystems open to every listener accept.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -337,6 +360,9 @@ pub struct ConnectOk {
     /// The host NQN as the Connect data gave it (may be empty, see [`Notice`]).
     pub hostnqn: String,
     pub is_discovery: bool,
+    /// The queue must authenticate (DH-HMAC-CHAP) before anything else: ATR was set in
+    /// the Connect response.
+    pub authentication_required: bool,
     /// Who the queue's commands come from, for the engine's access checks.
     pub access: AccessKey,
 }
@@ -436,6 +462,9 @@ struct Subsystem {
     /// Reservation state per namespace (kept while the namespace exists).
     resv: BTreeMap<u32, Reservations>,
     ana: ana::AnaTable,
+    /// The drive's own SMART / Health log of namespaces backed by a real drive
+    /// ([`Target::set_device_health`]).
+    device_health: BTreeMap<u32, SmartLog>,
 }
 
 impl Subsystem {
@@ -490,6 +519,11 @@ enum EventKind {
     DiscoveryLog,
     AnaChange,
     ReservationLog,
+    /// SMART / Health status: NVM subsystem reliability, temperature threshold, spare
+    /// below threshold (a drive's critical warnings; module `health`).
+    SmartReliability,
+    SmartTemperature,
+    SmartSpare,
 }
 
 impl EventKind {
@@ -516,17 +550,36 @@ impl EventKind {
                 aen::INFO_RESERVATION_LOG_AVAILABLE,
                 lid::RESERVATION_NOTIFICATION,
             ),
+            EventKind::SmartReliability => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_RELIABILITY,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartTemperature => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_TEMPERATURE,
+                lid::SMART_HEALTH,
+            ),
+            EventKind::SmartSpare => aen::dw0(
+                aen::TYPE_SMART_HEALTH,
+                aen::INFO_SPARE_BELOW_THRESHOLD,
+                lid::SMART_HEALTH,
+            ),
         }
     }
     /// The Asynchronous Event Configuration bit that enables it (reservation log events
-    /// have none: feature 82h masks them per namespace).
+    /// have none: feature 82h masks them per namespace; SMART events are enabled per
+    /// critical-warning bit, checked where they are raised).
     fn config_bit(self) -> Option<u32> {
         use crate::spec::features::async_event_config as c;
         match self {
             EventKind::NamespaceAttribute => Some(c::NS_ATTRIBUTE_NOTICES),
             EventKind::DiscoveryLog => Some(c::DISCOVERY_LOG_CHANGE_NOTICES),
             EventKind::AnaChange => Some(c::ANA_CHANGE_NOTICES),
-            EventKind::ReservationLog => None,
+            EventKind::ReservationLog
+            | EventKind::SmartReliability
+            | EventKind::SmartTemperature
+            | EventKind::SmartSpare => None,
         }
     }
 }
@@ -569,6 +622,10 @@ struct Controller {
     changed_ns_overflow: bool,
     error_log: VecDeque<ErrorInformationEntry>,
     error_count: u64,
+    /// Every queue of this controller must authenticate (the host has credentials).
+    auth_required: bool,
+    /// Authentication state per QID.
+    queue_auth: BTreeMap<u16, authn::QueueAuth>,
     /// Host, host NQN slot and port of this controller, for access checks.
     access: AccessKey,
     /// Reservation Notification log pages not read yet, oldest first.
@@ -668,6 +725,7 @@ impl Controller {
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
         self.io_queues.clear();
+        self.queue_auth.retain(|&qid, _| qid == 0);
         self.ns_error_recovery.clear();
         self.pending_events.clear();
         self.masked = 0;
@@ -749,6 +807,8 @@ pub struct Target {
     opts: TargetOptions,
     /// Listeners with their discovery PORTID, in the order they were added.
     listeners: Vec<(u16, ListenerInfo)>,
+    /// TLS of TCP listeners that have it.
+    listener_tls: std::collections::HashMap<ListenerInfo, ListenerTls>,
     next_portid: u16,
     subsystems: BTreeMap<String, Subsystem>,
     controllers: BTreeMap<u16, Controller>,
@@ -764,6 +824,14 @@ pub struct Target {
     empty_hostnqn_seen: BTreeSet<String>,
     /// First time seen, for SMART power-on hours.
     started: Option<Instant>,
+    /// DH-HMAC-CHAP credentials by host NQN.
+    credentials: BTreeMap<String, Arc<HostCredentials>>,
+    /// Subsystems that refuse hosts without credentials.
+    auth_required_subsystems: BTreeSet<String>,
+    /// Random bytes for authentication (challenges, DH keys).
+    entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
+    /// TLS PSK owners of queues that came over TLS, by transport key.
+    queue_tls: BTreeMap<QueueKey, TlsPeer>,
     /// Host NQNs interned for access keys (visibility checks compare these numbers).
     host_slots: BTreeMap<String, u32>,
     /// Access views built since the last [`Target::take_access_updates`], by namespace.
@@ -793,11 +861,13 @@ impl Target {
                 is_discovery: true,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         Target {
             opts,
             listeners: Vec::new(),
+            listener_tls: std::collections::HashMap::new(),
             next_portid: 1,
             subsystems,
             controllers: BTreeMap::new(),
@@ -808,6 +878,10 @@ impl Target {
             notices_dropped: 0,
             empty_hostnqn_seen: BTreeSet::new(),
             started: None,
+            credentials: BTreeMap::new(),
+            auth_required_subsystems: BTreeSet::new(),
+            entropy: None,
+            queue_tls: BTreeMap::new(),
             host_slots: BTreeMap::new(),
             access_updates: BTreeMap::new(),
             ptpl_version: 0,
@@ -829,6 +903,15 @@ impl Target {
         self.discovery_changed();
         // ANA states are per port: views name ports by PORTID.
         self.publish_all();
+    }
+
+    /// Sets what the discovery log says about a listener's TLS (before or after
+    /// [`Target::add_listener`]); discovery controllers get a log change notice.
+    pub fn set_listener_tls(&mut self, l: &ListenerInfo, tls: ListenerTls) {
+        let old = self.listener_tls.insert(l.clone(), tls).unwrap_or_default();
+        if old != tls {
+            self.discovery_changed();
+        }
     }
 
     /// Removes a listener from the discovery log. Connected queues are the transport's
@@ -883,6 +966,7 @@ impl Target {
                 is_discovery: false,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
+                device_health: BTreeMap::new(),
             },
         );
         self.discovery_changed();
@@ -968,6 +1052,7 @@ impl Target {
         let Some(old) = s.namespaces.remove(&nsid).or_else(|| s.lost.remove(&nsid)) else {
             return Err(TargetError::UnknownNamespace(nsid));
         };
+        s.device_health.remove(&nsid);
         if s.resv.remove(&nsid).is_some_and(|r| r.ptpl) {
             self.ptpl_version += 1;
         }
@@ -1029,6 +1114,47 @@ impl Target {
         let new = ns.clone();
         self.publish(subnqn, nsid);
         self.namespace_changed(subnqn, nsid, |h| old.visible_to(h) != new.visible_to(h));
+        Ok(self.take_actions())
+    }
+
+    /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
+    /// namespace reported; Get Log Page 02h answers its health fields from it from now on
+    /// (module `health`). Critical-warning bits that were clear and are now set raise the
+    /// SMART / Health event they belong to on each controller of the subsystem that
+    /// enabled that bit (Asynchronous Event Configuration bits 7:0), masked until the
+    /// host reads log 02h without RAE.
+    pub fn set_device_health(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        log: &[u8; 512],
+    ) -> Result<Vec<Action>, TargetError> {
+        use zerocopy::FromBytes;
+        let s = self.user_subsystem_mut(subnqn)?;
+        if !s.namespaces.contains_key(&nsid) {
+            return Err(TargetError::UnknownNamespace(nsid));
+        }
+        // 512 bytes is the structure's size and it has no alignment: this cannot fail.
+        let new = SmartLog::read_from_bytes(&log[..]).unwrap_or_default();
+        let before = s
+            .device_health
+            .get(&nsid)
+            .map_or(0, |old| old.critical_warning);
+        let newly_set = new.critical_warning & !before;
+        s.device_health.insert(nsid, new);
+        if newly_set != 0 {
+            for c in self
+                .controllers
+                .values_mut()
+                .filter(|c| c.subnqn == subnqn && !c.retired && !c.is_discovery)
+            {
+                for (kind, bits) in health::events_for(newly_set) {
+                    if c.features.async_event_config & bits as u32 != 0 {
+                        c.raise(kind, &mut self.actions);
+                    }
+                }
+            }
+        }
         Ok(self.take_actions())
     }
 
@@ -1102,8 +1228,13 @@ impl Target {
         let cmd = ConnectCommand::from_sqe(sqe);
         match self.try_connect(now, key, origin, sqe, &cmd, data) {
             Ok(ok) => {
+                let atr = if ok.authentication_required {
+                    crate::auth::CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
                 let mut cqe = Cqe {
-                    dw0: ok.cntlid as u32,
+                    dw0: ok.cntlid as u32 | atr,
                     sqid: ok.qid,
                     ..Cqe::success(sqe.cid())
                 };
@@ -1113,6 +1244,10 @@ impl Target {
                 (cqe, Some(ok))
             }
             Err(e) => {
+                // A refused queue is closed by the host; nothing to keep for it.
+                if !matches!(e.reason, RefusalReason::AlreadyConnected) {
+                    self.queue_tls.remove(&key);
+                }
                 // What the host said, as far as it can be read, for the log.
                 let d = ConnectData::from_bytes(data);
                 let text = |f: fn(&ConnectData) -> Option<&str>| {
@@ -1235,6 +1370,19 @@ impl Target {
                 R::SubsystemNotOnListener,
             ));
         }
+        // A TLS PSK is for one host and one subsystem (its identity names both; TP 8011):
+        // a queue may not use one host's PSK to connect as another.
+        if let Some(peer) = self.queue_tls.get(&key) {
+            if peer.hostnqn != hostnqn || peer.subnqn != subnqn {
+                return Err(ConnectError::data(
+                    Status::CONNECT_INVALID_HOST,
+                    data_off::HOSTNQN,
+                    R::TlsIdentityMismatch {
+                        identity: peer.identity.clone(),
+                    },
+                ));
+            }
+        }
         if !subsys.allows(hostnqn) {
             let reason = if hostnqn.is_empty() {
                 R::EmptyHostNqnNotAllowed
@@ -1248,6 +1396,15 @@ impl Target {
             ));
         }
         let is_discovery = subsys.is_discovery;
+        // A queue over TLS with a PSK that DH-HMAC-CHAP generated (secure channel
+        // concatenation) has proven the host already.
+        let generated_tls = self.queue_tls.get(&key).is_some_and(|p| p.generated);
+        let auth_required = !generated_tls
+            && self
+                .auth_needed(subnqn, hostnqn, is_discovery)
+                .map_err(|r| {
+                    ConnectError::data(Status::CONNECT_INVALID_HOST, data_off::HOSTNQN, r)
+                })?;
         let ok = ConnectOk {
             cntlid: 0,
             qid: cmd.qid,
@@ -1256,6 +1413,7 @@ impl Target {
             subnqn: subnqn.to_string(),
             hostnqn: hostnqn.to_string(),
             is_discovery,
+            authentication_required: auth_required,
             access: AccessKey::default(),
         };
         let cntlid = d.cntlid.get();
@@ -1328,6 +1486,8 @@ impl Target {
                 changed_ns_overflow: false,
                 error_log: VecDeque::new(),
                 error_count: 0,
+                auth_required,
+                queue_auth: BTreeMap::new(),
                 access,
                 resv_log: VecDeque::new(),
                 resv_log_count: 0,
@@ -1335,6 +1495,9 @@ impl Target {
                 resv_mask_default: 0,
                 aborts: 0,
             };
+            if auth_required {
+                ctrl.queue_auth.insert(0, authn::QueueAuth::new(now));
+            }
             ctrl.restart_keep_alive(now, &self.opts);
             self.controllers.insert(cntlid, ctrl);
             return Ok(ConnectOk {
@@ -1392,8 +1555,18 @@ impl Target {
             .on(cntlid));
         }
         ctrl.io_queues.insert(cmd.qid, key);
+        // Every queue of a controller that authenticates authenticates (the credentials
+        // may have changed since the admin queue connected: the controller's rule holds),
+        // except over a concatenated secure channel.
+        let authentication_required = ctrl.auth_required && !generated_tls;
+        if authentication_required {
+            ctrl.queue_auth.insert(cmd.qid, authn::QueueAuth::new(now));
+        } else {
+            ctrl.queue_auth.remove(&cmd.qid);
+        }
         Ok(ConnectOk {
             cntlid,
+            authentication_required,
             access: ctrl.access,
             ..ok
         })
@@ -1486,6 +1659,31 @@ impl Target {
         if queue.qid != 0 && !ctrl.io_queues.contains_key(&queue.qid) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        if authn::is_auth_command(sqe) {
+            return self.auth_command(now, queue, sqe, data);
+        }
+        // Until the queue has authenticated, nothing but authentication (NVMe Base 2.0
+        // section 8.13.1; nvmet answers the same status).
+        if !ctrl.queue_may_run(queue.qid) {
+            let (key, hostnqn, subnqn) =
+                (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationRequired {
+                    opcode: sqe.opcode(),
+                },
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(queue.qid),
+                status: Some(Status::AUTHENTICATION_REQUIRED),
+            }));
+            return Err(Status::AUTHENTICATION_REQUIRED);
+        }
+        let ctrl = self
+            .controllers
+            .get_mut(&queue.cntlid)
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
         if sqe.is_fabrics() {
             return match sqe.fctype() {
                 opcodes::fabrics::PROPERTY_GET if queue.qid == 0 => {
@@ -1505,6 +1703,7 @@ impl Target {
                     // The QID is free at once: a host may connect it again before the
                     // transport has closed this connection.
                     if let Some(key) = ctrl.io_queues.remove(&queue.qid) {
+                        ctrl.queue_auth.remove(&queue.qid);
                         self.actions.push(Action::Disconnect { queue, key });
                     }
                     Reply::ok()
@@ -1528,9 +1727,14 @@ impl Target {
     /// answer) and destroyed once its last queue is reported closed. Unknown queues
     /// (already torn down) are ignored.
     pub fn queue_closed(&mut self, queue: QueueRef, key: QueueKey) -> Vec<Action> {
+        self.queue_tls.remove(&key);
+        let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
             if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
                 c.admin_closed = true;
+                if !c.retired && !c.queue_may_run(0) {
+                    abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
+                }
                 if !c.retired {
                     c.retired = true;
                     c.deadline = None;
@@ -1540,16 +1744,29 @@ impl Target {
                 }
             } else if queue.qid != 0 && c.io_queues.get(&queue.qid) == Some(&key) {
                 c.io_queues.remove(&queue.qid);
+                c.queue_auth.remove(&queue.qid);
             }
             if c.admin_closed && c.io_queues.is_empty() {
                 self.controllers.remove(&queue.cntlid);
             }
         }
+        if let Some((hostnqn, subnqn)) = abandoned {
+            self.notice(Notice::Refused(Refusal {
+                reason: RefusalReason::AuthenticationAbandoned,
+                key,
+                hostnqn: Some(hostnqn),
+                subnqn: Some(subnqn),
+                cntlid: Some(queue.cntlid),
+                qid: Some(0),
+                status: None,
+            }));
+        }
         self.take_actions()
     }
 
     /// Keep alive: controllers whose KATO expired at `now` are retired (all their queues
-    /// come back as [`Action::Disconnect`], and a [`Notice`] says why). Retired
+    /// come back as [`Action::Disconnect`], and a [`Notice`] says why); so are those with
+    /// a queue that did not authenticate within [`AUTH_TIMEOUT`]. Retired
     /// controllers whose admin queue the transport has not reported closed within
     /// [`RETIRED_LIMIT`] are dropped.
     pub fn poll_timeouts(&mut self, now: Instant) -> Vec<Action> {
@@ -1579,6 +1796,7 @@ impl Target {
             }));
             self.retire_controllers_where(|c| c.cntlid == cntlid);
         }
+        self.poll_auth_timeouts(now);
         for c in self.controllers.values_mut().filter(|c| c.retired) {
             c.retired_since.get_or_insert(now);
         }
@@ -1589,9 +1807,11 @@ impl Target {
         self.take_actions()
     }
 
-    /// The earliest keep-alive deadline (or retirement limit), for the caller's timer.
+    /// The earliest keep-alive or authentication deadline (or retirement limit), for the
+    /// caller's timer.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.controllers
+        let keep_alive = self
+            .controllers
             .values()
             .filter_map(|c| {
                 if c.retired {
@@ -1600,7 +1820,11 @@ impl Target {
                     c.deadline
                 }
             })
-            .min()
+            .min();
+        match (keep_alive, self.next_auth_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Actions produced since the last call (AER completions after namespace changes,

@@ -58,6 +58,26 @@ pub enum RefusalReason {
     InvalidControllerConfiguration { field: &'static str, value: u32 },
     /// No Keep Alive (or other admin command) within KATO: the controller is destroyed.
     KeepAliveExpired { kato_ms: u32 },
+    /// The subsystem requires authentication and the target holds no DH-HMAC-CHAP
+    /// secret for this host.
+    NoCredentials,
+    /// DH-HMAC-CHAP failed: we sent AUTH_Failure1 (wrong secret, nothing in common, a
+    /// bad message) or the host sent AUTH_Failure2 (`by_host`). The controller is
+    /// destroyed, as nvmet does.
+    AuthenticationFailed {
+        reason: crate::auth::FailureReason,
+        by_host: bool,
+    },
+    /// A queue that must authenticate did not finish within the time allowed.
+    AuthenticationTimeout { secs: u64 },
+    /// The host closed the admin queue without authenticating (the Linux host does so
+    /// when the target asks for authentication and it has no secret).
+    AuthenticationAbandoned,
+    /// A command other than Authentication Send/Receive before the queue authenticated.
+    AuthenticationRequired { opcode: u8 },
+    /// The queue came over TLS with a PSK for another host or subsystem than the Connect
+    /// names (a PSK is bound to one host NQN and one subsystem NQN).
+    TlsIdentityMismatch { identity: String },
 }
 
 impl RefusalReason {
@@ -84,6 +104,12 @@ impl RefusalReason {
         "queue_id_in_use",
         "controller_fatal_status",
         "keep_alive_expired",
+        "no_credentials",
+        "authentication_failed",
+        "authentication_timeout",
+        "authentication_abandoned",
+        "authentication_required",
+        "tls_identity_mismatch",
     ];
 
     /// A stable snake_case name for metrics labels.
@@ -111,6 +137,12 @@ impl RefusalReason {
             R::QueueIdInUse { .. } => "queue_id_in_use",
             R::InvalidControllerConfiguration { .. } => "controller_fatal_status",
             R::KeepAliveExpired { .. } => "keep_alive_expired",
+            R::NoCredentials => "no_credentials",
+            R::AuthenticationFailed { .. } => "authentication_failed",
+            R::AuthenticationTimeout { .. } => "authentication_timeout",
+            R::AuthenticationAbandoned => "authentication_abandoned",
+            R::AuthenticationRequired { .. } => "authentication_required",
+            R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
         }
     }
 }
@@ -168,6 +200,35 @@ impl fmt::Display for RefusalReason {
                 f,
                 "no Keep Alive within the keep-alive timeout ({kato_ms} ms): controller destroyed"
             ),
+            R::NoCredentials => f.write_str(
+                "the subsystem requires DH-HMAC-CHAP authentication and no secret is configured for this host",
+            ),
+            R::AuthenticationFailed { reason, by_host: false } => write!(
+                f,
+                "DH-HMAC-CHAP authentication failed: {} (sent AUTH_Failure1): controller destroyed",
+                reason.text()
+            ),
+            R::AuthenticationFailed { reason, by_host: true } => write!(
+                f,
+                "DH-HMAC-CHAP authentication failed on the host's side: {} (host sent AUTH_Failure2): controller destroyed",
+                reason.text()
+            ),
+            R::AuthenticationTimeout { secs } => write!(
+                f,
+                "the queue did not complete DH-HMAC-CHAP authentication within {secs} s: controller destroyed"
+            ),
+            R::AuthenticationAbandoned => f.write_str(
+                "the host closed the connection without authenticating (the target asked for DH-HMAC-CHAP; \
+                 a host without a secret, e.g. nvme connect without --dhchap-secret, gives up so)",
+            ),
+            R::AuthenticationRequired { opcode } => write!(
+                f,
+                "command (opcode {opcode:#04x}) before the queue authenticated: answered Authentication Required"
+            ),
+            R::TlsIdentityMismatch { identity } => write!(
+                f,
+                "the connection's TLS PSK ({identity:?}) is not for this host and subsystem"
+            ),
         }
     }
 }
@@ -198,6 +259,10 @@ pub enum Notice {
         subnqn: String,
         key: QueueKey,
     },
+    /// A queue completed DH-HMAC-CHAP authentication.
+    Authenticated(super::Authenticated),
+    /// Secure channel concatenation made a TLS PSK the transport must now accept.
+    GeneratedPsk(super::GeneratedPsk),
 }
 
 #[cfg(test)]
@@ -237,6 +302,17 @@ mod tests {
                 value: 1,
             },
             RefusalReason::KeepAliveExpired { kato_ms: 5000 },
+            RefusalReason::NoCredentials,
+            RefusalReason::AuthenticationFailed {
+                reason: crate::auth::FailureReason::Failed,
+                by_host: false,
+            },
+            RefusalReason::AuthenticationTimeout { secs: 30 },
+            RefusalReason::AuthenticationAbandoned,
+            RefusalReason::AuthenticationRequired { opcode: 6 },
+            RefusalReason::TlsIdentityMismatch {
+                identity: "NVMe0R01 a b".into(),
+            },
         ];
         assert_eq!(samples.len(), RefusalReason::LABELS.len());
         let mut seen = std::collections::BTreeSet::new();

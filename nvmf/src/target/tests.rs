@@ -2053,4 +2053,6 @@ fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
     }
 }
 
+mod auth;
+mod health;
 mod issue14;

@@ -180,6 +180,42 @@ impl StaIo {
         }
     }
 
+    /// [`qp_accept_tcp`](Self::qp_accept_tcp) on a TLS listener: the engine runs the TLS
+    /// handshake (or, for optional TLS, sees the host speak plain NVMe/TCP) before the
+    /// ICReq, reports [`crate::Event::Tls`], and from then on every byte of the QP goes
+    /// through OpenSSL.
+    pub fn qp_accept_tcp_tls(
+        &mut self,
+        sock: TcpStream,
+        user: u64,
+        tls: &crate::TlsAccept,
+    ) -> std::io::Result<QpHandle> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let idx = self.alloc_qp_slot();
+        let (limits, rx_cap) = self.tcp_limits();
+        if let Err(e) = self
+            .epoll
+            .add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64))
+        {
+            self.free_qps.push(idx);
+            return Err(e.into());
+        }
+        let deadline = Instant::now() + tls.handshake_timeout;
+        let wire = Wire::tls(sock, tls.ctx.clone(), tls.required, deadline);
+        let link = Link::Tcp(TcpLink::new(wire, limits));
+        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user, false))
+    }
+
+    /// How a TLS QP's handshake ended: the PSK's owner, or why it failed (`None` for plain
+    /// QPs and while the handshake runs).
+    pub fn qp_tls(&mut self, qp: QpHandle) -> Option<Result<crate::TlsPeerInfo, String>> {
+        match &qp_ref(&mut self.qps, qp)?.st.link {
+            Link::Tcp(t) => t.tls.as_deref().cloned(),
+            _ => None,
+        }
+    }
+
     /// A TCP QP over an in-memory pipe (unit tests: no socket, no epoll; `progress_at`
     /// services it every pass).
     #[cfg(test)]
@@ -403,6 +439,7 @@ impl StaIo {
                 now + (self.core.cfg.backend_timeout / 4).min(Duration::from_secs(1));
             self.check_backend_timeouts(now);
             self.check_deadlines(now);
+            self.check_tls_deadlines(now);
         }
         let c = &self.core.counters;
         NsCounters::bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
@@ -587,6 +624,34 @@ impl StaIo {
 
     /// Report commands that have waited on a backend longer than the backend timeout
     /// (each once) to the main context.
+    /// TLS handshakes that ran past their deadline: the QP is dropped (a host holding a
+    /// half-open handshake holds a QP slot and a socket).
+    fn check_tls_deadlines(&mut self, now: Instant) {
+        for i in 0..self.qps.len() {
+            let gen = self.qps[i].gen;
+            let Some(qp) = self.qps[i].qp.as_mut() else {
+                continue;
+            };
+            let late = matches!(&qp.st.link, Link::Tcp(t) if t.wire.tls_deadline().is_some_and(|d| d <= now));
+            if late && !qp.st.rx_stopped {
+                let h = QpHandle { idx: i as u32, gen };
+                if let Link::Tcp(t) = &mut qp.st.link {
+                    t.tls = Some(Box::new(Err(
+                        "the host did not finish the TLS handshake in time".into(),
+                    )));
+                }
+                self.core.events.push_back(crate::Event::Tls {
+                    qp: h,
+                    qp_user: qp.st.user,
+                    ok: false,
+                });
+                qp.st.rx_stopped = true;
+                self.core
+                    .transport_error(h, &mut qp.st, TransportErrorKind::Protocol);
+            }
+        }
+    }
+
     fn check_backend_timeouts(&mut self, now: Instant) {
         let limit = self.core.cfg.backend_timeout;
         let mut late: Vec<(u32, u32)> = Vec::new();

@@ -6,6 +6,9 @@
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::time::Instant;
+
+use nvmf_tls::{Handshake, MidHandshakeSslStream, SslContext, SslStream};
 
 use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, FatalCause, TxSink};
 
@@ -15,35 +18,203 @@ use crate::{Event, Limit, QpHandle, TransportErrorKind};
 /// Most slices in one `writev`.
 const IOV_MAX: usize = 64;
 
-/// Where a TCP link's bytes go: a socket, or (in unit tests) an in-memory pipe.
+/// Where a TCP link's bytes go: a socket, TLS over a socket, or (in unit tests) an
+/// in-memory pipe.
 pub(super) enum Wire {
     Socket(TcpStream),
+    /// A listener with TLS, before the handshake finished: the first byte tells TLS from
+    /// plain NVMe/TCP (optional TLS), then the handshake runs, one step per readable event.
+    TlsPending(Box<TlsPending>),
+    /// TLS 1.3 up: every byte goes through OpenSSL's record layer.
+    Tls(Box<TlsUp>),
+    /// The handshake failed: nothing more is read or written (the socket, if still
+    /// here, is only shut down; a failed OpenSSL handshake has already closed it).
+    TlsFailed(Option<TcpStream>),
     #[cfg(test)]
     Memory(std::rc::Rc<std::cell::RefCell<super::tests::MemPipe>>),
 }
 
+/// A TLS connection being set up.
+pub(super) struct TlsPending {
+    ctx: SslContext,
+    required: bool,
+    /// A host that does not finish the handshake by then is dropped.
+    pub deadline: Instant,
+    stage: Option<TlsStage>,
+}
+
+enum TlsStage {
+    /// Nothing read yet.
+    Fresh(TcpStream),
+    Mid(MidHandshakeSslStream<TcpStream>),
+}
+
+pub(super) struct TlsUp {
+    stream: SslStream<TcpStream>,
+    /// Output gathered into records of up to 16 KiB (OpenSSL writes one slice at a time;
+    /// this is where TLS loses the plain path's zero-copy `writev` of data buffers).
+    stage: Vec<u8>,
+}
+
+/// Largest TLS record payload (RFC 8446 section 5.1).
+const TLS_RECORD: usize = 16 * 1024;
+/// The first byte of a TLS record carrying a handshake message (a ClientHello); an
+/// NVMe/TCP ICReq starts with PDU type 00h.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// What the TLS layer has to tell the engine once: the handshake finished (PSK owner,
+/// cipher) or failed (why).
+pub(super) type TlsNews = Result<crate::TlsPeerInfo, String>;
+
 impl Wire {
+    /// A socket accepted on a TLS listener.
+    pub fn tls(sock: TcpStream, ctx: SslContext, required: bool, deadline: Instant) -> Wire {
+        Wire::TlsPending(Box::new(TlsPending {
+            ctx,
+            required,
+            deadline,
+            stage: Some(TlsStage::Fresh(sock)),
+        }))
+    }
+
     pub fn socket(&self) -> Option<&TcpStream> {
         match self {
-            Wire::Socket(s) => Some(s),
+            Wire::Socket(s) | Wire::TlsFailed(Some(s)) => Some(s),
+            Wire::TlsFailed(None) => None,
+            Wire::TlsPending(p) => match p.stage.as_ref()? {
+                TlsStage::Fresh(s) => Some(s),
+                TlsStage::Mid(m) => Some(m.get_ref()),
+            },
+            Wire::Tls(t) => Some(t.stream.get_ref()),
             #[cfg(test)]
             Wire::Memory(_) => None,
         }
     }
 
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+    /// Decrypted bytes OpenSSL holds that the socket will not signal again.
+    fn tls_buffered(&self) -> bool {
+        matches!(self, Wire::Tls(t) if t.stream.ssl().pending() > 0)
+    }
+
+    /// The handshake deadline, while one is running.
+    pub fn tls_deadline(&self) -> Option<Instant> {
+        match self {
+            Wire::TlsPending(p) => Some(p.deadline),
+            _ => None,
+        }
+    }
+
+    /// Reads; on a pending TLS link this first advances the handshake (and reports its
+    /// outcome through `news`).
+    fn read(&mut self, buf: &mut [u8], news: &mut Option<TlsNews>) -> std::io::Result<usize> {
+        if let Wire::TlsPending(_) = self {
+            self.advance_tls(news)?;
+        }
         match self {
             Wire::Socket(s) => s.read(buf),
+            Wire::Tls(t) => t.stream.read(buf),
+            Wire::TlsPending(_) => Err(std::io::ErrorKind::WouldBlock.into()),
+            Wire::TlsFailed(_) => Err(std::io::Error::other("TLS handshake failed")),
             #[cfg(test)]
             Wire::Memory(p) => p.borrow_mut().target_read(buf),
         }
     }
 
+    /// One step of a pending TLS setup: sniff the first byte, run the handshake.
+    fn advance_tls(&mut self, news: &mut Option<TlsNews>) -> std::io::Result<()> {
+        let Wire::TlsPending(p) = self else {
+            return Ok(());
+        };
+        let Some(stage) = p.stage.take() else {
+            return Err(std::io::Error::other("TLS state lost"));
+        };
+        let hs = match stage {
+            TlsStage::Fresh(sock) => {
+                let mut first = [0u8; 1];
+                match sock.peek(&mut first) {
+                    Ok(0) => {
+                        // Closed before saying anything: a plain close, not a TLS failure.
+                        *self = Wire::Socket(sock);
+                        return Ok(());
+                    }
+                    Ok(_) if first[0] != TLS_HANDSHAKE_RECORD => {
+                        if p.required {
+                            *news = Some(Err(format!(
+                                "TLS required on this listener and the host spoke plain NVMe/TCP \
+                                 (first byte {:#04x}; nvme connect needs --tls)",
+                                first[0]
+                            )));
+                            *self = Wire::TlsFailed(Some(sock));
+                            return Err(std::io::Error::other("TLS required"));
+                        }
+                        // Optional TLS and a plain host: NVMe/TCP as usual.
+                        *self = Wire::Socket(sock);
+                        return Ok(());
+                    }
+                    Ok(_) => Handshake::accept(&p.ctx, sock),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        p.stage = Some(TlsStage::Fresh(sock));
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            TlsStage::Mid(m) => Handshake::resume(m),
+        };
+        match hs {
+            Handshake::Pending(m) => {
+                p.stage = Some(TlsStage::Mid(m));
+                Ok(())
+            }
+            Handshake::Done(stream) => {
+                let peer = nvmf_tls::peer_psk(stream.ssl());
+                let cipher = stream
+                    .ssl()
+                    .current_cipher()
+                    .map_or_else(String::new, |c| c.name().to_string());
+                *news = Some(match peer {
+                    Some(e) => Ok(crate::TlsPeerInfo {
+                        generated: nvmf::auth::tls::parse_identity(&e.identity)
+                            .is_some_and(|(_, g, ..)| g),
+                        identity: e.identity.clone(),
+                        hostnqn: e.hostnqn.clone(),
+                        subnqn: e.subnqn.clone(),
+                        cipher,
+                    }),
+                    None => Err("TLS handshake finished without a PSK".to_string()),
+                });
+                if matches!(news, Some(Err(_))) {
+                    *self = Wire::TlsFailed(None);
+                    return Err(std::io::Error::other("no PSK"));
+                }
+                *self = Wire::Tls(Box::new(TlsUp {
+                    stream,
+                    stage: Vec::with_capacity(TLS_RECORD),
+                }));
+                Ok(())
+            }
+            Handshake::Failed(e) => {
+                *news = Some(Err(e.to_string()));
+                // The failed handshake took the socket with it (closing it also takes it
+                // out of the epoll set).
+                *self = Wire::TlsFailed(None);
+                Err(std::io::Error::other("TLS handshake failed"))
+            }
+        }
+    }
+
     /// `write_vectored` that treats EINTR as a retry and EAGAIN as "wrote nothing".
     fn writev(&mut self, slices: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        if let Wire::Tls(t) = self {
+            return t.write_records(slices);
+        }
         loop {
             let r = match self {
                 Wire::Socket(s) => s.write_vectored(slices),
+                // Nothing is sent before the handshake is done (the queue machine has
+                // not seen an ICReq yet), and nothing after it failed.
+                Wire::TlsPending(_) | Wire::TlsFailed(_) => return Ok(0),
+                Wire::Tls(_) => unreachable!("handled above"),
                 #[cfg(test)]
                 Wire::Memory(p) => p.borrow_mut().target_write(slices),
             };
@@ -57,13 +228,52 @@ impl Wire {
     }
 
     pub fn shutdown(&self) {
-        match self {
-            Wire::Socket(s) => {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-            #[cfg(test)]
-            Wire::Memory(p) => p.borrow_mut().target_closed = true,
+        if let Some(s) = self.socket() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
+        #[cfg(test)]
+        if let Wire::Memory(p) = self {
+            p.borrow_mut().target_closed = true;
+        }
+    }
+}
+
+impl TlsUp {
+    /// Writes the slices as TLS records of up to 16 KiB until the socket is full; returns
+    /// the plaintext bytes accepted. A record OpenSSL could not finish is retried with the
+    /// same leading bytes on the next call (the queue still holds them), as OpenSSL
+    /// requires after SSL_ERROR_WANT_WRITE.
+    fn write_records(&mut self, slices: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        let mut done = 0usize;
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        while done < total {
+            // Gather the next record from the slices, skipping what was written.
+            self.stage.clear();
+            let mut skip = done;
+            for s in slices {
+                if skip >= s.len() {
+                    skip -= s.len();
+                    continue;
+                }
+                let part = &s[skip..];
+                skip = 0;
+                let take = part.len().min(TLS_RECORD - self.stage.len());
+                self.stage.extend_from_slice(&part[..take]);
+                if self.stage.len() == TLS_RECORD {
+                    break;
+                }
+            }
+            match self.stream.write(&self.stage) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    return if done > 0 { Ok(done) } else { Err(e) };
+                }
+            }
+        }
+        Ok(done)
     }
 }
 
@@ -72,6 +282,8 @@ pub(super) struct TcpLink {
     pub wire: Wire,
     pub machine: ControllerQueue,
     pub tx: TxQueue,
+    /// How the TLS handshake ended, on a TLS link.
+    pub tls: Option<Box<TlsNews>>,
 }
 
 impl TcpLink {
@@ -80,6 +292,7 @@ impl TcpLink {
             wire,
             machine: ControllerQueue::new(limits),
             tx: TxQueue::default(),
+            tls: None,
         }
     }
 }
@@ -152,7 +365,7 @@ impl RxBuf {
     }
 
     /// Read what the wire has, making room first when the free tail is small.
-    fn fill(&mut self, wire: &mut Wire) -> RxResult {
+    fn fill(&mut self, wire: &mut Wire, news: &mut Option<TlsNews>) -> RxResult {
         if self.head == self.tail {
             self.head = 0;
             self.tail = 0;
@@ -163,7 +376,7 @@ impl RxBuf {
         }
         let mut total = 0;
         while self.tail < self.buf.len() {
-            match wire.read(&mut self.buf[self.tail..]) {
+            match wire.read(&mut self.buf[self.tail..], news) {
                 Ok(0) => {
                     return if total > 0 {
                         RxResult::Read(total)
@@ -338,24 +551,52 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
     // few times: it grows to its bound at most).
     for _ in 0..4 {
         let super::cmd::Link::Tcp(link) = &mut st.link else {
-            return false;
+            return did;
         };
-        let got = rx.fill(&mut link.wire);
-        let full = rx.tail == rx.buf.len();
-        // Parse whatever is complete, even when the peer closed after sending it.
-        while !st.rx_stopped {
+        let mut news = None;
+        let mut got = rx.fill(&mut link.wire, &mut news);
+        let mut full = rx.tail == rx.buf.len();
+        if let Some(result) = news.take() {
+            // Before any capsule of this connection: the application learns who the PSK
+            // belongs to (or why the handshake failed) first.
+            core.events.push_back(crate::Event::Tls {
+                qp: h,
+                qp_user: st.user,
+                ok: result.is_ok(),
+            });
+            link.tls = Some(Box::new(result));
+            did = true;
+        }
+        // Parse whatever is complete, even when the peer closed after sending it. With
+        // TLS, OpenSSL may still hold decrypted bytes that no epoll event will announce:
+        // read them as soon as the parser has made room.
+        loop {
+            while !st.rx_stopped {
+                let super::cmd::Link::Tcp(link) = &mut st.link else {
+                    break;
+                };
+                let (used, ev) = link.machine.receive(rx.pending(), &mut link.tx);
+                let Some(ev) = ev else {
+                    rx.head += used;
+                    break;
+                };
+                did = true;
+                st.tx_dirty |= !link.tx.is_empty();
+                on_event(core, h, st, ev);
+                rx.head += used;
+            }
             let super::cmd::Link::Tcp(link) = &mut st.link else {
                 break;
             };
-            let (used, ev) = link.machine.receive(rx.pending(), &mut link.tx);
-            let Some(ev) = ev else {
-                rx.head += used;
+            if st.rx_stopped || !link.wire.tls_buffered() || !matches!(got, RxResult::Read(_)) {
                 break;
-            };
-            did = true;
-            st.tx_dirty |= !link.tx.is_empty();
-            on_event(core, h, st, ev);
-            rx.head += used;
+            }
+            let before = rx.tail - rx.head;
+            got = rx.fill(&mut link.wire, &mut news);
+            full |= rx.tail == rx.buf.len();
+            if rx.tail - rx.head == before {
+                break;
+            }
         }
         match got {
             RxResult::Read(n) => did |= n > 0,

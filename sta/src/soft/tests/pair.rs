@@ -415,6 +415,8 @@ impl Pair {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
+            // The in-memory pair has no TLS links.
+            Event::Tls { .. } => {}
             Event::NonOffload {
                 qp,
                 token,

@@ -2,7 +2,7 @@
 //! the RAM backend and the file backend (O_DIRECT and buffered). Prints IOPS; asserts
 //! nothing.
 //!
-//! `cargo run --release -p backend --example bench -- [seconds] [dir]`
+//! `cargo run --release -p backend --example backend_bench -- [seconds] [dir]`
 //! (default 2 s per case, the file in a temp dir under `dir` or the system temp dir;
 //! `BENCH_FILTER=ram` runs only the cases whose name contains the string).
 
