@@ -134,10 +134,11 @@ const RESERVATION_LOG_LIMIT: usize = 64;
 /// no buffer beyond it).
 ///
 /// Before Connect a queue has no controller and the only command the target reads data
-/// for is the Connect itself (its 1024 bytes of Connect data). On the admin queue no
-/// command the target implements takes host data: Set Features carries its values in
-/// CDW11, and the admin commands that take data (Security Send, Firmware Image Download,
-/// Namespace Management, Authentication Send) are not implemented and are refused
+/// for is the Connect itself (its 1024 bytes of Connect data). Once connected, on any
+/// queue, Authentication Send takes its transfer length (a DH-HMAC-CHAP message). On the
+/// admin queue no other command the target implements takes host data: Set Features
+/// carries its values in CDW11, and the admin commands that take data (Security Send,
+/// Firmware Image Download, Namespace Management) are not implemented and are refused
 /// without it. On I/O queues the reservation commands take theirs (Register and Acquire
 /// 16 bytes, Release 8); the other I/O commands that reach the slow path are answered
 /// without their data. A command added here that reads host data must say so.
@@ -146,6 +147,9 @@ pub fn slow_path_host_data(sqe: &Sqe, queue: Option<u16>) -> u32 {
     match queue {
         None if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT => {
             ConnectData::SIZE as u32
+        }
+        Some(_) if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::AUTHENTICATION_SEND => {
+            crate::auth::msg::AuthCommand::from_sqe(sqe).len
         }
         None | Some(0) => 0,
         Some(_) => match sqe.opcode() {

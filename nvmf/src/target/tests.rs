@@ -2056,3 +2056,25 @@ fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
 mod auth;
 mod health;
 mod issue14;
+
+/// What the engine may fetch for a command it hands up: before Connect only the
+/// Connect's data; after it, Authentication Send's transfer (DH-HMAC-CHAP on the admin
+/// queue and on I/O queues) and the reservation commands' data on I/O queues.
+#[test]
+fn slow_path_host_data_before_and_after_connect() {
+    use crate::auth::msg::AuthCommand;
+    use crate::target::slow_path_host_data;
+    let send = AuthCommand::dhchap(300).to_sqe(1, true);
+    let receive = AuthCommand::dhchap(300).to_sqe(1, false);
+    assert_eq!(slow_path_host_data(&send, None), 0, "no controller yet");
+    assert_eq!(slow_path_host_data(&send, Some(0)), 300);
+    assert_eq!(slow_path_host_data(&send, Some(3)), 300);
+    assert_eq!(slow_path_host_data(&receive, Some(0)), 0);
+    let connect = connect_sqe(0, 31, 0);
+    assert_eq!(slow_path_host_data(&connect, None), 1024);
+    assert_eq!(
+        slow_path_host_data(&connect, Some(0)),
+        0,
+        "a second Connect"
+    );
+}
