@@ -11,6 +11,10 @@
 //! the per-core rate the target could serve if the load generator (which shares this
 //! machine) kept up. Cases run side by side in one run: digests off and on, QD1 and QD32.
 
+// `unsafe` allowed here: one sysconf(_SC_CLK_TCK) call to turn /proc CPU ticks into
+// seconds.
+#![allow(unsafe_code)]
+
 use std::io::Write as _;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

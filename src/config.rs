@@ -66,6 +66,8 @@ pub struct Config {
     /// of two in [`MIN_MAX_IO_SIZE`]..=[`MAX_MAX_IO_SIZE`], [`DEFAULT_MAX_IO_SIZE`] when
     /// the file does not say.
     pub max_io_size: u32,
+    /// Which offload engine runs the data path (`engine:`, default `soft`).
+    pub engine: EngineKind,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
     /// Per-host credentials (`hosts[]`): DH-HMAC-CHAP secrets and TLS PSKs.
@@ -184,6 +186,42 @@ pub struct AnaGroupConfig {
     pub id: u32,
     /// (listener name, state), sorted by listener; listeners not named are optimized.
     pub states: Vec<(String, AnaStateName)>,
+}
+
+/// `engine:`: the offload engine (see `crate::engine`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// The CPU engine (`sta::soft`).
+    #[default]
+    Soft,
+    /// DOCA STA on a BlueField DPA (not built yet).
+    Doca,
+}
+
+impl EngineKind {
+    /// Why this engine cannot run in this binary, if it cannot (checked with the config,
+    /// so the error names its line; `crate::engine` builds the ones that can). Kept here,
+    /// not in `crate::engine`, so the config module stands alone (the fuzz harness
+    /// compiles it by itself).
+    pub fn unavailable(self) -> Option<&'static str> {
+        match self {
+            EngineKind::Soft => None,
+            EngineKind::Doca => Some(
+                "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary: \
+                 it is not implemented yet; use `engine: soft`",
+            ),
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EngineKind::Soft => "soft",
+            EngineKind::Doca => "doca",
+        })
+    }
 }
 
 /// IO thread layout.

@@ -1,11 +1,13 @@
 //! `nvmf-target`: an NVMe-over-Fabrics target daemon (see DESIGN.md).
 //!
 //! This file is the command line: parse arguments, set up logging, load and check the
-//! config, then hand over to [`daemon::run`]. With `--check-config` it stops after the
+//! config, then hand over to [`engine::run`], which starts the configured engine and runs
+//! [`daemon::run`] on it. With `--check-config` it stops after the
 //! check, so operators (and `ExecStartPre=`) can validate a file without starting anything.
 
 mod config;
 mod daemon;
+mod engine;
 mod metrics;
 mod notify;
 mod ptpl;
@@ -77,7 +79,7 @@ fn main() -> ExitCode {
     }
 
     log_config(&cfg);
-    match daemon::run(cfg, cli.config) {
+    match engine::run(cfg, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
@@ -177,22 +179,27 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Logging to stderr, which systemd hands to the journal.
+/// Logging: text or JSON lines on stderr, or the journal's native protocol under
+/// systemd. All formatting is tracing-subscriber's (and tracing-journald's).
 mod logging {
-    use std::fmt::Write as _;
     use std::io::IsTerminal as _;
     use std::os::fd::AsFd as _;
 
-    use tracing::field::{Field, Visit};
-    use tracing::{Event, Level, Subscriber};
-    use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
-    use tracing_subscriber::fmt::FmtContext;
-    use tracing_subscriber::registry::LookupSpan;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::EnvFilter;
 
     use super::LogFormat;
 
     /// `-v`/`-vv` pick the level; a non-empty `RUST_LOG` replaces that choice entirely.
+    ///
+    /// - Text, started by systemd with stderr on the journal: entries go to journald
+    ///   with their priority, target and fields (`journalctl -p warning` works). If the
+    ///   journal socket cannot be reached, plain lines on stderr without timestamps (the
+    ///   journal stamps them).
+    /// - Text otherwise: tracing-subscriber's line format, colours on a terminal.
+    /// - JSON: one object a line on stderr (`timestamp` unless the journal adds one,
+    ///   `level`, the event's fields at the top level, `target`, `spans`).
     pub fn init(verbose: u8, format: LogFormat) {
         let level = match verbose {
             0 => "info",
@@ -204,20 +211,47 @@ mod logging {
             _ => EnvFilter::new(level),
         };
         let journal = stderr_is_journal();
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(!journal && std::io::stderr().is_terminal());
-        let result = match (format, journal) {
-            (LogFormat::Json, _) => builder
-                .event_format(JsonFormat {
-                    timestamps: !journal,
-                })
+        let result = match format {
+            LogFormat::Json => {
+                let json = tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(true)
+                    .with_writer(std::io::stderr);
+                let registry = tracing_subscriber::registry().with(filter);
+                if journal {
+                    registry.with(json.without_time()).try_init()
+                } else {
+                    registry.with(json).try_init()
+                }
+            }
+            LogFormat::Text if journal => match tracing_journald::layer() {
+                Ok(layer) => tracing_subscriber::registry()
+                    .with(filter)
+                    .with(layer)
+                    .try_init(),
+                Err(e) => {
+                    eprintln!("nvmf-target: journald socket unavailable ({e}); logging to stderr");
+                    tracing_subscriber::registry()
+                        .with(filter)
+                        .with(
+                            tracing_subscriber::fmt::layer()
+                                .without_time()
+                                .with_ansi(false)
+                                .with_writer(std::io::stderr),
+                        )
+                        .try_init()
+                }
+            },
+            LogFormat::Text => tracing_subscriber::registry()
+                .with(filter)
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_ansi(std::io::stderr().is_terminal())
+                        .with_writer(std::io::stderr),
+                )
                 .try_init(),
-            (LogFormat::Text, true) => builder
-                .event_format(SyslogPrefix(format::format().without_time()))
-                .try_init(),
-            (LogFormat::Text, false) => builder.try_init(),
         };
         if let Err(err) = result {
             eprintln!("nvmf-target: cannot set up logging: {err}");
@@ -226,7 +260,7 @@ mod logging {
 
     /// True when stderr is the journal stream systemd set up for this service
     /// (`JOURNAL_STREAM=<dev>:<inode>` matching stderr), as sd_journal_stream_fd(3)
-    /// recommends; the journal adds its own timestamps then.
+    /// recommends.
     fn stderr_is_journal() -> bool {
         let Ok(value) = std::env::var("JOURNAL_STREAM") else {
             return false;
@@ -240,187 +274,6 @@ mod logging {
         match nix::sys::stat::fstat(std::io::stderr().as_fd()) {
             Ok(st) => st.st_dev == dev && st.st_ino == ino,
             Err(_) => true,
-        }
-    }
-
-    /// Prefixes each line with its syslog priority (`<3>` error .. `<7>` debug), which
-    /// journald turns into the entry's priority (so `journalctl -p warning` works).
-    struct SyslogPrefix<F>(F);
-
-    impl<S, N, F> FormatEvent<S, N> for SyslogPrefix<F>
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-        N: for<'a> FormatFields<'a> + 'static,
-        F: FormatEvent<S, N>,
-    {
-        fn format_event(
-            &self,
-            ctx: &FmtContext<'_, S, N>,
-            mut writer: Writer<'_>,
-            event: &Event<'_>,
-        ) -> std::fmt::Result {
-            let priority = match *event.metadata().level() {
-                Level::ERROR => 3,
-                Level::WARN => 4,
-                Level::INFO => 6,
-                Level::DEBUG | Level::TRACE => 7,
-            };
-            write!(writer, "<{priority}>")?;
-            self.0.format_event(ctx, writer, event)
-        }
-    }
-
-    /// One JSON object a line: `timestamp` (unless the journal adds it), `level`,
-    /// `target`, `spans` (outermost first), then the event's fields (`message`, ...).
-    struct JsonFormat {
-        timestamps: bool,
-    }
-
-    impl<S, N> FormatEvent<S, N> for JsonFormat
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-        N: for<'a> FormatFields<'a> + 'static,
-    {
-        fn format_event(
-            &self,
-            ctx: &FmtContext<'_, S, N>,
-            mut writer: Writer<'_>,
-            event: &Event<'_>,
-        ) -> std::fmt::Result {
-            let meta = event.metadata();
-            let mut out = String::from("{");
-            if self.timestamps {
-                out.push_str("\"timestamp\":");
-                json_string(&mut out, &rfc3339_now());
-                out.push(',');
-            }
-            out.push_str("\"level\":");
-            json_string(&mut out, meta.level().as_str());
-            out.push_str(",\"target\":");
-            json_string(&mut out, meta.target());
-            if let Some(scope) = ctx.event_scope() {
-                out.push_str(",\"spans\":[");
-                for (i, span) in scope.from_root().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    json_string(&mut out, span.name());
-                }
-                out.push(']');
-            }
-            let mut fields = JsonFields { out: &mut out };
-            event.record(&mut fields);
-            out.push('}');
-            writeln!(writer, "{out}")
-        }
-    }
-
-    struct JsonFields<'a> {
-        out: &'a mut String,
-    }
-
-    impl JsonFields<'_> {
-        fn key(&mut self, field: &Field) {
-            self.out.push(',');
-            json_string(self.out, field.name());
-            self.out.push(':');
-        }
-    }
-
-    impl Visit for JsonFields<'_> {
-        fn record_str(&mut self, field: &Field, value: &str) {
-            self.key(field);
-            json_string(self.out, value);
-        }
-
-        fn record_bool(&mut self, field: &Field, value: bool) {
-            self.key(field);
-            let _ = write!(self.out, "{value}");
-        }
-
-        fn record_i64(&mut self, field: &Field, value: i64) {
-            self.key(field);
-            let _ = write!(self.out, "{value}");
-        }
-
-        fn record_u64(&mut self, field: &Field, value: u64) {
-            self.key(field);
-            let _ = write!(self.out, "{value}");
-        }
-
-        fn record_f64(&mut self, field: &Field, value: f64) {
-            self.key(field);
-            if value.is_finite() {
-                let _ = write!(self.out, "{value}");
-            } else {
-                json_string(self.out, &value.to_string());
-            }
-        }
-
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.key(field);
-            json_string(self.out, &format!("{value:?}"));
-        }
-    }
-
-    fn json_string(out: &mut String, s: &str) {
-        out.push('"');
-        for c in s.chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c if (c as u32) < 0x20 => {
-                    let _ = write!(out, "\\u{:04x}", c as u32);
-                }
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
-
-    /// Current UTC time as `2026-11-03T12:34:56.789012Z`.
-    fn rfc3339_now() -> String {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let secs = now.as_secs();
-        let (days, rem) = (secs / 86_400, secs % 86_400);
-        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-        let z = days as i64 + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
-        format!(
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60,
-            now.subsec_micros()
-        )
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn json_escapes() {
-            let mut out = String::new();
-            super::json_string(&mut out, "a\"b\\c\nd\u{1}");
-            assert_eq!(out, r#""a\"b\\c\nd\u0001""#);
-        }
-
-        #[test]
-        fn timestamp_shape() {
-            let ts = super::rfc3339_now();
-            assert_eq!(ts.len(), "2026-11-03T12:34:56.789012Z".len(), "{ts}");
-            assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
         }
     }
 }

@@ -128,6 +128,7 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                 if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
                     active.fetch_sub(1, Ordering::SeqCst);
                     let mut s = stream;
+                    // A scraper that cannot be told "busy" gets the close instead.
                     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
                     let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
                     continue;
@@ -151,6 +152,8 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
 
 /// Serves one request on `stream`, then closes it.
 fn handle(mut stream: TcpStream, source: &MetricsSource) {
+    // Results on this socket are the scraper's problem: a failed timeout setting or reply
+    // ends in the close, and the next scrape starts over.
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let head = match read_head(&mut stream) {
         Ok(h) => h,
@@ -354,7 +357,8 @@ fn respond(
         stream.write_all(body)?;
     }
     stream.flush()?;
-    // Let the client read everything before the close (no RST over unread request bytes).
+    // Let the client read everything before the close (no RST over unread request bytes);
+    // a client that left already needs nothing more.
     let _ = stream.shutdown(std::net::Shutdown::Write);
     Ok(())
 }
@@ -535,17 +539,13 @@ impl Snapshot {
             let l = |k: &'static str, v: &str| -> Labels {
                 vec![("thread", i.to_string()), (k, v.to_string())]
             };
-            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            s.thread_polls
-                .push((l("state", "busy"), get(&t.busy_polls)));
-            s.thread_polls
-                .push((l("state", "idle"), get(&t.idle_polls)));
+            s.thread_polls.push((l("state", "busy"), t.busy_polls));
+            s.thread_polls.push((l("state", "idle"), t.idle_polls));
             s.thread_capsules
-                .push((l("path", "offloaded"), get(&t.offloaded)));
+                .push((l("path", "offloaded"), t.offloaded));
             s.thread_capsules
-                .push((l("path", "non_offloaded"), get(&t.non_offloaded)));
-            s.thread_qps
-                .push((vec![("thread", i.to_string())], get(&t.qps)));
+                .push((l("path", "non_offloaded"), t.non_offloaded));
+            s.thread_qps.push((vec![("thread", i.to_string())], t.qps));
         }
 
         s.refusals = (src.refusals)()
@@ -774,208 +774,4 @@ impl Collector for Snapshot {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(s: &str) -> Result<Request, ()> {
-        parse_request(s.as_bytes())
-    }
-
-    #[test]
-    fn request_parsing() {
-        let r = req("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: text/plain\r\n\r\n").unwrap();
-        assert_eq!(r.method, "GET");
-        assert_eq!(r.path, "/metrics");
-        assert_eq!(r.accept.as_deref(), Some("text/plain"));
-        let r = req("HEAD /metrics HTTP/1.0\n\n").unwrap();
-        assert_eq!((r.method.as_str(), r.accept), ("HEAD", None));
-        for bad in [
-            "",
-            "GET\r\n\r\n",
-            "GET /metrics\r\n\r\n",
-            "GET /metrics HTTP/2\r\n\r\n",
-            "GET metrics HTTP/1.1\r\n\r\n",
-            "GET  /metrics HTTP/1.1\r\n\r\n",
-            "GET /metrics HTTP/1.1 x\r\n\r\n",
-            "G(T /metrics HTTP/1.1\r\n\r\n",
-            "GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
-            "GET /metrics HTTP/1.1\r\nBad Name: x\r\n\r\n",
-        ] {
-            assert!(req(bad).is_err(), "{bad:?} must be refused");
-        }
-        assert!(parse_request(b"GET /\xff HTTP/1.1\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn head_end() {
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nbody"), Some(18));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\n"), Some(16));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n"), None);
-    }
-
-    #[test]
-    fn negotiation() {
-        // What Prometheus 2.x sends.
-        assert!(wants_openmetrics(Some(
-            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-        )));
-        assert!(!wants_openmetrics(None));
-        assert!(!wants_openmetrics(Some("*/*")));
-        assert!(!wants_openmetrics(Some("text/plain")));
-        assert!(!wants_openmetrics(Some(
-            "text/plain;q=1, application/openmetrics-text;q=0.5"
-        )));
-        assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
-        assert!(wants_openmetrics(Some("application/openmetrics-text")));
-    }
-
-    #[test]
-    fn conversion_renames_counters_and_drops_openmetrics_lines() {
-        let om = "# HELP nvmft_c Some help.\n# TYPE nvmft_c counter\nnvmft_c_total{a=\"b\"} 3\n\
-                  # HELP nvmft_size_bytes Size.\n# TYPE nvmft_size_bytes gauge\n# UNIT nvmft_size_bytes bytes\nnvmft_size_bytes 7\n# EOF\n";
-        assert_eq!(
-            openmetrics_to_text(om),
-            "# HELP nvmft_c_total Some help.\n# TYPE nvmft_c_total counter\nnvmft_c_total{a=\"b\"} 3\n\
-             # HELP nvmft_size_bytes Size.\n# TYPE nvmft_size_bytes gauge\nnvmft_size_bytes 7\n"
-        );
-    }
-
-    fn source(stats: sta::Stats) -> MetricsSource {
-        MetricsSource {
-            stats,
-            report: Box::new(TargetReport::default),
-            subsystems: Box::new(Vec::new),
-            transport_of: Box::new(|_| "tcp"),
-            refusals: Box::new(|| vec![("host_not_allowed", 2)]),
-            started: SystemTime::now(),
-        }
-    }
-
-    #[test]
-    fn scrape_of_an_idle_engine_is_well_formed() {
-        let mut sta = sta::Sta::new(sta::SoftConfig::default());
-        let id = sta.subsystem_create("nqn.2026-11.dev.nvmf-target:m");
-        let mut src = source(sta.stats());
-        src.subsystems = Box::new(move || vec![(id, "nqn.2026-11.dev.nvmf-target:m".into())]);
-        let om = scrape(&src);
-        assert!(om.ends_with("# EOF\n"), "{om}");
-        for name in [
-            "nvmft_subsystems 0",
-            "nvmft_io_threads 0",
-            "# TYPE nvmft_namespace_latency_seconds histogram",
-            "nvmft_build_info{version=",
-            "nvmft_refusals_total{reason=\"host_not_allowed\"} 2",
-        ] {
-            assert!(om.contains(name), "{name} missing from\n{om}");
-        }
-        let text = openmetrics_to_text(&om);
-        assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
-    }
-
-    #[test]
-    fn histogram_buckets_are_seconds_and_cumulative() {
-        let mut t = LatencyTotals::default();
-        t.buckets[0] = 2; // < 5 us
-        t.buckets[3] = 1; // < 50 us
-        t.buckets[LATENCY_BOUNDS_US.len()] = 1; // over the last bound
-        t.sum_ns = 2_000_000_000;
-        let b = latency_buckets(&t);
-        assert_eq!(b.len(), LATENCY_BOUNDS_US.len() + 1);
-        assert_eq!(b[0], (5e-6, 2));
-        assert_eq!(b.last().copied(), Some((f64::INFINITY, 1)));
-        let snap = Snapshot {
-            ns_latency: vec![(vec![("op", "read".to_string())], t)],
-            ..Snapshot::default()
-        };
-        let mut reg = Registry::with_prefix("nvmft");
-        reg.register_collector(Box::new(snap));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
-        for line in [
-            "nvmft_namespace_latency_seconds_count{op=\"read\"} 4",
-            "nvmft_namespace_latency_seconds_sum{op=\"read\"} 2.0",
-            "nvmft_namespace_latency_seconds_bucket{le=\"0.000005\",op=\"read\"} 2",
-            // Cumulative: the 50 us bucket holds the 2 below 5 us and the 1 below 50 us.
-            "nvmft_namespace_latency_seconds_bucket{le=\"0.00005\",op=\"read\"} 3",
-            "nvmft_namespace_latency_seconds_bucket{le=\"1.0\",op=\"read\"} 3",
-            "nvmft_namespace_latency_seconds_bucket{le=\"+Inf\",op=\"read\"} 4",
-        ] {
-            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
-        }
-    }
-
-    fn get(addr: SocketAddr, request: &str) -> String {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    }
-
-    #[test]
-    fn http_status_codes_and_bounds() {
-        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = probe.local_addr().unwrap();
-        drop(probe);
-        let sta = sta::Sta::new(sta::SoftConfig::default());
-        serve(addr, source(sta.stats())).expect("serve");
-        // The port is ours now: a second server must fail to bind.
-        assert!(serve(addr, source(sta.stats())).is_err());
-
-        let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-        assert!(
-            ok.contains(&format!("Content-Type: {TEXT_CONTENT_TYPE}\r\n")),
-            "{ok}"
-        );
-        assert!(
-            ok.contains("# TYPE nvmft_io_thread_polls_total counter"),
-            "{ok}"
-        );
-        assert!(!ok.contains("# EOF"));
-
-        let om = get(
-            addr,
-            "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n",
-        );
-        assert!(
-            om.contains(&format!("Content-Type: {OPENMETRICS_CONTENT_TYPE}\r\n")),
-            "{om}"
-        );
-        assert!(om.ends_with("# EOF\n"), "{om}");
-
-        let head = get(addr, "HEAD /metrics HTTP/1.1\r\n\r\n");
-        assert!(
-            head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
-            "{head}"
-        );
-
-        assert!(get(addr, "GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
-        assert!(get(addr, "GET /metricsx HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
-        let post = get(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
-        assert!(
-            post.starts_with("HTTP/1.1 405 ") && post.contains("Allow: GET, HEAD"),
-            "{post}"
-        );
-        assert!(get(addr, "hello\r\n\r\n").starts_with("HTTP/1.1 400 "));
-        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
-        assert!(get(addr, &huge).starts_with("HTTP/1.1 431 "));
-
-        // A client that never finishes its request does not block others.
-        let mut silent = TcpStream::connect(addr).unwrap();
-        silent.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
-        let t0 = Instant::now();
-        assert!(get(addr, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200 "));
-        assert!(t0.elapsed() < Duration::from_secs(3));
-        // ... and is dropped after the deadline.
-        silent
-            .set_read_timeout(Some(REQUEST_DEADLINE + Duration::from_secs(5)))
-            .unwrap();
-        let mut buf = [0u8; 16];
-        let t0 = Instant::now();
-        let n = silent.read(&mut buf).unwrap_or(0);
-        assert_eq!(n, 0, "closed without an answer");
-        assert!(t0.elapsed() <= REQUEST_DEADLINE + Duration::from_secs(1));
-    }
-}
+mod tests;

@@ -19,7 +19,6 @@
 //!
 //! Not implemented: file-descriptor store, socket activation (`LISTEN_FDS`), `EXTEND_TIMEOUT_USEC`.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
@@ -112,7 +111,7 @@ impl Watchdog {
         let polls: Vec<u64> = stats
             .threads()
             .iter()
-            .map(|t| t.busy_polls.load(Ordering::Relaxed) + t.idle_polls.load(Ordering::Relaxed))
+            .map(|t| t.busy_polls + t.idle_polls)
             .collect();
         let stuck: Vec<usize> = (0..polls.len())
             .filter(|&i| self.last_polls.get(i).is_some_and(|&p| p == polls[i]))
@@ -135,6 +134,7 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sta::{Engine, IoContext};
     use std::os::unix::net::UnixDatagram;
     use std::sync::Mutex;
 
@@ -245,8 +245,12 @@ mod tests {
             n
         };
 
-        let mut sta = sta::Sta::new(sta::SoftConfig::default());
-        let mut io = sta.io_create().start().expect("engine IO context");
+        let mut sta = crate::engine::for_tests();
+        let mut io = sta
+            .io_create()
+            .expect("engine IO context")
+            .start()
+            .expect("engine IO context");
         let stats = sta.stats();
         let mut w = Watchdog::with_interval(Duration::from_secs(2));
         let t0 = Instant::now();

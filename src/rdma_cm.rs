@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use nvmf::rdma::{CmLimits, CmRequest, RejectStatus};
 pub(crate) use sta::verbs::RdmaCmEvent;
-use sta::verbs::{CmChannel, CmEvent, CmIdKey, CmListener, ConnRequest};
+use sta::verbs::{CmChannel, CmEvent, CmIdKey, CmListener, ConnRequest, VerbsError};
 
 /// What the CM thread sends to an IO thread.
 pub(crate) enum RdmaMsg {
@@ -55,14 +55,14 @@ impl RdmaService {
         pick: Pick,
         dispatch: Dispatch,
         rejected: Rejected,
-    ) -> Result<RdmaService, String> {
-        let channel = Arc::new(CmChannel::new().map_err(|e| e.to_string())?);
+    ) -> Result<RdmaService, VerbsError> {
+        let channel = Arc::new(CmChannel::new()?);
         let stop = Arc::new(AtomicBool::new(false));
         let (ch, st) = (channel.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("nvmft-rdma-cm".into())
             .spawn(move || cm_thread(&ch, &st, limits, pick, dispatch, rejected))
-            .map_err(|e| format!("spawning the RDMA CM thread: {e}"))?;
+            .map_err(VerbsError::Thread)?;
         Ok(RdmaService {
             channel,
             listeners: HashMap::new(),
@@ -71,8 +71,8 @@ impl RdmaService {
         })
     }
 
-    pub fn listen(&mut self, name: &str, addr: SocketAddr) -> Result<(), String> {
-        let l = self.channel.listen(addr).map_err(|e| e.to_string())?;
+    pub fn listen(&mut self, name: &str, addr: SocketAddr) -> Result<(), VerbsError> {
+        let l = self.channel.listen(addr)?;
         self.listeners.insert(name.to_string(), l);
         Ok(())
     }
@@ -91,8 +91,16 @@ impl RdmaService {
     pub fn shutdown(mut self) {
         self.listeners.clear();
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        join_cm_thread(self.thread.take());
+    }
+}
+
+/// Wait for the CM thread; a panic in it was already printed by the panic hook, this line
+/// says what it means.
+fn join_cm_thread(t: Option<JoinHandle<()>>) {
+    if let Some(t) = t {
+        if t.join().is_err() {
+            tracing::error!("the RDMA CM thread panicked; RDMA connections were not served");
         }
     }
 }
@@ -102,9 +110,7 @@ impl Drop for RdmaService {
         self.stop.store(true, Ordering::SeqCst);
         if self.thread.is_some() {
             // Not shut down properly (IO threads may still own ids): leave the channel.
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
+            join_cm_thread(self.thread.take());
             self.listeners.clear();
             std::mem::forget(self.channel.clone());
         }

@@ -8,6 +8,17 @@ cd "$(dirname "$0")/.."
 stage() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
 t0=$(date +%s)
 
+stage "what this run installs when it is missing"
+cat <<'END'
+  host tools (next stage, Debian packages): prometheus (promtool, for /metrics checks),
+    systemd (systemd-analyze, for the unit file check)
+  interop bed (tests/interop/setup-host.sh, before the first VM): qemu-system-x86 >= 8
+    (from bookworm-backports, whose apt source it adds), debootstrap, e2fsprogs, coreutils
+  guest image (tests/interop/build-image.sh): a Debian root file system and kernel built
+    from Debian's packages into .cache/interop (nothing outside the repo)
+  Each step says what it is about to install, or that everything is present.
+END
+
 stage "host tools the tests need (installed when missing)"
 need=()
 command -v promtool >/dev/null || need+=(prometheus)          # promtool check metrics
@@ -15,9 +26,12 @@ command -v systemd-analyze >/dev/null || need+=(systemd)      # unit file verifi
 command -v gnutls-cli >/dev/null || need+=(gnutls-bin)        # nvmf-tls against GnuTLS (tlshd's library)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev pkg-config)   # openssl-sys (nvmf-tls)
 if ((${#need[@]})); then
+    echo "installing with apt-get: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${need[@]}"
+else
+    echo "all present (promtool, systemd-analyze)"
 fi
 
 stage "cargo fmt --check"
@@ -32,6 +46,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 stage "cargo test (hermetic)"
 cargo test --workspace 2>&1 | tee target/test-output.txt
 if grep -q "test result: FAILED" target/test-output.txt; then exit 1; fi
+# Skipped tests are listed as ignored by their harness, never as ok (tests/common/skip.rs
+# explains the convention); here is each with its reason.
+echo "skipped here (precondition missing; not counted as passed):"
+grep -E '^SKIPPED: ' target/test-output.txt | sort -u | sed 's/^SKIPPED: /  /' || echo "  none"
+echo "ignored by design (#[ignore = reason]):"
+grep -E '^test .* \.\.\. ignored, ' target/test-output.txt | sort -u | sed 's/^test /  /' || echo "  none"
 
 stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 (

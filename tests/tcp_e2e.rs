@@ -1,11 +1,24 @@
 //! End-to-end tests of the `nvmf-target` daemon over NVMe/TCP on loopback, with the
-//! `nvmf-initiator` host: discovery, admin commands, I/O on several queues (with and
-//! without digests, in-capsule and R2T data), error statuses, keep-alive, host ACLs,
-//! malformed PDUs and graceful stop.
+//! `nvmf-initiator` host, one daemon per test (tests/common):
 //!
-//! Each test starts its own daemon (tests/common). Not covered here: the Asynchronous
-//! Event on a namespace change, because nothing outside the daemon can change namespaces
-//! at runtime yet (reload comes later); `nvmf::target` unit tests cover it.
+//! - discovery (log page contents, the current discovery entry) and host access lists;
+//! - admin commands: Identify, features, log pages (SMART counters that move with I/O,
+//!   unknown log pages), namespace identifiers stable across restarts, commands before
+//!   CC.EN, controller shutdown and reset, admin error statuses;
+//! - I/O on several queues without digests, with header and data digests, with HPDA,
+//!   all writes by R2T; FUA, Flush, Write Zeroes, Deallocate, Compare; error statuses;
+//!   an SGL shorter than the transfer; a data digest error failing only its command;
+//! - Connect: invalid parameters, garbage NQNs, SQSIZE limits, I/O queues to discovery;
+//! - keep-alive expiry;
+//! - malformed PDUs (truncated, bad type, HLEN, PLEN/PDO, unknown TTAG, header digest,
+//!   a second ICReq, PFV 1) and an H2CTermReq from the host;
+//! - graceful stop (SIGTERM with I/O in flight, SIGINT, abandoned transfers) and
+//!   connections that do not leak.
+//!
+//! Elsewhere: namespace changes under connected hosts (Namespace Attribute Changed, the
+//! Changed Namespace List) in tests/reload.rs; other hosts' habits in
+//! tests/host_quirks.rs; refusals and spec conformance fixes in tests/conformance.rs;
+//! metrics in tests/metrics.rs; the engine's own rules in sta/tests/contract.
 
 mod common;
 

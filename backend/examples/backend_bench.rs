@@ -6,6 +6,10 @@
 //! (default 2 s per case, the file in a temp dir under `dir` or the system temp dir;
 //! `BENCH_FILTER=ram` runs only the cases whose name contains the string).
 
+// `unsafe` allowed here: one clock_gettime(CLOCK_THREAD_CPUTIME_ID) call (nix's safe
+// wrapper needs a feature the workspace does not enable).
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -9,6 +9,10 @@
 //! `dmabuf_check 0000:00:04.0` (run inside the interop guest by the `kernel-dmabuf`
 //! scenario, on the kernel built from `kernel-patches/`).
 
+// `unsafe` allowed here: it mmaps the exported dma-buf and reads device registers through
+// it.
+#![allow(unsafe_code)]
+
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 

@@ -6,6 +6,10 @@
 //! pool, the engine, or a backend request in flight; that is what makes lending it to the
 //! kernel (io_uring) sound.
 
+// `unsafe` allowed here: aligned allocation through std::alloc, and the raw bytes of a
+// buffer the kernel (io_uring) or a device reads and writes while a request holds it.
+#![allow(unsafe_code)]
+
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ptr::NonNull;

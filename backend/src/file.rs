@@ -43,6 +43,10 @@
 //!
 //! Not implemented: registered (fixed) buffers, polled I/O (`IOPOLL`), `SQPOLL`.
 
+// `unsafe` allowed here: io_uring submissions hand the kernel raw pointers into request
+// buffers, and block-device ioctls (BLKGETSIZE64, BLKSSZGET).
+#![allow(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;

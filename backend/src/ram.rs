@@ -18,6 +18,10 @@
 //! Completions are immediate: `submit` does the copy and queues the completion, and the
 //! next `poll` returns it. No volatile write cache.
 
+// `unsafe` allowed here: the anonymous mapping (mmap, madvise) and the copies in and out of
+// it under the stripe locks.
+#![allow(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::{Arc, RwLock};

@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::{AnaStateName, StartPolicy, TransportKind};
+use super::{AnaStateName, EngineKind, StartPolicy, TransportKind};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub subsystems: Vec<Spanned<RawSubsystem>>,
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
+    pub engine: Option<Spanned<EngineKind>>,
     /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).
     #[serde(default)]
     pub hosts: Vec<Spanned<RawHost>>,

@@ -3,7 +3,7 @@
 /// Parses a size: an integer, optionally followed (spaces allowed) by a unit.
 /// `K`/`M`/`G`/`T` and `KiB`/`MiB`/`GiB`/`TiB` are binary (1024-based), `KB`/`MB`/`GB`/`TB`
 /// decimal, `B` is bytes. Units are case-sensitive so that `Mb` is not taken for `MB`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit() && c != '_')
@@ -11,9 +11,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(digits_end);
     let number = number.replace('_', "");
     if number.is_empty() {
-        return Err(format!(
-            "invalid size {text:?}: expected a number of bytes, e.g. 1GiB"
-        ));
+        return Err(SizeError::NoNumber(text.to_owned()));
     }
     let multiplier: u64 = match unit.trim_start() {
         "" | "B" => 1,
@@ -26,17 +24,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
         other => {
-            return Err(format!(
-                "invalid size {text:?}: unknown unit {other:?} \
-                 (use K/M/G/T, KiB/MiB/GiB/TiB or KB/MB/GB/TB)"
-            ))
+            return Err(SizeError::UnknownUnit {
+                text: text.to_owned(),
+                unit: other.to_owned(),
+            })
         }
     };
     number
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(multiplier))
-        .ok_or_else(|| format!("invalid size {text:?}: too large"))
+        .ok_or_else(|| SizeError::TooLarge(text.to_owned()))
+}
+
+/// Why a size did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("invalid size {0:?}: expected a number of bytes, e.g. 1GiB")]
+    NoNumber(String),
+    #[error(
+        "invalid size {text:?}: unknown unit {unit:?} (use K/M/G/T, KiB/MiB/GiB/TiB or KB/MB/GB/TB)"
+    )]
+    UnknownUnit { text: String, unit: String },
+    #[error("invalid size {0:?}: too large")]
+    TooLarge(String),
 }
 
 #[cfg(test)]
@@ -61,11 +72,18 @@ mod tests {
     fn rejects() {
         assert!(parse_size("").is_err());
         assert!(parse_size("GiB").is_err());
-        assert!(parse_size("1.5G").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("1Gb").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("1.5G")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
+        assert!(parse_size("1Gb")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999T")
             .unwrap_err()
+            .to_string()
             .contains("too large"));
     }
 }

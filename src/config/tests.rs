@@ -575,6 +575,27 @@ fn nvme_backend_errors_name_file_line_and_field() {
 }
 
 #[test]
+fn engine_defaults_to_soft_and_doca_is_refused_with_its_line() {
+    assert_eq!(
+        Config::parse(MINIMAL, "t.yaml").unwrap().engine,
+        EngineKind::Soft
+    );
+    let cfg = Config::parse(&format!("engine: soft\n{MINIMAL}"), "t.yaml").unwrap();
+    assert_eq!(cfg.engine, EngineKind::Soft);
+    let e = errors(&format!("engine: doca\n{MINIMAL}"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("t.yaml:1:") && e[0].contains("engine") && e[0].contains("not built"),
+        "{}",
+        e[0]
+    );
+    let e = errors(&format!("engine: spdk\n{MINIMAL}"));
+    assert!(e[0].starts_with("t.yaml:1:"), "{e:?}");
+    let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
+    assert_eq!(example.engine, EngineKind::Soft);
+}
+
+#[test]
 fn ana_groups_visibility_referrals_and_reservations() {
     let yaml = "\
 listeners:

@@ -1,5 +1,13 @@
 //! From YAML text to a checked [`Config`]: deserialize, then check everything and collect
 //! every problem with its location.
+//!
+//! Why this file is over 800 lines: it is one `Checker` walking the document top-down
+//! (threads, listeners, backends, subsystems with their namespaces and hosts, metrics),
+//! each field with its check and its own message; the walk shares the checker's state
+//! (diagnostics, names seen, cross-references) from section to section, and reads best
+//! in document order. The access sections (`hosts[]` credentials, reservations,
+//! referrals, ANA groups) are in `validate/access.rs`; the NQN syntax check at the end
+//! could move to a file of its own should this file grow further.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -13,9 +21,11 @@ use super::raw::{
     RawReservations, RawSize, RawSubsystem,
 };
 use super::yaml_path::{PathIndex, ROOT};
+
+mod access;
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
-    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, HostConfig, IoThreads,
+    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, EngineKind, HostConfig, IoThreads,
     ListenerConfig, NamespaceConfig, ReferralConfig, ReservationsConfig, SubsystemConfig, TlsMode,
     TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
     MIN_MAX_IO_SIZE,
@@ -203,6 +213,12 @@ impl Checker<'_> {
             .max_io_size
             .as_ref()
             .map_or(DEFAULT_MAX_IO_SIZE, |m| self.max_io_size(m));
+        let engine = raw.engine.as_ref().map_or(EngineKind::Soft, |e| {
+            if let Some(why) = e.value.unavailable() {
+                self.error(e, "engine", why);
+            }
+            e.value
+        });
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
@@ -210,6 +226,7 @@ impl Checker<'_> {
             subsystems,
             metrics,
             max_io_size,
+            engine,
             source: self.source.to_owned(),
             hosts,
             reservations: raw
@@ -220,339 +237,6 @@ impl Checker<'_> {
         }
     }
 
-    /// `hosts[]`: NQNs, secrets (inline or from owner-only files), algorithm lists.
-    fn hosts(&mut self, raw: &[Spanned<RawHost>]) -> Vec<HostConfig> {
-        let mut seen: HashMap<String, Seen> = HashMap::new();
-        let mut out = Vec::new();
-        for (i, h) in raw.iter().enumerate() {
-            let p = format!("hosts[{i}]");
-            let h = &h.value;
-            if let Err(msg) = check_nqn(&h.nqn.value) {
-                self.error(&h.nqn, format!("{p}.nqn"), msg);
-            } else if h.nqn.value == DISCOVERY_NQN {
-                self.error(
-                    &h.nqn,
-                    format!("{p}.nqn"),
-                    "the discovery NQN is not a host",
-                );
-            }
-            if let Some(first) = seen.get(&h.nqn.value) {
-                let msg = format!("host {:?} is listed twice (first: {first})", h.nqn.value);
-                self.error(&h.nqn, format!("{p}.nqn"), msg);
-            } else {
-                seen.insert(h.nqn.value.clone(), Seen::new(format!("{p}.nqn"), &h.nqn));
-            }
-            let secret = self
-                .secret_text(&h.dhchap_secret, &h.dhchap_secret_file, &p, "dhchap_secret")
-                .and_then(|(text, at, field)| {
-                    nvmf::auth::key::DhchapKey::parse(&text)
-                        .map_err(|e| self.error_at(at, field, e.to_string()))
-                        .ok()
-                });
-            let ctrl_secret = self
-                .secret_text(
-                    &h.dhchap_ctrl_secret,
-                    &h.dhchap_ctrl_secret_file,
-                    &p,
-                    "dhchap_ctrl_secret",
-                )
-                .and_then(|(text, at, field)| {
-                    nvmf::auth::key::DhchapKey::parse(&text)
-                        .map_err(|e| self.error_at(at, field, e.to_string()))
-                        .ok()
-                });
-            let has_secret = h.dhchap_secret.is_some() || h.dhchap_secret_file.is_some();
-            let has_ctrl = h.dhchap_ctrl_secret.is_some() || h.dhchap_ctrl_secret_file.is_some();
-            if has_ctrl && !has_secret {
-                let at = h
-                    .dhchap_ctrl_secret
-                    .as_ref()
-                    .or(h.dhchap_ctrl_secret_file.as_ref())
-                    .map_or(h.nqn.referenced, |s| s.referenced);
-                self.error_at(
-                    at,
-                    format!("{p}.dhchap_ctrl_secret"),
-                    "a controller secret needs a host secret (dhchap_secret) too",
-                );
-            }
-            let hashes = match &h.dhchap_hashes {
-                None => nvmf::auth::HashId::ALL.to_vec(),
-                Some(list) => self.names(
-                    list,
-                    &format!("{p}.dhchap_hashes"),
-                    nvmf::auth::HashId::from_name,
-                    "sha256, sha384, sha512",
-                ),
-            };
-            let dhgroups = match &h.dhchap_dhgroups {
-                None => nvmf::auth::ctrl::Policy::default().dhgroups,
-                Some(list) => self.names(
-                    list,
-                    &format!("{p}.dhchap_dhgroups"),
-                    nvmf::auth::DhGroup::from_name,
-                    "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
-                ),
-            };
-            if !has_secret && (h.dhchap_hashes.is_some() || h.dhchap_dhgroups.is_some()) {
-                self.error(
-                    &h.nqn,
-                    format!("{p}.dhchap_hashes"),
-                    "DH-HMAC-CHAP settings without a dhchap_secret",
-                );
-            }
-            let tls_psk = self
-                .secret_text(&h.tls_psk, &h.tls_psk_file, &p, "tls_psk")
-                .and_then(|(text, at, field)| {
-                    nvmf::auth::tls::ConfiguredPsk::parse(&text)
-                        .map_err(|e| self.error_at(at, field, e.to_string()))
-                        .ok()
-                });
-            let tls_derivation = match &h.tls_psk_derivation {
-                None => nvmf::auth::tls::Derivation::Rfc8446,
-                Some(d) => match d.value.as_str() {
-                    "rfc8446" => nvmf::auth::tls::Derivation::Rfc8446,
-                    "libnvme-compat" => nvmf::auth::tls::Derivation::LibnvmeCompat,
-                    other => {
-                        self.error(
-                            d,
-                            format!("{p}.tls_psk_derivation"),
-                            format!("unknown {other:?}; known: rfc8446, libnvme-compat"),
-                        );
-                        nvmf::auth::tls::Derivation::Rfc8446
-                    }
-                },
-            };
-            out.push(HostConfig {
-                nqn: h.nqn.value.clone(),
-                tls_derivation,
-                dhchap: secret.map(|secret| DhchapConfig {
-                    secret,
-                    ctrl_secret,
-                    hashes,
-                    dhgroups,
-                }),
-                tls_psk,
-            });
-        }
-        out
-    }
-
-    /// A list of algorithm names, each known and listed once.
-    fn names<T: PartialEq>(
-        &mut self,
-        list: &Spanned<Vec<Spanned<String>>>,
-        field: &str,
-        parse: impl Fn(&str) -> Option<T>,
-        known: &str,
-    ) -> Vec<T> {
-        if list.value.is_empty() {
-            self.error(list, field, format!("must name at least one of {known}"));
-        }
-        let mut out = Vec::new();
-        for (i, n) in list.value.iter().enumerate() {
-            match parse(&n.value) {
-                Some(v) if out.contains(&v) => self.error(
-                    n,
-                    format!("{field}[{i}]"),
-                    format!("{:?} is listed twice", n.value),
-                ),
-                Some(v) => out.push(v),
-                None => self.error(
-                    n,
-                    format!("{field}[{i}]"),
-                    format!("unknown {:?}; known: {known}", n.value),
-                ),
-            }
-        }
-        out
-    }
-
-    /// A secret given inline (`name`) or in a file (`name_file`): its text, where to
-    /// point errors about its content, and the field name. Files must not be readable or
-    /// writable by group or others.
-    fn secret_text(
-        &mut self,
-        inline: &Option<Spanned<String>>,
-        file: &Option<Spanned<String>>,
-        p: &str,
-        name: &str,
-    ) -> Option<(String, Location, String)> {
-        match (inline, file) {
-            (Some(_), Some(f)) => {
-                self.error(
-                    f,
-                    format!("{p}.{name}_file"),
-                    format!("give {name} or {name}_file, not both"),
-                );
-                None
-            }
-            (Some(s), None) => Some((s.value.clone(), s.referenced, format!("{p}.{name}"))),
-            (None, Some(f)) => {
-                use std::os::unix::fs::PermissionsExt;
-                let field = format!("{p}.{name}_file");
-                let resolved = self.resolve(&f.value);
-                let shown = resolved.display().to_string();
-                let meta = match std::fs::metadata(&resolved) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        self.error(f, field, format!("cannot read {shown}: {e}"));
-                        return None;
-                    }
-                };
-                let mode = meta.permissions().mode() & 0o777;
-                if !meta.is_file() {
-                    self.error(f, field, format!("{shown} is not a regular file"));
-                    return None;
-                }
-                if mode & 0o077 != 0 {
-                    self.error(
-                        f,
-                        field,
-                        format!(
-                            "{shown} has mode {mode:04o}: a secret must not be readable or \
-                             writable by group or others (chmod 600 {shown})"
-                        ),
-                    );
-                    return None;
-                }
-                match std::fs::read_to_string(&resolved) {
-                    Ok(text) => Some((text, f.referenced, field)),
-                    Err(e) => {
-                        self.error(f, field, format!("cannot read {shown}: {e}"));
-                        None
-                    }
-                }
-            }
-            (None, None) => None,
-        }
-    }
-
-    /// `require_auth` subsystems: every host they list needs a DH-HMAC-CHAP secret.
-    fn auth_consistency(&mut self, raw: &[Spanned<RawSubsystem>], hosts: &[HostConfig]) {
-        for (i, s) in raw.iter().enumerate() {
-            let s = &s.value;
-            if !s.require_auth {
-                continue;
-            }
-            for (j, h) in s.hosts.iter().enumerate() {
-                if !hosts.iter().any(|c| c.nqn == h.value && c.dhchap.is_some()) {
-                    self.error(
-                        h,
-                        format!("subsystems[{i}].hosts[{j}]"),
-                        format!(
-                            "the subsystem requires authentication and host {:?} has no \
-                             dhchap_secret in hosts[]; it could never connect",
-                            h.value
-                        ),
-                    );
-                }
-            }
-        }
-    }
-
-    fn reservations(&mut self, r: &RawReservations) -> ReservationsConfig {
-        let d = ReservationsConfig::default();
-        let state_file = r.state_file.as_ref().and_then(|f| {
-            if f.value.trim().is_empty() {
-                self.error(f, "reservations.state_file", "must not be empty");
-                return None;
-            }
-            Some(self.resolve(&f.value))
-        });
-        ReservationsConfig {
-            state_file,
-            if_missing: r.if_missing.as_ref().map_or(d.if_missing, |v| v.value),
-            if_corrupt: r.if_corrupt.as_ref().map_or(d.if_corrupt, |v| v.value),
-        }
-    }
-
-    fn referrals(&mut self, raw: &[Spanned<RawReferral>]) -> Vec<ReferralConfig> {
-        let mut out: Vec<ReferralConfig> = Vec::new();
-        for (i, r) in raw.iter().enumerate() {
-            let p = format!("referrals[{i}]");
-            let r = &r.value;
-            let address = match r.address.value.trim().parse::<IpAddr>() {
-                Ok(a) if !a.is_unspecified() => Some(a),
-                Ok(_) => {
-                    let msg = "a referral needs an address hosts can reach, not a wildcard";
-                    self.error(&r.address, format!("{p}.address"), msg);
-                    None
-                }
-                Err(_) => {
-                    let msg = format!(
-                        "invalid IP address {:?}: expected an IPv4 or IPv6 literal",
-                        r.address.value
-                    );
-                    self.error(&r.address, format!("{p}.address"), msg);
-                    None
-                }
-            };
-            let port = self.port(&r.port, &format!("{p}.port"));
-            if let (Some(address), Some(port)) = (address, port) {
-                let c = ReferralConfig {
-                    transport: r.transport.value,
-                    address,
-                    port,
-                };
-                if out.contains(&c) {
-                    self.error(
-                        &r.port,
-                        format!("{p}.port"),
-                        "the same referral is listed twice",
-                    );
-                } else {
-                    out.push(c);
-                }
-            }
-        }
-        out
-    }
-
-    /// `subsystems[].ana_groups`: IDs 1..=128, once each; states name listeners the
-    /// subsystem is on.
-    fn ana_groups(
-        &mut self,
-        raw: &[Spanned<RawAnaGroup>],
-        p: &str,
-        listeners: &[String],
-    ) -> Vec<AnaGroupConfig> {
-        let mut seen: HashMap<u64, Seen> = HashMap::new();
-        let mut out = Vec::new();
-        for (i, g) in raw.iter().enumerate() {
-            let gp = format!("{p}.ana_groups[{i}]");
-            let id = &g.value.id;
-            if !(1..=u64::from(ANA_GROUP_MAX)).contains(&id.value) {
-                let msg = format!("must be 1..={ANA_GROUP_MAX}, got {}", id.value);
-                self.error(id, format!("{gp}.id"), msg);
-                continue;
-            }
-            if let Some(first) = seen.get(&id.value) {
-                let msg = format!("ANA group {} is defined twice (first: {first})", id.value);
-                self.error(id, format!("{gp}.id"), msg);
-                continue;
-            }
-            seen.insert(id.value, Seen::new(gp.clone(), id));
-            let mut states = Vec::new();
-            for (name, state) in &g.value.states {
-                if !listeners.contains(name) {
-                    let msg = format!(
-                        "listener {name:?} is not one of this subsystem's {}",
-                        known("listeners", listeners)
-                    );
-                    self.error(state, format!("{gp}.states.{name}"), msg);
-                    continue;
-                }
-                states.push((name.clone(), state.value));
-            }
-            out.push(AnaGroupConfig {
-                id: id.value as u32,
-                states,
-            });
-        }
-        out.sort_by_key(|g| g.id);
-        out
-    }
-
     /// `max_io_size`: a power of two in MIN_MAX_IO_SIZE..=MAX_MAX_IO_SIZE (MDTS is a power
     /// of two of 4 KiB pages).
     fn max_io_size(&mut self, m: &Spanned<RawSize>) -> u32 {
@@ -560,8 +244,8 @@ impl Checker<'_> {
             RawSize::Bytes(n) => *n,
             RawSize::Text(text) => match parse_size(text) {
                 Ok(n) => n,
-                Err(msg) => {
-                    self.error(m, "max_io_size", msg);
+                Err(e) => {
+                    self.error(m, "max_io_size", e.to_string());
                     return DEFAULT_MAX_IO_SIZE;
                 }
             },
@@ -804,8 +488,8 @@ impl Checker<'_> {
                 RawSize::Bytes(n) => *n,
                 RawSize::Text(text) => match parse_size(text) {
                     Ok(n) => n,
-                    Err(msg) => {
-                        self.error(size, field, msg);
+                    Err(e) => {
+                        self.error(size, field, e.to_string());
                         return None;
                     }
                 },
@@ -1009,8 +693,8 @@ impl Checker<'_> {
             .map(|(i, subsystem)| {
                 let p = format!("subsystems[{i}]");
                 let nqn = &subsystem.value.nqn;
-                if let Err(msg) = check_nqn(&nqn.value) {
-                    self.error(nqn, format!("{p}.nqn"), msg);
+                if let Err(e) = check_nqn(&nqn.value) {
+                    self.error(nqn, format!("{p}.nqn"), e.to_string());
                 }
                 if let Some(first) = nqns.get(&nqn.value) {
                     let msg = format!("duplicate subsystem NQN {:?} (first: {first})", nqn.value);
@@ -1043,8 +727,8 @@ impl Checker<'_> {
         let mut hosts_seen: HashMap<String, Seen> = HashMap::new();
         for (i, host) in s.hosts.iter().enumerate() {
             let field = format!("{p}.hosts[{i}]");
-            if let Err(msg) = check_nqn(&host.value) {
-                self.error(host, &field, msg);
+            if let Err(e) = check_nqn(&host.value) {
+                self.error(host, &field, e.to_string());
             }
             if let Some(first) = hosts_seen.get(&host.value) {
                 let msg = format!("host {:?} is listed twice (first: {first})", host.value);
@@ -1165,7 +849,7 @@ impl Checker<'_> {
                     for (j, h) in list.value.iter().enumerate() {
                         let field = format!("{np}.hosts[{j}]");
                         if let Err(msg) = check_nqn(&h.value) {
-                            self.error(h, &field, msg);
+                            self.error(h, &field, msg.to_string());
                         } else if !s.allow_any_host && !s.hosts.iter().any(|x| x.value == h.value) {
                             let msg = format!(
                                 "host {:?} may not connect to this subsystem (add it to \
@@ -1362,19 +1046,21 @@ fn known(what: &str, names: &[String]) -> String {
 /// NVMe Qualified Name syntax (NVMe Base Specification, "NVMe Qualified Names"):
 /// `nqn.yyyy-mm.<reverse domain>:<name>` or `nqn.2014-08.org.nvmexpress:uuid:<uuid>`,
 /// ASCII, at most 223 bytes.
-pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
-    let fail = |why: &str| Err(format!("invalid NQN {nqn:?}: {why}"));
+pub(super) fn check_nqn(nqn: &str) -> Result<(), NqnError> {
+    let fail = |why: NqnProblem| {
+        Err(NqnError {
+            nqn: nqn.to_owned(),
+            why,
+        })
+    };
     if !nqn.is_ascii() {
-        return fail("must be ASCII");
+        return fail(NqnProblem::NotAscii);
     }
     if nqn.len() > NQN_MAX_LEN {
-        return fail(&format!(
-            "is {} bytes long; the limit is {NQN_MAX_LEN}",
-            nqn.len()
-        ));
+        return fail(NqnProblem::TooLong(nqn.len()));
     }
     if nqn == DISCOVERY_NQN {
-        return fail("is the well-known discovery NQN, which the target serves itself");
+        return fail(NqnProblem::Discovery);
     }
     if let Some(uuid) = nqn.strip_prefix(UUID_NQN_PREFIX) {
         let hyphenated =
@@ -1382,11 +1068,11 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
         return if hyphenated && uuid::Uuid::try_parse(uuid).is_ok() {
             Ok(())
         } else {
-            fail("the UUID form needs a UUID in 8-4-4-4-12 hex digits after \"uuid:\"")
+            fail(NqnProblem::BadUuid)
         };
     }
     let Some(rest) = nqn.strip_prefix("nqn.") else {
-        return fail("must start with \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)");
+        return fail(NqnProblem::NoPrefix);
     };
     let date = rest.as_bytes();
     let date_ok = date.len() >= 8
@@ -1399,14 +1085,14 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
             "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
         );
     if !date_ok {
-        return fail("expected a date yyyy-mm. after \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)");
+        return fail(NqnProblem::BadDate);
     }
     let rest = &rest[8..];
     let Some((domain, name)) = rest.split_once(':') else {
-        return fail("expected \":name\" after the reverse domain name");
+        return fail(NqnProblem::NoName);
     };
     if name.is_empty() {
-        return fail("expected a name after the ':'");
+        return fail(NqnProblem::EmptyName);
     }
     let label_ok = |label: &str| {
         !label.is_empty()
@@ -1416,9 +1102,39 @@ pub(super) fn check_nqn(nqn: &str) -> Result<(), String> {
             && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
     if !domain.split('.').all(label_ok) {
-        return fail(&format!("invalid reverse domain name {domain:?}"));
+        return fail(NqnProblem::BadDomain(domain.to_owned()));
     }
     Ok(())
+}
+
+/// An NQN that breaks the syntax rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid NQN {nqn:?}: {why}")]
+pub(super) struct NqnError {
+    nqn: String,
+    why: NqnProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum NqnProblem {
+    #[error("must be ASCII")]
+    NotAscii,
+    #[error("is {0} bytes long; the limit is {NQN_MAX_LEN}")]
+    TooLong(usize),
+    #[error("is the well-known discovery NQN, which the target serves itself")]
+    Discovery,
+    #[error("the UUID form needs a UUID in 8-4-4-4-12 hex digits after \"uuid:\"")]
+    BadUuid,
+    #[error("must start with \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)")]
+    NoPrefix,
+    #[error("expected a date yyyy-mm. after \"nqn.\" (nqn.yyyy-mm.reverse.domain:name)")]
+    BadDate,
+    #[error("expected \":name\" after the reverse domain name")]
+    NoName,
+    #[error("expected a name after the ':'")]
+    EmptyName,
+    #[error("invalid reverse domain name {0:?}")]
+    BadDomain(String),
 }
 
 /// CPUs this process may run on, or `None` if that cannot be found out.

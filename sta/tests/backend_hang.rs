@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use backend::{Backend, BackendQueue, Completion, Error, IoStatus, Request, SubmitError};
 use nvmf::spec::{opcodes, Cqe, DataDirection, Status};
 use nvmf_initiator::{HostOptions, TcpHost};
-use sta::{Event, MainEvent, SoftConfig, Sta, TaskKind};
+use sta::soft::{SoftConfig, Sta};
+use sta::{Engine, Event, IoContext, MainEvent, TaskKind};
 
 const NQN: &str = "nqn.2026-11.dev.nvmf-target:hang";
 
@@ -80,7 +81,7 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
         ..SoftConfig::default()
     };
     let mut sta = Sta::new(cfg);
-    let subsys = sta.subsystem_create(NQN);
+    let subsys = sta.subsystem_create(NQN).unwrap();
     sta.ns_add(
         subsys,
         1,
@@ -89,7 +90,7 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
         }),
     )
     .unwrap();
-    let mut io = sta.io_create().start().unwrap();
+    let mut io = sta.io_create().unwrap().start().unwrap();
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -175,6 +176,7 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
                     subsys: s,
                     nsid,
                     commands,
+                    ..
                 } => {
                     assert_eq!((s, nsid, commands), (subsys, 1, 1));
                     timeouts += 1;

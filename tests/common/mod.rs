@@ -10,6 +10,8 @@
 
 #![allow(dead_code)]
 
+pub mod skip;
+
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -535,5 +537,25 @@ pub fn run_pipelined(
     }
     out.into_iter()
         .map(|c| c.expect("every request completed"))
+        .collect()
+}
+
+/// Discovery log entries: (TRTYPE, ADRFAM, TRSVCID, TRADDR, SUBNQN).
+pub fn discovery_entries(h: &mut TcpHost) -> Vec<(u8, u8, String, String, String)> {
+    let head = h.get_log_page(0x70, 0, 0, 1024, false).expect("log header");
+    let n = le64(&head, 8) as u32;
+    let body = h
+        .get_log_page(0x70, 0, 1024, 1024 * n, false)
+        .expect("log entries");
+    body.chunks(1024)
+        .map(|e| {
+            (
+                e[0],
+                e[1],
+                padded(&e[32..64]),
+                padded(&e[512..768]),
+                cstr(&e[256..512]),
+            )
+        })
         .collect()
 }

@@ -25,6 +25,8 @@
 //!
 //! Not implemented: TLS 1.2, certificates, session resumption, kTLS offload (the record
 //! layer runs in user space, see the README's TLS section).
+// Talks to C (OpenSSL's PSK session callbacks), see above.
+#![allow(unsafe_code)]
 
 use foreign_types::ForeignTypeRef;
 use nvmf::auth::tls::{cipher_suite, ConfiguredPsk, TlsPsk};

@@ -1,7 +1,11 @@
 //! The PSK server against three clients: this crate's OpenSSL client (both cipher
 //! suites), OpenSSL's `openssl s_client` and GnuTLS's `gnutls-cli` (the library the Linux
 //! host's tlshd uses), each over loopback TCP. External clients that are not installed
-//! print `SKIPPED:` and the test does not count them.
+//! are skipped by the workspace's convention (`tests/common/skip.rs`: listed as ignored
+//! with `SKIPPED: <test>: <reason>`, never `ok`).
+
+#[path = "../../tests/common/skip.rs"]
+mod skip;
 
 use nvmf::auth::tls::ConfiguredPsk;
 use nvmf::auth::HashId;
@@ -11,6 +15,35 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, RwLock};
 use std::time::Duration;
+
+fn main() {
+    let missing = |prog: &str, hint: &str| {
+        (!installed(prog)).then(|| format!("{prog} is not installed{hint}"))
+    };
+    skip::run(vec![
+        skip::trial(
+            "both_cipher_suites_with_our_client",
+            None,
+            both_cipher_suites_with_our_client,
+        ),
+        skip::trial(
+            "unknown_identity_and_wrong_key_are_refused",
+            None,
+            unknown_identity_and_wrong_key_are_refused,
+        ),
+        skip::trial(
+            "table_swap_applies_to_new_connections",
+            None,
+            table_swap_applies_to_new_connections,
+        ),
+        skip::trial(
+            "gnutls_client",
+            missing("gnutls-cli", " (apt-get install gnutls-bin)"),
+            gnutls_client,
+        ),
+        skip::trial("openssl_s_client", missing("openssl", ""), openssl_s_client),
+    ]);
+}
 
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-000000000001";
 const SUB: &str = "nqn.2026-11.dev.nvmf-target:tls";
@@ -73,7 +106,6 @@ fn our_client(port: u16, entry: PskEntry) -> Result<String, TlsError> {
     Ok(line)
 }
 
-#[test]
 fn both_cipher_suites_with_our_client() {
     for (hash, len, suite) in [
         (HashId::Sha256, 32, "TLS_AES_128_GCM_SHA256"),
@@ -90,7 +122,6 @@ fn both_cipher_suites_with_our_client() {
     }
 }
 
-#[test]
 fn unknown_identity_and_wrong_key_are_refused() {
     let psk = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[1; 32]).unwrap();
     let other = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[2; 32]).unwrap();
@@ -115,7 +146,6 @@ fn unknown_identity_and_wrong_key_are_refused() {
 
 /// The PSK table is read per handshake: a replaced table (reload) applies to the next
 /// connection.
-#[test]
 fn table_swap_applies_to_new_connections() {
     let a = ConfiguredPsk::from_bytes(None, &[5; 32]).unwrap();
     let b = ConfiguredPsk::from_bytes(None, &[6; 32]).unwrap();
@@ -208,12 +238,7 @@ fn hex(b: &[u8]) -> String {
 
 /// GnuTLS (tlshd's library) as the client, with the version 1 identity and TLS PSK the
 /// Linux host derives from an `NVMeTLSkey-1:01:` key.
-#[test]
 fn gnutls_client() {
-    if !installed("gnutls-cli") {
-        println!("SKIPPED: gnutls-cli not installed (apt-get install gnutls-bin)");
-        return;
-    }
     let psk = ConfiguredPsk::from_bytes(Some(HashId::Sha256), &[9; 32]).unwrap();
     let p = psk.tls_psks(HOST, SUB).remove(0);
     let (port, rx) = serve_one(table(&[&psk]));
@@ -240,12 +265,7 @@ fn gnutls_client() {
 }
 
 /// OpenSSL's own command-line client with the version 0 identity.
-#[test]
 fn openssl_s_client() {
-    if !installed("openssl") {
-        println!("SKIPPED: openssl command not installed");
-        return;
-    }
     let psk = ConfiguredPsk::from_bytes(None, &[7; 32]).unwrap();
     let p = psk.tls_psks(HOST, SUB).remove(1);
     assert!(p.identity.starts_with("NVMe0R01 "));

@@ -7,6 +7,10 @@
 //! so every access goes through atomics or raw copies here, and the driver above sees only
 //! safe methods.
 
+// `unsafe` allowed here: DMA memory that a device reads and writes behind the compiler's
+// back (atomics and raw copies only).
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -15,6 +15,9 @@
 //! Every `unsafe` block is an FFI call or raw MMIO, each with its `// SAFETY:`.
 //! Not implemented: the iommufd/cdev interface (`/dev/vfio/devices/vfioN`), interrupts.
 
+// `unsafe` allowed here: VFIO ioctls, mmap of BAR0 and raw MMIO to the device's registers.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;

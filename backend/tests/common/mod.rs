@@ -1,6 +1,8 @@
 //! Checks shared by the RAM and file backend tests: each takes any `Arc<dyn Backend>`.
 #![allow(dead_code)]
 
+pub mod skip;
+
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 

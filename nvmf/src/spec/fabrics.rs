@@ -356,4 +356,73 @@ mod tests {
             "a".repeat(300)
         )));
     }
+
+    /// Connect as the wire carries it (NVMe-oF 1.1 Figure 19: opcode 7Fh, FCTYPE 01h at
+    /// byte 4, RECFMT at 40, QID at 42, SQSIZE at 44, CATTR at 46, KATO at 48).
+    #[test]
+    fn connect_command_fixed_bytes() {
+        let mut b = [0u8; 64];
+        b[0] = 0x7f;
+        b[2] = 0x07; // CID 7
+        b[4] = 0x01; // FCTYPE: Connect
+        b[42] = 0x03; // QID 3
+        b[44] = 0x7f; // SQSIZE 127 (0's based)
+        b[46] = 0x04; // CATTR: disable SQ flow control
+        let sqe = Sqe::from_bytes(&b).unwrap();
+        let c = ConnectCommand::from_sqe(&sqe);
+        assert_eq!(
+            (c.recfmt, c.qid, c.sqsize, c.cattr, c.kato),
+            (0, 3, 127, 4, 0)
+        );
+        assert_eq!(c.to_sqe(7).as_bytes(), &b[..]);
+        // An admin queue with KATO 120 000 ms (0001D4C0h).
+        b[42] = 0;
+        b[44] = 0x1f;
+        b[46] = 0;
+        b[48..52].copy_from_slice(&[0xc0, 0xd4, 0x01, 0x00]);
+        let c = ConnectCommand::from_sqe(&Sqe::from_bytes(&b).unwrap());
+        assert_eq!((c.qid, c.sqsize, c.kato), (0, 31, 120_000));
+        assert_eq!(c.to_sqe(7).as_bytes(), &b[..]);
+    }
+
+    /// Connect data (NVMe-oF 1.1 Figure 20): HOSTID 0-15, CNTLID 16-17, SUBNQN 256-511,
+    /// HOSTNQN 512-767, NUL-padded, 1024 bytes.
+    #[test]
+    fn connect_data_fixed_bytes() {
+        let sub = "nqn.2026-11.dev.nvmf-target:x";
+        let host = "nqn.2014-08.org.nvmexpress:uuid:1";
+        let mut b = [0u8; 1024];
+        b[..16].copy_from_slice(&[0xab; 16]);
+        b[16..18].copy_from_slice(&[0xff, 0xff]); // CNTLID FFFFh: dynamic
+        b[256..256 + sub.len()].copy_from_slice(sub.as_bytes());
+        b[512..512 + host.len()].copy_from_slice(host.as_bytes());
+        let d = ConnectData::new([0xab; 16], 0xffff, sub, host);
+        assert_eq!(d.as_bytes(), &b[..]);
+        assert_eq!(d.subnqn(), Some(sub));
+    }
+
+    /// Property Set of CC and Property Get of CAP (NVMe-oF 1.1 Figures 25 and 27: FCTYPE
+    /// at byte 4 (04h Get, 00h Set), ATTRIB at 40, OFST at 44, VALUE at 48).
+    #[test]
+    fn property_fixed_bytes() {
+        let mut set = [0u8; 64];
+        set[0] = 0x7f;
+        set[44] = 0x14; // OFST: CC
+        set[48..52].copy_from_slice(&[0x01, 0x00, 0x46, 0x00]); // EN, IOSQES 6, IOCQES 4
+        let p = PropertyCommand::from_sqe(&Sqe::from_bytes(&set).unwrap());
+        assert_eq!(
+            (p.attrib, p.offset, p.value),
+            (0, property::CC, 0x0046_0001)
+        );
+        assert_eq!(p.to_sqe(0, true).as_bytes(), &set[..]);
+        let mut get = [0u8; 64];
+        get[0] = 0x7f;
+        get[2] = 0x05; // CID 5
+        get[4] = 0x04; // FCTYPE: Property Get
+        get[40] = 0x01; // ATTRIB: 8 bytes
+        let p = PropertyCommand::from_sqe(&Sqe::from_bytes(&get).unwrap());
+        assert!(p.is_8_bytes());
+        assert_eq!(p.offset, property::CAP);
+        assert_eq!(p.to_sqe(5, false).as_bytes(), &get[..]);
+    }
 }

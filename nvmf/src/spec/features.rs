@@ -85,6 +85,7 @@ pub fn number_of_queues(nsq_0based: u16, ncq_0based: u16) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use zerocopy::IntoBytes;
 
     proptest! {
         #[test]
@@ -104,5 +105,30 @@ mod tests {
             prop_assert_eq!(FeatureCommand::from_sqe(&again), f);
             prop_assert_eq!(again.cdw11, cdw11);
         }
+    }
+
+    /// Get/Set Features fields as the wire carries them (CDW10: FID 7:0, SEL 10:8 for
+    /// Get, SV 31 for Set; CDW11 the value; FIDs per NVMe Base 2.0 Figure 317).
+    #[test]
+    fn feature_command_fixed_bytes() {
+        // Set Features, Number of Queues (07h): 4 SQs and 4 CQs (0's based 3 and 3,
+        // Figure 322), saved.
+        let mut b = [0u8; 64];
+        b[0] = 0x09;
+        b[40..44].copy_from_slice(&[0x07, 0x00, 0x00, 0x80]);
+        b[44..48].copy_from_slice(&[0x03, 0x00, 0x03, 0x00]);
+        let sqe = crate::spec::Sqe::from_bytes(&b).unwrap();
+        let f = FeatureCommand::from_sqe(&sqe);
+        assert_eq!((f.fid, f.sel, f.sv, f.value), (0x07, 0, true, 0x0003_0003));
+        let mut built = crate::spec::Sqe::default();
+        built.set_opcode_cid(0x09, 0);
+        f.write_to(&mut built);
+        assert_eq!(built.as_bytes(), &b[..]);
+        // Get Features, Arbitration (01h), SEL 3 (supported capabilities).
+        let mut b = [0u8; 64];
+        b[0] = 0x0a;
+        b[40..44].copy_from_slice(&[0x01, 0x03, 0x00, 0x00]);
+        let f = FeatureCommand::from_sqe(&crate::spec::Sqe::from_bytes(&b).unwrap());
+        assert_eq!((f.fid, f.sel, f.sv), (0x01, 3, false));
     }
 }

@@ -396,4 +396,37 @@ mod tests {
         assert_eq!(data_units(512 * 1000), 1);
         assert_eq!(data_units(512 * 1000 + 1), 2);
     }
+
+    /// Get Log Page as the wire carries it (NVMe Base 2.0 Figures 197-201: CDW10 LID 7:0,
+    /// LSP 14:8, RAE 15, NUMDL 31:16; CDW11 NUMDU 15:0, LSI 31:16; CDW12/13 LPOL/LPOU;
+    /// CDW14 CSI 31:24).
+    #[test]
+    fn get_log_page_fixed_bytes() {
+        // SMART / Health (02h), 512 bytes (NUMD 127), RAE set.
+        let mut b = [0u8; 64];
+        b[0] = 0x02; // opcode: Get Log Page
+        b[40..44].copy_from_slice(&[0x02, 0x80, 0x7f, 0x00]);
+        let sqe = Sqe::from_bytes(&b).unwrap();
+        let g = GetLogPage::from_sqe(&sqe);
+        assert_eq!(
+            (g.lid, g.lsp, g.rae, g.numd, g.len_bytes()),
+            (2, 0, true, 127, 512)
+        );
+        let mut built = Sqe::default();
+        built.set_opcode_cid(0x02, 0);
+        g.write_to(&mut built);
+        assert_eq!(built.as_bytes(), &b[..]);
+        // Discovery (70h) from byte 1024, NUMD 100FFh (NUMDU 1), LSI 0, CSI 0.
+        let mut b = [0u8; 64];
+        b[0] = 0x02;
+        b[40..44].copy_from_slice(&[0x70, 0x00, 0xff, 0x00]);
+        b[44] = 0x01;
+        b[48..52].copy_from_slice(&[0x00, 0x04, 0x00, 0x00]);
+        let g = GetLogPage::from_sqe(&Sqe::from_bytes(&b).unwrap());
+        assert_eq!((g.lid, g.numd, g.lpo), (0x70, 0x1_00ff, 1024));
+        let mut built = Sqe::default();
+        built.set_opcode_cid(0x02, 0);
+        g.write_to(&mut built);
+        assert_eq!(built.as_bytes(), &b[..]);
+    }
 }

@@ -255,4 +255,76 @@ mod tests {
         s.nsid = opcodes::fabrics::PROPERTY_GET as u32;
         assert_eq!(s.data_direction(), DataDirection::None);
     }
+
+    /// A Read command as the wire carries it (NVMe Base 2.0 Figure 88 "Common Command
+    /// Format": CDW0 with OPC 7:0, PSDT 15:14, CID 31:16; NSID at byte 4; SGL1 at bytes
+    /// 24-39 per Figure 112, identifier in byte 15 of the descriptor; CDW10-12 at 40-51).
+    #[test]
+    fn sqe_fixed_bytes() {
+        let mut b = [0u8; 64];
+        b[0] = 0x02; // OPC: Read
+        b[1] = 0x40; // PSDT 01b: SGLs
+        b[2..4].copy_from_slice(&[0x34, 0x12]); // CID 1234h
+        b[4] = 1; // NSID 1
+        b[32..36].copy_from_slice(&[0x00, 0x10, 0x00, 0x00]); // SGL length 4096
+        b[39] = 0x5a; // SGL identifier: Transport SGL Data Block (5h), Transport (Ah)
+        b[40..44].copy_from_slice(&[0xef, 0xcd, 0xab, 0x89]); // SLBA bits 31:0
+        b[44] = 0x01; // SLBA bits 63:32
+        b[48] = 0x07; // NLB, 0's based: 8 blocks
+        let sqe = Sqe::from_bytes(&b).unwrap();
+        assert_eq!(
+            (sqe.opcode(), sqe.psdt(), sqe.cid()),
+            (opcodes::io::READ, 1, 0x1234)
+        );
+        assert_eq!(
+            (sqe.nsid, sqe.cdw10, sqe.cdw11, sqe.cdw12),
+            (1, 0x89ab_cdef, 1, 7)
+        );
+        assert_eq!((sqe.dptr.sgl_type(), sqe.dptr.subtype()), (5, 0xa));
+        assert_eq!(sqe.dptr.length(), 4096);
+        let mut built = Sqe::default();
+        built.set_opcode_cid(opcodes::io::READ, 0x1234);
+        built.cdw0 |= 1 << 14;
+        built.nsid = 1;
+        built.dptr = SglDescriptor::unkeyed(
+            sgl::TYPE_TRANSPORT_DATA_BLOCK,
+            sgl::SUBTYPE_TRANSPORT,
+            0,
+            4096,
+        );
+        built.cdw10 = 0x89ab_cdef;
+        built.cdw11 = 1;
+        built.cdw12 = 7;
+        assert_eq!(built.as_bytes(), &b[..]);
+    }
+
+    /// A completion as the wire carries it (NVMe Base 2.0 Figure 90: DW0, DW1, SQHD at
+    /// byte 8, SQID at 10, CID at 12, Phase bit 0 and the Status Field of Figure 92 in
+    /// bits 15:1 of bytes 14-15: SC 8:1, SCT 11:9, M 14, DNR 15).
+    #[test]
+    fn cqe_fixed_bytes() {
+        let b: [u8; 16] = [
+            0x03, 0x00, 0x01, 0x00, // DW0
+            0, 0, 0, 0, // DW1
+            0x1f, 0x00, // SQHD 31
+            0x01, 0x00, // SQID 1
+            0x34, 0x12, // CID 1234h
+            0x04, 0x80, // SC 02h (Invalid Field in Command), SCT 0, DNR
+        ];
+        let cqe = Cqe::from_bytes(&b).unwrap();
+        let st = cqe.status();
+        assert_eq!((st.sct, st.sc, st.dnr, st.more), (0, 0x02, true, false));
+        assert_eq!(
+            (cqe.dw0, cqe.sqhd, cqe.sqid, cqe.cid),
+            (0x0001_0003, 31, 1, 0x1234)
+        );
+        let mut built = Cqe::new(0x1234, Status::INVALID_FIELD.with_dnr(true));
+        built.dw0 = 0x0001_0003;
+        built.sqhd = 31;
+        built.sqid = 1;
+        assert_eq!(built.as_bytes(), &b[..]);
+        // SCT 2h (Media and Data Integrity), SC 81h (Unrecovered Read Error), no DNR.
+        let f = Status::UNRECOVERED_READ_ERROR.with_dnr(false).to_field();
+        assert_eq!(f.to_le_bytes(), [0x02, 0x05]);
+    }
 }

@@ -849,3 +849,64 @@ proptest! {
         let _ = run(&mut RxFramer::new_host(host_limits(pda)), &r, &[], d);
     }
 }
+
+/// H2CData and C2HData as the wire carries them (NVMe/TCP 1.0 Figure 10 common header:
+/// PDU-Type, FLAGS, HLEN, PDO, PLEN; Figure 30 H2CData PSH: CCCID, TTAG, DATAO, DATAL;
+/// Figure 29 C2HData PSH: CCCID, reserved, DATAO, DATAL; FLAGS bit 2 LAST_PDU, bit 3
+/// SUCCESS), without digests: the header is 24 bytes and the data follows it.
+#[test]
+fn data_pdus_fixed_bytes() {
+    let h2c: [u8; 32] = [
+        0x06, 0x04, 0x18, 0x18, 0x20, 0x00, 0x00,
+        0x00, // H2CData, LAST_PDU, HLEN/PDO 24, PLEN 32
+        0x05, 0x00, 0x07, 0x00, // CCCID 5, TTAG 7
+        0x00, 0x10, 0x00, 0x00, // DATAO 4096
+        0x08, 0x00, 0x00, 0x00, // DATAL 8
+        0x00, 0x00, 0x00, 0x00, // reserved
+        1, 2, 3, 4, 5, 6, 7, 8,
+    ];
+    let mut v = Vec::new();
+    encode_h2c_data_header(&mut v, 5, 7, 4096, 8, true, Digests::NONE, 0);
+    v.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(v, h2c);
+    let (mut s, _) = h2c_stream(&[], Digests::NONE, 0, 0);
+    s.extend_from_slice(&h2c);
+    let mut f = RxFramer::new_controller(LIMITS);
+    let got = run(&mut f, &s, &[], Digests::NONE).unwrap();
+    let want = Pdu::H2CData {
+        cccid: 5,
+        ttag: 7,
+        datao: 4096,
+        data: &[1, 2, 3, 4, 5, 6, 7, 8],
+        last: true,
+        data_digest_ok: true,
+    };
+    assert_eq!(got.last(), Some(&format!("{want:?}")));
+
+    let c2h: [u8; 28] = [
+        0x07, 0x0c, 0x18, 0x18, 0x1c, 0x00, 0x00,
+        0x00, // C2HData, LAST_PDU | SUCCESS, PLEN 28
+        0x09, 0x00, 0x00, 0x00, // CCCID 9, reserved
+        0x00, 0x00, 0x00, 0x00, // DATAO 0
+        0x04, 0x00, 0x00, 0x00, // DATAL 4
+        0x00, 0x00, 0x00, 0x00, // reserved
+        0xde, 0xad, 0xbe, 0xef,
+    ];
+    let mut v = Vec::new();
+    encode_c2h_data_header(&mut v, 9, 0, 4, true, true, Digests::NONE, 0);
+    v.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(v, c2h);
+    let (mut s, _) = c2h_stream(&[], Digests::NONE, 0, 0);
+    s.extend_from_slice(&c2h);
+    let mut f = RxFramer::new_host(host_limits(0));
+    let got = run(&mut f, &s, &[], Digests::NONE).unwrap();
+    let want = Pdu::C2HData {
+        cccid: 9,
+        datao: 0,
+        data: &[0xde, 0xad, 0xbe, 0xef],
+        last: true,
+        success: true,
+        data_digest_ok: true,
+    };
+    assert_eq!(got.last(), Some(&format!("{want:?}")));
+}

@@ -39,6 +39,11 @@
 //! `DOCA_DOUBLE_NULL_DRIVE_MB` (RAM drive size per backend, default 1024),
 //! `DOCA_DOUBLE_BE_TIMEOUT_MS` (backend timeout, default 30000).
 
+// `unsafe` allowed here: the whole crate is a C-ABI library: every export is an extern "C"
+// function taking raw pointers from C callers, and the double touches memory (rings, DMA
+// buffers) by address as the real engine does.
+#![allow(unsafe_code)]
+
 pub mod contract;
 pub mod core_api;
 pub mod drive;

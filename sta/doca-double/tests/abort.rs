@@ -3,6 +3,10 @@
 //! test binary again, one ignored helper test selected by name) and the parent checks it
 //! died of SIGABRT with that message.
 
+// `unsafe` allowed here: these tests drive the double through its C ABI (doca-sys's
+// function table): every call is an FFI call with raw pointers.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::os::unix::process::ExitStatusExt;

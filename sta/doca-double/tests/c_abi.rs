@@ -1,17 +1,33 @@
 //! A C program written against our headers (include/) must build and run against the
 //! double: that proves the headers and the library agree on the ABI (struct layouts,
-//! enum values, callback prototypes), beyond what the Rust signatures show.
+//! enum values, callback prototypes), beyond what the Rust signatures show. Without a C
+//! compiler the test is SKIPPED (`skip/mod.rs`).
+
+mod skip;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-#[test]
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+fn main() {
+    let cc = cc();
+    let missing = Command::new(&cc)
+        .arg("--version")
+        .output()
+        .err()
+        .map(|e| format!("no C compiler ({cc}: {e}) to build tests/c/smoke.c"));
+    skip::run(vec![skip::trial(
+        "c_program_against_our_headers_runs_on_the_double",
+        missing,
+        c_program_against_our_headers_runs_on_the_double,
+    )]);
+}
+
 fn c_program_against_our_headers_runs_on_the_double() {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        println!("SKIPPED: no C compiler ({cc}) to build tests/c/smoke.c");
-        return;
-    }
+    let cc = cc();
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // The double built for this test run sits beside the test binary.
     let libdir = std::env::current_exe()

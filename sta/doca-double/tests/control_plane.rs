@@ -2,6 +2,10 @@
 //! context start/stop order and state callbacks, devices, subsystems, namespaces,
 //! backends and their queues, main-context tasks, statistics.
 
+// `unsafe` allowed here: these tests drive the double through its C ABI (doca-sys's
+// function table): every call is an FFI call with raw pointers.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::ffi::{c_void, CStr};

@@ -6,6 +6,10 @@
 //! in flight, disconnect. Verbs are not involved: the loopback link moves the bytes that
 //! RDMA READ/WRITE/SEND would, checking keys and bounds as a NIC does.
 
+// `unsafe` allowed here: these tests drive the double through its C ABI (doca-sys's
+// function table): every call is an FFI call with raw pointers.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::ffi::c_void;

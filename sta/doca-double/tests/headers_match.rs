@@ -1,7 +1,10 @@
 //! Our headers (include/) declare exactly the functions NVIDIA's DOCA 3.3 headers do:
 //! bindgen, run on ours with the command recorded at the top of doca-sys's committed
 //! bindings (which came from NVIDIA's), must produce the same function table, field by
-//! field. Needs bindgen-cli and libclang; without them the test says SKIPPED.
+//! field. Needs bindgen-cli and libclang; without them the test is SKIPPED
+//! (`skip/mod.rs`): the probe runs bindgen on a one-line header first.
+
+mod skip;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,7 +30,40 @@ fn table(src: &str) -> BTreeMap<String, String> {
     out
 }
 
-#[test]
+fn main() {
+    skip::run(vec![skip::trial(
+        "bindgen_over_our_headers_gives_the_same_table",
+        bindgen_works().err(),
+        bindgen_over_our_headers_gives_the_same_table,
+    )]);
+}
+
+/// bindgen-cli is installed and finds libclang: it translates a one-line header.
+fn bindgen_works() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("doca-double-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let h = dir.join("probe.h");
+    std::fs::write(&h, "int probe(int x);\n").map_err(|e| e.to_string())?;
+    let r = match Command::new("bindgen").arg(&h).output() {
+        Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("probe") => {
+            Ok(())
+        }
+        Ok(o) => Err(format!(
+            "bindgen cannot run here: {}",
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        )),
+        Err(e) => Err(format!("bindgen-cli not installed ({e})")),
+    };
+    // Best effort: a leftover probe file in the temp directory harms nothing.
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        eprintln!("removing {}: {e}", dir.display());
+    }
+    r
+}
+
 fn bindgen_over_our_headers_gives_the_same_table() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let committed = std::fs::read_to_string(root.join("sta/doca-sys/src/bindings.rs")).unwrap();
@@ -70,22 +106,14 @@ fn bindgen_over_our_headers_gives_the_same_table() {
         )
         .output()
     {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            println!(
-                "SKIPPED: bindgen could not run here: {}",
-                String::from_utf8_lossy(&o.stderr)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-            );
-            return;
-        }
-        Err(e) => {
-            println!("SKIPPED: bindgen-cli not installed ({e})");
-            return;
-        }
+        Ok(o) => o,
+        Err(e) => panic!("bindgen ran for the probe but not now: {e}"),
     };
+    assert!(
+        out.status.success(),
+        "bindgen over our headers failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let a = table(&committed);
     let b = table(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(a.len(), 134);

@@ -32,6 +32,10 @@
 //! Not here: a safe wrapper (that is the `doca` engine's job), DOCA Core beyond the STA
 //! flow, `doca_buf`.
 
+// `unsafe` allowed here: the whole crate is FFI: bindgen's declarations of DOCA's C API and
+// the dlopen/dlsym that fill its function table.
+#![allow(unsafe_code)]
+
 use std::ffi::{c_char, CStr};
 use std::path::{Path, PathBuf};
 

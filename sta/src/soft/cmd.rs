@@ -30,13 +30,14 @@ use nvmf::queue::QueueParams;
 use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
 use nvmf::target::Transport;
 
+use super::counters::{bump, NsCounters, StatsRegistry, ThreadCounters};
 use super::io::{qp_ref, QpSlot};
 use super::rdma_link::RdmaLink;
 use super::tcp_link::TcpLink;
 use super::SoftConfig;
 use crate::{
-    AccessCell, AccessKey, CmdToken, Event, Limit, NamespaceAccess, NsCounters, QpHandle,
-    StatsRegistry, SubsysId, TaskError, TaskKind, ThreadCounters, TransportErrorKind,
+    AccessCell, AccessKey, CmdToken, Event, Limit, NamespaceAccess, QpHandle, SubsysId, TaskError,
+    TaskKind, TransportErrorKind,
 };
 use nvmf::target::reservation::Access;
 
@@ -636,7 +637,7 @@ impl Core {
         };
         match offload {
             Some((op, ns)) => {
-                NsCounters::bump(&self.counters.offloaded, 1);
+                bump(&self.counters.offloaded, 1);
                 // Reservations, ANA path state, per-host visibility (the published view).
                 let checked = self.ns[ns as usize]
                     .as_mut()
@@ -664,7 +665,7 @@ impl Core {
                 self.fail(st, idx, Status::ABORTED_MISSING_FUSED)
             }
             None => {
-                NsCounters::bump(&self.counters.non_offloaded, 1);
+                bump(&self.counters.non_offloaded, 1);
                 self.start_non_offload(qp, st, idx, sgl, data);
             }
         }
@@ -1398,20 +1399,20 @@ impl Core {
             } else {
                 match op {
                     Some(OffloadOp::Read) => {
-                        NsCounters::bump(&k.read_cmds, 1);
-                        NsCounters::bump(&k.read_bytes, len as u64);
+                        bump(&k.read_cmds, 1);
+                        bump(&k.read_bytes, len as u64);
                     }
                     Some(OffloadOp::Write) => {
-                        NsCounters::bump(&k.write_cmds, 1);
-                        NsCounters::bump(&k.write_bytes, len as u64);
+                        bump(&k.write_cmds, 1);
+                        bump(&k.write_bytes, len as u64);
                     }
                     // SMART counts Compare as a read: Host Read Commands and, for the
                     // logical blocks it compares, Data Units Read (NVMe Base 2.0 Fig. 207).
                     Some(OffloadOp::Compare) => {
-                        NsCounters::bump(&k.read_cmds, 1);
-                        NsCounters::bump(&k.read_bytes, len as u64);
+                        bump(&k.read_cmds, 1);
+                        bump(&k.read_bytes, len as u64);
                     }
-                    _ => NsCounters::bump(&k.other_cmds, 1),
+                    _ => bump(&k.other_cmds, 1),
                 }
             }
         }

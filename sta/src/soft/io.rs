@@ -15,12 +15,13 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nvmf::tcp::ControllerLimits;
 
 use super::cmd::{free_cmd, Core, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
+use super::counters::{bump, StatsRegistry};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
 use crate::verbs::ffi::IbvWc;
 use crate::verbs::{ConnRequest, RdmaCmEvent};
-use crate::{Event, NsCounters, QpHandle, StatsRegistry, TaskKind, TransportErrorKind};
+use crate::{Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
 use crate::{Limit, TransportErrorKind as Tek};
 
 /// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
@@ -103,7 +104,7 @@ impl StaIo {
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
-    pub fn commands_in_flight(&self) -> usize {
+    pub(crate) fn commands_in_flight(&self) -> usize {
         self.core.cmds.len() - self.core.free_cmds.len()
     }
 
@@ -122,7 +123,7 @@ impl StaIo {
     }
 
     /// Number of live QPs (the acceptor balances threads by it).
-    pub fn qp_count(&self) -> usize {
+    pub(crate) fn qp_count(&self) -> usize {
         self.qps.iter().filter(|s| s.qp.is_some()).count()
     }
 
@@ -151,7 +152,11 @@ impl StaIo {
 
     /// DOCA `qp_alloc` + `qp_accept`, for a TCP connection: the engine runs the
     /// ICReq/ICResp exchange itself, then hands capsules up or serves them.
-    pub fn qp_accept_tcp(&mut self, sock: TcpStream, user: u64) -> std::io::Result<QpHandle> {
+    pub(crate) fn qp_accept_tcp(
+        &mut self,
+        sock: TcpStream,
+        user: u64,
+    ) -> std::io::Result<QpHandle> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let idx = self.alloc_qp_slot();
@@ -247,7 +252,7 @@ impl StaIo {
             st: QpState::new(link, user, now, tx_dirty),
             interest: 0,
         });
-        NsCounters::bump(&self.core.counters.qps, 1);
+        bump(&self.core.counters.qps, 1);
         QpHandle { idx, gen: slot.gen }
     }
 
@@ -256,7 +261,7 @@ impl StaIo {
     /// this thread's PD, post `depth` receives of SQE + in-capsule size, and accept with
     /// the NVMe-oF accept private data. On error the request is rejected (no resources)
     /// and its cm_id freed.
-    pub fn qp_accept_rdma(
+    pub(crate) fn qp_accept_rdma(
         &mut self,
         mut req: ConnRequest,
         depth: u16,
@@ -288,14 +293,8 @@ impl StaIo {
             }
         };
         if let Some(fd) = new_fd {
-            // SAFETY: the completion channel's descriptor lives as long as this thread's
-            // verbs state (never closed before the IO context goes away).
-            let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let tag = COMP_TAG | rq.dev() as u64;
-            if let Err(e) = self
-                .epoll
-                .add(bfd, EpollEvent::new(EpollFlags::EPOLLIN, tag))
-            {
+            if let Err(e) = rdma_link::watch_channel(&self.epoll, fd, tag) {
                 tracing::warn!("epoll add of an RDMA completion channel: {e}");
             }
         }
@@ -306,12 +305,14 @@ impl StaIo {
     /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
     /// `qp_connect_established`; DISCONNECTED, DEVICE_REMOVAL, TIMEWAIT_EXIT and connect
     /// errors report [`Event::TransportError`] (the application then runs `qp_disconnect`).
-    pub fn qp_rdma_cm_event(&mut self, qp: QpHandle, ev: RdmaCmEvent) {
-        let Some(q) = qp_ref(&mut self.qps, qp) else {
-            return;
-        };
+    pub(crate) fn qp_rdma_cm_event(
+        &mut self,
+        qp: QpHandle,
+        ev: RdmaCmEvent,
+    ) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         let Link::Rdma(r) = &mut q.st.link else {
-            return;
+            return Err(TaskError::BadState);
         };
         match ev {
             RdmaCmEvent::Established => {
@@ -331,16 +332,17 @@ impl StaIo {
                     .transport_error(qp, &mut q.st, TransportErrorKind::Io);
             }
         }
+        Ok(())
     }
 
     /// The next event, if any (call after `progress`).
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.core.events.pop_front()
     }
 
     /// Whether the engine has work that needs another pass soon (I/O in flight, output
     /// waiting, events to deliver).
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         !self.core.events.is_empty()
             || self
                 .core
@@ -357,7 +359,7 @@ impl StaIo {
     /// One pass: control messages, sockets, backend completions, output. Waits up to
     /// `max_wait` for socket input when there is nothing else to do. Returns whether
     /// anything happened.
-    pub fn progress(&mut self, max_wait: Duration) -> bool {
+    pub(crate) fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
         did |= self.poll_rdma();
         let mut wait = if did || self.busy() {
@@ -442,7 +444,7 @@ impl StaIo {
             self.check_tls_deadlines(now);
         }
         let c = &self.core.counters;
-        NsCounters::bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
+        bump(if did { &c.busy_polls } else { &c.idle_polls }, 1);
         did
     }
 
@@ -675,13 +677,17 @@ impl StaIo {
                     commands,
                     "backend commands outstanding longer than {limit:?}"
                 );
-                let _ = self.ack.send(Ack::BackendTimeout {
+                self.ack(Ack::BackendTimeout {
                     subsys,
                     nsid,
                     commands,
                 });
             }
         }
+    }
+
+    fn ack(&self, a: Ack) {
+        send_ack(&self.ack, a);
     }
 
     fn drain_ctrl(&mut self) -> bool {
@@ -752,11 +758,11 @@ impl StaIo {
                             if let Some(s) = self.core.ns[i as usize].as_mut() {
                                 s.acked = true;
                             }
-                            let _ = self.ack.send(Ack::NsRemoved { task });
+                            self.ack(Ack::NsRemoved { task });
                         }
                     }
                     None => {
-                        let _ = self.ack.send(Ack::NsRemoved { task });
+                        self.ack(Ack::NsRemoved { task });
                     }
                 },
             }
@@ -766,7 +772,7 @@ impl StaIo {
             if let Some(s) = slot {
                 if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
                     if !s.acked {
-                        let _ = self.ack.send(Ack::NsRemoved { task });
+                        send_ack(&self.ack, Ack::NsRemoved { task });
                     }
                     *slot = None;
                 }
@@ -955,6 +961,7 @@ impl StaIo {
             }
             if let Link::Tcp(t) = &qp.st.link {
                 if let Some(sock) = t.wire.socket() {
+                    // Fails only if it was removed already: nothing left to undo.
                     let _ = self.epoll.delete(sock);
                 }
                 t.wire.shutdown();
@@ -1031,6 +1038,14 @@ impl StaIo {
             }
         }
         did
+    }
+}
+
+/// Tell the main context. It fails only when the main context was dropped (the
+/// application is tearing down): nobody waits for the answer then.
+fn send_ack(tx: &Sender<Ack>, a: Ack) {
+    if tx.send(a).is_err() {
+        tracing::debug!("engine: the main context is gone; acknowledgement dropped");
     }
 }
 

@@ -61,6 +61,8 @@
 //! SGLs.
 
 mod cmd;
+mod contract_impl;
+pub(crate) mod counters;
 mod io;
 mod rdma_link;
 mod tasks;
@@ -69,7 +71,6 @@ mod tcp_link;
 mod tests;
 
 pub use io::StaIo;
-pub use rdma_link::AcceptError;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,7 +78,8 @@ use std::sync::Arc;
 use backend::Backend;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
-use crate::{AccessCell, AccessPublisher, Caps, MainEvent, Stats, StatsRegistry, SubsysId};
+use self::counters::StatsRegistry;
+use crate::{AccessCell, AccessPublisher, Caps, EngineError, MainEvent, Stats, SubsysId};
 
 /// Settings of the soft engine.
 #[derive(Clone, Debug)]
@@ -151,8 +153,11 @@ pub struct StaIoSeed {
 impl StaIoSeed {
     /// Build the IO context on the thread that will own it (DOCA: connect the IO context
     /// to that thread's progress engine and start it).
-    pub fn start(self) -> std::io::Result<StaIo> {
-        StaIo::new(self.cfg, self.rx, self.ack, self.stats)
+    pub fn start(self) -> Result<StaIo, EngineError> {
+        StaIo::new(self.cfg, self.rx, self.ack, self.stats).map_err(|source| EngineError::Io {
+            what: "creating the IO context's epoll set",
+            source,
+        })
     }
 }
 
@@ -215,18 +220,6 @@ pub struct Sta {
     access: AccessPublisher,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum StaError {
-    #[error("no such subsystem")]
-    NoSubsystem,
-    #[error("namespace {0} already exists in this subsystem")]
-    NsExists(u32),
-    #[error("no namespace {0} in this subsystem")]
-    NoNamespace(u32),
-    #[error("block size {0} is not supported")]
-    BlockSize(u32),
-}
-
 impl Sta {
     pub fn new(cfg: SoftConfig) -> Sta {
         let (ack_tx, ack_rx) = unbounded();
@@ -244,134 +237,18 @@ impl Sta {
         }
     }
 
-    pub fn caps(&self) -> Caps {
-        Caps {
-            max_io_size: self.cfg.max_io_size,
-            max_queue_depth: self.cfg.max_queue_depth,
-            max_incapsule_data: self.cfg.max_incapsule_data,
-            max_h2c_data: self.cfg.max_h2c_data,
-            access_views: true,
-            copy: true,
-            fused_compare_write: true,
-        }
-    }
-
-    pub fn stats(&self) -> Stats {
-        Stats(self.stats.clone())
-    }
-
-    /// DOCA: `doca_sta_subsystem_create`.
-    pub fn subsystem_create(&mut self, nqn: &str) -> SubsysId {
-        if let Some(i) = self
-            .subsystems
-            .iter()
-            .position(|s| s.as_deref() == Some(nqn))
-        {
-            return SubsysId(i as u32);
-        }
-        self.subsystems.push(Some(nqn.to_string()));
-        SubsysId(self.subsystems.len() as u32 - 1)
-    }
-
-    pub fn subsystem_find(&self, nqn: &str) -> Option<SubsysId> {
-        self.subsystems
-            .iter()
-            .position(|s| s.as_deref() == Some(nqn))
-            .map(|i| SubsysId(i as u32))
-    }
-
-    /// DOCA: `doca_sta_subsystem_destroy`; only once it has no namespaces.
-    pub fn subsystem_destroy(&mut self, id: SubsysId) -> Result<(), StaError> {
-        if self.namespaces.iter().any(|(s, _, _)| *s == id) {
-            return Err(StaError::NsExists(0));
-        }
-        match self.subsystems.get_mut(id.0 as usize) {
-            Some(s @ Some(_)) => {
-                *s = None;
-                Ok(())
-            }
-            _ => Err(StaError::NoSubsystem),
-        }
-    }
-
-    /// DOCA: `doca_sta_subsystem_add_ns`. Every IO context starts serving the namespace
-    /// from its own backend queue once it has processed the message (before any host can
-    /// learn of the namespace from the control path).
-    pub fn ns_add(
-        &mut self,
-        subsys: SubsysId,
-        nsid: u32,
-        backend: Arc<dyn Backend>,
-    ) -> Result<(), StaError> {
-        if !matches!(self.subsystems.get(subsys.0 as usize), Some(Some(_))) {
-            return Err(StaError::NoSubsystem);
-        }
-        let bs = backend.block_size();
-        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
-            return Err(StaError::BlockSize(bs));
-        }
-        if self
-            .namespaces
-            .iter()
-            .any(|(s, n, _)| *s == subsys && *n == nsid)
-        {
-            return Err(StaError::NsExists(nsid));
-        }
-        let access = self.access.cell(subsys, nsid);
-        for tx in &self.io_tx {
-            let _ = tx.send(Ctrl::NsAdd {
-                subsys,
-                nsid,
-                backend: backend.clone(),
-                access: access.clone(),
-            });
-        }
-        self.namespaces.push((subsys, nsid, backend));
-        Ok(())
-    }
-
-    /// The publisher of namespace access views (see the crate docs): hand a clone to
-    /// every thread that runs commands which change them.
-    pub fn access_publisher(&self) -> AccessPublisher {
-        self.access.clone()
-    }
-
-    /// DOCA: `doca_sta_subsystem_task_rm_ns_alloc_init` + submit. New I/O to the
-    /// namespace stops being offloaded at once; [`MainEvent::NsRemoved`] reports when
-    /// every IO context has finished its in-flight I/O and destroyed its backend queue.
-    pub fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), StaError> {
-        self.detach(subsys, nsid, user, false)
-    }
-
-    /// DOCA: `doca_sta_be_destroy_queue_task_alloc_init` + submit, for the soft engine's
-    /// backend queues of one namespace (one per IO thread): every command outstanding on
-    /// them is answered at once with Aborted - SQ Deletion (requests not yet handed to
-    /// the backend are dropped, requests the backend holds are abandoned and their late
-    /// completions discarded), then the queues are freed as soon as the backend returns
-    /// what it holds. The namespace is no longer offloaded afterwards: its I/O reaches the
-    /// application. For a backend that vanished or hangs. [`MainEvent::BeQueueDestroyed`]
-    /// reports the end.
-    pub fn be_queue_destroy(
-        &mut self,
-        subsys: SubsysId,
-        nsid: u32,
-        user: u64,
-    ) -> Result<(), StaError> {
-        self.detach(subsys, nsid, user, true)
-    }
-
     fn detach(
         &mut self,
         subsys: SubsysId,
         nsid: u32,
         user: u64,
         fail_outstanding: bool,
-    ) -> Result<(), StaError> {
+    ) -> Result<(), EngineError> {
         let pos = self
             .namespaces
             .iter()
             .position(|(s, n, _)| *s == subsys && *n == nsid)
-            .ok_or(StaError::NoNamespace(nsid))?;
+            .ok_or(EngineError::NoNamespace(nsid))?;
         self.namespaces.swap_remove(pos);
         self.access.forget(subsys, nsid);
         let task = self.next_task;
@@ -400,14 +277,129 @@ impl Sta {
         );
         Ok(())
     }
+}
+
+impl crate::Engine for Sta {
+    type Io = StaIo;
+    type Seed = StaIoSeed;
+
+    fn name(&self) -> &'static str {
+        "soft"
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_io_size: self.cfg.max_io_size,
+            max_queue_depth: self.cfg.max_queue_depth,
+            max_incapsule_data: self.cfg.max_incapsule_data,
+            max_h2c_data: self.cfg.max_h2c_data,
+            tcp: true,
+            rdma: true,
+            access_views: true,
+            copy: true,
+            fused_compare_write: true,
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        Stats::new(self.stats.clone())
+    }
+
+    /// DOCA: `doca_sta_subsystem_create`.
+    fn subsystem_create(&mut self, nqn: &str) -> Result<SubsysId, EngineError> {
+        // A new object each time, as DOCA's: a subsystem removed and added again while the
+        // old one still drains is another subsystem.
+        self.subsystems.push(Some(nqn.to_string()));
+        Ok(SubsysId(self.subsystems.len() as u32 - 1))
+    }
+
+    /// DOCA: `doca_sta_subsystem_destroy`; only once it has no namespaces.
+    fn subsystem_destroy(&mut self, id: SubsysId) -> Result<(), EngineError> {
+        if self.namespaces.iter().any(|(s, _, _)| *s == id) {
+            return Err(EngineError::SubsystemInUse);
+        }
+        match self.subsystems.get_mut(id.0 as usize) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(EngineError::NoSubsystem),
+        }
+    }
+
+    /// DOCA: `doca_sta_subsystem_add_ns`. Every IO context starts serving the namespace
+    /// from its own backend queue once it has processed the message (before any host can
+    /// learn of the namespace from the control path).
+    fn ns_add(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        backend: Arc<dyn Backend>,
+    ) -> Result<(), EngineError> {
+        if !matches!(self.subsystems.get(subsys.0 as usize), Some(Some(_))) {
+            return Err(EngineError::NoSubsystem);
+        }
+        let bs = backend.block_size();
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            return Err(EngineError::BlockSize(bs));
+        }
+        if self
+            .namespaces
+            .iter()
+            .any(|(s, n, _)| *s == subsys && *n == nsid)
+        {
+            return Err(EngineError::NsExists(nsid));
+        }
+        let access = self.access.cell(subsys, nsid);
+        for tx in &self.io_tx {
+            let m = Ctrl::NsAdd {
+                subsys,
+                nsid,
+                backend: backend.clone(),
+                access: access.clone(),
+            };
+            if tx.send(m).is_err() {
+                // Only when that IO context was dropped (its thread ended): it serves
+                // nothing any more, so there is nothing to tell it.
+                tracing::debug!("ns_add: an IO context is gone");
+            }
+        }
+        self.namespaces.push((subsys, nsid, backend));
+        Ok(())
+    }
+
+    /// DOCA: `doca_sta_subsystem_task_rm_ns_alloc_init` + submit. New I/O to the
+    /// namespace stops being offloaded at once; [`MainEvent::NsRemoved`] reports when
+    /// every IO context has finished its in-flight I/O and destroyed its backend queue.
+    fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), EngineError> {
+        self.detach(subsys, nsid, user, false)
+    }
+
+    /// DOCA: `doca_sta_be_destroy_queue_task_alloc_init` + submit, for the soft engine's
+    /// backend queues of one namespace (one per IO thread): every command outstanding on
+    /// them is answered at once with Aborted - SQ Deletion (requests not yet handed to
+    /// the backend are dropped, requests the backend holds are abandoned and their late
+    /// completions discarded), then the queues are freed as soon as the backend returns
+    /// what it holds. The namespace is no longer offloaded afterwards: its I/O reaches the
+    /// application. For a backend that vanished or hangs. [`MainEvent::BeQueueDestroyed`]
+    /// reports the end.
+    fn be_queue_destroy(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        user: u64,
+    ) -> Result<(), EngineError> {
+        self.detach(subsys, nsid, user, true)
+    }
 
     /// DOCA: `doca_sta_io_create`. Returns the seed of an IO context: move it to its IO
     /// thread and call [`StaIoSeed::start`] there (the context's buffer pool and backend
     /// queues belong to that thread and never leave it). It will know every namespace
     /// added so far.
-    pub fn io_create(&mut self) -> StaIoSeed {
+    fn io_create(&mut self) -> Result<StaIoSeed, EngineError> {
         let (tx, rx) = unbounded();
         for (s, n, b) in &self.namespaces {
+            // Cannot fail: the receiving end is in the seed returned below.
             let _ = tx.send(Ctrl::NsAdd {
                 subsys: *s,
                 nsid: *n,
@@ -416,16 +408,16 @@ impl Sta {
             });
         }
         self.io_tx.push(tx);
-        StaIoSeed {
+        Ok(StaIoSeed {
             cfg: self.cfg.clone(),
             rx,
             ack: self.ack_tx.clone(),
             stats: self.stats.clone(),
-        }
+        })
     }
 
     /// DOCA: `doca_pe_progress` on the main PE. Returns one finished task, if any.
-    pub fn progress(&mut self) -> Option<MainEvent> {
+    fn progress(&mut self) -> Option<MainEvent> {
         while let Ok(ack) = self.ack_rx.try_recv() {
             match ack {
                 Ack::NsRemoved { task } => {
@@ -442,6 +434,7 @@ impl Sta {
                         subsys,
                         nsid,
                         commands,
+                        limit: self.cfg.backend_timeout,
                     })
                 }
                 Ack::BackendGone { subsys, nsid } => {
@@ -464,7 +457,12 @@ impl Sta {
     }
 
     /// Namespace removals still waiting for IO contexts.
-    pub fn pending_tasks(&self) -> usize {
+    fn pending_tasks(&self) -> usize {
         self.removes.len()
+    }
+
+    /// The publisher of namespace access views (see [`crate::access`]).
+    fn access_publisher(&self) -> AccessPublisher {
+        self.access.clone()
     }
 }

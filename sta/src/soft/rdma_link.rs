@@ -8,6 +8,10 @@
 //! receives are re-posted in one chain per pass and sends go out in one chain per pass
 //! (one doorbell each).
 
+// `unsafe` allowed here: verbs calls through rdma-core's function pointers, and the
+// registered buffers and work requests the NIC reads and writes.
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 
@@ -66,6 +70,21 @@ pub struct AcceptError {
     pub status: RejectStatus,
     #[source]
     pub error: VerbsError,
+}
+
+/// Add a device's completion channel (`fd`, from [`RdmaThread::accept`]) to the IO
+/// context's epoll set under `tag`.
+pub(super) fn watch_channel(
+    epoll: &nix::sys::epoll::Epoll,
+    fd: c_int,
+    tag: u64,
+) -> nix::Result<()> {
+    use nix::sys::epoll::{EpollEvent, EpollFlags};
+    // SAFETY: the completion channel's descriptor lives as long as this thread's verbs
+    // state (never closed before the IO context goes away), so it outlives its epoll
+    // registration.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, tag))
 }
 
 fn no_rsc(what: &str) -> AcceptError {

@@ -21,16 +21,20 @@ use super::tcp_link;
 use crate::{AccessKey, CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
 
 impl StaIo {
-    pub fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) {
-        if let Some(q) = qp_ref(&mut self.qps, qp) {
-            q.st.user = user;
-        }
+    pub(crate) fn qp_set_user_data(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        q.st.user = user;
+        Ok(())
     }
 
     /// DOCA `doca_sta_io_qp_add_subsystem`: binds an I/O queue (never an admin queue) to a
     /// subsystem; from now on the engine serves its I/O commands to that subsystem's
     /// namespaces.
-    pub fn qp_add_subsystem(&mut self, qp: QpHandle, subsys: SubsysId) -> Result<(), TaskError> {
+    pub(crate) fn qp_add_subsystem(
+        &mut self,
+        qp: QpHandle,
+        subsys: SubsysId,
+    ) -> Result<(), TaskError> {
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         q.st.subsys = Some(subsys);
         Ok(())
@@ -129,7 +133,7 @@ impl StaIo {
     /// every queue, the admin queue included: completions then carry SQHD wrapping at
     /// SQSIZE + 1 (or FFFFh without flow control), and on TCP a successful read's C2HData
     /// may carry the SUCCESS flag instead of a response capsule.
-    pub fn qp_connect_set_params(
+    pub(crate) fn qp_connect_set_params(
         &mut self,
         qp: QpHandle,
         qid: u16,
@@ -158,21 +162,27 @@ impl StaIo {
         Ok(())
     }
 
-    /// The payload buffer of a non-offloaded command.
-    pub fn payload(&mut self, token: CmdToken) -> Option<&mut [u8]> {
-        let c = self.core.cmd_mut(token)?;
-        let len = c.len as usize;
-        match c.buf.as_mut() {
-            Some(b) => Some(&mut b.as_mut_slice()[..len]),
-            None => Some(&mut []),
+    /// The payload buffer of a non-offloaded command the application holds (not while
+    /// its host data is being fetched, not once it was answered).
+    pub(crate) fn payload(&mut self, token: CmdToken) -> Result<&mut [u8], TaskError> {
+        let c = self.core.cmd_mut(token).ok_or(TaskError::NoCommand)?;
+        match c.st {
+            St::App => {}
+            St::H2C => return Err(TaskError::BadState),
+            _ => return Err(TaskError::NoCommand),
         }
+        let len = c.len as usize;
+        Ok(match c.buf.as_mut() {
+            Some(b) => &mut b.as_mut_slice()[..len],
+            None => &mut [],
+        })
     }
 
     /// DOCA `doca_sta_io_task_disconnect_alloc_init` + submit: stop taking input, let the
     /// QP's in-flight backend I/O finish, drop its unsent output, close the socket, then
     /// report `TaskDone { kind: QpDisconnect }`. The handle is dead afterwards (DOCA's
     /// `qp_destroy` is folded in). Tokens of the QP's non-offloaded commands die with it.
-    pub fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
+    pub(crate) fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         if q.st.disconnect.is_some() {
             return Err(TaskError::QpClosing);
@@ -185,15 +195,21 @@ impl StaIo {
                 // Post what is queued (a final response) best effort, then disconnect: the
                 // QP goes to the error state and everything outstanding flushes.
                 if let Some(rt) = self.rdma.as_mut() {
-                    let _ = post_rdma(rt, r, &self.core.cmds);
+                    if let Err(e) = post_rdma(rt, r, &self.core.cmds) {
+                        // The QP is going down anyway; the host sees the disconnect.
+                        tracing::debug!(qp = qp.as_u64(), "disconnect: last post failed: {e}");
+                    }
                     r.machine.discard_work();
                     r.disconnect(rt.lib);
                 }
             }
             Link::Tcp(t) => {
-                // Flush what is already queued (e.g. a final response or C2HTermReq) best
-                // effort, then drop the rest.
-                let _ = tcp_link::flush(t, &self.core.cmds, &mut self.released);
+                // Flush what is already queued (e.g. a final response) best effort, then
+                // drop the rest.
+                if let Err(e) = tcp_link::flush(t, &self.core.cmds, &mut self.released) {
+                    // The socket is closing anyway; the host sees the connection go.
+                    tracing::debug!(qp = qp.as_u64(), "disconnect: last write failed: {e}");
+                }
                 t.tx.discard(&mut self.released);
                 for c in self.released.drain(..) {
                     self.core.release(&mut q.st, c);
@@ -223,7 +239,12 @@ impl StaIo {
     /// DOCA `rdma_read` task: fetch the host's data for a non-offloaded command into its
     /// payload (TCP: R2T, then the host's H2CData; RDMA: RDMA READ of the keyed SGL).
     /// `TaskDone { kind: RdmaRead }` follows.
-    pub fn rdma_read(&mut self, qp: QpHandle, token: CmdToken, user: u64) -> Result<(), TaskError> {
+    pub(crate) fn rdma_read(
+        &mut self,
+        qp: QpHandle,
+        token: CmdToken,
+        user: u64,
+    ) -> Result<(), TaskError> {
         self.app_cmd(qp, token)?;
         let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
         let c = &mut self.core.cmds[token.idx as usize];
@@ -248,7 +269,7 @@ impl StaIo {
     /// DOCA `rdma_write_send` task: send `data_len` bytes of the payload to the host
     /// (TCP: C2HData; RDMA: RDMA WRITE), then the completion. `data_len` is clamped to
     /// the payload length.
-    pub fn rdma_write_send(
+    pub(crate) fn rdma_write_send(
         &mut self,
         qp: QpHandle,
         token: CmdToken,
@@ -269,7 +290,7 @@ impl StaIo {
     }
 
     /// DOCA `rdma_send` task: send the completion only (TCP: CapsuleResp; RDMA: SEND).
-    pub fn rdma_send(
+    pub(crate) fn rdma_send(
         &mut self,
         qp: QpHandle,
         token: CmdToken,

@@ -229,6 +229,7 @@ impl Wire {
 
     pub fn shutdown(&self) {
         if let Some(s) = self.socket() {
+            // Fails only when the peer already closed it: closed either way.
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         #[cfg(test)]

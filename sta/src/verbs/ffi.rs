@@ -8,6 +8,9 @@
 //! functions in verbs.h that call through `context->ops`; [`IbvContextOps`] mirrors that
 //! table up to `post_recv` (slots 11, 12, 25 and 26).
 
+// `unsafe` allowed here: the layouts and function tables of rdma-core's C API, called
+// through pointers loaded at run time.
+#![allow(unsafe_code)]
 #![allow(dead_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

@@ -15,6 +15,10 @@
 //! protocol live in `nvmf::rdma`; the verbs side of an engine QP in
 //! `crate::soft::rdma_link`.
 
+// `unsafe` allowed here: librdmacm and libibverbs calls (loaded with libloading) and the
+// raw CM ids and events they hand out.
+#![allow(unsafe_code)]
+
 /// The raw rdma-core declarations. Public (and hidden from the docs) only for the DOCA STA
 /// test double (`sta/doca-double`), which drives verbs itself with the same table; nothing
 /// else outside `sta` may use it.

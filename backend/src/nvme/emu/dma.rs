@@ -10,6 +10,10 @@
 //! range never reach this module: the emulator translates and bounds-checks first and
 //! answers Data Transfer Error instead, like an IOMMU fault.
 
+// `unsafe` allowed here: the emulated device copies to and from host memory by address, as
+// real DMA does.
+#![allow(unsafe_code)]
+
 use crate::IoBuf;
 
 use super::super::DmaRegion;

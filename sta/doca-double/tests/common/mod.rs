@@ -4,6 +4,9 @@
 //! saw, and a fixture that brings a main context and one IO context to RUNNING on a test
 //! device.
 
+// `unsafe` allowed here: these tests drive the double through its C ABI (doca-sys's
+// function table): every call is an FFI call with raw pointers.
+#![allow(unsafe_code)]
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;

@@ -8,6 +8,7 @@ use nvmf::tcp::{Digests, Xfer};
 
 use super::pair::*;
 use crate::soft::SoftConfig;
+use crate::Engine;
 
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-4000-8000-00000000000a";
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-4000-8000-00000000000b";

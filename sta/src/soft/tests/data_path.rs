@@ -6,6 +6,7 @@ use nvmf::tcp::{self, Digests, Pdu, RxFramer, Xfer};
 
 use super::pair::*;
 use crate::soft::SoftConfig;
+use crate::Engine;
 
 const DIGEST_CASES: [Digests; 3] = [
     Digests::NONE,

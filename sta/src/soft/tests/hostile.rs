@@ -559,7 +559,7 @@ fn a_connection_past_its_buffer_budget_waits_and_completes() {
         assert!(cqe.status().is_success(), "write {k}: {}", cqe.status());
         assert_eq!(disk(&p, k * 256, 256), pattern(k, 128 << 10));
     }
-    let hits = p.sta.stats().limit_hits();
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
     assert!(
         hits.iter()
             .any(|&(l, n)| l == crate::Limit::ConnectionBuffers.label() && n > 0),

@@ -17,7 +17,7 @@ use zerocopy::IntoBytes;
 
 use super::MemPipe;
 use crate::soft::{SoftConfig, Sta, StaIo};
-use crate::{CmdToken, Event, QpHandle, SubsysId, TaskKind};
+use crate::{CmdToken, Engine, Event, QpHandle, SubsysId, TaskKind};
 
 pub const NQN: &str = "nqn.2026-11.dev.nvmf-target:pair";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -159,7 +159,7 @@ impl Pair {
         let caps_mdts = (cfg.max_io_size / 4096).trailing_zeros() as u8;
         let ioccsz = cfg.max_incapsule_data;
         let mut sta = Sta::new(cfg);
-        let subsys = sta.subsystem_create(NQN);
+        let subsys = sta.subsystem_create(NQN).expect("subsystem");
         let backend = backend::RamBackend::new(BLOCKS * BLOCK as u64, BLOCK).expect("RAM");
         let backend_ops = Arc::new(std::sync::Mutex::new(Vec::new()));
         let backend_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -169,7 +169,11 @@ impl Pair {
             gone: backend_gone.clone(),
         });
         sta.ns_add(subsys, 1, recording).expect("ns_add");
-        let io = sta.io_create().start().expect("IO context");
+        let io = sta
+            .io_create()
+            .expect("IO context")
+            .start()
+            .expect("IO context");
         let mut target = Target::new(TargetOptions {
             mdts: caps_mdts,
             ioccsz_bytes: ioccsz,
@@ -546,7 +550,7 @@ impl Pair {
     fn execute(&mut self, qp: QpHandle, token: CmdToken, sqe: &Sqe) {
         let now = self.now;
         let key = qp.as_u64();
-        let Some(payload) = self.io.payload(token) else {
+        let Ok(payload) = self.io.payload(token) else {
             return;
         };
         if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {

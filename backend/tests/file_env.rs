@@ -1,0 +1,204 @@
+//! File backend tests that need something of the machine: a tmpfs (/dev/shm), a loop
+//! device (losetup, root), mounting a small tmpfs (root). Without it a test is SKIPPED
+//! (`common/skip.rs`), never passed.
+
+mod common;
+
+use std::process::Command;
+
+use backend::{Backend, FileBackend, FileOptions};
+use common::*;
+
+const SHM: &str = "/dev/shm";
+
+fn modes() -> Vec<Option<bool>> {
+    vec![Some(false), None]
+}
+
+fn main() {
+    let tmpfs = tempfile::tempdir_in(SHM)
+        .err()
+        .map(|e| format!("no writable {SHM}: {e}"));
+    let loopdev = match Command::new("losetup").arg("--find").output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "losetup --find: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("cannot run losetup: {e}")),
+    };
+    // /proc/self belongs to the process's effective user.
+    let root =
+        std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+    let small_tmpfs = loopdev
+        .clone()
+        .or_else(|| (!root).then(|| "mounting a tmpfs needs root".to_string()));
+    skip::run(vec![
+        skip::trial("on_tmpfs", tmpfs, on_tmpfs),
+        skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
+        skip::trial(
+            "writeback_error_fails_every_flush_on_every_queue",
+            small_tmpfs,
+            writeback_error_fails_every_flush_on_every_queue,
+        ),
+    ]);
+}
+
+/// The same checks on tmpfs (/dev/shm), whose fallocate and O_DIRECT support differ
+/// from ext4's.
+fn on_tmpfs() {
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    for direct in modes() {
+        let path = dir.path().join(format!("ns-{direct:?}.img"));
+        let opts = FileOptions {
+            create_size: Some(16 << 20),
+            block_size: Some(4096),
+            direct,
+        };
+        let be = FileBackend::open(&path, opts).unwrap();
+        eprintln!("tmpfs: direct={}", be.is_direct());
+        two_queues_two_threads(be.clone());
+        fua_flush_zeroes_dealloc(be.clone());
+        bad_requests(be);
+    }
+}
+
+/// Block-device path, on a loop device over a temp file when this machine allows it.
+fn block_device_via_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("loop.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["--find", "--show", "--sector-size", "512"])
+        .arg(&img)
+        .output();
+    let o = out.expect("losetup ran for the probe");
+    assert!(
+        o.status.success(),
+        "losetup could not attach: {}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
+    let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            // Best effort: a loop device left attached is harmless and visible in losetup.
+            if let Err(e) = Command::new("losetup").arg("-d").arg(&self.0).status() {
+                eprintln!("losetup -d {}: {e}", self.0);
+            }
+        }
+    }
+    let _guard = Detach(dev.clone());
+    eprintln!("block_device_via_loop: using {dev}");
+    let be = FileBackend::open(&dev, FileOptions::default()).unwrap();
+    assert!(be.is_block_device());
+    assert_eq!(be.block_size(), 512);
+    assert_eq!(be.num_blocks(), (32 << 20) / 512);
+    eprintln!("block_device_via_loop: direct={}", be.is_direct());
+    // A block size below the device's logical block size is refused.
+    assert!(FileBackend::open(
+        &dev,
+        FileOptions {
+            block_size: Some(256),
+            ..Default::default()
+        }
+    )
+    .is_err());
+    two_queues_two_threads(be.clone());
+    fua_flush_zeroes_dealloc(be.clone());
+    bad_requests(be.clone());
+    let be4k = FileBackend::open(
+        &dev,
+        FileOptions {
+            block_size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(be4k.num_blocks(), (32 << 20) / 4096);
+    fua_flush_zeroes_dealloc(be4k);
+    be.flush_sync().unwrap();
+}
+
+/// Runs `cmd`, returning its trimmed stdout, or why it failed.
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    match Command::new(cmd).args(args).output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+        Ok(o) => Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {cmd}: {e}")),
+    }
+}
+
+/// A writeback error (the device under a buffered backend fails after the writes were
+/// accepted into the page cache) must fail every later Flush, on every IO thread's
+/// queue: Linux reports it once per open file description (errseq), so queues sharing
+/// one would let all but one Flush succeed over lost data. Made real with a loop device
+/// whose backing file sits on a tmpfs too small for it.
+fn writeback_error_fails_every_flush_on_every_queue() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap().to_string();
+    sh("mount", &["-t", "tmpfs", "-o", "size=4m", "tmpfs", &mnt_s])
+        .unwrap_or_else(|e| panic!("as root, mounting a tmpfs: {e}"));
+    struct Cleanup(String, Option<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            // Best effort: a leftover is visible in losetup and mount.
+            if let Some(dev) = &self.1 {
+                let _ = Command::new("losetup").arg("-d").arg(dev).status();
+            }
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mut guard = Cleanup(mnt_s.clone(), None);
+    let img = mnt.join("thin.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let dev = sh("losetup", &["--find", "--show", img.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("losetup (the probe found it usable): {e}"));
+    guard.1 = Some(dev.clone());
+    let be = FileBackend::open(
+        &dev,
+        FileOptions {
+            direct: Some(false),
+            block_size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut a = be.clone().create_queue(16).unwrap();
+    let mut b = be.clone().create_queue(16).unwrap();
+    // 16 MiB of buffered writes: accepted into the page cache, far more than the 4 MiB
+    // the tmpfs can hold behind the loop device.
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..16u64 {
+        assert_eq!(
+            write(a.as_mut(), 4096, i * 256, &chunk, false),
+            IoStatus::Ok
+        );
+    }
+    let fa = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    let fb = run(b.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(
+        fa,
+        IoStatus::WriteFault,
+        "the queue that wrote sees the error"
+    );
+    assert_eq!(fb, IoStatus::WriteFault, "and so does every other queue");
+    // The data is lost: no later Flush may say otherwise.
+    let again = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(again, IoStatus::WriteFault, "a later Flush fails too");
+    assert!(be.flush_sync().is_err(), "and so does the shutdown flush");
+    drop((a, b, be));
+}

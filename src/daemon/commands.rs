@@ -1,0 +1,266 @@
+//! The non-offloaded path of an IO thread: a command the engine handed up (its host data,
+//! if any, already in its payload) is answered by the target, and a Fabrics Connect also
+//! binds the QP for the engine (at once, or once the queue has authenticated when its
+//! subsystem requires DH-HMAC-CHAP). Plus the log lines of an NVMe/TCP termination and of
+//! a TLS handshake.
+
+use std::time::Instant;
+
+use nvmf::spec::{opcodes, Cqe, Sqe, Status};
+use nvmf::target::{ConnectOk, Outcome, QueueRef};
+use sta::{AccessKey, CmdToken, IoContext, QpHandle, SubsysId, TaskError};
+
+use super::io_thread::IoThread;
+use super::shared::{queue_key, Counters};
+
+impl<I: IoContext> IoThread<I> {
+    /// Answer one non-offloaded command whose host data (if any) is in its payload.
+    pub(super) fn execute(&mut self, qp: QpHandle, token: CmdToken, sqe: &Sqe) {
+        if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT {
+            return self.connect(qp, token, sqe);
+        }
+        let Some(queue) = self.qps.get(&qp).and_then(|a| a.queue) else {
+            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_SEQUENCE_ERROR);
+            return self.answer(qp, token, &cqe, 0);
+        };
+        let now = Instant::now();
+        let shared = self.shared.clone();
+        let payload = match self.io.payload(token) {
+            Ok(p) => p,
+            Err(e) => return self.payload_gone(qp, e),
+        };
+        let pending = self.qps.get(&qp).and_then(|a| a.offload_after_auth);
+        let (outcome, actions, notices, authenticated) = {
+            let mut t = shared.target();
+            let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
+            let authenticated = pending.is_some() && t.queue_authenticated(queue);
+            (o, t.take_actions(), t.take_notices(), authenticated)
+        };
+        if let (true, Some((id, access))) = (authenticated, pending) {
+            // Authenticated: from now on the engine serves this queue's I/O itself.
+            if let Some(a) = self.qps.get_mut(&qp) {
+                a.offload_after_auth = None;
+            }
+            if let Err(e) = self.offload(qp, id, access) {
+                // The QP is going away (its disconnect reports it); nothing to bind.
+                tracing::debug!(
+                    qp = qp.as_u64(),
+                    "io{}: offload after auth: {e}",
+                    self.index
+                );
+            }
+        }
+        shared.report_notices(notices);
+        // A reservation, PTPL or visibility change reaches the engine (and the PTPL file)
+        // before the host hears the command completed.
+        shared.sync_target_state();
+        match outcome {
+            Outcome::Complete { cqe, data_len } => self.answer(qp, token, &cqe, data_len),
+            Outcome::Deferred => {
+                self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
+            }
+            // A retired controller: its queue is being disconnected (the action is already
+            // on its way); the command dies with the connection and the host retries it.
+            Outcome::Dropped => {}
+        }
+        self.route_or_apply(actions);
+    }
+
+    /// Fabrics Connect: the target decides; on success the QP learns its queue
+    /// parameters (and, for an I/O queue, the subsystem the engine serves it from)
+    /// before the answer goes out, as DOCA requires.
+    fn connect(&mut self, qp: QpHandle, token: CmdToken, sqe: &Sqe) {
+        let now = Instant::now();
+        let key = queue_key(self.index, qp);
+        let shared = self.shared.clone();
+        let origin = self
+            .qps
+            .get(&qp)
+            .map(|a| a.origin.clone())
+            .unwrap_or_default();
+        let payload = match self.io.payload(token) {
+            Ok(p) => p,
+            Err(e) => return self.payload_gone(qp, e),
+        };
+        let tls = self.qps.get(&qp).and_then(|a| a.tls.clone());
+        let (mut cqe, ok, notices) = {
+            let mut t = shared.target();
+            if let Some(p) = tls {
+                // The Connect must be for the host and subsystem the PSK belongs to.
+                t.set_queue_tls(
+                    key,
+                    nvmf::target::TlsPeer {
+                        identity: p.identity,
+                        hostnqn: p.hostnqn,
+                        subnqn: p.subnqn,
+                        generated: p.generated,
+                    },
+                );
+            }
+            let (cqe, ok) = t.connect(now, key, &origin, sqe, payload);
+            (cqe, ok, t.take_notices())
+        };
+        shared.report_notices(notices);
+        if let Some(ok) = ok {
+            if let Err(e) = self.bind_queue(qp, &ok) {
+                // SPDK answers a Connect it could not set up in the engine the same way.
+                tracing::error!(
+                    qp = qp.as_u64(),
+                    "io{}: controller {} queue {}: engine: {e}",
+                    self.index,
+                    ok.cntlid,
+                    ok.qid
+                );
+                cqe = Cqe::new(sqe.cid(), Status::INTERNAL_ERROR);
+            } else {
+                tracing::info!(
+                    "io{}: controller {} queue {} connected to {}",
+                    self.index,
+                    ok.cntlid,
+                    ok.qid,
+                    ok.subnqn
+                );
+            }
+        }
+        self.answer(qp, token, &cqe, 0);
+        let actions = shared.target().take_actions();
+        self.route_or_apply(actions);
+    }
+
+    /// Record the queue a successful Connect made, and tell the engine. An I/O queue that
+    /// must authenticate first is bound to its subsystem only once it has (`execute`):
+    /// until then every command of it reaches the target, which refuses I/O.
+    fn bind_queue(&mut self, qp: QpHandle, ok: &ConnectOk) -> Result<(), TaskError> {
+        if let Some(a) = self.qps.get_mut(&qp) {
+            a.queue = Some(QueueRef {
+                cntlid: ok.cntlid,
+                qid: ok.qid,
+            });
+        }
+        if ok.qid > 0 {
+            // A subsystem the target accepted a Connect for is registered with the engine
+            // (`subsystems.rs` adds both or neither).
+            if let Some(id) = self.shared.subsystems.id(&ok.subnqn) {
+                if ok.authentication_required {
+                    if let Some(a) = self.qps.get_mut(&qp) {
+                        a.offload_after_auth = Some((id, ok.access));
+                    }
+                } else {
+                    self.offload(qp, id, ok.access)?;
+                }
+            }
+        }
+        self.io
+            .qp_connect_set_params(qp, ok.qid, ok.sqsize, ok.disable_sq_flow_control)
+    }
+
+    /// Hands a connected (and, where required, authenticated) I/O queue's data path to the
+    /// engine: who its commands come from, for the access views, then its subsystem. The
+    /// key goes first so that no offloaded command is ever checked without it.
+    fn offload(&mut self, qp: QpHandle, id: SubsysId, access: AccessKey) -> Result<(), TaskError> {
+        self.io.qp_set_access(qp, access)?;
+        self.io.qp_add_subsystem(qp, id)
+    }
+
+    /// A TLS handshake ended: remember whose PSK the connection uses (its Connect must be
+    /// for that host and subsystem), or log and count why it failed.
+    pub(super) fn on_tls(&mut self, qp: QpHandle, ok: bool) {
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        match self.io.qp_tls(qp) {
+            Some(Ok(p)) if ok => {
+                tracing::info!(
+                    "{}: TLS 1.3 ({}) with PSK {:?} of host {:?} for subsystem {:?}",
+                    crate::refusals::where_from(c.as_ref()),
+                    p.cipher,
+                    p.identity,
+                    p.hostnqn,
+                    p.subnqn
+                );
+                if let Some(a) = self.qps.get_mut(&qp) {
+                    a.tls = Some(p);
+                }
+            }
+            other => {
+                let why = match other {
+                    Some(Err(e)) => e,
+                    _ => "unknown".to_string(),
+                };
+                let line = format!(
+                    "{}: TLS handshake failed: {why}",
+                    crate::refusals::where_from(c.as_ref())
+                );
+                self.shared.refusals.report(
+                    crate::refusals::TLS_HANDSHAKE_FAILED,
+                    c.and_then(|c| c.peer),
+                    &line,
+                );
+            }
+        }
+    }
+
+    /// The engine no longer lends the command's payload: its QP is closing (the command
+    /// dies with it), or this thread lost track of it.
+    fn payload_gone(&mut self, qp: QpHandle, e: TaskError) {
+        tracing::debug!(qp = qp.as_u64(), "io{}: payload: {e}", self.index);
+    }
+
+    /// Logs and counts an NVMe/TCP termination (a rejected ICReq, a C2HTermReq we sent, an
+    /// H2CTermReq the host sent).
+    pub(super) fn report_termination(
+        &mut self,
+        qp: QpHandle,
+        by_host: bool,
+        icreq: bool,
+        fes: u16,
+        fei: u32,
+    ) {
+        use crate::refusals as r;
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        let what = fes_text(fes);
+        let (label, line) = if by_host {
+            (
+                r::H2C_TERM_REQ_RECEIVED,
+                format!("the host terminated the connection with an H2CTermReq (FES {fes:#x}: {what}, FEI {fei})"),
+            )
+        } else if icreq {
+            (
+                r::ICREQ_REJECTED,
+                format!("ICReq rejected with a C2HTermReq (FES {fes:#x}: {what}, FEI {fei} = byte offset of the bad field)"),
+            )
+        } else {
+            (
+                r::C2H_TERM_REQ_SENT,
+                format!("the host broke NVMe/TCP: sent a C2HTermReq (FES {fes:#x}: {what}, FEI {fei} = byte offset of the bad field) and closed the connection"),
+            )
+        };
+        let queue = self.qps.get(&qp).and_then(|a| a.queue);
+        let (host, sub) = queue
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
+            .unwrap_or_default();
+        let line = format!(
+            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {line}",
+            r::where_from(c.as_ref()),
+            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
+            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+        );
+        self.shared
+            .refusals
+            .report(label, c.and_then(|c| c.peer), &line);
+    }
+}
+
+/// A few words for a TermReq's Fatal Error Status (NVMe/TCP 1.0 Figure 23).
+fn fes_text(fes: u16) -> &'static str {
+    use nvmf::tcp::fes;
+    match fes {
+        fes::INVALID_HEADER_FIELD => "invalid PDU header field",
+        fes::PDU_SEQUENCE_ERROR => "PDU sequence error",
+        fes::HEADER_DIGEST_ERROR => "header digest error",
+        fes::DATA_TRANSFER_OUT_OF_RANGE => "data transfer out of range",
+        fes::DATA_TRANSFER_LIMIT_EXCEEDED => "data transfer limit exceeded",
+        fes::UNSUPPORTED_PARAMETER => "unsupported parameter",
+        _ => "unknown",
+    }
+}

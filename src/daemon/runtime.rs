@@ -1,0 +1,620 @@
+//! What the main thread owns and how a configuration change is applied: the engine's
+//! main context, the backends, the listeners, and the configuration they were built
+//! from. Start-up is the change from an empty configuration; SIGHUP is the change from
+//! the running one to the re-read file (`crate::reload` computes the difference).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use backend::Backend;
+use nvmf::target::{
+    Action, ListenerInfo, NamespaceConfig, PersistedReservation, SubsystemConfig, TargetError,
+};
+use sta::{Engine, EngineError, MainEvent, SubsysId};
+
+use super::backends::{open_backend, OpenError};
+use super::listeners::{listener_info, ListenerError, Listeners};
+use super::policy;
+use super::shared::Shared;
+use super::subsystems::RegisterError;
+use crate::config::Config;
+use crate::reload::{diff, ConfigDiff};
+
+/// One part of a configuration change that could not be applied (the rest was).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ApplyError {
+    #[error("subsystem {nqn}: {source}")]
+    Subsystem {
+        nqn: String,
+        #[source]
+        source: RegisterError,
+    },
+    #[error("subsystem {nqn}: removing namespace {nsid}: {source}")]
+    RemoveNamespace {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn}: engine: {what}: {source}")]
+    Engine {
+        nqn: String,
+        what: String,
+        #[source]
+        source: EngineError,
+    },
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    AddNamespace {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    NamespaceHosts {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("reservations: subsystem {nqn} namespace {nsid}: {source}")]
+    RestoreReservation {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn}: ANA groups: {source}")]
+    AnaGroups {
+        nqn: String,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn} namespace {nsid}: backend {backend} or subsystem unavailable")]
+    Unavailable {
+        nqn: String,
+        nsid: u32,
+        backend: String,
+    },
+    #[error("listener {name}: {source}")]
+    Listener {
+        name: String,
+        #[source]
+        source: ListenerError,
+    },
+    #[error(transparent)]
+    Backend(#[from] OpenError),
+}
+
+/// A removed subsystem whose namespaces the engine is still removing; the engine forgets
+/// the subsystem once they are all gone (a subsystem is destroyed only without
+/// namespaces, DOCA's rule too).
+struct Retiring {
+    nqn: String,
+    id: SubsysId,
+    namespaces: Vec<u32>,
+}
+
+pub(super) struct Runtime<E: Engine> {
+    pub cfg: Config,
+    pub engine: E,
+    pub shared: Arc<Shared>,
+    pub backends: HashMap<String, Arc<dyn Backend>>,
+    pub listeners: Listeners,
+    retiring: Vec<Retiring>,
+    /// Namespaces whose hung backend queues were destroyed (`be_queue_destroy` once each,
+    /// until a reload removes the namespace).
+    hung: std::collections::HashSet<(SubsysId, u32)>,
+    /// Reservations read from the PTPL state file at start-up, restored as their
+    /// namespaces are added (before any host can reach them).
+    persisted: Vec<PersistedReservation>,
+}
+
+impl<E: Engine> Runtime<E> {
+    /// A runtime serving nothing yet; `cfg` keeps what cannot change without a restart
+    /// (IO threads, metrics, max I/O size) and lists no listener, backend or subsystem.
+    pub fn new(
+        cfg: &Config,
+        engine: E,
+        shared: Arc<Shared>,
+        persisted: Vec<PersistedReservation>,
+    ) -> Runtime<E> {
+        // Every field spelled out (no `..cfg`): a field added to `Config` must be decided
+        // here, empty (applied at start-up as a change) or kept (restart-only).
+        let empty = Config {
+            threads: cfg.threads.clone(),
+            listeners: Vec::new(),
+            backends: Vec::new(),
+            subsystems: Vec::new(),
+            metrics: cfg.metrics,
+            max_io_size: cfg.max_io_size,
+            engine: cfg.engine,
+            source: cfg.source.clone(),
+            hosts: Vec::new(),
+            // Restart-only: the state file was opened at start-up.
+            reservations: cfg.reservations.clone(),
+            referrals: Vec::new(),
+        };
+        Runtime {
+            cfg: empty,
+            engine,
+            shared,
+            backends: HashMap::new(),
+            listeners: Listeners::default(),
+            retiring: Vec::new(),
+            hung: Default::default(),
+            persisted,
+        }
+    }
+
+    /// After start-up: reservations of the state file whose namespace is not configured
+    /// any more are dropped, and said so.
+    pub fn drop_unrestored_reservations(&mut self) {
+        for p in std::mem::take(&mut self.persisted) {
+            tracing::warn!(
+                "reservations: subsystem {} namespace {}: not restored; it is no longer configured",
+                p.subnqn,
+                p.nsid
+            );
+        }
+    }
+
+    /// Apply a configuration change (DESIGN: the main thread owns config). Steps run in
+    /// the order `reload` documents: removals first, then additions, with one exception:
+    /// a removed subsystem's controllers are retired (their connections torn down)
+    /// *before* its namespaces leave the engine. Otherwise I/O arriving between the two
+    /// would be answered Invalid Namespace or Command Sequence Error with DNR, which the
+    /// Linux host hands to the application; once retired, a controller's commands get no
+    /// answer and the host requeues them and reconnects (what it sees when Linux nvmet
+    /// removes a subsystem). Errors are collected (and logged), not fatal: the rest of
+    /// the change is still applied, and the caller decides what an error means.
+    pub fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Vec<ApplyError> {
+        let mut errors = Errors::default();
+        self.retire_subsystems(d);
+        self.remove_namespaces(d, &mut errors);
+        self.forget_subsystems(d, &mut errors);
+        for name in &d.backends_removed {
+            // The engine holds its own reference until every queue on it is gone.
+            self.backends.remove(name);
+            tracing::info!("backend {name} released");
+        }
+        for l in &d.listeners_removed {
+            self.listeners.close(&self.shared, &l.name);
+        }
+        let depth = self.engine.caps().max_queue_depth;
+        for l in &d.listeners_added {
+            if let Err(source) = self.listeners.open(&self.shared, l, depth) {
+                errors.push(ApplyError::Listener {
+                    name: l.name.clone(),
+                    source,
+                });
+            }
+        }
+        self.open_backends(d, &mut errors);
+        if d.auth_changed {
+            // Before any subsystem is added: no host reaches a new subsystem before the
+            // rules that bind it are in place.
+            policy::apply_auth(&self.shared, new);
+        }
+        policy::rebuild_psk_table(&self.shared, new);
+        self.add_subsystems(d, new, &mut errors);
+        self.add_namespaces(d, &mut errors);
+        for (nqn, any, hosts) in &d.hosts_changed {
+            let actions = self.shared.target().set_hosts(nqn, *any, hosts.clone());
+            self.shared.route(actions);
+            tracing::info!("subsystem {nqn}: host access updated");
+        }
+        self.apply_visibility_ana_referrals(d, new, &mut errors);
+        self.shared.sync_target_state();
+        for line in &d.restart_required {
+            tracing::warn!("needs a restart to take effect: {line}");
+        }
+        errors.0
+    }
+
+    /// Removed subsystems first: Connects to them are refused from now on, and their
+    /// controllers are retired (every queue asked to disconnect) while the engine still
+    /// serves their namespaces.
+    fn retire_subsystems(&mut self, d: &ConfigDiff) {
+        for nqn in &d.subsystems_removed {
+            let actions = self.shared.retire_subsystem(nqn);
+            let queues = actions
+                .iter()
+                .filter(|a| matches!(a, Action::Disconnect { .. }))
+                .count();
+            tracing::info!("subsystem {nqn}: disconnecting {queues} queue(s) of its controllers");
+            self.shared.route(actions);
+        }
+    }
+
+    /// Hosts learn first (Namespace Attribute Changed), then the engine stops serving the
+    /// namespace: new I/O reaches the target, which answers Invalid Namespace (as nvmet
+    /// does for a disabled namespace). A removed subsystem's namespaces only leave the
+    /// engine: the target forgot them with the subsystem.
+    fn remove_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
+        for (nqn, nsid) in &d.namespaces_removed {
+            if !d.subsystems_removed.contains(nqn) {
+                if let Err(source) = self.shared.target().remove_namespace(nqn, *nsid) {
+                    errors.push(ApplyError::RemoveNamespace {
+                        nqn: nqn.clone(),
+                        nsid: *nsid,
+                        source,
+                    });
+                }
+                let actions = self.shared.target().take_actions();
+                self.shared.route(actions);
+            }
+            if let Some(id) = self.shared.subsystems.id(nqn) {
+                self.hung.remove(&(id, *nsid));
+                match self.engine.ns_remove(id, *nsid, 0) {
+                    Ok(()) => {
+                        if d.subsystems_removed.contains(nqn) {
+                            self.retiring_entry(nqn, id).namespaces.push(*nsid);
+                        }
+                    }
+                    Err(source) => errors.push(ApplyError::Engine {
+                        nqn: nqn.clone(),
+                        what: format!("removing namespace {nsid}"),
+                        source,
+                    }),
+                }
+            }
+            tracing::info!("subsystem {nqn}: namespace {nsid} removed");
+        }
+    }
+
+    fn retiring_entry(&mut self, nqn: &str, id: SubsysId) -> &mut Retiring {
+        let i = match self.retiring.iter().position(|r| r.id == id) {
+            Some(i) => i,
+            None => {
+                self.retiring.push(Retiring {
+                    nqn: nqn.to_string(),
+                    id,
+                    namespaces: Vec::new(),
+                });
+                self.retiring.len() - 1
+            }
+        };
+        &mut self.retiring[i]
+    }
+
+    /// The NQNs of removed subsystems stop naming engine subsystems; an engine subsystem
+    /// with no namespace left to remove is destroyed now, the others when their last
+    /// `NsRemoved` arrives ([`Runtime::engine_events`]).
+    fn forget_subsystems(&mut self, d: &ConfigDiff, errors: &mut Errors) {
+        for nqn in &d.subsystems_removed {
+            if let Some(id) = self.shared.forget_subsystem(nqn) {
+                let r = self.retiring_entry(nqn, id);
+                if r.namespaces.is_empty() {
+                    self.destroy_retired(id, errors);
+                }
+            }
+            tracing::info!("subsystem {nqn} removed");
+        }
+    }
+
+    fn destroy_retired(&mut self, id: SubsysId, errors: &mut Errors) {
+        let Some(i) = self.retiring.iter().position(|r| r.id == id) else {
+            return;
+        };
+        let r = self.retiring.swap_remove(i);
+        if let Err(source) = self.engine.subsystem_destroy(id) {
+            errors.push(ApplyError::Engine {
+                nqn: r.nqn,
+                what: "destroying the subsystem".into(),
+                source,
+            });
+        }
+    }
+
+    fn open_backends(&mut self, d: &ConfigDiff, errors: &mut Errors) {
+        for b in &d.backends_added {
+            match open_backend(b) {
+                Ok(be) => {
+                    tracing::info!(
+                        "backend {}: {} ({} blocks of {} bytes)",
+                        b.name,
+                        be.describe(),
+                        be.num_blocks(),
+                        be.block_size()
+                    );
+                    self.backends.insert(b.name.clone(), be);
+                }
+                Err(e) => errors.push(e.into()),
+            }
+        }
+    }
+
+    fn add_subsystems(&mut self, d: &ConfigDiff, new: &Config, errors: &mut Errors) {
+        for s in &d.subsystems_added {
+            let infos: Vec<ListenerInfo> = s
+                .listeners
+                .iter()
+                .filter_map(|n| {
+                    new.listeners
+                        .iter()
+                        .find(|l| l.name == *n)
+                        .map(listener_info)
+                })
+                .collect();
+            let cfg = SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                // A subsystem that names no listeners is on all of them, those a later
+                // reload adds included.
+                listeners: if s.all_listeners { None } else { Some(infos) },
+            };
+            match self.shared.add_subsystem(&mut self.engine, cfg) {
+                Ok(_) => tracing::info!("subsystem {} added", s.nqn),
+                Err(source) => errors.push(ApplyError::Subsystem {
+                    nqn: s.nqn.clone(),
+                    source,
+                }),
+            }
+        }
+    }
+
+    fn add_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
+        for (nqn, ns) in &d.namespaces_added {
+            let be = self.backends.get(&ns.backend).cloned();
+            let (Some(be), Some(id)) = (be, self.shared.subsystems.id(nqn)) else {
+                errors.push(ApplyError::Unavailable {
+                    nqn: nqn.clone(),
+                    nsid: ns.nsid,
+                    backend: ns.backend.clone(),
+                });
+                continue;
+            };
+            // The engine serves it before any host can learn of it.
+            if let Err(source) = self.engine.ns_add(id, ns.nsid, be.clone()) {
+                errors.push(ApplyError::Engine {
+                    nqn: nqn.clone(),
+                    what: format!("adding namespace {}", ns.nsid),
+                    source,
+                });
+                continue;
+            }
+            let r = self.shared.target().add_namespace(
+                nqn,
+                NamespaceConfig {
+                    nsid: ns.nsid,
+                    block_size: be.block_size(),
+                    num_blocks: be.num_blocks(),
+                    uuid: ns.uuid,
+                    nguid: ns.nguid,
+                    eui64: ns.eui64,
+                    volatile_write_cache: be.volatile_write_cache(),
+                    anagrpid: ns.ana_group,
+                    hosts: ns.hosts.clone(),
+                },
+            );
+            match r {
+                Ok(()) => {
+                    tracing::info!(
+                        "subsystem {nqn}: namespace {} on backend {}",
+                        ns.nsid,
+                        ns.backend
+                    );
+                    self.restore_reservation(nqn, ns.nsid, errors);
+                }
+                Err(source) => {
+                    errors.push(ApplyError::AddNamespace {
+                        nqn: nqn.clone(),
+                        nsid: ns.nsid,
+                        source,
+                    });
+                    // Undo the engine's half; its NsRemoved is only logged.
+                    if let Err(e) = self.engine.ns_remove(id, ns.nsid, 0) {
+                        tracing::error!(
+                            "subsystem {nqn}: engine: removing namespace {} again: {e}",
+                            ns.nsid
+                        );
+                    }
+                }
+            }
+            // Its access view (visibility, ANA, a restored reservation) reaches the
+            // engine before a host learns of the namespace.
+            self.shared.sync_target_state();
+            let actions = self.shared.target().take_actions();
+            self.shared.route(actions);
+        }
+    }
+
+    /// The reservation the state file kept for a namespace just added, if any.
+    fn restore_reservation(&mut self, nqn: &str, nsid: u32, errors: &mut Errors) {
+        let Some(i) = self
+            .persisted
+            .iter()
+            .position(|p| p.subnqn == nqn && p.nsid == nsid)
+        else {
+            return;
+        };
+        let p = self.persisted.swap_remove(i);
+        match self.shared.target().restore_reservation(p) {
+            Ok(()) => tracing::info!("reservations: subsystem {nqn} namespace {nsid}: restored"),
+            Err(source) => errors.push(ApplyError::RestoreReservation {
+                nqn: nqn.to_string(),
+                nsid,
+                source,
+            }),
+        }
+    }
+
+    /// Per-namespace visibility, ANA states (of added subsystems and changed ones; hosts
+    /// on listeners whose state changed get an ANA Change event) and referrals.
+    fn apply_visibility_ana_referrals(
+        &mut self,
+        d: &ConfigDiff,
+        new: &Config,
+        errors: &mut Errors,
+    ) {
+        for (nqn, nsid, hosts) in &d.namespace_hosts_changed {
+            let r = self
+                .shared
+                .target()
+                .set_namespace_hosts(nqn, *nsid, hosts.clone());
+            match r {
+                Ok(actions) => {
+                    self.shared.route(actions);
+                    tracing::info!("subsystem {nqn}: namespace {nsid}: visibility updated");
+                }
+                Err(source) => errors.push(ApplyError::NamespaceHosts {
+                    nqn: nqn.clone(),
+                    nsid: *nsid,
+                    source,
+                }),
+            }
+        }
+        let ana_changes = d
+            .subsystems_added
+            .iter()
+            .filter(|s| !s.ana_groups.is_empty())
+            .map(|s| (s.nqn.clone(), s.ana_groups.clone()))
+            .chain(d.ana_groups_changed.iter().cloned());
+        for (nqn, groups) in ana_changes {
+            let groups = policy::ana_groups(&groups, new);
+            let r = self.shared.target().set_ana_groups(&nqn, groups);
+            match r {
+                Ok(actions) => {
+                    self.shared.route(actions);
+                    tracing::info!("subsystem {nqn}: ANA states applied");
+                }
+                Err(source) => errors.push(ApplyError::AnaGroups { nqn, source }),
+            }
+        }
+        if let Some(refs) = &d.referrals_changed {
+            let actions = self.shared.target().set_referrals(policy::referrals(refs));
+            self.shared.route(actions);
+        }
+    }
+
+    /// SIGHUP: re-read the file, validate it, apply the difference.
+    pub fn reload(&mut self, path: Option<&Path>) {
+        let Some(path) = path else {
+            tracing::warn!("SIGHUP: running on the embedded default, there is no file to re-read");
+            return;
+        };
+        tracing::info!("SIGHUP: reloading {}", path.display());
+        let new = match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("reload rejected, configuration unchanged: {e}");
+                return;
+            }
+        };
+        let d = diff(&self.cfg, &new);
+        if d.is_empty() {
+            tracing::info!("reload: no changes");
+            return;
+        }
+        for line in d.summary() {
+            tracing::info!("reload: {line}");
+        }
+        let errors = self.apply(&d, &new);
+        if errors.is_empty() {
+            tracing::info!("reload applied");
+        } else {
+            tracing::error!("reload applied with {} error(s); see above", errors.len());
+        }
+        self.cfg = new;
+    }
+
+    /// Drain the engine's main events: task completions (a retired subsystem's last
+    /// namespace gone lets the engine destroy it) and backend timeouts.
+    pub fn engine_events(&mut self) {
+        while let Some(ev) = self.engine.progress() {
+            match ev {
+                MainEvent::NsRemoved { subsys, nsid, .. } => {
+                    tracing::info!(
+                        "engine: namespace {nsid} of subsystem {} drained and detached",
+                        self.subsystem_name(subsys)
+                    );
+                    let done = self
+                        .retiring
+                        .iter_mut()
+                        .find(|r| r.id == subsys)
+                        .is_some_and(|r| {
+                            r.namespaces.retain(|n| *n != nsid);
+                            r.namespaces.is_empty()
+                        });
+                    if done {
+                        // Errors are logged by the collector; nothing else waits for them.
+                        self.destroy_retired(subsys, &mut Errors::default());
+                    }
+                }
+                MainEvent::BeQueueDestroyed { subsys, nsid, .. } => tracing::warn!(
+                    "engine: backend queues of namespace {nsid} of subsystem {} destroyed",
+                    self.subsystem_name(subsys)
+                ),
+                MainEvent::BackendTimeout {
+                    subsys,
+                    nsid,
+                    commands,
+                    limit,
+                } => {
+                    let nqn = self.subsystem_name(subsys);
+                    tracing::error!(
+                        "backend timeout: {commands} command(s) of namespace {nsid} of \
+                         subsystem {nqn} outstanding longer than {limit:?}: the backend hangs; \
+                         its queues are destroyed (what is outstanding is answered Aborted - SQ \
+                         Deletion) and the namespace is taken out (Internal Path Error: hosts \
+                         fail over) until a reload removes it"
+                    );
+                    self.namespace_lost(&nqn, nsid);
+                    if self.hung.insert((subsys, nsid)) {
+                        if let Err(e) = self.engine.be_queue_destroy(subsys, nsid, 0) {
+                            tracing::error!(
+                                "subsystem {nqn}: namespace {nsid}: be_queue_destroy: {e}"
+                            );
+                        }
+                    }
+                }
+                MainEvent::BackendGone { subsys, nsid } => {
+                    let nqn = self.subsystem_name(subsys);
+                    tracing::error!(
+                        "engine: the backend of namespace {nsid} of subsystem {nqn} is gone \
+                         (file deleted, device removed): the namespace is taken out (Internal \
+                         Path Error: hosts fail over) until a reload removes it"
+                    );
+                    self.namespace_lost(&nqn, nsid);
+                }
+            }
+        }
+    }
+
+    /// The storage of a namespace is gone or hangs: the target takes it out of the active
+    /// namespace list (with the Namespace Attribute Changed event) and answers its I/O
+    /// Internal Path Error without DNR, so a multipath host fails over (see
+    /// `nvmf::target::Target::namespace_lost`). Idempotent.
+    fn namespace_lost(&mut self, nqn: &str, nsid: u32) {
+        if let Err(e) = self.shared.target().namespace_lost(nqn, nsid) {
+            tracing::warn!("subsystem {nqn}: namespace {nsid}: cannot take it out: {e}");
+        }
+        self.shared.sync_target_state();
+        let actions = self.shared.target().take_actions();
+        self.shared.route(actions);
+    }
+
+    /// The NQN of engine subsystem `id`, retiring ones included, for logs.
+    fn subsystem_name(&self, id: SubsysId) -> String {
+        match self.retiring.iter().find(|r| r.id == id) {
+            Some(r) => r.nqn.clone(),
+            None => self.shared.subsystems.name(id),
+        }
+    }
+}
+
+/// Errors of one apply, logged as they happen.
+#[derive(Default)]
+struct Errors(Vec<ApplyError>);
+
+impl Errors {
+    fn push(&mut self, e: ApplyError) {
+        tracing::error!("{e}");
+        self.0.push(e);
+    }
+}

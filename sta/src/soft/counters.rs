@@ -1,0 +1,176 @@
+//! The soft engine's counters: written by one IO thread each (plain loads and stores, no
+//! locked instruction, no shared cache line written by two threads) and summed over
+//! threads when the application reads [`crate::Stats`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nvmf::spec::Status;
+
+use crate::stats::{
+    error_status_index, latency_bucket, LatencyTotals, NsTotals, StatsSource, ThreadTotals,
+    ERROR_STATUSES, LATENCY_BOUNDS_US,
+};
+use crate::SubsysId;
+
+/// Single-writer increment: a plain load and store, no locked instruction.
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
+    c.store(
+        c.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
+/// A latency histogram written by one thread and read by scrapers.
+#[derive(Debug, Default)]
+pub(crate) struct LatencyHistogram {
+    buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    #[inline]
+    pub(crate) fn record(&self, ns: u64) {
+        bump(&self.buckets[latency_bucket(ns)], 1);
+        bump(&self.sum_ns, ns);
+    }
+
+    fn add_to(&self, t: &mut LatencyTotals) {
+        for (t, b) in t.buckets.iter_mut().zip(self.buckets.iter()) {
+            *t += b.load(Ordering::Relaxed);
+        }
+        t.sum_ns += self.sum_ns.load(Ordering::Relaxed);
+    }
+}
+
+/// Per-(thread, namespace) I/O counters.
+#[derive(Debug, Default)]
+pub(crate) struct NsCounters {
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other_cmds: AtomicU64,
+    pub errors: AtomicU64,
+    /// Errors by status: [`ERROR_STATUSES`] order, then "other".
+    pub errors_by_status: [AtomicU64; ERROR_STATUSES.len() + 1],
+    /// Requests this thread has in the namespace's backend queue right now (a gauge).
+    pub queue_depth: AtomicU64,
+    /// Capsule arrival to completion queued, per operation.
+    pub read_latency: LatencyHistogram,
+    pub write_latency: LatencyHistogram,
+    pub other_latency: LatencyHistogram,
+}
+
+impl NsCounters {
+    #[inline]
+    pub(crate) fn count_error(&self, s: Status) {
+        bump(&self.errors, 1);
+        bump(&self.errors_by_status[error_status_index(s)], 1);
+    }
+
+    fn add_to(&self, t: &mut NsTotals) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        t.read_cmds += l(&self.read_cmds);
+        t.write_cmds += l(&self.write_cmds);
+        t.read_bytes += l(&self.read_bytes);
+        t.write_bytes += l(&self.write_bytes);
+        t.other_cmds += l(&self.other_cmds);
+        t.errors += l(&self.errors);
+        for (t, c) in t
+            .errors_by_status
+            .iter_mut()
+            .zip(self.errors_by_status.iter())
+        {
+            *t += l(c);
+        }
+        t.queue_depth += l(&self.queue_depth);
+        self.read_latency.add_to(&mut t.read_latency);
+        self.write_latency.add_to(&mut t.write_latency);
+        self.other_latency.add_to(&mut t.other_latency);
+    }
+}
+
+/// Per-IO-thread engine counters.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadCounters {
+    pub offloaded: AtomicU64,
+    pub non_offloaded: AtomicU64,
+    pub busy_polls: AtomicU64,
+    pub idle_polls: AtomicU64,
+    pub qps: AtomicU64,
+    /// Hits of each [`crate::Limit`], in [`crate::Limit::ALL`] order.
+    pub limit_hits: [AtomicU64; crate::Limit::ALL.len()],
+}
+
+impl ThreadCounters {
+    #[inline]
+    pub(crate) fn hit(&self, l: crate::Limit) {
+        bump(&self.limit_hits[l.index()], 1);
+    }
+}
+
+/// Every thread's counters, registered as threads and namespaces appear (the only lock,
+/// taken at registration and by readers, never on the data path).
+#[derive(Default)]
+pub(crate) struct StatsRegistry {
+    ns: Mutex<Vec<(SubsysId, u32, Arc<NsCounters>)>>,
+    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+}
+
+impl StatsRegistry {
+    pub(crate) fn register_ns(&self, subsys: SubsysId, nsid: u32) -> Arc<NsCounters> {
+        let c = Arc::new(NsCounters::default());
+        self.ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((subsys, nsid, c.clone()));
+        c
+    }
+
+    pub(crate) fn register_thread(&self) -> Arc<ThreadCounters> {
+        let c = Arc::new(ThreadCounters::default());
+        self.threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(c.clone());
+        c
+    }
+}
+
+impl StatsSource for StatsRegistry {
+    fn namespace(&self, subsys: SubsysId, nsid: u32) -> NsTotals {
+        let list = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = NsTotals::default();
+        for (_, _, c) in list.iter().filter(|(s, n, _)| *s == subsys && *n == nsid) {
+            c.add_to(&mut t);
+        }
+        t
+    }
+
+    fn namespaces(&self) -> Vec<(SubsysId, u32)> {
+        let list = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(SubsysId, u32)> = list.iter().map(|(s, n, _)| (*s, *n)).collect();
+        v.sort_by_key(|(s, n)| (s.0, *n));
+        v.dedup();
+        v
+    }
+
+    fn threads(&self) -> Vec<ThreadTotals> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|c| ThreadTotals {
+                offloaded: l(&c.offloaded),
+                non_offloaded: l(&c.non_offloaded),
+                busy_polls: l(&c.busy_polls),
+                idle_polls: l(&c.idle_polls),
+                qps: l(&c.qps),
+                limit_hits: std::array::from_fn(|i| l(&c.limit_hits[i])),
+            })
+            .collect()
+    }
+}
