@@ -52,8 +52,8 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine and the
-//!   metrics address;
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, `limits:`
+//!   and the metrics address (and `allow_remote`);
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial, model or named listeners (a changed address of a listener it
 //!   names too). A subsystem that names no listeners is on all of them, and follows
@@ -229,7 +229,11 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         d.restart_required
             .push(format!("engine: {} -> {}", old.engine, new.engine));
     }
-    if old.metrics != new.metrics {
+    if old.limits != new.limits {
+        // The engine and the connection accounting take them at start-up.
+        d.restart_required.push("limits: changed".to_string());
+    }
+    if old.metrics != new.metrics || old.metrics_allow_remote != new.metrics_allow_remote {
         let text = |m: Option<std::net::SocketAddr>| m.map_or("off".to_string(), |a| a.to_string());
         d.restart_required.push(format!(
             "metrics address: {} -> {}",

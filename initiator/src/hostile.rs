@@ -134,7 +134,9 @@ pub fn controller(
 }
 
 /// `n` controllers, each with one I/O queue on which `qd` writes of `len` bytes are sent
-/// by R2T and whose data never comes (the R2Ts are never answered).
+/// by R2T and whose data never comes (the R2Ts are never answered). The writes stay
+/// within the first 64 MiB of namespace 1 (512-byte blocks), so that none is refused
+/// (LBA out of range) instead of waiting for its data.
 pub fn data_never_comes(
     to: SocketAddr,
     subnqn: &str,
@@ -153,7 +155,8 @@ pub fn data_never_comes(
         let r = controller(to, subnqn, 1, qd as u16, peers.opts(&base)).and_then(|(a, mut ios)| {
             let mut io = ios.pop().expect("one I/O queue");
             for k in 0..qd {
-                let lba = ((i * qd + k) as u64 * len as u64 / 512) % (1 << 20);
+                let nb = (len / 512).max(1) as u64;
+                let lba = ((i * qd + k) as u64 % ((64 << 20) / 512 / nb)) * nb;
                 io.submit(Request::write(
                     1,
                     lba,

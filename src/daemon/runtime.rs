@@ -135,6 +135,8 @@ impl<E: Engine> Runtime<E> {
             // Restart-only: the state file was opened at start-up.
             reservations: cfg.reservations.clone(),
             referrals: Vec::new(),
+            metrics_allow_remote: cfg.metrics_allow_remote,
+            limits: cfg.limits,
         };
         Runtime {
             cfg: empty,
@@ -499,6 +501,9 @@ impl<E: Engine> Runtime<E> {
             return;
         };
         tracing::info!("SIGHUP: reloading {}", path.display());
+        if let Some(w) = crate::startup_checks::config_permissions(path) {
+            tracing::warn!("{w}");
+        }
         let new = match Config::load(path) {
             Ok(c) => c,
             Err(e) => {
