@@ -233,12 +233,19 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         // The engine and the connection accounting take them at start-up.
         d.restart_required.push("limits: changed".to_string());
     }
-    if old.metrics != new.metrics || old.metrics_allow_remote != new.metrics_allow_remote {
+    if old.metrics != new.metrics {
         let text = |m: Option<std::net::SocketAddr>| m.map_or("off".to_string(), |a| a.to_string());
         d.restart_required.push(format!(
             "metrics address: {} -> {}",
             text(old.metrics),
             text(new.metrics)
+        ));
+    }
+    if old.metrics_allow_remote != new.metrics_allow_remote {
+        // Only the start-up warning depends on it.
+        d.restart_required.push(format!(
+            "metrics.allow_remote: {} -> {}",
+            old.metrics_allow_remote, new.metrics_allow_remote
         ));
     }
 
