@@ -74,6 +74,8 @@ pub struct Config {
     pub metrics_allow_remote: bool,
     /// `limits:`: bounds and deadlines on what peers can make the daemon hold.
     pub limits: Limits,
+    /// `doca:`: the doca engine's devices (required with `engine: doca`).
+    pub doca: Option<DocaSettings>,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
     pub source: String,
     /// Per-host credentials (`hosts[]`): DH-HMAC-CHAP secrets and TLS PSKs.
@@ -256,9 +258,23 @@ pub enum EngineKind {
     /// The CPU engine (`sta::soft`).
     #[default]
     Soft,
-    /// DOCA STA on a BlueField DPA (not built yet).
+    /// DOCA STA on a BlueField DPA (`sta::doca`, DOCA loaded at run time).
     Doca,
 }
+
+/// `doca:`: what the doca engine opens (see `sta::doca::DocaConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocaSettings {
+    /// ibdev name of the STA device (`doca_sta_create`), e.g. `mlx5_0`.
+    pub sta_device: String,
+    /// ibdev names of the RDMA devices carrying NVMe-oF (`doca_sta_add_dev`).
+    pub net_devices: Vec<String>,
+    /// Entries of each backend queue (a power of two, 2..=32768; default 128).
+    pub be_queue_entries: u16,
+}
+
+/// Default `doca.be_queue_entries` (SPDK's null backend uses 128).
+pub const DEFAULT_BE_QUEUE_ENTRIES: u16 = 128;
 
 impl EngineKind {
     /// Why this engine cannot run in this binary, if it cannot (checked with the config,
@@ -268,9 +284,11 @@ impl EngineKind {
     pub fn unavailable(self) -> Option<&'static str> {
         match self {
             EngineKind::Soft => None,
+            EngineKind::Doca if cfg!(feature = "doca") => None,
             EngineKind::Doca => Some(
-                "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary: \
-                 it is not implemented yet; use `engine: soft`",
+                "the doca engine (DOCA STA on a BlueField DPA) is not built into this binary \
+                 (built without the `doca` cargo feature); rebuild with default features or \
+                 use `engine: soft`",
             ),
         }
     }

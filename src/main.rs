@@ -10,6 +10,7 @@ mod daemon;
 mod engine;
 mod metrics;
 mod notify;
+mod preflight;
 mod ptpl;
 mod rdma_cm;
 mod refusals;
@@ -45,6 +46,18 @@ struct Cli {
     /// Log line format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Check what this machine lacks to serve the config: DOCA libraries and devices, a
+    /// BlueField-3 DPA, RDMA links, IOMMU and VFIO binding of NVMe drives, P2P dma-buf,
+    /// hugepages, memlock. One line per check (OK, FAIL with the fix, SKIP); exit
+    /// status 1 if any check failed.
+    Preflight,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -64,10 +77,19 @@ fn main() -> ExitCode {
     let cfg = match loaded {
         Ok(cfg) => cfg,
         Err(err) => {
-            report_config_error(&err, cli.check_config);
+            report_config_error(&err, cli.check_config || cli.command.is_some());
             return ExitCode::FAILURE;
         }
     };
+
+    if let Some(Command::Preflight) = cli.command {
+        let checks = preflight::run(&cfg, &preflight::System::here());
+        return if preflight::report(&checks) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
 
     if cli.check_config {
         println!(

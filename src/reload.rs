@@ -233,6 +233,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         // The engine and the connection accounting take them at start-up.
         d.restart_required.push("limits: changed".to_string());
     }
+    if old.doca != new.doca {
+        d.restart_required
+            .push("doca: devices or queue size changed".to_string());
+    }
     if old.metrics != new.metrics {
         let text = |m: Option<std::net::SocketAddr>| m.map_or("off".to_string(), |a| a.to_string());
         d.restart_required.push(format!(

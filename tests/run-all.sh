@@ -64,6 +64,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 
 stage "release build for the interop guest"
 cargo build --release --bin nvmf-target
+cargo build --release -p doca-double           # libdoca_sta.so beside it, for nvmft-doca
 cargo build --release -p backend --examples   # dmabuf_check for the VFIO scenarios
 
 stage "systemd unit: systemd-analyze verify"

@@ -25,6 +25,8 @@ pub(super) struct RawConfig {
     pub metrics: Option<Spanned<RawMetrics>>,
     pub max_io_size: Option<Spanned<RawSize>>,
     pub engine: Option<Spanned<EngineKind>>,
+    /// Settings of `engine: doca`.
+    pub doca: Option<Spanned<RawDoca>>,
     /// Per-host credentials (DH-HMAC-CHAP secrets, TLS PSK).
     #[serde(default)]
     pub hosts: Vec<Spanned<RawHost>>,
@@ -32,6 +34,17 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub referrals: Vec<Spanned<RawReferral>>,
     pub limits: Option<Spanned<RawLimits>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDoca {
+    /// ibdev name of the STA device (the BlueField function with the DPA).
+    pub sta_device: Spanned<String>,
+    /// ibdev names of the RDMA devices that carry NVMe-oF.
+    pub net_devices: Spanned<Vec<Spanned<String>>>,
+    /// Entries of each backend queue handed to DOCA (power of two).
+    pub be_queue_entries: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

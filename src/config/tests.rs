@@ -576,17 +576,69 @@ fn nvme_backend_errors_name_file_line_and_field() {
 }
 
 #[test]
-fn engine_defaults_to_soft_and_doca_is_refused_with_its_line() {
+fn engine_defaults_to_soft_and_doca_needs_devices_and_rdma() {
     assert_eq!(
         Config::parse(MINIMAL, "t.yaml").unwrap().engine,
         EngineKind::Soft
     );
     let cfg = Config::parse(&format!("engine: soft\n{MINIMAL}"), "t.yaml").unwrap();
     assert_eq!(cfg.engine, EngineKind::Soft);
+    assert_eq!(cfg.doca, None);
+    // doca without its devices, and with MINIMAL's TCP listener: both named.
     let e = errors(&format!("engine: doca\n{MINIMAL}"));
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("t.yaml:1:") && e[0].contains("doca") && e[0].contains("sta_device"),
+        "{}",
+        e[0]
+    );
+    assert!(
+        e[1].starts_with("t.yaml:3:")
+            && e[1].contains("listeners[0].transport")
+            && e[1].contains("NVMe/RDMA only"),
+        "{}",
+        e[1]
+    );
+    let rdma = MINIMAL.replace("transport: tcp", "transport: rdma");
+    let doca = "engine: doca\ndoca:\n  sta_device: mlx5_0\n  net_devices: [mlx5_2, mlx5_3]\n";
+    let cfg = Config::parse(&format!("{doca}{rdma}"), "t.yaml").unwrap();
+    assert_eq!(cfg.engine, EngineKind::Doca);
+    assert_eq!(
+        cfg.doca,
+        Some(DocaSettings {
+            sta_device: "mlx5_0".into(),
+            net_devices: vec!["mlx5_2".into(), "mlx5_3".into()],
+            be_queue_entries: DEFAULT_BE_QUEUE_ENTRIES,
+        })
+    );
+    let bad =
+        "engine: doca\ndoca:\n  sta_device: ''\n  net_devices: [a, a]\n  be_queue_entries: 100\n";
+    let e = errors(&format!("{bad}{rdma}"));
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].starts_with("t.yaml:3:") && e[0].contains("doca.sta_device"),
+        "{}",
+        e[0]
+    );
+    assert!(
+        e[1].starts_with("t.yaml:4:") && e[1].contains("listed twice"),
+        "{}",
+        e[1]
+    );
+    assert!(
+        e[2].starts_with("t.yaml:5:") && e[2].contains("doca.be_queue_entries"),
+        "{}",
+        e[2]
+    );
+    // ANA states cannot be enforced on DOCA's offloaded path: refused with their line.
+    let ana = rdma.replace(
+        "    namespaces:",
+        "    ana_groups:\n      - {id: 2, states: {l: inaccessible}}\n    namespaces:",
+    );
+    let e = errors(&format!("{doca}{ana}"));
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(
-        e[0].starts_with("t.yaml:1:") && e[0].contains("engine") && e[0].contains("not built"),
+        e[0].contains("subsystems[0].ana_groups[0]") && e[0].contains("doca engine"),
         "{}",
         e[0]
     );

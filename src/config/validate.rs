@@ -26,10 +26,10 @@ use super::yaml_path::{PathIndex, ROOT};
 mod access;
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
-    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, EngineKind, HostConfig, IoThreads,
-    Limits, ListenerConfig, NamespaceConfig, ReferralConfig, ReservationsConfig, SubsystemConfig,
-    TlsMode, TransportKind, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
-    MIN_MAX_IO_SIZE,
+    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, DocaSettings, EngineKind,
+    HostConfig, IoThreads, Limits, ListenerConfig, NamespaceConfig, ReferralConfig,
+    ReservationsConfig, SubsystemConfig, TlsMode, TransportKind, DEFAULT_BE_QUEUE_ENTRIES,
+    DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -225,6 +225,7 @@ impl Checker<'_> {
             .limits
             .as_ref()
             .map_or_else(Limits::default, |l| self.limits(&l.value, max_io_size));
+        let doca = self.doca(&raw, engine);
         Config {
             threads,
             listeners: listeners.into_iter().map(|(l, _)| l).collect(),
@@ -233,6 +234,7 @@ impl Checker<'_> {
             metrics,
             max_io_size,
             engine,
+            doca,
             source: self.source.to_owned(),
             hosts,
             reservations: raw
@@ -351,6 +353,100 @@ impl Checker<'_> {
             drain_timeout,
             connection_buffer,
         }
+    }
+
+    /// `doca:` (required with `engine: doca`), and what the doca engine cannot serve: a
+    /// TCP listener.
+    fn doca(&mut self, raw: &RawConfig, engine: EngineKind) -> Option<DocaSettings> {
+        if engine == EngineKind::Doca {
+            // DOCA STA's DPA checks no access views (sta::access): ANA states other than
+            // optimized would not be enforced on offloaded I/O, so they are refused here.
+            for (i, sub) in raw.subsystems.iter().enumerate() {
+                for (j, g) in sub.value.ana_groups.iter().enumerate() {
+                    self.error(
+                        g,
+                        format!("subsystems[{i}].ana_groups[{j}]"),
+                        "ANA groups are not available with the doca engine (DOCA STA cannot \
+                         enforce ANA states on offloaded I/O); remove them or use `engine: soft`",
+                    );
+                }
+            }
+            for (i, l) in raw.listeners.iter().enumerate() {
+                if l.value.transport.value == TransportKind::Tcp {
+                    self.error(
+                        &l.value.transport,
+                        format!("listeners[{i}].transport"),
+                        "the doca engine serves NVMe/RDMA only (DOCA STA offloads RDMA queue \
+                         pairs); use `transport: rdma`, or `engine: soft` for NVMe/TCP",
+                    );
+                }
+            }
+        }
+        let Some(d) = &raw.doca else {
+            if let (EngineKind::Doca, Some(e)) = (engine, &raw.engine) {
+                self.error(
+                    e,
+                    "doca",
+                    "engine: doca needs a `doca:` section naming its devices, e.g. \
+                     `doca: { sta_device: mlx5_0, net_devices: [mlx5_2] }` (ibdev names; \
+                     `nvmf-target preflight` lists them)",
+                );
+            }
+            return None;
+        };
+        let d = &d.value;
+        let name_ok = |s: &str| !s.is_empty() && s.len() < 64 && !s.contains(char::is_whitespace);
+        if !name_ok(&d.sta_device.value) {
+            self.error(
+                &d.sta_device,
+                "doca.sta_device",
+                "must be an ibdev name (1-63 characters, no spaces), e.g. mlx5_0",
+            );
+        }
+        if d.net_devices.value.is_empty() {
+            self.error(
+                &d.net_devices,
+                "doca.net_devices",
+                "at least one RDMA device (ibdev name) must carry NVMe-oF traffic",
+            );
+        }
+        let mut net = Vec::new();
+        for (i, n) in d.net_devices.value.iter().enumerate() {
+            if !name_ok(&n.value) {
+                self.error(
+                    n,
+                    format!("doca.net_devices[{i}]"),
+                    "must be an ibdev name (1-63 characters, no spaces), e.g. mlx5_2",
+                );
+            } else if net.contains(&n.value) {
+                self.error(
+                    n,
+                    format!("doca.net_devices[{i}]"),
+                    format!("{} is listed twice", n.value),
+                );
+            } else {
+                net.push(n.value.clone());
+            }
+        }
+        let be_queue_entries = match &d.be_queue_entries {
+            None => DEFAULT_BE_QUEUE_ENTRIES,
+            Some(e) if e.value.is_power_of_two() && (2..=32768).contains(&e.value) => {
+                e.value as u16
+            }
+            Some(e) => {
+                self.error(
+                    e,
+                    "doca.be_queue_entries",
+                    format!("must be a power of two from 2 to 32768, got {}", e.value),
+                );
+                DEFAULT_BE_QUEUE_ENTRIES
+            }
+        };
+        Some(DocaSettings {
+            sta_device: d.sta_device.value.clone(),
+            net_devices: net,
+            be_queue_entries,
+        })
     }
 
     /// `max_io_size`: a power of two in MIN_MAX_IO_SIZE..=MAX_MAX_IO_SIZE (MDTS is a power

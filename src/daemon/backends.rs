@@ -55,9 +55,7 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
                 opts.io_timeout = Duration::from_millis(*ms);
                 opts.abort_timeout = opts.io_timeout.min(Duration::from_secs(2));
             }
-            // TODO(nvmf SMART): `Backend::health_log()` returns this drive's own SMART /
-            // Health log (Log Page 02h). Feeding it into Get Log Page 02h for the
-            // namespaces it backs needs a hook in nvmf/src/target (not edited here).
+            // Its SMART / Health log is read by the runtime's drive-health poller.
             backend::NvmeBackend::open_pci(pci, opts)
                 .map_err(err(format!("nvme {pci} namespace {nsid}")))?
         }

@@ -49,6 +49,7 @@ pub(super) fn serve<E: Engine>(
         if now >= next_timer {
             next_timer = now + TICK;
             keep_alive_timers(&rt.shared, now);
+            rt.drive_health();
         }
         rt.engine_events();
         if threads.alive() < threads.count() {

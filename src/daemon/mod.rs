@@ -19,6 +19,7 @@
 mod backends;
 mod commands;
 mod conn_limits;
+mod health;
 mod io_thread;
 mod listeners;
 mod main_loop;
@@ -160,6 +161,9 @@ fn new_target<E: Engine>(engine: &E, ptpl_capable: bool) -> Target {
         // What the engine runs on the offloaded path (Identify advertises only that).
         copy_max_bytes: if caps.copy { caps.max_io_size } else { 0 },
         fused_compare_write: caps.fused_compare_write,
+        // An engine that serves I/O without checking access views (DOCA STA) cannot
+        // enforce reservations on it: they are not offered at all then (sta::access).
+        reservations: caps.access_views,
     });
     // Challenges and DH private keys come from the kernel's generator (getrandom(2)),
     // which only fails on kernels older than 3.17 without /dev/urandom.

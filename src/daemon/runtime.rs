@@ -14,11 +14,12 @@ use nvmf::target::{
 use sta::{Engine, EngineError, MainEvent, SubsysId};
 
 use super::backends::{open_backend, OpenError};
+use super::health::{self, HealthPoller};
 use super::listeners::{listener_info, ListenerError, Listeners};
 use super::policy;
 use super::shared::Shared;
 use super::subsystems::RegisterError;
-use crate::config::Config;
+use crate::config::{BackendKind, Config};
 use crate::reload::{diff, ConfigDiff};
 
 /// One part of a configuration change that could not be applied (the rest was).
@@ -109,6 +110,8 @@ pub(super) struct Runtime<E: Engine> {
     /// Reservations read from the PTPL state file at start-up, restored as their
     /// namespaces are added (before any host can reach them).
     persisted: Vec<PersistedReservation>,
+    /// Reads the SMART / Health log of `nvme` backends; started with the first one.
+    health: Option<HealthPoller>,
 }
 
 impl<E: Engine> Runtime<E> {
@@ -130,6 +133,7 @@ impl<E: Engine> Runtime<E> {
             metrics: cfg.metrics,
             max_io_size: cfg.max_io_size,
             engine: cfg.engine,
+            doca: cfg.doca.clone(),
             source: cfg.source.clone(),
             hosts: Vec::new(),
             // Restart-only: the state file was opened at start-up.
@@ -147,6 +151,7 @@ impl<E: Engine> Runtime<E> {
             retiring: Vec::new(),
             hung: Default::default(),
             persisted,
+            health: None,
         }
     }
 
@@ -208,6 +213,7 @@ impl<E: Engine> Runtime<E> {
             tracing::info!("subsystem {nqn}: host access updated");
         }
         self.apply_visibility_ana_referrals(d, new, &mut errors);
+        self.poll_drives(new);
         self.shared.sync_target_state();
         for line in &d.restart_required {
             tracing::warn!("needs a restart to take effect: {line}");
@@ -307,6 +313,55 @@ impl<E: Engine> Runtime<E> {
                 what: "destroying the subsystem".into(),
                 source,
             });
+        }
+    }
+
+    /// The `nvme` backends of `new` are the drives whose health is read from now on.
+    fn poll_drives(&mut self, new: &Config) {
+        let drives: Vec<(String, Arc<dyn Backend>)> = new
+            .backends
+            .iter()
+            .filter(|b| matches!(b.kind, BackendKind::Nvme { .. }))
+            .filter_map(|b| Some((b.name.clone(), self.backends.get(&b.name)?.clone())))
+            .collect();
+        if self.health.is_none() && !drives.is_empty() {
+            match HealthPoller::start(health::INTERVAL) {
+                Ok(p) => self.health = Some(p),
+                Err(e) => tracing::error!(
+                    "drive health: cannot start its thread: {e}; Get Log Page 02h answers \
+                     without the drives' health"
+                ),
+            }
+        }
+        if let Some(p) = &self.health {
+            p.set_drives(drives);
+        }
+    }
+
+    /// Main loop, each tick: drive health logs read since the last tick go to the target
+    /// for each namespace the drive backs (AENs the target raises are sent).
+    pub fn drive_health(&mut self) {
+        let Some(p) = self.health.as_mut() else {
+            return;
+        };
+        for (backend, log) in p.take() {
+            for s in &self.cfg.subsystems {
+                for ns in s.namespaces.iter().filter(|n| n.backend == backend) {
+                    let result = self
+                        .shared
+                        .target()
+                        .set_device_health(&s.nqn, ns.nsid, &log);
+                    match result {
+                        Ok(actions) => self.shared.route(actions),
+                        // The namespace went between the read and now: nothing to report.
+                        Err(e) => tracing::debug!(
+                            "drive health: subsystem {} namespace {}: {e}",
+                            s.nqn,
+                            ns.nsid
+                        ),
+                    }
+                }
+            }
         }
     }
 

@@ -11,9 +11,9 @@
 //! load per command) moved. DOCA STA has no such hook on the DPA: an engine that cannot
 //! honour views says so in [`Caps::access_views`](crate::Caps::access_views), and the
 //! daemon then must not offer reservations or non-optimized ANA states for the namespaces
-//! it offloads there (the decision for the `doca` engine of issue 12: its namespaces are
-//! offloaded whole, so RESCAP and ONCS bit 5 would be cleared and ANA groups refused at
-//! configuration time).
+//! it offloads there (the `doca` engine: its namespaces are offloaded whole, so the daemon
+//! builds its target with `TargetOptions::reservations` off (RESCAP 0, ONCS bit 5 clear,
+//! the reservation commands Invalid Opcode) and the config check refuses ANA groups).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -394,6 +394,16 @@ pub enum EngineError {
     /// The engine cannot do this here (a backend type it cannot drive, a missing library).
     #[error("{0}")]
     Unsupported(String),
+    /// A call into the engine's library failed: which call, and the library's own
+    /// description of the error (DOCA: `doca_error_get_name` and `_get_descr`).
+    #[error("{call} failed: {message}")]
+    Library { call: &'static str, message: String },
+    /// The engine's library keeps one subsystem per NQN (DOCA STA does) and the previous
+    /// subsystem with this NQN is not destroyed yet.
+    #[error(
+        "subsystem {0} still exists in the engine (it is being removed); try again once it is gone"
+    )]
+    NqnInUse(String),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -432,7 +442,9 @@ pub trait Engine {
     fn stats(&self) -> Stats;
     /// DOCA: `doca_sta_subsystem_create` (+ `subsystem_add_dev` for every device). Each
     /// call makes a new subsystem, even for an NQN seen before (the application keeps
-    /// the NQN -> id map).
+    /// the NQN -> id map), except that an engine whose library keeps NQNs unique (DOCA)
+    /// answers [`EngineError::NqnInUse`] while an earlier subsystem with that NQN is not
+    /// destroyed yet.
     fn subsystem_create(&mut self, nqn: &str) -> Result<SubsysId, EngineError>;
     /// DOCA: `doca_sta_subsystem_destroy`: only without namespaces, so after the
     /// [`MainEvent::NsRemoved`] of each (else [`EngineError::SubsystemInUse`]). I/O queues

@@ -12,15 +12,18 @@
 //! - [`verbs`]: rdma-core (libibverbs, librdmacm) loaded at run time: the verbs and CM
 //!   calls the soft engine's RDMA link and the daemon's CM service use.
 //!
-//! The `doca` engine (DOCA STA on a BlueField-3 DPA, through the `doca-sys` crate) is
-//! issue 12's second half; it will implement the same traits, and the contract suite in
-//! `tests/contract/` will run against it (there over the DOCA double's loopback host).
+//! - [`doca`] (cargo feature `doca`): the engine over NVIDIA DOCA STA (a BlueField-3
+//!   DPA serves the offloaded path), loaded at run time through `doca-sys`; the contract
+//!   suite in `tests/contract/` runs against it with the DOCA double (`sta/doca-double`)
+//!   over the double's loopback host.
 //!
-//! `unsafe` lives in [`verbs`] and the soft engine's RDMA link (C calls, memory the NIC
+//! `unsafe` lives in [`verbs`], the `doca` engine (FFI) and the soft engine's RDMA link (C calls, memory the NIC
 //! reads and writes); each of those modules says so at its top.
 
 pub mod access;
 pub mod contract;
+#[cfg(feature = "doca")]
+pub mod doca;
 pub mod soft;
 pub mod stats;
 pub mod verbs;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Boot a QEMU guest (TCG) with the real Linux NVMe-oF initiator and run interop scenarios.
 #
-#   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha
-#   tests/interop/run.sh all               kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha
+#   tests/interop/run.sh [scenario...]     default: kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha nvmft-doca
+#   tests/interop/run.sh all               kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha nvmft-doca
 #
 # Environment:
 #   NVMF_INTEROP_CACHE    cache dir (image, kernel, debs, run dirs); default <repo>/.cache/interop
@@ -33,9 +33,9 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 log() { echo "[interop] $*" >&2; }
 
-DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha)
+DEFAULT_SCENARIOS=(kernel-tcp nvmft-tcp nvmft-rdma nvmft-ha nvmft-doca)
 DEFAULT_SCENARIO_TIMEOUT=300
-ALL_SCENARIOS=(kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha)
+ALL_SCENARIOS=(kernel-tcp kernel-rdma nvmft-tcp nvmft-rdma nvmft-ha nvmft-doca)
 if [[ $# -eq 0 ]]; then SCENARIOS=("${DEFAULT_SCENARIOS[@]}")
 elif [[ $* == all ]]; then SCENARIOS=("${ALL_SCENARIOS[@]}")
 else SCENARIOS=("$@"); fi
@@ -121,6 +121,10 @@ TARGET_BIN=${NVMF_TARGET_BIN:-$REPO_ROOT/target/release/nvmf-target}
 if [[ -x $TARGET_BIN ]]; then
     cp "$TARGET_BIN" "$SHARE/nvmf-target"
     log "daemon: $TARGET_BIN ($(stat -c '%y' "$TARGET_BIN" | cut -d. -f1))"
+    # The DOCA double the same build made (engine: doca loads it from beside the binary).
+    if [[ -f $(dirname "$TARGET_BIN")/libdoca_sta.so ]]; then
+        cp "$(dirname "$TARGET_BIN")/libdoca_sta.so" "$SHARE/libdoca_sta.so"
+    fi
 else
     log "daemon binary $TARGET_BIN not found: nvmft-* scenarios will fail"
 fi

@@ -422,6 +422,16 @@ fn effects_log(opts: &TargetOptions) -> Vec<u8> {
         if opc == io::COPY && opts.copy_max_bytes == 0 {
             continue;
         }
+        let resv = matches!(
+            opc,
+            io::RESERVATION_REGISTER
+                | io::RESERVATION_REPORT
+                | io::RESERVATION_ACQUIRE
+                | io::RESERVATION_RELEASE
+        );
+        if resv && !opts.reservations {
+            continue;
+        }
         log.iocs[opc as usize] = e.into();
     }
     log.as_bytes().to_vec()
@@ -494,8 +504,10 @@ pub(super) fn identify_controller(
         id.lpa = idc::LPA_SMART_PER_NS | idc::LPA_CMD_EFFECTS | idc::LPA_EXTENDED;
         id.maxcmd = opts.max_queue_depth.into();
         id.nn = opts.max_namespaces.into();
-        let mut oncs =
-            idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES | idc::ONCS_RESERVATIONS;
+        let mut oncs = idc::ONCS_COMPARE | idc::ONCS_DSM | idc::ONCS_WRITE_ZEROES;
+        if opts.reservations {
+            oncs |= idc::ONCS_RESERVATIONS;
+        }
         if opts.copy_max_bytes > 0 {
             oncs |= idc::ONCS_COPY;
             id.ocfs = idc::OCFS_FORMAT0.into();
@@ -518,6 +530,9 @@ pub(super) fn identify_controller(
 /// target can persist reservations.
 fn rescap(opts: &TargetOptions) -> u8 {
     use crate::spec::identify::rescap as rc;
+    if !opts.reservations {
+        return 0;
+    }
     let mut r = rc::ALL_TYPES | rc::IEKEY_13;
     if opts.ptpl_capable {
         r |= rc::PTPL;

@@ -16,19 +16,18 @@ pub(super) fn execute(
     data: &mut [u8],
 ) -> Result<Reply, Status> {
     let opcode = sqe.opcode();
-    let known = matches!(
+    let resv = matches!(
         opcode,
-        op::FLUSH
-            | op::WRITE
-            | op::READ
-            | op::COMPARE
-            | op::WRITE_ZEROES
-            | op::DATASET_MANAGEMENT
-            | op::RESERVATION_REGISTER
+        op::RESERVATION_REGISTER
             | op::RESERVATION_REPORT
             | op::RESERVATION_ACQUIRE
             | op::RESERVATION_RELEASE
-    ) || (opcode == op::COPY && t.opts.copy_max_bytes > 0);
+    );
+    let known = matches!(
+        opcode,
+        op::FLUSH | op::WRITE | op::READ | op::COMPARE | op::WRITE_ZEROES | op::DATASET_MANAGEMENT
+    ) || (resv && t.opts.reservations)
+        || (opcode == op::COPY && t.opts.copy_max_bytes > 0);
     if !known {
         return Err(Status::INVALID_OPCODE);
     }

@@ -186,6 +186,10 @@ pub struct TargetOptions {
     pub copy_max_bytes: u32,
     /// The engine runs fused Compare and Write (FUSES bit 0).
     pub fused_compare_write: bool,
+    /// Reservations are offered (ONCS bit 5, RESCAP, the four reservation commands). Off
+    /// where the engine serves I/O without checking them (DOCA STA: `sta::access`): then
+    /// the commands are Invalid Opcode and nothing advertises them.
+    pub reservations: bool,
 }
 
 impl Default for TargetOptions {
@@ -201,6 +205,7 @@ impl Default for TargetOptions {
             ptpl_capable: false,
             copy_max_bytes: 0,
             fused_compare_write: false,
+            reservations: true,
         }
     }
 }

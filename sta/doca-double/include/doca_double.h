@@ -23,6 +23,7 @@ doca_error_t doca_double_loop_send(struct rdma_cm_id *id, const void *capsule, u
 int doca_double_loop_recv(struct rdma_cm_id *id, uint8_t *cqe, uint32_t *inval);
 int doca_double_loop_accept_data(struct rdma_cm_id *id, uint8_t *buf, uint32_t len);
 doca_error_t doca_double_loop_disconnect(struct rdma_cm_id *id);
+int doca_double_loop_connected(struct rdma_cm_id *id);
 doca_error_t doca_double_null_drive_stall(struct doca_sta_be_handle *be, int stalled);
 doca_error_t doca_double_set_be_timeout_ms(struct doca_sta *sta, uint32_t ms);
 #ifdef __cplusplus

@@ -24,6 +24,10 @@
 //!
 //! The double writes SQHD into every completion it sends (also the application's): only
 //! the engine knows how many capsules it took from the queue, offloaded ones included.
+//!
+//! Why one file of ~1400 lines: it is one state machine (a capsule from RECV to the
+//! backend ring, its completion back to the host, and the tasks and events that cut into
+//! it); split by step, every step would need the others' private state.
 
 use std::time::Instant;
 

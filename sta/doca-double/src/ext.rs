@@ -197,6 +197,16 @@ pub unsafe extern "C" fn doca_double_loop_disconnect(id: *mut rdma_cm_id) -> doc
     )
 }
 
+/// Whether the loopback connection is up: 1 up, 0 down (either side dropped it: the host
+/// with `doca_double_loop_disconnect`, the target with a disconnect task), -1 for an
+/// unknown id.
+#[no_mangle]
+pub unsafe extern "C" fn doca_double_loop_connected(id: *mut rdma_cm_id) -> c_int {
+    let w = world();
+    let Ok(l) = loop_id(&w, id) else { return -1 };
+    c_int::from(!w.loops[&l].disconnected)
+}
+
 /// Stall (1) or resume (0) the RAM drive of a backend: a stalled drive fetches nothing.
 #[no_mangle]
 pub unsafe extern "C" fn doca_double_null_drive_stall(

@@ -8,6 +8,10 @@
 //! with that private data. `qp_accept` leaves the id to the application; `qp_connect`
 //! takes it over and destroys it with the QP, or at once when it fails (doca-sta-api.md
 //! 5.9). An id made by `doca_double_loop_create` is accepted onto the loopback host.
+//!
+//! Why one file of ~1000 lines: these headers describe one object family (an IO context,
+//! its QPs and their tasks), whose checks share the same lookups; the data path they
+//! start lives in `engine`.
 
 #![allow(clippy::missing_safety_doc)]
 

@@ -3,6 +3,9 @@
 //! hermetic tests (`doca_double_loop_*`), which performs RDMA READ/WRITE as memory copies
 //! between the double's buffers and regions the test registered under an rkey, checking
 //! key and bounds as a NIC would. Everything above this module is the same for both.
+//!
+//! Why one file of ~870 lines: each operation (post, flush, poll, disconnect, destroy)
+//! has its verbs and its loopback version side by side, so the two cannot drift apart.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};

@@ -9,16 +9,49 @@
 //! |---|---|---|---|
 //! | soft | NVMe/TCP | `nvmf::tcp::HostQueue` on a loopback socket (`tcp.rs`) | here, every `cargo test` |
 //! | soft | NVMe/RDMA | needs an RDMA host side (this repo has none yet); the same engine code above the link is exercised here over TCP, and its RDMA link by the Linux host in the interop VM (Soft-RoCE, `tests/interop` scenario `nvmft-rdma`) | — |
-//! | doca | NVMe/RDMA | the DOCA double's loopback host (`doca_double_loop_*`: capsules in, completions out, memory under an rkey) | with issue 12's engine, against `sta/doca-double`; on a BlueField for real |
+//! | doca | NVMe/RDMA | the DOCA double's loopback host (`doca_double_loop_*`: capsules in, completions out, memory under an rkey; `doca.rs`) | here, every `cargo test` with the `doca` feature (the workspace enables it), against `sta/doca-double`; never on a BlueField |
 //!
 //! A new fabric implements `Fabric` and `Host` and adds one `#[test]` per scenario, as
 //! below. The scenarios need no sleep or simulated time: they run the engine and the
 //! host on the test's thread and wait on conditions, each wait bounded (10 s).
 
+#[cfg(feature = "doca")]
+mod doca;
 mod suite;
 mod tcp;
 
 use tcp::SoftTcp;
+
+/// The same ten scenarios on the doca engine with the DOCA double, one at a time (the
+/// double is one per process).
+#[cfg(feature = "doca")]
+mod doca_scenarios {
+    use super::doca::{serial, DocaLoop};
+    use super::suite;
+
+    macro_rules! scenario {
+        ($($name:ident),* $(,)?) => {$(
+            #[test]
+            fn $name() {
+                let _one_at_a_time = serial();
+                suite::$name(DocaLoop::new());
+            }
+        )*};
+    }
+
+    scenario!(
+        caps_are_usable,
+        control_plane,
+        admin_path,
+        io_is_offloaded,
+        host_data_by_rdma_read,
+        stale_handles_are_errors,
+        disconnect_and_user_data,
+        host_close_is_a_transport_error,
+        ns_remove_waits_for_inflight_io,
+        hung_backend,
+    );
+}
 
 #[test]
 fn soft_tcp_caps_are_usable() {

@@ -58,7 +58,7 @@ impl Fabric for SoftTcp {
         })
     }
 
-    fn stall(&mut self, on: bool) {
+    fn stall(&mut self, _engine: &mut Sta, on: bool) {
         self.stall.store(on, Ordering::SeqCst);
     }
 

@@ -93,6 +93,12 @@ else fail tcp-connect "no namespace after nvme connect -t tcp"; tail -30 "$TGT_L
 D=$(ns_dev "$NQN" 1); C=$(ctrl_for_nqn "$NQN")
 sz=$(blockdev --getsize64 "$D")
 expect tcp-ns-size "$sz" 1073741824
+# The drive's own SMART / Health log answers Get Log Page 02h for its namespace: QEMU's
+# drive reports a composite temperature (323 K); a namespace without a drive reports 0 K.
+t=$(nvme smart-log "/dev/$C" --namespace-id=1 -o json 2>&1 | tr -d ' ' \
+    | sed -n 's/.*"temperature":\([0-9]*\).*/\1/p' | head -1)
+if [ "${t:-0}" -gt 0 ]; then pass smart-log-from-drive; result "vfio_smart_temperature_kelvin=$t"
+else fail smart-log-from-drive "temperature '$t' in the fabric namespace's SMART log (0: not the drive's)"; fi
 fio_rw_verify tcp "$D" 64M
 check tcp-flush nvme flush "$D"
 check tcp-discard blkdiscard -o 0 -l 1048576 "$D"

@@ -817,3 +817,43 @@ fn copy_and_fused_are_advertised_with_the_engine_only() {
         }
     }
 }
+
+/// With `reservations: false` (an engine that cannot enforce them on offloaded I/O, DOCA
+/// STA) nothing advertises reservations and their commands are Invalid Opcode.
+#[test]
+fn reservations_can_be_left_out_for_an_engine_that_cannot_enforce_them() {
+    for on in [true, false] {
+        let mut t = Target::new(TargetOptions {
+            reservations: on,
+            ..TargetOptions::default()
+        });
+        t.add_listener(tcp());
+        t.add_listener(rdma());
+        t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+        t.add_namespace(SUB2, ns(1)).unwrap();
+        let mut a = join(&mut t, HOST1, HOSTID_A, 100, tcp(), 0);
+        let mut buf = vec![0u8; 4096];
+        a.run(&mut t, a.admin, identify(cns::CONTROLLER, 0, 0), &mut buf);
+        let id = IdentifyController::read_from_bytes(&buf).unwrap();
+        assert_eq!(id.oncs.get() & (1 << 5) != 0, on, "ONCS bit 5");
+        a.run(&mut t, a.admin, identify(cns::NAMESPACE, 1, 0), &mut buf);
+        let n = IdentifyNamespace::read_from_bytes(&buf).unwrap();
+        assert_eq!(n.rescap != 0, on, "RESCAP {:#x}", n.rescap);
+        let st = a.register(&mut t, 0x1111);
+        if on {
+            assert_eq!(st, Status::SUCCESS);
+        } else {
+            assert_eq!(st, Status::INVALID_OPCODE);
+            assert_eq!(
+                a.io(&mut t, io::RESERVATION_REPORT, 15, 0, &mut [0; 64]),
+                Status::INVALID_OPCODE
+            );
+            // Plain I/O is still the engine's (reaching the target it is "not ready", as
+            // with reservations on), not refused as an unknown opcode.
+            assert_eq!(
+                a.io(&mut t, io::READ, 0, 0, &mut []),
+                Status::NAMESPACE_NOT_READY
+            );
+        }
+    }
+}
