@@ -337,7 +337,11 @@ impl<I: IoContext> IoThread<I> {
                 ..
             } => {
                 let h2c = matches!(sqe.data_direction(), DataDirection::HostToController);
-                if h2c && !payload_valid {
+                // Only data the target reads is fetched (issue 11): the soft engine hands
+                // up nothing else already, a DOCA engine leaves it to us.
+                let qid = self.qps.get(&qp).and_then(|a| a.queue).map(|q| q.qid);
+                let reads = nvmf::target::slow_path_host_data(&sqe, qid) > 0;
+                if h2c && !payload_valid && reads {
                     self.fetch_host_data(qp, token, sqe);
                 } else {
                     self.execute(qp, token, &sqe);

@@ -342,7 +342,10 @@ impl<F: Fabric> World<F> {
                     .non_offloaded
                     .push((qp, qp_user, sqe, payload_len, payload_valid));
                 let h2c = sqe.data_direction() == DataDirection::HostToController;
-                if h2c && !payload_valid {
+                // Only data the target reads is fetched (issue 11), as the daemon does.
+                let qid = self.apps.get(&qp).and_then(|a| a.queue).map(|q| q.qid);
+                let reads = nvmf::target::slow_path_host_data(&sqe, qid) > 0;
+                if h2c && !payload_valid && reads {
                     let p = self
                         .io
                         .payload(token)
@@ -764,6 +767,13 @@ pub fn host_data_by_rdma_read<F: Fabric>(fabric: F) {
     assert!(
         w.log.payload_without_data.is_empty(),
         "data nobody reads is not fetched"
+    );
+    assert!(
+        !w.log
+            .submitted
+            .iter()
+            .any(|(k, _)| *k == TaskKind::RdmaRead),
+        "no rdma_read for it"
     );
     let send = nvmf::auth::msg::AuthCommand::dhchap(data.len() as u32).to_sqe(0, true);
     let (cqe, _) = w.exec(q, send, Dir::ToController(data.clone()));
