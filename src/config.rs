@@ -25,6 +25,7 @@ mod yaml_path;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -72,6 +73,11 @@ pub struct Config {
     pub engine: EngineKind,
     /// The control socket (`control:`); `None` when `control: {enabled: false}`.
     pub control: Option<ControlConfig>,
+    /// `metrics.allow_remote`: the metrics address may be reachable from other hosts
+    /// without a warning at start-up (the endpoint has no authentication).
+    pub metrics_allow_remote: bool,
+    /// `limits:`: bounds and deadlines on what peers can make the daemon hold.
+    pub limits: Limits,
     /// `doca:`: the doca engine's devices (required with `engine: doca`).
     pub doca: Option<DocaSettings>,
     /// The file the config came from ([`EMBEDDED_DEFAULT_NAME`] for the embedded default).
@@ -192,6 +198,61 @@ pub struct AnaGroupConfig {
     pub id: u32,
     /// (listener name, state), sorted by listener; listeners not named are optimized.
     pub states: Vec<(String, AnaStateName)>,
+}
+
+/// `limits:`: what a peer can make the daemon hold, and for how long. The defaults are
+/// meant never to need changing; each one protects the daemon (and its other hosts) from
+/// one kind of misbehaving or hostile peer (DESIGN: every resource a peer can make us hold
+/// has a bound, a deadline and a counter, `nvmft_limit_hits_total{limit="..."}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections (NVMe/TCP sockets and NVMe/RDMA queue pairs, every queue of every
+    /// controller) held at once. Protects file descriptors and memory.
+    pub max_connections: u32,
+    /// Connections from one peer address. One host needs one per queue of each
+    /// controller (the Linux host: an admin queue plus one I/O queue per CPU, per
+    /// subsystem and path).
+    pub max_connections_per_peer: u32,
+    /// Connections not yet past their Fabrics Connect (opened and silent, or half-way
+    /// through ICReq/Connect). Protects against connection floods from many addresses.
+    pub max_unconnected: u32,
+    /// An NVMe/TCP connection must send its ICReq within this.
+    pub icreq_timeout: Duration,
+    /// A connection must have its Fabrics Connect answered within this of being
+    /// accepted.
+    pub connect_timeout: Duration,
+    /// Host data the target asked for (R2T, RDMA READ) must arrive within this; then the
+    /// transfer and the connection are aborted (NVMe/TCP: with a C2HTermReq).
+    pub host_data_timeout: Duration,
+    /// A peer that takes none of its responses for this long loses its connection.
+    pub drain_timeout: Duration,
+    /// Data buffers one connection may hold for its commands in flight; more commands
+    /// wait for earlier ones (they do not fail). At least `max_io_size`.
+    pub connection_buffer: u64,
+}
+
+/// Default `limits.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16_384;
+/// Default `limits.max_connections_per_peer`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 2_048;
+/// Default `limits.max_unconnected`.
+pub const DEFAULT_MAX_UNCONNECTED: u32 = 1_024;
+/// Default `limits.connection_buffer`: 16 MiB.
+pub const DEFAULT_CONNECTION_BUFFER: u64 = 16 << 20;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_unconnected: DEFAULT_MAX_UNCONNECTED,
+            icreq_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            host_data_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+            connection_buffer: DEFAULT_CONNECTION_BUFFER,
+        }
+    }
 }
 
 /// `engine:`: the offload engine (see `crate::engine`).

@@ -15,8 +15,19 @@ use crate::config::{Config, EngineKind};
 pub fn run(cfg: Config, text: String, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     match cfg.engine {
         EngineKind::Soft => {
-            let engine =
-                sta::soft::Sta::new(sta::soft::SoftConfig::with_max_io_size(cfg.max_io_size));
+            let l = &cfg.limits;
+            let soft = sta::soft::SoftConfig {
+                limits: sta::EngineLimits {
+                    icreq_timeout: l.icreq_timeout,
+                    connect_timeout: l.connect_timeout,
+                    host_data_timeout: l.host_data_timeout,
+                    drain_timeout: l.drain_timeout,
+                    connection_buffer_bytes: usize::try_from(l.connection_buffer)
+                        .unwrap_or(usize::MAX),
+                },
+                ..sta::soft::SoftConfig::with_max_io_size(cfg.max_io_size)
+            };
+            let engine = sta::soft::Sta::new(soft);
             crate::daemon::run(engine, cfg, text, config_path)
         }
         #[cfg(feature = "doca")]

@@ -18,6 +18,7 @@ mod ptpl;
 mod rdma_cm;
 mod refusals;
 mod reload;
+mod startup_checks;
 mod tls;
 
 use std::path::PathBuf;
@@ -138,6 +139,13 @@ fn main() -> ExitCode {
     }
 
     log_config(&cfg);
+    if let Some(w) = cli
+        .config
+        .as_deref()
+        .and_then(startup_checks::config_permissions)
+    {
+        tracing::warn!("{w}");
+    }
     match engine::run(cfg, text, cli.config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

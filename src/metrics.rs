@@ -40,6 +40,8 @@
 //! | `io_thread_capsules_total` | counter | thread, path=offloaded/non_offloaded |
 //! | `io_thread_queue_pairs` | gauge | thread |
 //! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected) |
+//! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots; the daemon's: connections, connections_per_peer, unconnected_connections, accept_open_files) |
+//! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
@@ -100,6 +102,10 @@ pub struct MetricsSource {
     pub transport_of: Box<dyn Fn(QueueKey) -> &'static str + Send + Sync>,
     /// Refusals by reason (every reason, zeros included).
     pub refusals: Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>,
+    /// Hits of every bound and deadline held to peers, by limit (zeros included).
+    pub limit_hits: Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>,
+    /// Connections held: (past their Fabrics Connect, not yet).
+    pub peer_connections: Box<dyn Fn() -> (u64, u64) + Send + Sync>,
     /// When the daemon started.
     pub started: SystemTime,
 }
@@ -442,6 +448,8 @@ struct Snapshot {
     thread_capsules: Vec<(Labels, u64)>,
     thread_qps: Vec<(Labels, u64)>,
     refusals: Vec<(Labels, u64)>,
+    limit_hits: Vec<(Labels, u64)>,
+    peer_connections: Vec<(Labels, u64)>,
     start_time: f64,
     uptime: f64,
 }
@@ -552,6 +560,15 @@ impl Snapshot {
             .into_iter()
             .map(|(reason, n)| (vec![("reason", reason.to_string())], n))
             .collect();
+        s.limit_hits = (src.limit_hits)()
+            .into_iter()
+            .map(|(limit, n)| (vec![("limit", limit.to_string())], n))
+            .collect();
+        let (connected, unconnected) = (src.peer_connections)();
+        s.peer_connections = vec![
+            (vec![("state", "connected".to_string())], connected),
+            (vec![("state", "unconnected".to_string())], unconnected),
+        ];
 
         let start = src.started.duration_since(UNIX_EPOCH).unwrap_or_default();
         s.start_time = start.as_secs_f64();
@@ -744,6 +761,20 @@ impl Collector for Snapshot {
             "Hosts refused or cut off, by reason: rejected ICReqs and Connects, CSTS.CFS, keep-alive expiry, TermReqs sent or received (each is also logged at warn, rate-limited per peer).",
             None,
             &self.refusals,
+        )?;
+        counters(
+            e,
+            "limit_hits",
+            "Times a peer ran into a bound or deadline (limits: in the config, and the engine's own), by limit; the ones that cost the peer its connection are also logged at warn, rate-limited per peer.",
+            None,
+            &self.limit_hits,
+        )?;
+        gauges(
+            e,
+            "peer_connections",
+            "Connections held under limits:, past their Fabrics Connect (connected) or not yet (unconnected).",
+            None,
+            &self.peer_connections,
         )?;
         gauge(
             e,

@@ -187,6 +187,12 @@ impl RefusalLog {
             .map(|(l, _)| *l)
             .find(|l| *l == label)
             .unwrap_or("other");
+        self.log(label, peer, line);
+    }
+
+    /// Logs `line` at warn unless `peer` is over its rate for `label`, counting nothing
+    /// here (limit hits are counted where the limit is, `nvmft_limit_hits_total`).
+    pub fn log(&self, label: &'static str, peer: Option<SocketAddr>, line: &str) {
         let ip = peer.map(|p| p.ip().to_canonical());
         let mut over = Vec::new();
         let admit = self
@@ -216,7 +222,7 @@ fn log_suppressed(over: &[(Source, u64)]) {
         let who = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
         tracing::warn!(
             reason = *label,
-            "suppressed {n} similar refusal line(s) from {who} (at most {LINES_PER_WINDOW} per {}s per peer and reason; all are counted in nvmft_refusals_total)",
+            "suppressed {n} similar refusal line(s) from {who} (at most {LINES_PER_WINDOW} per {}s per peer and reason; all are counted in nvmft_refusals_total or nvmft_limit_hits_total)",
             WINDOW.as_secs()
         );
     }

@@ -52,8 +52,8 @@
 //! `restart_required` lists what cannot be applied live; none of it appears in the other
 //! lists, so the rest can still be applied (the daemon keeps running the old value of
 //! each restart-required item until it is restarted). These are:
-//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, the
-//!   metrics address and the control socket (`control:`);
+//! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, `limits:`,
+//!   the metrics address (and `allow_remote`) and the control socket (`control:`);
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial, model or named listeners (a changed address of a listener it
 //!   names too). A subsystem that names no listeners is on all of them, and follows
@@ -229,6 +229,10 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         d.restart_required
             .push(format!("engine: {} -> {}", old.engine, new.engine));
     }
+    if old.limits != new.limits {
+        // The engine and the connection accounting take them at start-up.
+        d.restart_required.push("limits: changed".to_string());
+    }
     if old.doca != new.doca {
         d.restart_required
             .push("doca: devices or queue size changed".to_string());
@@ -257,6 +261,13 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             "control socket: {} -> {}",
             text(&old.control),
             text(&new.control)
+        ));
+    }
+    if old.metrics_allow_remote != new.metrics_allow_remote {
+        // Only the start-up warning depends on it.
+        d.restart_required.push(format!(
+            "metrics.allow_remote: {} -> {}",
+            old.metrics_allow_remote, new.metrics_allow_remote
         ));
     }
 

@@ -266,8 +266,33 @@ fn exposition_parses_and_counters_move_after_io() {
         "nvmft_io_thread_queue_pairs",
         "nvmft_start_time_seconds",
         "nvmft_uptime_seconds",
+        "nvmft_limit_hits_total",
+        "nvmft_peer_connections",
     ] {
         assert!(types.contains_key(family), "{family} missing:\n{before}");
+    }
+    // Every limit is exported from the start (zero until hit), the engine's and the
+    // daemon's.
+    for limit in [
+        "icreq_timeout",
+        "connect_timeout",
+        "host_data_timeout",
+        "drain_timeout",
+        "send_queue",
+        "queue_depth",
+        "connection_buffers",
+        "buffer_pool",
+        "command_slots",
+        "connections",
+        "connections_per_peer",
+        "unconnected_connections",
+        "accept_open_files",
+    ] {
+        assert!(
+            s0.iter().any(|x| x.name == "nvmft_limit_hits_total"
+                && x.labels.get("limit").map(String::as_str) == Some(limit)),
+            "nvmft_limit_hits_total{{limit=\"{limit}\"}} missing:\n{before}"
+        );
     }
     let ns1 = [("subsystem", SUBNQN), ("nsid", "1")];
     assert_eq!(
@@ -349,6 +374,16 @@ fn exposition_parses_and_counters_move_after_io() {
     ];
     assert_eq!(value(&s1, "nvmft_controllers", &host), 1.0, "{after}");
     assert_eq!(value(&s1, "nvmft_connections", &host), 2.0, "{after}");
+    assert_eq!(
+        value(&s1, "nvmft_peer_connections", &[("state", "connected")]),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(&s1, "nvmft_peer_connections", &[("state", "unconnected")]),
+        0.0,
+        "{after}"
+    );
     let sum_over_threads = |s: &[Sample], name: &str, k: &str, v: &str| -> f64 {
         s.iter()
             .filter(|x| x.name == name && x.labels.get(k).map(String::as_str) == Some(v))

@@ -157,6 +157,17 @@ impl IoBuf {
     }
 }
 
+/// Hand memory the allocator holds free back to the system. glibc keeps freed heap
+/// memory (and raises its mmap threshold after large frees, so large buffers end up on
+/// the heap too): without this, a trimmed pool would not shrink the process.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn layout_for(len: usize) -> Option<Layout> {
     let cap = len.max(1).checked_next_multiple_of(IO_BUF_ALIGN)?;
     Layout::from_size_align(cap, IO_BUF_ALIGN).ok()
@@ -166,6 +177,13 @@ impl Drop for IoBuf {
     fn drop(&mut self) {
         if let Some(origin) = &self.origin {
             origin.allocated.fetch_sub(self.cap, Ordering::Relaxed);
+            if origin.track_drops.load(Ordering::Relaxed) {
+                origin
+                    .dropped
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(self.id);
+            }
         }
         // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed
         // once, here.
@@ -189,6 +207,11 @@ impl fmt::Debug for IoBuf {
 #[derive(Debug, Default)]
 struct PoolShared {
     allocated: AtomicUsize,
+    /// Record the ids of freed buffers (for [`BufPool::take_dropped`]).
+    track_drops: std::sync::atomic::AtomicBool,
+    /// Ids of buffers freed since the last `take_dropped` (a freed buffer is rare: the
+    /// pool frees only under cap pressure).
+    dropped: std::sync::Mutex<Vec<u64>>,
 }
 
 /// A per-thread pool of [`IoBuf`]s in power-of-two size classes from 4 KiB to `max_buf`.
@@ -269,6 +292,53 @@ impl BufPool {
             Some(class) if MIN_CLASS << class == buf.cap => self.free[class].push(buf),
             _ => drop(buf),
         }
+    }
+
+    /// From now on remember the [`IoBuf::id`] of every buffer of this pool that is freed
+    /// (by the pool or anywhere else), for owners of per-buffer registrations (RDMA
+    /// memory regions) to drop theirs: see [`BufPool::take_dropped`].
+    pub fn track_drops(&self) {
+        self.shared.track_drops.store(true, Ordering::Relaxed);
+    }
+
+    /// Ids of this pool's buffers freed since the last call (with [`BufPool::track_drops`]
+    /// on), appended to `out`.
+    pub fn take_dropped(&self, out: &mut Vec<u64>) {
+        let mut d = self
+            .shared
+            .dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        out.append(&mut d);
+    }
+
+    /// Bytes of idle buffers (in the free lists).
+    pub fn idle_bytes(&self) -> usize {
+        self.free
+            .iter()
+            .enumerate()
+            .map(|(c, l)| l.len() * (MIN_CLASS << c))
+            .sum()
+    }
+
+    /// Free idle buffers, largest first, until at most `keep` bytes of them remain: a
+    /// burst's buffers go back to the system once it is over. Returns the bytes freed.
+    pub fn trim_idle(&mut self, keep: usize) -> usize {
+        let mut idle = self.idle_bytes();
+        let mut freed = 0;
+        for c in (0..self.free.len()).rev() {
+            while idle > keep {
+                let Some(b) = self.free[c].pop() else {
+                    break;
+                };
+                idle -= b.cap;
+                freed += b.cap;
+            }
+        }
+        if freed > 0 {
+            return_free_memory();
+        }
+        freed
     }
 
     /// Largest buffer `get` hands out.
@@ -440,6 +510,48 @@ mod tests {
         std::thread::spawn(move || drop(b)).join().unwrap();
         assert_eq!(pool.allocated_bytes(), 0);
         assert!(pool.get(8192).is_some());
+    }
+
+    #[test]
+    fn freed_buffers_are_reported_when_asked() {
+        let mut pool = BufPool::new(64 << 10, 64 << 10);
+        let a = pool.get(4096).unwrap();
+        drop(a);
+        let mut ids = Vec::new();
+        pool.take_dropped(&mut ids);
+        assert!(ids.is_empty(), "not tracked unless asked");
+        pool.track_drops();
+        let held: Vec<_> = (0..16).map(|_| pool.get(4096).unwrap()).collect();
+        let want: Vec<u64> = held.iter().map(|b| b.id()).collect();
+        for b in held {
+            pool.put(b);
+        }
+        // A 64 KiB buffer needs the room of the 16 idle 4 KiB ones: the pool frees them.
+        let big = pool.get(64 << 10).unwrap();
+        pool.take_dropped(&mut ids);
+        ids.sort_unstable();
+        assert_eq!(ids, want);
+        let id = big.id();
+        std::thread::spawn(move || drop(big)).join().unwrap();
+        ids.clear();
+        pool.take_dropped(&mut ids);
+        assert_eq!(ids, vec![id], "freed on another thread");
+    }
+
+    #[test]
+    fn trim_frees_idle_buffers_largest_first() {
+        let mut pool = BufPool::new(1 << 20, 8 << 20);
+        let big: Vec<_> = (0..4).map(|_| pool.get(1 << 20).unwrap()).collect();
+        let small: Vec<_> = (0..8).map(|_| pool.get(4096).unwrap()).collect();
+        for b in big.into_iter().chain(small) {
+            pool.put(b);
+        }
+        assert_eq!(pool.idle_bytes(), (4 << 20) + 8 * 4096);
+        assert_eq!(pool.trim_idle(64 << 10), 4 << 20);
+        assert_eq!(pool.idle_bytes(), 8 * 4096);
+        assert_eq!(pool.allocated_bytes(), 8 * 4096);
+        assert_eq!(pool.trim_idle(0), 8 * 4096);
+        assert_eq!(pool.allocated_bytes(), 0);
     }
 
     #[test]

@@ -6,8 +6,22 @@
 //! device's direct-I/O alignment and the kernel accepts an aligned probe read; otherwise
 //! it falls back to buffered I/O (`FileOptions::direct` can force either way).
 //!
-//! Each [`FileQueue`] owns one io_uring with `depth` entries and the file registered as
-//! fixed file 0. Mapping of operations:
+//! Each [`FileQueue`] owns one io_uring with `depth` entries and its own open file
+//! description of the file (reopened through `/proc/self/fd`), registered as fixed file 0.
+//! Its own description matters for writeback errors: Linux reports a writeback error to
+//! each open file description once (`errseq_t`), so queues sharing one would let a single
+//! Flush see the error and the others succeed over data that was lost. On top of that the
+//! backend remembers a writeback error for good: once a Flush (or a FUA write) has failed,
+//! every later Flush and FUA write fails too, on every queue, and so does `flush_sync`.
+//! The kernel may have dropped the dirty pages it could not write; no later fsync can
+//! make them durable, so no later Flush may say so (PostgreSQL's "fsyncgate" lesson).
+//!
+//! A backing file that is deleted under the daemon (its link count drops to 0; checked at
+//! every Flush and at most once a second on other requests) or a device that vanishes
+//! (`ENODEV`, `ENXIO`) makes the backend *gone*: every request from then on fails with
+//! [`IoStatus::Unavailable`], which the engine answers with a path error.
+//!
+//! Mapping of operations:
 //!
 //! | Op | io_uring |
 //! | --- | --- |
@@ -101,6 +115,10 @@ pub struct FileBackend {
     punch_ok: AtomicBool,
     /// Cleared when `FALLOCATE(ZERO_RANGE)` returned `EOPNOTSUPP`.
     zero_range_ok: AtomicBool,
+    /// A Flush or FUA write failed: what was written may be lost; every later one fails.
+    writeback_failed: AtomicBool,
+    /// The file was deleted or the device vanished: every request fails.
+    gone: AtomicBool,
 }
 
 /// Direct-I/O constraints of an open file: (offset/length alignment, memory alignment).
@@ -283,7 +301,48 @@ impl FileBackend {
             block_device: ft.is_block_device(),
             punch_ok: AtomicBool::new(true),
             zero_range_ok: AtomicBool::new(true),
+            writeback_failed: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
         }))
+    }
+
+    /// A new open file description of the same file (not a `dup`: writeback errors are
+    /// reported per description). Through `/proc/self/fd`, so it is the same inode even
+    /// when the path was renamed or deleted meanwhile.
+    fn reopen(&self) -> io::Result<File> {
+        let mut oo = OpenOptions::new();
+        oo.read(true).write(true);
+        if self.direct {
+            oo.custom_flags(libc::O_DIRECT);
+        }
+        oo.open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// A Flush failed: remember it (see the module docs).
+    fn writeback_error(&self, errno: i32) {
+        if !self.writeback_failed.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "{}: a flush failed ({}): data written before it may be lost; every later \
+                 Flush and FUA write fails until the backend is reopened (restart)",
+                self.path,
+                io::Error::from_raw_os_error(errno)
+            );
+        }
+    }
+
+    /// The backing file or device is gone (see the module docs).
+    fn set_gone(&self, why: &str) {
+        if !self.gone.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "{}: {why}: the namespace's I/O fails from now on (path error)",
+                self.path
+            );
+        }
+    }
+
+    /// Whether the backend is gone (its file deleted, its device vanished).
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
     }
 
     /// Whether the file is open with `O_DIRECT`.
@@ -360,7 +419,17 @@ impl Backend for FileBackend {
     }
 
     fn flush_sync(&self) -> Result<(), Error> {
-        self.file.sync_data().map_err(Error::Io)
+        let r = self.file.sync_data();
+        if let Err(e) = &r {
+            self.writeback_error(e.raw_os_error().unwrap_or(libc::EIO));
+        }
+        if self.writeback_failed.load(Ordering::Relaxed) {
+            return Err(Error::Io(io::Error::other(format!(
+                "{}: an earlier flush failed: data may be lost",
+                self.path
+            ))));
+        }
+        r.map_err(Error::Io)
     }
 }
 
@@ -394,6 +463,10 @@ struct Slot {
 /// A per-thread io_uring queue on a [`FileBackend`].
 pub struct FileQueue {
     backend: Arc<FileBackend>,
+    /// This queue's own open file description (registered as fixed file 0).
+    file: File,
+    /// Next time a request looks whether the file was deleted.
+    next_gone_check: std::time::Instant,
     ring: IoUring,
     depth: usize,
     slots: Vec<Option<Slot>>,
@@ -469,12 +542,18 @@ impl FileQueue {
                 _ => Err(e),
             })
             .map_err(uring_error)?;
+        let file = backend.reopen().map_err(|source| Error::Open {
+            path: backend.path.clone(),
+            source,
+        })?;
         ring.submitter()
-            .register_files(&[backend.file.as_raw_fd()])
+            .register_files(&[file.as_raw_fd()])
             .map_err(uring_error)?;
         let depth = depth as usize;
         Ok(FileQueue {
             backend,
+            file,
+            next_gone_check: std::time::Instant::now(),
             ring,
             depth,
             slots: (0..depth).map(|_| None).collect(),
@@ -625,7 +704,15 @@ impl FileQueue {
                     slot.step = backend.zero_step(slot.op == Op::Deallocate, Some(mode));
                     None
                 }
-                _ => Some(status_for_errno(slot.op, errno)),
+                (step, _) => {
+                    if matches!(step, Step::Sync | Step::Write { dsync: true }) {
+                        backend.writeback_error(errno);
+                    }
+                    if matches!(errno, libc::ENODEV | libc::ENXIO | libc::ENOMEDIUM) {
+                        backend.set_gone("the device is gone");
+                    }
+                    Some(status_for_errno(slot.op, errno))
+                }
             }
         } else {
             match slot.step {
@@ -703,10 +790,59 @@ impl FileQueue {
     }
 }
 
+impl FileQueue {
+    /// Whether the backend is gone, looking at the file's link count at every Flush and
+    /// at most once a second otherwise (regular files; a block device node says nothing:
+    /// a vanished device answers `ENODEV`/`ENXIO`).
+    fn gone(&mut self, op: Op) -> bool {
+        if self.backend.is_gone() {
+            return true;
+        }
+        if self.backend.block_device {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        if op != Op::Flush && now < self.next_gone_check {
+            return false;
+        }
+        self.next_gone_check = now + std::time::Duration::from_secs(1);
+        match self.file.metadata() {
+            Ok(m) if std::os::unix::fs::MetadataExt::nlink(&m) == 0 => {
+                self.backend.set_gone("the backing file was deleted");
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A Flush or FUA request after a writeback error: it fails without I/O.
+    fn writeback_failed(&self, op: Op) -> bool {
+        matches!(
+            op,
+            Op::Flush | Op::Write { fua: true } | Op::WriteZeroes { fua: true }
+        ) && self.backend.writeback_failed.load(Ordering::Relaxed)
+    }
+}
+
 impl BackendQueue for FileQueue {
     fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
         if self.in_flight() >= self.depth {
             return Err(SubmitError::Full(req));
+        }
+        let early = if self.gone(req.op) {
+            Some(IoStatus::Unavailable)
+        } else if self.writeback_failed(req.op) {
+            Some(IoStatus::WriteFault)
+        } else {
+            None
+        };
+        if let Some(status) = early {
+            self.ready.push_back(Completion {
+                tag: req.tag,
+                status,
+                buf: req.buf,
+            });
+            return Ok(());
         }
         let (off, len) = match self.validate(&req) {
             Ok(r) => r,

@@ -218,3 +218,28 @@ fn drop_with_io_in_flight() {
 
 #[allow(dead_code)]
 fn assert_queue_object_safe(_: &dyn BackendQueue) {}
+
+/// A backing file deleted under the daemon: every write after that would go to an inode
+/// nobody can reach again, so the backend reports itself gone (`Unavailable`), which the
+/// engine answers with a path error a multipath host fails over on.
+#[test]
+fn deleted_backing_file_is_gone() {
+    let (dir, be) = temp_backend(1 << 20, 4096, None);
+    let mut q = be.clone().create_queue(4).unwrap();
+    let data = vec![7u8; 4096];
+    assert_eq!(write(q.as_mut(), 4096, 0, &data, false), IoStatus::Ok);
+    std::fs::remove_file(dir.path().join("ns0.img")).unwrap();
+    // The backend looks at the file at most once a second on the I/O path, and at every
+    // Flush.
+    assert_eq!(
+        run(q.as_mut(), Op::Flush, 0, 0, None).status,
+        IoStatus::Unavailable
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(
+        write(q.as_mut(), 4096, 0, &data, false),
+        IoStatus::Unavailable
+    );
+    let c = run(q.as_mut(), Op::Read, 0, 1, Some(backend::IoBuf::new(4096)));
+    assert_eq!(c.status, IoStatus::Unavailable);
+}

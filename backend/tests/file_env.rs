@@ -1,5 +1,6 @@
-//! File backend tests that need something of the machine: a tmpfs (/dev/shm) and a loop
-//! device (losetup, root). Without it a test is SKIPPED (`common/skip.rs`), never passed.
+//! File backend tests that need something of the machine: a tmpfs (/dev/shm), a loop
+//! device (losetup, root), mounting a small tmpfs (root). Without it a test is SKIPPED
+//! (`common/skip.rs`), never passed.
 
 mod common;
 
@@ -26,9 +27,20 @@ fn main() {
         )),
         Err(e) => Some(format!("cannot run losetup: {e}")),
     };
+    // /proc/self belongs to the process's effective user.
+    let root =
+        std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+    let small_tmpfs = loopdev
+        .clone()
+        .or_else(|| (!root).then(|| "mounting a tmpfs needs root".to_string()));
     skip::run(vec![
         skip::trial("on_tmpfs", tmpfs, on_tmpfs),
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
+        skip::trial(
+            "writeback_error_fails_every_flush_on_every_queue",
+            small_tmpfs,
+            writeback_error_fails_every_flush_on_every_queue,
+        ),
     ]);
 }
 
@@ -109,4 +121,84 @@ fn block_device_via_loop() {
     assert_eq!(be4k.num_blocks(), (32 << 20) / 4096);
     fua_flush_zeroes_dealloc(be4k);
     be.flush_sync().unwrap();
+}
+
+/// Runs `cmd`, returning its trimmed stdout, or why it failed.
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    match Command::new(cmd).args(args).output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+        Ok(o) => Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {cmd}: {e}")),
+    }
+}
+
+/// A writeback error (the device under a buffered backend fails after the writes were
+/// accepted into the page cache) must fail every later Flush, on every IO thread's
+/// queue: Linux reports it once per open file description (errseq), so queues sharing
+/// one would let all but one Flush succeed over lost data. Made real with a loop device
+/// whose backing file sits on a tmpfs too small for it.
+fn writeback_error_fails_every_flush_on_every_queue() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap().to_string();
+    sh("mount", &["-t", "tmpfs", "-o", "size=4m", "tmpfs", &mnt_s])
+        .unwrap_or_else(|e| panic!("as root, mounting a tmpfs: {e}"));
+    struct Cleanup(String, Option<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            // Best effort: a leftover is visible in losetup and mount.
+            if let Some(dev) = &self.1 {
+                let _ = Command::new("losetup").arg("-d").arg(dev).status();
+            }
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mut guard = Cleanup(mnt_s.clone(), None);
+    let img = mnt.join("thin.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let dev = sh("losetup", &["--find", "--show", img.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("losetup (the probe found it usable): {e}"));
+    guard.1 = Some(dev.clone());
+    let be = FileBackend::open(
+        &dev,
+        FileOptions {
+            direct: Some(false),
+            block_size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut a = be.clone().create_queue(16).unwrap();
+    let mut b = be.clone().create_queue(16).unwrap();
+    // 16 MiB of buffered writes: accepted into the page cache, far more than the 4 MiB
+    // the tmpfs can hold behind the loop device.
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..16u64 {
+        assert_eq!(
+            write(a.as_mut(), 4096, i * 256, &chunk, false),
+            IoStatus::Ok
+        );
+    }
+    let fa = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    let fb = run(b.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(
+        fa,
+        IoStatus::WriteFault,
+        "the queue that wrote sees the error"
+    );
+    assert_eq!(fb, IoStatus::WriteFault, "and so does every other queue");
+    // The data is lost: no later Flush may say otherwise.
+    let again = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(again, IoStatus::WriteFault, "a later Flush fails too");
+    assert!(be.flush_sync().is_err(), "and so does the shutdown flush");
+    drop((a, b, be));
 }

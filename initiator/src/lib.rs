@@ -43,6 +43,7 @@ use zerocopy::IntoBytes;
 
 pub use nvmf::tcp::Xfer;
 
+pub mod hostile;
 #[cfg(test)]
 mod tests;
 
@@ -117,6 +118,9 @@ pub struct HostOptions {
     pub disable_sq_flow_control: bool,
     /// SQSIZE (0's based) of the admin queue Connect: Linux uses 31, SPDK's host 1..=4095.
     pub admin_sqsize: u16,
+    /// Local address to connect from (a loopback alias such as 127.1.0.7 makes the
+    /// connection look like another peer); `None`: the kernel picks.
+    pub source: Option<std::net::IpAddr>,
     /// TLS 1.3 with this PSK (TP 8011) before ICReq; `None`: plain TCP.
     pub tls: Option<std::sync::Arc<nvmf_tls::PskEntry>>,
 }
@@ -138,6 +142,7 @@ impl Default for HostOptions {
             random_hostid_per_queue: false,
             disable_sq_flow_control: false,
             admin_sqsize: 31,
+            source: None,
             tls: None,
         }
     }
@@ -450,7 +455,15 @@ impl TcpHost {
     /// [`send_raw`](Self::send_raw). An ICResp received by [`recv_pdu`](Self::recv_pdu)
     /// still sets up digests and CPDA.
     pub fn connect_raw(addr: impl ToSocketAddrs, opts: HostOptions) -> Result<TcpHost> {
-        let tcp = TcpStream::connect(addr)?;
+        let tcp = match opts.source {
+            None => TcpStream::connect(addr)?,
+            Some(from) => {
+                let to = addr.to_socket_addrs()?.next().ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address")
+                })?;
+                connect_from(from, to)?
+            }
+        };
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(opts.timeout))?;
         tcp.set_write_timeout(Some(opts.timeout))?;
@@ -983,6 +996,36 @@ impl TcpHost {
             .shutdown(std::net::Shutdown::Both)
             .map_err(Error::Io)
     }
+}
+
+/// A TCP connection to `to` from local address `from` (any port).
+pub fn connect_from(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<TcpStream> {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6};
+    use std::net::SocketAddr;
+    use std::os::fd::AsRawFd;
+    let family = if to.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket::socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    let raw = fd.as_raw_fd();
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "address families differ");
+    match (SocketAddr::new(from, 0), to) {
+        (SocketAddr::V4(l), SocketAddr::V4(r)) => {
+            socket::bind(raw, &SockaddrIn::from(l))?;
+            socket::connect(raw, &SockaddrIn::from(r))?;
+        }
+        (SocketAddr::V6(l), SocketAddr::V6(r)) => {
+            socket::bind(raw, &SockaddrIn6::from(l))?;
+            socket::connect(raw, &SockaddrIn6::from(r))?;
+        }
+        _ => return Err(bad()),
+    }
+    Ok(TcpStream::from(fd))
 }
 
 fn check(cqe: Cqe) -> Result<Cqe> {

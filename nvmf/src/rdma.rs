@@ -409,6 +409,19 @@ impl RdmaQueue {
         !self.ops.is_empty()
     }
 
+    /// Whether [`next_work`](Self::next_work) would hand out something now (work is
+    /// waiting and the credits allow the next piece).
+    pub fn ready(&self) -> bool {
+        self.ops.front().is_some_and(|op| {
+            self.credits.sq_free() > 0 && (!op.is_read() || self.credits.rd_free() > 0)
+        })
+    }
+
+    /// Work requests waiting to be posted.
+    pub fn queued(&self) -> usize {
+        self.ops.len()
+    }
+
     /// Drop the work not posted yet (the QP is going away).
     pub fn discard_work(&mut self) {
         self.ops.clear();

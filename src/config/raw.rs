@@ -34,6 +34,7 @@ pub(super) struct RawConfig {
     pub reservations: Option<Spanned<RawReservations>>,
     #[serde(default)]
     pub referrals: Vec<Spanned<RawReferral>>,
+    pub limits: Option<Spanned<RawLimits>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +89,20 @@ pub(super) struct RawAnaGroup {
     pub id: Spanned<u64>,
     #[serde(default)]
     pub states: std::collections::BTreeMap<String, Spanned<AnaStateName>>,
+}
+
+/// `limits:` (every field optional; timeouts in milliseconds).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    pub max_connections: Option<Spanned<u64>>,
+    pub max_connections_per_peer: Option<Spanned<u64>>,
+    pub max_unconnected: Option<Spanned<u64>>,
+    pub icreq_timeout_ms: Option<Spanned<u64>>,
+    pub connect_timeout_ms: Option<Spanned<u64>>,
+    pub host_data_timeout_ms: Option<Spanned<u64>>,
+    pub drain_timeout_ms: Option<Spanned<u64>>,
+    pub connection_buffer: Option<Spanned<RawSize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +179,9 @@ pub(super) struct RawNamespace {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMetrics {
     pub address: Spanned<String>,
+    /// The address may be reachable from other hosts (no warning at start-up).
+    #[serde(default)]
+    pub allow_remote: bool,
 }
 
 /// A size as written: a plain integer (bytes) or text with a unit (`1GiB`), parsed by

@@ -2,6 +2,7 @@
 //! binary's `--check-config`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use super::validate::check_nqn;
 use super::*;
@@ -807,4 +808,61 @@ fn state_file_sits_beside_the_config_file() {
         cfg.reservations.state_file,
         Some(dir.path().join("r/state"))
     );
+}
+
+#[test]
+fn limits_default_and_configured() {
+    let cfg = Config::parse(MINIMAL, "t.yaml").expect("valid");
+    assert_eq!(cfg.limits, Limits::default());
+    assert!(!cfg.metrics_allow_remote);
+    let yaml = format!(
+        "{MINIMAL}limits:\n  max_connections: 100\n  max_connections_per_peer: 10\n  \
+         icreq_timeout_ms: 500\n  connection_buffer: 4MiB\n\
+         metrics: {{address: '0.0.0.0:9100', allow_remote: true}}\n"
+    );
+    let cfg = Config::parse(&yaml, "t.yaml").expect("valid");
+    assert_eq!(cfg.limits.max_connections, 100);
+    assert_eq!(cfg.limits.max_connections_per_peer, 10);
+    // A default larger than the configured total is lowered to it.
+    assert_eq!(cfg.limits.max_unconnected, 100);
+    assert_eq!(cfg.limits.icreq_timeout, Duration::from_millis(500));
+    assert_eq!(
+        cfg.limits.connect_timeout,
+        Limits::default().connect_timeout
+    );
+    assert_eq!(cfg.limits.connection_buffer, 4 << 20);
+    assert!(cfg.metrics_allow_remote);
+}
+
+#[test]
+fn limits_errors_name_the_field() {
+    let yaml = format!(
+        "{MINIMAL}limits:\n  max_connections: 10\n  max_unconnected: 20\n  \
+         drain_timeout_ms: 5\n  connection_buffer: 4KiB\n  max_connections_per_peer: 0\n"
+    );
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 4, "{e:#?}");
+    assert!(
+        e.iter()
+            .any(|l| l
+                .contains("limits.max_unconnected: 20 is more than limits.max_connections (10)")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("limits.drain_timeout_ms: must be from 100")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("limits.connection_buffer: must be from max_io_size")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("limits.max_connections_per_peer: must be from 1")),
+        "{e:#?}"
+    );
+    let e = errors(&format!("{MINIMAL}limits: {{max_conections: 5}}\n"));
+    assert!(e[0].contains("max_conections"), "{e:#?}");
 }

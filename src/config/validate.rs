@@ -13,12 +13,13 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_saphyr::{Location, MessageFormatter, Spanned, UserMessageFormatter};
 
 use super::raw::{
-    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawHost, RawListener, RawReferral,
-    RawReservations, RawSize, RawSubsystem,
+    RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawHost, RawLimits, RawListener,
+    RawReferral, RawReservations, RawSize, RawSubsystem,
 };
 use super::yaml_path::{PathIndex, ROOT};
 
@@ -26,9 +27,9 @@ mod access;
 use super::{
     derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
     BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, DocaSettings, EngineKind,
-    HostConfig, IoThreads, ListenerConfig, NamespaceConfig, ReferralConfig, ReservationsConfig,
-    SubsystemConfig, TlsMode, TransportKind, DEFAULT_BE_QUEUE_ENTRIES, DEFAULT_MAX_IO_SIZE,
-    DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
+    HostConfig, IoThreads, Limits, ListenerConfig, NamespaceConfig, ReferralConfig,
+    ReservationsConfig, SubsystemConfig, TlsMode, TransportKind, DEFAULT_BE_QUEUE_ENTRIES,
+    DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -223,6 +224,11 @@ impl Checker<'_> {
         for (at, field, message) in problems {
             self.error_at(at, field, message);
         }
+        let metrics_allow_remote = raw.metrics.as_ref().is_some_and(|m| m.value.allow_remote);
+        let limits = raw
+            .limits
+            .as_ref()
+            .map_or_else(Limits::default, |l| self.limits(&l.value, max_io_size));
         let doca = self.doca(&raw, engine);
         Config {
             threads,
@@ -241,6 +247,116 @@ impl Checker<'_> {
                 .as_ref()
                 .map_or_else(Default::default, |r| self.reservations(&r.value)),
             referrals: self.referrals(&raw.referrals),
+            metrics_allow_remote,
+            limits,
+        }
+    }
+
+    /// `limits:`: counts from 1 to a million, the per-peer and unconnected limits no
+    /// larger than the total, timeouts from 100 ms to an hour, the connection buffer from
+    /// `max_io_size` (one command must fit) to 4 GiB.
+    fn limits(&mut self, raw: &RawLimits, max_io_size: u32) -> Limits {
+        let d = Limits::default();
+        let mut count = |v: &Option<Spanned<u64>>, name: &str, default: u32| -> u32 {
+            let Some(v) = v else { return default };
+            if !(1..=1_000_000).contains(&v.value) {
+                let msg = format!("must be from 1 to 1000000, got {}", v.value);
+                self.error(v, format!("limits.{name}"), msg);
+                return default;
+            }
+            v.value as u32
+        };
+        let max_connections = count(&raw.max_connections, "max_connections", d.max_connections);
+        let mut max_connections_per_peer = count(
+            &raw.max_connections_per_peer,
+            "max_connections_per_peer",
+            d.max_connections_per_peer,
+        );
+        let mut max_unconnected = count(&raw.max_unconnected, "max_unconnected", d.max_unconnected);
+        // A default above a configured total is lowered to it; a configured value above it
+        // is an error (it could never be reached).
+        for (v, value, name) in [
+            (
+                &raw.max_connections_per_peer,
+                &mut max_connections_per_peer,
+                "max_connections_per_peer",
+            ),
+            (
+                &raw.max_unconnected,
+                &mut max_unconnected,
+                "max_unconnected",
+            ),
+        ] {
+            if *value > max_connections {
+                // Only a value that was accepted above (an invalid one is reported once).
+                if let Some(v) = v.as_ref().filter(|v| v.value == u64::from(*value)) {
+                    let msg = format!(
+                        "{} is more than limits.max_connections ({max_connections})",
+                        v.value
+                    );
+                    self.error(v, format!("limits.{name}"), msg);
+                }
+                *value = max_connections;
+            }
+        }
+        let mut ms = |v: &Option<Spanned<u64>>, name: &str, default: Duration| -> Duration {
+            let Some(v) = v else { return default };
+            if !(100..=3_600_000).contains(&v.value) {
+                let msg = format!(
+                    "must be from 100 (0.1 s) to 3600000 (an hour) milliseconds, got {}",
+                    v.value
+                );
+                self.error(v, format!("limits.{name}"), msg);
+                return default;
+            }
+            Duration::from_millis(v.value)
+        };
+        let icreq_timeout = ms(&raw.icreq_timeout_ms, "icreq_timeout_ms", d.icreq_timeout);
+        let connect_timeout = ms(
+            &raw.connect_timeout_ms,
+            "connect_timeout_ms",
+            d.connect_timeout,
+        );
+        let host_data_timeout = ms(
+            &raw.host_data_timeout_ms,
+            "host_data_timeout_ms",
+            d.host_data_timeout,
+        );
+        let drain_timeout = ms(&raw.drain_timeout_ms, "drain_timeout_ms", d.drain_timeout);
+        let mut connection_buffer = d.connection_buffer.max(u64::from(max_io_size));
+        if let Some(b) = &raw.connection_buffer {
+            let field = "limits.connection_buffer";
+            let bytes = match &b.value {
+                RawSize::Bytes(n) => Some(*n),
+                RawSize::Text(text) => match parse_size(text) {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        self.error(b, field, e.to_string());
+                        None
+                    }
+                },
+            };
+            if let Some(bytes) = bytes {
+                if bytes < u64::from(max_io_size) || bytes > 4 << 30 {
+                    let msg = format!(
+                        "must be from max_io_size ({max_io_size} bytes: one command must fit) \
+                         to 4GiB, got {bytes} bytes"
+                    );
+                    self.error(b, field, msg);
+                } else {
+                    connection_buffer = bytes;
+                }
+            }
+        }
+        Limits {
+            max_connections,
+            max_connections_per_peer,
+            max_unconnected,
+            icreq_timeout,
+            connect_timeout,
+            host_data_timeout,
+            drain_timeout,
+            connection_buffer,
         }
     }
 

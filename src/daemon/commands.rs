@@ -57,7 +57,17 @@ impl<I: IoContext> IoThread<I> {
         match outcome {
             Outcome::Complete { cqe, data_len } => self.answer(qp, token, &cqe, data_len),
             Outcome::Deferred => {
-                self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
+                // A held command with this CID is one the host sent again (an AER after a
+                // controller reset: Linux reuses its one AER CID): the old one will never
+                // be answered, so its queue entry and command slot are freed.
+                if let Some((oq, ot)) = self.held.insert((queue.cntlid, sqe.cid()), (qp, token)) {
+                    if ot != token {
+                        if let Err(e) = self.io.cmd_drop(oq, ot) {
+                            // Its QP is gone already (and the command with it).
+                            tracing::debug!(qp = oq.as_u64(), "io{}: cmd_drop: {e}", self.index);
+                        }
+                    }
+                }
             }
             // A retired controller: its queue is being disconnected (the action is already
             // on its way); the command dies with the connection and the host retries it.
@@ -137,6 +147,9 @@ impl<I: IoContext> IoThread<I> {
                 cntlid: ok.cntlid,
                 qid: ok.qid,
             });
+            if let Some(s) = a.slot.as_mut() {
+                s.connected();
+            }
         }
         if ok.qid > 0 {
             // A subsystem the target accepted a Connect for is registered with the engine
@@ -249,6 +262,36 @@ impl<I: IoContext> IoThread<I> {
         self.shared
             .refusals
             .report(label, c.and_then(|c| c.peer), &line);
+    }
+
+    /// A peer lost its connection to one of the engine's bounds or deadlines
+    /// (`termreq`: with a C2HTermReq, counted with the other C2HTermReqs sent): logged at
+    /// warn with the peer and the reason, rate-limited per peer and limit (the engine
+    /// counted the hit in `nvmft_limit_hits_total`).
+    pub(super) fn report_limit(&mut self, qp: QpHandle, limit: sta::Limit, termreq: bool) {
+        use crate::refusals as r;
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        if termreq {
+            self.shared.refusals.count(r::C2H_TERM_REQ_SENT);
+        }
+        let queue = self.qps.get(&qp).and_then(|a| a.queue);
+        let (host, sub) = queue
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
+            .unwrap_or_default();
+        let line = format!(
+            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: the peer {} \
+             (limit {}): connection closed{}",
+            r::where_from(c.as_ref()),
+            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
+            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+            limit.describe(),
+            limit.label(),
+            if termreq { " with a C2HTermReq" } else { "" },
+        );
+        self.shared
+            .refusals
+            .log(limit.label(), c.and_then(|c| c.peer), &line);
     }
 }
 

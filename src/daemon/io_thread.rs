@@ -13,6 +13,7 @@ use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
 use nvmf::target::{Action, QueueOrigin, QueueRef, Transport};
 use sta::{AccessKey, CmdToken, Event, IoContext, QpHandle, SubsysId, TaskError, TaskKind};
 
+use super::conn_limits::ConnSlot;
 use super::shared::{queue_key, thread_of, Shared, ThreadMsg};
 use crate::rdma_cm::RdmaMsg;
 use crate::refusals::ConnInfo;
@@ -42,6 +43,10 @@ pub(super) struct QpApp {
     pub offload_after_auth: Option<(SubsysId, AccessKey)>,
     /// The TLS PSK's owner, for a queue that came over TLS.
     pub tls: Option<sta::TlsPeerInfo>,
+    /// Its place under the connection limits, given back when this goes.
+    pub slot: Option<ConnSlot>,
+    /// The engine's limit that ends it was logged already (with its C2HTermReq).
+    pub limit_logged: bool,
 }
 
 pub(super) struct IoThread<I: IoContext> {
@@ -116,6 +121,7 @@ impl<I: IoContext> IoThread<I> {
                 peer,
                 listener,
                 info,
+                slot,
             } => {
                 if self.stopping {
                     // Dropping the socket closes it: the host retries elsewhere or later.
@@ -137,7 +143,7 @@ impl<I: IoContext> IoThread<I> {
                             listener: Some(info),
                             local,
                         };
-                        self.add_qp(qp, conn, origin, false);
+                        self.add_qp(qp, conn, origin, false, slot);
                     }
                     Err(e) => {
                         tracing::warn!("io{}: cannot take connection from {peer}: {e}", self.index)
@@ -152,6 +158,20 @@ impl<I: IoContext> IoThread<I> {
                 }
                 let (peer, local) = (req.peer, req.local);
                 let listener = local.and_then(|l| self.shared.listeners.find(Transport::Rdma, l));
+                // RDMA connections are held to the same limits as TCP ones (a queue pair
+                // and its receive buffers per connect request, before any NVMe Connect).
+                let slot = match self.shared.conn_limits.admit(peer.map(|p| p.ip())) {
+                    Ok(s) => s,
+                    Err(l) => {
+                        req.reject(nvmf::rdma::RejectStatus::NoResources);
+                        let conn = ConnInfo {
+                            peer,
+                            listener: listener.map(|(n, _)| n),
+                        };
+                        self.shared.limit_refused(l, &conn);
+                        return;
+                    }
+                };
                 match self.io.qp_accept_rdma(req, depth, 0) {
                     Ok(qp) => {
                         tracing::debug!(
@@ -167,7 +187,7 @@ impl<I: IoContext> IoThread<I> {
                             listener: listener.map(|(_, l)| l),
                             local: local.map(|a| a.ip().to_canonical()),
                         };
-                        self.add_qp(qp, conn, origin, true);
+                        self.add_qp(qp, conn, origin, true, slot);
                         self.rdma_ids.insert(id, qp);
                     }
                     Err(e) => {
@@ -205,13 +225,21 @@ impl<I: IoContext> IoThread<I> {
         }
     }
 
-    fn add_qp(&mut self, qp: QpHandle, conn: ConnInfo, origin: QueueOrigin, rdma: bool) {
+    fn add_qp(
+        &mut self,
+        qp: QpHandle,
+        conn: ConnInfo,
+        origin: QueueOrigin,
+        rdma: bool,
+        slot: ConnSlot,
+    ) {
         self.shared
             .conn_opened(queue_key(self.index, qp), conn, rdma);
         self.qps.insert(
             qp,
             QpApp {
                 origin,
+                slot: Some(slot),
                 ..QpApp::default()
             },
         );
@@ -309,7 +337,11 @@ impl<I: IoContext> IoThread<I> {
                 ..
             } => {
                 let h2c = matches!(sqe.data_direction(), DataDirection::HostToController);
-                if h2c && !payload_valid {
+                // Only data the target reads is fetched (issue 11): the soft engine hands
+                // up nothing else already, a DOCA engine leaves it to us.
+                let qid = self.qps.get(&qp).and_then(|a| a.queue).map(|q| q.qid);
+                let reads = nvmf::target::slow_path_host_data(&sqe, qid) > 0;
+                if h2c && !payload_valid && reads {
                     self.fetch_host_data(qp, token, sqe);
                 } else {
                     self.execute(qp, token, &sqe);
@@ -367,11 +399,27 @@ impl<I: IoContext> IoThread<I> {
                 icreq,
                 fes,
                 fei,
+                limit,
                 ..
-            } => self.report_termination(qp, by_host, icreq, fes, fei),
+            } => {
+                if let Some(l) = limit {
+                    // Logged here, with the TermReq; its TransportError says nothing more.
+                    if let Some(a) = self.qps.get_mut(&qp) {
+                        a.limit_logged = true;
+                    }
+                    self.report_limit(qp, l, true);
+                } else {
+                    self.report_termination(qp, by_host, icreq, fes, fei)
+                }
+            }
             Event::Tls { qp, ok, .. } => self.on_tls(qp, ok),
             Event::TransportError { qp, kind, .. } => {
                 tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
+                if let sta::TransportErrorKind::Limit(l) = kind {
+                    if !self.qps.get(&qp).is_some_and(|a| a.limit_logged) {
+                        self.report_limit(qp, l, false);
+                    }
+                }
                 self.close_queue(qp);
                 self.disconnect(qp);
             }

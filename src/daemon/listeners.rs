@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvmf::target::{ListenerInfo, Transport};
 use sta::verbs::VerbsError;
@@ -113,11 +113,39 @@ struct Listener {
     socket: Socket,
 }
 
+/// After accept found no file descriptor left, the TCP listeners rest this long before
+/// accepting again (waiting connections stay in the kernel's backlog meanwhile) instead
+/// of spinning on a listener that stays readable.
+pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// At most one log line per this while accept keeps running out of file descriptors.
+pub(super) const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Accept failed for lack of file descriptors or kernel memory: retrying at once fails
+/// the same way.
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM)
+    )
+}
+
+/// The accept back-off's state.
+#[derive(Default)]
+struct AcceptBackoff {
+    /// No accept before this.
+    until: Option<Instant>,
+    /// When the last line was logged, and how many back-offs since.
+    logged: Option<Instant>,
+    since_log: u64,
+}
+
 /// The daemon's listeners and the RDMA CM service that serves the RDMA ones.
 #[derive(Default)]
 pub(super) struct Listeners {
     list: Vec<Listener>,
     rdma: Option<RdmaService>,
+    backoff: AcceptBackoff,
 }
 
 impl Listeners {
@@ -209,17 +237,28 @@ impl Listeners {
         true
     }
 
-    /// The TCP listeners' sockets, for the main loop's poll.
+    /// The TCP listeners' sockets, for the main loop's poll (none while accept backs off).
     pub fn tcp_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
-        self.list.iter().filter_map(|l| match &l.socket {
-            Socket::Tcp(s) => Some(s.as_fd()),
-            Socket::Rdma => None,
-        })
+        let resting = self.backoff.until.is_some_and(|t| Instant::now() < t);
+        self.list
+            .iter()
+            .filter(move |_| !resting)
+            .filter_map(|l| match &l.socket {
+                Socket::Tcp(s) => Some(s.as_fd()),
+                Socket::Rdma => None,
+            })
     }
 
     /// Accept every waiting TCP connection and hand each to the IO thread with the fewest
-    /// QPs.
-    pub fn accept(&self, shared: &Shared) {
+    /// QPs (or close it at once when it is over a connection limit). Out of file
+    /// descriptors, stop accepting for [`ACCEPT_BACKOFF`] and say so at most once per
+    /// [`ACCEPT_LOG_INTERVAL`].
+    pub fn accept(&mut self, shared: &Shared) {
+        let now = Instant::now();
+        if self.backoff.until.is_some_and(|t| now < t) {
+            return;
+        }
+        self.backoff.until = None;
         for l in &self.list {
             let Socket::Tcp(sock) = &l.socket else {
                 continue;
@@ -227,6 +266,19 @@ impl Listeners {
             loop {
                 match sock.accept() {
                     Ok((conn, peer)) => {
+                        let slot = match shared.conn_limits.admit(Some(peer.ip())) {
+                            Ok(s) => s,
+                            Err(limit) => {
+                                // Dropping the socket closes it; nothing was read from it.
+                                drop(conn);
+                                let info = ConnInfo {
+                                    peer: Some(peer),
+                                    listener: Some(l.name.clone()),
+                                };
+                                shared.limit_refused(limit, &info);
+                                continue;
+                            }
+                        };
                         let t = shared.pick_thread();
                         tracing::debug!("connection from {peer} on {} to io thread {t}", l.name);
                         let msg = ThreadMsg::Conn {
@@ -234,10 +286,33 @@ impl Listeners {
                             peer,
                             listener: l.name.clone(),
                             info: l.info.clone(),
+                            slot,
                         };
                         shared.send(t, msg);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if out_of_descriptors(&e) => {
+                        shared.accept_backoff();
+                        let b = &mut self.backoff;
+                        b.until = Some(now + ACCEPT_BACKOFF);
+                        b.since_log += 1;
+                        if b.logged
+                            .is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL)
+                        {
+                            tracing::warn!(
+                                "accept on {}: {e}: not accepting for {ACCEPT_BACKOFF:?} at a \
+                                 time ({} time(s) since the last such line; raise the \
+                                 service's LimitNOFILE= or lower limits.max_connections)",
+                                l.name,
+                                b.since_log
+                            );
+                            b.logged = Some(now);
+                            b.since_log = 0;
+                        }
+                        return;
+                    }
+                    // A connection that went before it was taken: the next one may be fine.
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
                     Err(e) => {
                         tracing::warn!("accept on {}: {e}", l.name);
                         break;

@@ -18,6 +18,7 @@
 
 mod backends;
 mod commands;
+mod conn_limits;
 mod control;
 mod health;
 mod io_thread;
@@ -101,7 +102,15 @@ pub fn run<E: Engine>(
         engine.access_publisher(),
         ptpl,
         senders,
+        &cfg.limits,
     ));
+    crate::startup_checks::raise_nofile(cfg.limits.max_connections);
+    if let Some(w) = cfg
+        .metrics
+        .and_then(|a| crate::startup_checks::metrics_exposure(a, cfg.metrics_allow_remote))
+    {
+        tracing::warn!("{w}");
+    }
     // Metrics before the IO threads: a taken port fails start-up with nothing to undo.
     let _metrics = match cfg.metrics {
         Some(addr) => Some(
@@ -135,9 +144,14 @@ pub fn run<E: Engine>(
     crate::notify::ready();
 
     let stop_reason = main_loop::serve(&mut rt, &sfd, &mut ctl, &threads);
+    let died = threads.alive() < threads.count();
     // No control requests while draining: the socket goes first.
     drop(ctl);
-    stop(rt, threads, &stop_reason)
+    stop(rt, threads, &stop_reason)?;
+    if died {
+        bail!("an IO thread died (see above); exiting with an error so the service restarts");
+    }
+    Ok(())
 }
 
 /// The protocol side, sized by what the engine can do (`ptpl_capable`: reservations can
@@ -207,10 +221,14 @@ fn start_io_threads<E: Engine>(
         let seed = engine.io_create().context("creating an IO context")?;
         let shared = shared.clone();
         let cpu = cpus.as_ref().map(|c| c[i]);
-        let alive = alive.clone();
+        let alive = AliveGuard {
+            index: i,
+            alive: alive.clone(),
+        };
         let h = std::thread::Builder::new()
             .name(format!("nvmft-io{i}"))
             .spawn(move || {
+                let _alive = alive;
                 if let Some(cpu) = cpu {
                     pin_to(i, cpu);
                 }
@@ -220,12 +238,34 @@ fn start_io_threads<E: Engine>(
                         tracing::error!("io thread {i}: cannot start its engine context: {e}")
                     }
                 }
-                alive.fetch_sub(1, Ordering::SeqCst);
             })
             .context("spawning an IO thread")?;
         handles.push(h);
     }
     Ok(IoThreadSet { handles, alive })
+}
+
+/// Counts an IO thread out of the alive count when it ends, however it ends. A panic is
+/// logged here (the panic message itself went to stderr, the journal); the main loop then
+/// sees the thread gone and stops the daemon: no more watchdog pings, and a non-zero exit
+/// status so that systemd (`Restart=on-failure`) starts it again. Its connections are
+/// lost either way; the hosts reconnect to the new process.
+struct AliveGuard {
+    index: usize,
+    alive: Arc<AtomicUsize>,
+}
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                "io thread {} panicked: stopping the daemon (exit status 1, so the service \
+                 manager restarts it)",
+                self.index
+            );
+        }
+        self.alive.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn pin_to(thread: usize, cpu: usize) {
@@ -290,12 +330,50 @@ fn metrics_source(
 ) -> crate::metrics::MetricsSource {
     let (for_report, for_ids, for_transport) = (shared.clone(), shared.clone(), shared.clone());
     let for_refusals = shared.clone();
+    let (for_limits, for_conns) = (shared.clone(), shared.clone());
     crate::metrics::MetricsSource {
         stats: shared.stats.clone(),
         report: Box::new(move || for_report.target().report()),
         subsystems: Box::new(move || for_ids.subsystems.all()),
         transport_of: Box::new(move |key| for_transport.transport_of(key)),
         refusals: Box::new(move || for_refusals.refusals.counts()),
+        limit_hits: Box::new(move || {
+            let mut v = for_limits.stats.limit_hits();
+            v.extend(for_limits.conn_limits.hits());
+            v.push(("accept_open_files", for_limits.accept_backoffs()));
+            v
+        }),
+        peer_connections: Box::new(move || {
+            let (total, unconnected, _) = for_conns.conn_limits.held();
+            (u64::from(total - unconnected), u64::from(unconnected))
+        }),
         started,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panicking IO thread is counted out of the alive count (the main loop stops the
+    /// daemon on that), as one that returns is.
+    #[test]
+    fn a_panicking_io_thread_is_counted_out() {
+        let alive = Arc::new(AtomicUsize::new(2));
+        let guard = |index| AliveGuard {
+            index,
+            alive: alive.clone(),
+        };
+        let (g0, g1) = (guard(0), guard(1));
+        let h = std::thread::spawn(move || {
+            let _g = g0;
+            panic!("an IO thread bug");
+        });
+        assert!(h.join().is_err(), "the thread panicked");
+        assert_eq!(alive.load(Ordering::SeqCst), 1);
+        std::thread::spawn(move || drop(g1))
+            .join()
+            .expect("returns");
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
     }
 }

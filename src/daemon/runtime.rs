@@ -104,6 +104,9 @@ pub(super) struct Runtime<E: Engine> {
     pub backends: HashMap<String, Arc<dyn Backend>>,
     pub listeners: Listeners,
     retiring: Vec<Retiring>,
+    /// Namespaces whose hung backend queues were destroyed (`be_queue_destroy` once each,
+    /// until a reload removes the namespace).
+    hung: std::collections::HashSet<(SubsysId, u32)>,
     /// Reservations read from the PTPL state file at start-up, restored as their
     /// namespaces are added (before any host can reach them).
     persisted: Vec<PersistedReservation>,
@@ -138,6 +141,8 @@ impl<E: Engine> Runtime<E> {
             // Restart-only: the state file was opened at start-up.
             reservations: cfg.reservations.clone(),
             referrals: Vec::new(),
+            metrics_allow_remote: cfg.metrics_allow_remote,
+            limits: cfg.limits,
         };
         Runtime {
             cfg: empty,
@@ -146,6 +151,7 @@ impl<E: Engine> Runtime<E> {
             backends: HashMap::new(),
             listeners: Listeners::default(),
             retiring: Vec::new(),
+            hung: Default::default(),
             persisted,
             health: None,
         }
@@ -250,6 +256,7 @@ impl<E: Engine> Runtime<E> {
                 self.shared.route(actions);
             }
             if let Some(id) = self.shared.subsystems.id(nqn) {
+                self.hung.remove(&(id, *nsid));
                 match self.engine.ns_remove(id, *nsid, 0) {
                     Ok(()) => {
                         if d.subsystems_removed.contains(nqn) {
@@ -554,6 +561,9 @@ impl<E: Engine> Runtime<E> {
             return Err(why.into());
         };
         tracing::info!("reloading {}", path.display());
+        if let Some(w) = crate::startup_checks::config_permissions(path) {
+            tracing::warn!("{w}");
+        }
         let (new, text) = match Config::load_with_text(path) {
             Ok(c) => c,
             Err(e) => {
@@ -621,13 +631,48 @@ impl<E: Engine> Runtime<E> {
                     nsid,
                     commands,
                     limit,
-                } => tracing::error!(
-                    "backend timeout: {commands} command(s) of namespace {nsid} of subsystem {} \
-                     outstanding longer than {limit:?}; the backend may be hung",
-                    self.subsystem_name(subsys)
-                ),
+                } => {
+                    let nqn = self.subsystem_name(subsys);
+                    tracing::error!(
+                        "backend timeout: {commands} command(s) of namespace {nsid} of \
+                         subsystem {nqn} outstanding longer than {limit:?}: the backend hangs; \
+                         its queues are destroyed (what is outstanding is answered Aborted - SQ \
+                         Deletion) and the namespace is taken out (Internal Path Error: hosts \
+                         fail over) until a reload removes it"
+                    );
+                    self.namespace_lost(&nqn, nsid);
+                    if self.hung.insert((subsys, nsid)) {
+                        if let Err(e) = self.engine.be_queue_destroy(subsys, nsid, 0) {
+                            tracing::error!(
+                                "subsystem {nqn}: namespace {nsid}: be_queue_destroy: {e}"
+                            );
+                        }
+                    }
+                }
+                MainEvent::BackendGone { subsys, nsid } => {
+                    let nqn = self.subsystem_name(subsys);
+                    tracing::error!(
+                        "engine: the backend of namespace {nsid} of subsystem {nqn} is gone \
+                         (file deleted, device removed): the namespace is taken out (Internal \
+                         Path Error: hosts fail over) until a reload removes it"
+                    );
+                    self.namespace_lost(&nqn, nsid);
+                }
             }
         }
+    }
+
+    /// The storage of a namespace is gone or hangs: the target takes it out of the active
+    /// namespace list (with the Namespace Attribute Changed event) and answers its I/O
+    /// Internal Path Error without DNR, so a multipath host fails over (see
+    /// `nvmf::target::Target::namespace_lost`). Idempotent.
+    fn namespace_lost(&mut self, nqn: &str, nsid: u32) {
+        if let Err(e) = self.shared.target().namespace_lost(nqn, nsid) {
+            tracing::warn!("subsystem {nqn}: namespace {nsid}: cannot take it out: {e}");
+        }
+        self.shared.sync_target_state();
+        let actions = self.shared.target().take_actions();
+        self.shared.route(actions);
     }
 
     /// The NQN of engine subsystem `id`, retiring ones included, for logs.

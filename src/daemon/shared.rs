@@ -6,8 +6,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_channel::Sender;
 use nvmf::target::{
@@ -15,6 +15,7 @@ use nvmf::target::{
 };
 use sta::QpHandle;
 
+use super::conn_limits::{ConnLimit, ConnLimits, ConnSlot};
 use super::listeners::ListenerDirectory;
 use super::queue_facts::QueueFacts;
 use super::subsystems::Subsystems;
@@ -29,6 +30,8 @@ pub(super) enum ThreadMsg {
         peer: SocketAddr,
         listener: String,
         info: ListenerInfo,
+        /// Its place under the connection limits (given back when the QP is gone).
+        slot: ConnSlot,
     },
     /// From the RDMA CM thread: a connection to accept, or an event of one.
     Rdma(RdmaMsg),
@@ -80,6 +83,10 @@ pub(super) struct Shared {
     ptpl: Option<crate::ptpl::PtplStore>,
     /// Where namespace access views go to the engine.
     access: sta::AccessPublisher,
+    /// Connection limits (`limits:`): every accepted connection holds a slot.
+    pub conn_limits: Arc<ConnLimits>,
+    /// Times accept found the process (or system) out of file descriptors.
+    accept_backoffs: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -95,6 +102,7 @@ impl Shared {
         access: sta::AccessPublisher,
         ptpl: Option<crate::ptpl::PtplStore>,
         threads: Vec<Sender<ThreadMsg>>,
+        limits: &crate::config::Limits,
     ) -> Shared {
         let n = threads.len();
         Shared {
@@ -111,6 +119,8 @@ impl Shared {
             psk: Default::default(),
             ptpl,
             access,
+            conn_limits: Arc::new(ConnLimits::new(limits)),
+            accept_backoffs: AtomicU64::new(0),
         }
     }
 
@@ -211,6 +221,37 @@ impl Shared {
         lock(&self.conns).remove(&key);
         self.queue_facts.closed(key);
         lock(&self.rdma_queues).remove(&key);
+    }
+
+    /// Accept ran out of file descriptors once more (counted as
+    /// `nvmft_limit_hits_total{limit="accept_open_files"}`).
+    pub fn accept_backoff(&self) {
+        self.accept_backoffs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn accept_backoffs(&self) -> u64 {
+        self.accept_backoffs.load(Ordering::Relaxed)
+    }
+
+    /// A connection refused by one of the connection limits (it is closed or rejected):
+    /// logged at warn, rate-limited per peer (the limit counted the hit).
+    pub fn limit_refused(&self, limit: ConnLimit, conn: &ConnInfo) {
+        let (held, unconnected, _) = self.conn_limits.held();
+        let why = match limit {
+            ConnLimit::Total => format!("the daemon holds limits.max_connections ({held}) already"),
+            ConnLimit::PerPeer => {
+                "this address holds limits.max_connections_per_peer already".to_string()
+            }
+            ConnLimit::Unconnected => format!(
+                "limits.max_unconnected ({unconnected}) connections are not past their Fabrics \
+                 Connect yet (a connection flood?)"
+            ),
+        };
+        let line = format!(
+            "{}: connection refused and closed: {why}",
+            crate::refusals::where_from(Some(conn))
+        );
+        self.refusals.log(limit.label(), conn.peer, &line);
     }
 
     /// `rdma` or `tcp`, for metrics labels.

@@ -73,6 +73,8 @@ fn source(stats: sta::Stats) -> MetricsSource {
         subsystems: Box::new(Vec::new),
         transport_of: Box::new(|_| "tcp"),
         refusals: Box::new(|| vec![("host_not_allowed", 2)]),
+        limit_hits: Box::new(|| vec![("icreq_timeout", 3), ("connections_per_peer", 0)]),
+        peer_connections: Box::new(|| (5, 1)),
         started: SystemTime::now(),
     }
 }
@@ -93,6 +95,10 @@ fn scrape_of_an_idle_engine_is_well_formed() {
         "# TYPE nvmft_namespace_latency_seconds histogram",
         "nvmft_build_info{version=",
         "nvmft_refusals_total{reason=\"host_not_allowed\"} 2",
+        "nvmft_limit_hits_total{limit=\"icreq_timeout\"} 3",
+        "nvmft_limit_hits_total{limit=\"connections_per_peer\"} 0",
+        "nvmft_peer_connections{state=\"connected\"} 5",
+        "nvmft_peer_connections{state=\"unconnected\"} 1",
     ] {
         assert!(om.contains(name), "{name} missing from\n{om}");
     }

@@ -184,6 +184,20 @@ fn metrics_address_needs_a_restart() {
 }
 
 #[test]
+fn limits_need_a_restart() {
+    let d = from_base(&edit(
+        "metrics:\n",
+        "limits: {max_connections_per_peer: 16}\nmetrics:\n",
+    ));
+    assert_only_restart(&d, &["limits: changed"]);
+    let d = from_base(&edit(
+        "  address: 127.0.0.1:9100\n",
+        "  address: 127.0.0.1:9100\n  allow_remote: true\n",
+    ));
+    assert_only_restart(&d, &["metrics.allow_remote: false -> true"]);
+}
+
+#[test]
 fn listener_added_and_removed() {
     let added = edit(
         "listeners:\n",

@@ -36,7 +36,11 @@
 //! 4. Handles are plain values ([`QpHandle`], [`CmdToken`], [`SubsysId`]) that an engine
 //!    maps to its own objects; a stale handle is an error, never undefined behaviour.
 //! 5. A payload whose data is not valid yet is handed up zeroed (buffers are reused: no
-//!    byte of another command may reach the application or a host).
+//!    byte of another command may reach the application or a host). Its length is what
+//!    the application will read of the host's data (`nvmf::target::slow_path_host_data`:
+//!    before Connect only the Connect's data, after it only commands the target reads
+//!    data for), so nothing a peer sends makes the engine solicit (R2T) or buffer data
+//!    nobody reads (issue 11); a command refused without its data is answered at once.
 //!
 //! Beyond DOCA's calls (the soft engine has them; an engine that lacks one says so in
 //! [`Caps`] or refuses the call): TLS on TCP QPs (`qp_accept_tcp_tls`, [`Event::Tls`],
@@ -124,6 +128,121 @@ pub enum TransportErrorKind {
     Io,
     /// The host broke the transport protocol; the engine terminated the connection.
     Protocol,
+    /// The peer ran into one of the engine's bounds or deadlines ([`Limit`]) and loses
+    /// its connection for it.
+    Limit(Limit),
+}
+
+/// A bound or deadline the engine holds a peer to (DESIGN: every resource a peer can make
+/// us hold has a bound, a deadline and a counter). Each hit is counted per IO context
+/// ([`crate::ThreadTotals::limit_hits`], in [`Limit::ALL`] order); the ones that cost the
+/// peer its connection are also reported as [`TransportErrorKind::Limit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// A TCP connection sent no ICReq within [`EngineLimits::icreq_timeout`].
+    IcReqTimeout,
+    /// A queue had no Fabrics Connect answered within [`EngineLimits::connect_timeout`]
+    /// of being accepted.
+    ConnectTimeout,
+    /// Host data an R2T asked for did not come within
+    /// [`EngineLimits::host_data_timeout`] (a C2HTermReq ends the connection).
+    HostDataTimeout,
+    /// The peer took none of its output (responses) for [`EngineLimits::drain_timeout`].
+    DrainTimeout,
+    /// A queue's output grew past its bound (the peer neither reads nor stops sending).
+    SendQueue,
+    /// A capsule arrived while all SQSIZE + 1 entries of its queue were outstanding (a
+    /// C2HTermReq ends the connection).
+    QueueDepth,
+    /// A command waited because its connection already held
+    /// [`EngineLimits::connection_buffer_bytes`] of data buffers (not fatal).
+    ConnectionBuffers,
+    /// The IO context's buffer pool was exhausted: the command was answered Command
+    /// Interrupted (the host retries it).
+    BufferPool,
+    /// The IO context's command slots were exhausted: the command was answered Command
+    /// Interrupted.
+    CommandSlots,
+}
+
+impl Limit {
+    pub const ALL: [Limit; 9] = [
+        Limit::IcReqTimeout,
+        Limit::ConnectTimeout,
+        Limit::HostDataTimeout,
+        Limit::DrainTimeout,
+        Limit::SendQueue,
+        Limit::QueueDepth,
+        Limit::ConnectionBuffers,
+        Limit::BufferPool,
+        Limit::CommandSlots,
+    ];
+
+    /// Metric label (`nvmft_limit_hits_total{limit="..."}`) and log reason.
+    pub fn label(self) -> &'static str {
+        match self {
+            Limit::IcReqTimeout => "icreq_timeout",
+            Limit::ConnectTimeout => "connect_timeout",
+            Limit::HostDataTimeout => "host_data_timeout",
+            Limit::DrainTimeout => "drain_timeout",
+            Limit::SendQueue => "send_queue",
+            Limit::QueueDepth => "queue_depth",
+            Limit::ConnectionBuffers => "connection_buffers",
+            Limit::BufferPool => "buffer_pool",
+            Limit::CommandSlots => "command_slots",
+        }
+    }
+
+    /// What happened, in words, for log lines.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Limit::IcReqTimeout => "sent no ICReq in time",
+            Limit::ConnectTimeout => "sent no Fabrics Connect in time",
+            Limit::HostDataTimeout => "did not send the data an R2T asked for in time",
+            Limit::DrainTimeout => "did not read its responses in time",
+            Limit::SendQueue => "let too many responses pile up unread",
+            Limit::QueueDepth => "submitted more commands than its queue has entries",
+            Limit::ConnectionBuffers => "used its whole buffer budget (commands wait)",
+            Limit::BufferPool => "found the IO thread's buffer pool exhausted",
+            Limit::CommandSlots => "found the IO thread's command slots exhausted",
+        }
+    }
+
+    /// Position in [`Limit::ALL`].
+    pub fn index(self) -> usize {
+        Limit::ALL.iter().position(|&l| l == self).unwrap_or(0)
+    }
+}
+
+/// The engine's bounds and deadlines on peers (see [`Limit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLimits {
+    /// A TCP connection must send its ICReq within this. The Linux host sends it at
+    /// once; nvmet and SPDK have no such deadline, so an idle socket costs them forever.
+    pub icreq_timeout: Duration,
+    /// A queue must have its Fabrics Connect answered within this of being accepted.
+    pub connect_timeout: Duration,
+    /// Host data solicited by an R2T must arrive within this (the Linux host's own I/O
+    /// timeout is 30 s: by then it has given up on the command anyway).
+    pub host_data_timeout: Duration,
+    /// A connection whose output the peer does not take for this long is closed.
+    pub drain_timeout: Duration,
+    /// Data buffers one connection may hold for commands in flight; more commands wait
+    /// (never fail) until some finish. At least the max I/O size. Host data is only
+    /// given a buffer once it arrives, so commands whose data never comes hold none.
+    pub connection_buffer_bytes: usize,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits {
+            icreq_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            host_data_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+            connection_buffer_bytes: 16 << 20,
+        }
+    }
 }
 
 /// What an IO context reports from [`IoContext::poll_event`].
@@ -167,6 +286,9 @@ pub enum Event {
         icreq: bool,
         fes: u16,
         fei: u32,
+        /// The engine ended the connection because the peer ran into this bound or
+        /// deadline (a full queue, host data that never came), not over a bad PDU.
+        limit: Option<Limit>,
     },
     /// A connection accepted with [`IoContext::qp_accept_tcp_tls`] finished its TLS
     /// handshake (`ok`, before any of its capsules is reported), or failed it (then its
@@ -227,6 +349,9 @@ pub enum MainEvent {
         commands: u32,
         limit: Duration,
     },
+    /// A namespace's backend answered that it is gone (its file was deleted, its device
+    /// removed): commands got Internal Path Error. Reported once per IO context.
+    BackendGone { subsys: SubsysId, nsid: u32 },
 }
 
 /// Engine limits (DOCA: `doca_sta_get_max_*`) and what it serves.
@@ -437,6 +562,10 @@ pub trait IoContext {
     /// docs). Returns whether it was aborted; one at the backend, handed to the
     /// application, or not found is not (the spec allows that for any command).
     fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool;
+    /// Free non-offloaded command `token` without answering it: the host no longer counts
+    /// it as outstanding (an Asynchronous Event Request held across a controller reset and
+    /// sent again with the same CID). Its queue entry is free again. Not a DOCA call.
+    fn cmd_drop(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError>;
     /// DOCA: `doca_sta_io_task_disconnect_alloc_init` + submit: stop taking input, let the
     /// QP's in-flight I/O finish, drop its unsent output, close it, then report
     /// `TaskDone { kind: QpDisconnect }`. The handle is dead afterwards (DOCA's

@@ -31,8 +31,9 @@ pub mod verbs;
 pub(crate) use access::AccessCell;
 pub use access::{AccessKey, AccessPublisher, NamespaceAccess};
 pub use contract::{
-    AcceptError, Caps, CmdToken, Engine, EngineError, Event, IoContext, IoSeed, MainEvent,
-    QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo, TransportErrorKind,
+    AcceptError, Caps, CmdToken, Engine, EngineError, EngineLimits, Event, IoContext, IoSeed,
+    Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo,
+    TransportErrorKind,
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{

@@ -42,7 +42,7 @@ impl LatencyTotals {
 
 /// The error statuses counted one by one (everything else is counted as "other"): the
 /// ones the engine and its backends produce. Label, status.
-pub const ERROR_STATUSES: [(&str, Status); 18] = [
+pub const ERROR_STATUSES: [(&str, Status); 20] = [
     ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
     ("invalid_field", Status::INVALID_FIELD),
     ("invalid_opcode", Status::INVALID_OPCODE),
@@ -67,6 +67,8 @@ pub const ERROR_STATUSES: [(&str, Status); 18] = [
     ("ana_inaccessible", Status::ANA_INACCESSIBLE),
     ("ana_persistent_loss", Status::ANA_PERSISTENT_LOSS),
     ("ana_transition", Status::ANA_TRANSITION),
+    ("internal_path_error", Status::INTERNAL_PATH_ERROR),
+    ("command_interrupted", Status::COMMAND_INTERRUPTED),
 ];
 
 /// Index into [`ERROR_STATUSES`] (by SCT and SC; DNR does not matter), or its length for
@@ -127,6 +129,8 @@ pub struct ThreadTotals {
     pub idle_polls: u64,
     /// QPs the context holds now.
     pub qps: u64,
+    /// Hits of each [`crate::Limit`], in [`crate::Limit::ALL`] order.
+    pub limit_hits: [u64; crate::Limit::ALL.len()],
 }
 
 /// One QP's offloaded I/O, since it was accepted (the application sums a controller's
@@ -188,6 +192,19 @@ impl Stats {
     /// See [`StatsSource::queues`].
     pub fn queues(&self) -> Vec<QueueStats> {
         self.0.queues()
+    }
+
+    /// Hits of every [`crate::Limit`], summed over IO contexts: (label, count), zeros
+    /// included, in [`crate::Limit::ALL`] order.
+    pub fn limit_hits(&self) -> Vec<(&'static str, u64)> {
+        let threads = self.threads();
+        crate::Limit::ALL
+            .iter()
+            .map(|l| {
+                let n = threads.iter().map(|t| t.limit_hits[l.index()]).sum();
+                (l.label(), n)
+            })
+            .collect()
     }
 }
 

@@ -87,6 +87,8 @@ pub struct Daemon {
     child: Option<Child>,
     starts: u32,
     log_path: PathBuf,
+    /// A command the daemon runs under (e.g. `prlimit --nofile=128:128 --`), if any.
+    wrapper: Vec<String>,
 }
 
 /// A loopback port that was free a moment ago.
@@ -105,6 +107,12 @@ impl Daemon {
     /// it; waits until the port answers an ICReq. Retries with another port if the one
     /// picked was taken in the meantime.
     pub fn start(template: &str) -> Daemon {
+        Daemon::start_under(&[], template)
+    }
+
+    /// [`Daemon::start`], with the daemon run by `wrapper` (a command that execs the
+    /// rest of its arguments, so the PID is the daemon's).
+    pub fn start_under(wrapper: &[&str], template: &str) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("nvmft-e2e-")
             .tempdir()
@@ -116,6 +124,7 @@ impl Daemon {
             child: None,
             starts: 0,
             log_path: PathBuf::new(),
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
         };
         for attempt in 0.. {
             match d.try_start() {
@@ -155,7 +164,15 @@ impl Daemon {
         std::fs::write(&cfg, self.config_text()).expect("write config");
         self.log_path = self.dir.path().join(format!("daemon-{}.log", self.starts));
         let log = File::create(&self.log_path).expect("create log file");
-        let child = Command::new(daemon_binary())
+        let mut cmd = match self.wrapper.split_first() {
+            Some((w, args)) => {
+                let mut c = Command::new(w);
+                c.args(args).arg(daemon_binary());
+                c
+            }
+            None => Command::new(daemon_binary()),
+        };
+        let child = cmd
             .arg("--config")
             .arg(&cfg)
             .arg("-v")

@@ -238,6 +238,35 @@ fn reads_wait_for_the_initiator_depth() {
     );
 }
 
+/// `ready` says whether `next_work` would hand something out (so an engine need not poll
+/// a queue that waits for credits), `queued` how much waits.
+#[test]
+fn ready_and_queued_follow_the_credits() {
+    let mut q = RdmaQueue::new(64, SqCredits::new(1, 1), 8);
+    assert!(!q.ready() && q.queued() == 0);
+    q.respond_untracked(Cqe::new(1, Status::SUCCESS));
+    q.respond_untracked(Cqe::new(2, Status::SUCCESS));
+    assert!(q.ready());
+    assert_eq!(q.queued(), 2);
+    assert!(q.next_work().is_some());
+    assert!(!q.ready(), "no send-queue credit left");
+    assert!(q.has_work());
+    assert_eq!(q.queued(), 1);
+    q.work_completed(false);
+    assert!(q.ready());
+    let k = KeyedSgl {
+        addr: 0x1000,
+        len: 4096,
+        key: 1,
+        invalidate: false,
+    };
+    let mut r = RdmaQueue::new(64, SqCredits::new(8, 1), 8);
+    r.fetch(1, &k, 0, 4096);
+    r.fetch(2, &k, 0, 4096);
+    assert!(r.next_work().is_some());
+    assert!(!r.ready(), "the next READ waits for the initiator depth");
+}
+
 proptest! {
     #[test]
     fn cm_request_roundtrip(recfmt: u16, qid: u16, hrq: u16, hsq: u16, cntlid: u16) {

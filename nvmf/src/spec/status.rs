@@ -52,6 +52,9 @@ statuses! {
     HOST_IDENTIFIER_INCONSISTENT = (sct::GENERIC, 0x18, true);
     KEEP_ALIVE_TIMER_EXPIRED = (sct::GENERIC, 0x19, false);
     COMMAND_ABORTED_BY_HOST = (sct::GENERIC, 0x1c, false);
+    /// The controller could not finish the command for a reason of its own (here: out of
+    /// buffers); the host should retry it (NVMe Base 2.0 Figure 101).
+    COMMAND_INTERRUPTED = (sct::GENERIC, 0x21, false);
     TRANSIENT_TRANSPORT_ERROR = (sct::GENERIC, 0x22, false);
     LBA_OUT_OF_RANGE = (sct::GENERIC, 0x80, true);
     CAPACITY_EXCEEDED = (sct::GENERIC, 0x81, true);
@@ -86,6 +89,10 @@ statuses! {
     /// A command other than Authentication Send/Receive on a queue that must
     /// authenticate first (NVMe Base 2.0 Figure 103; nvmet's NVME_SC_AUTH_REQUIRED).
     AUTHENTICATION_REQUIRED = (sct::COMMAND_SPECIFIC, 0x91, true);
+
+    /// Path Related Status (SCT 3h): the controller cannot reach the namespace's storage
+    /// (NVMe Base 2.0 Figure 103). Without DNR a multipath host retries on another path.
+    INTERNAL_PATH_ERROR = (sct::PATH, 0x00, false);
 
     WRITE_FAULT = (sct::MEDIA, 0x80, false);
     UNRECOVERED_READ_ERROR = (sct::MEDIA, 0x81, false);

@@ -116,6 +116,12 @@ pub(super) fn execute(
             if let Some(dw0) = ctrl.pending_events.pop_front() {
                 return Reply::dw0(dw0);
             }
+            // The CID of one still held: the host counts that one as gone (it reset the
+            // controller, which keeps held AERs, see `Controller::reset`) and sent it
+            // again. Hold it once; the transport replaces its old command with the new.
+            if ctrl.aers.contains(&sqe.cid()) {
+                return Ok(Reply::Held);
+            }
             if ctrl.aers.len() >= AER_LIMIT {
                 return Err(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED);
             }

@@ -40,6 +40,14 @@ pub(super) fn execute(
     let listener = ctrl.origin.listener.clone();
     let subsys = t.subsystems.get(&subnqn).ok_or(Status::INTERNAL_ERROR)?;
     let nsid = sqe.nsid;
+    if subsys
+        .lost
+        .get(&nsid)
+        .is_some_and(|n| n.visible_to(&ctrl.hostnqn))
+    {
+        // Its storage is gone (`Target::namespace_lost`).
+        return Err(Status::INTERNAL_PATH_ERROR);
+    }
     let ns = subsys
         .namespaces
         .get(&nsid)

@@ -129,6 +129,39 @@ const ABORT_LIMIT: usize = 4;
 /// how many it missed.
 const RESERVATION_LOG_LIMIT: usize = 64;
 
+/// How many bytes of host-to-controller data the target reads for a command the engine
+/// hands up (not offloaded) on a queue connected as `queue` (its QID, once its Fabrics
+/// Connect was answered; `None` before): the engine fetches no more than this (no R2T,
+/// no buffer beyond it).
+///
+/// Before Connect a queue has no controller and the only command the target reads data
+/// for is the Connect itself (its 1024 bytes of Connect data). Once connected, on any
+/// queue, Authentication Send takes its transfer length (a DH-HMAC-CHAP message). On the
+/// admin queue no other command the target implements takes host data: Set Features
+/// carries its values in CDW11, and the admin commands that take data (Security Send,
+/// Firmware Image Download, Namespace Management) are not implemented and are refused
+/// without it. On I/O queues the reservation commands take theirs (Register and Acquire
+/// 16 bytes, Release 8); the other I/O commands that reach the slow path are answered
+/// without their data. A command added here that reads host data must say so.
+pub fn slow_path_host_data(sqe: &Sqe, queue: Option<u16>) -> u32 {
+    use opcodes::io;
+    match queue {
+        None if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::CONNECT => {
+            ConnectData::SIZE as u32
+        }
+        Some(_) if sqe.is_fabrics() && sqe.fctype() == opcodes::fabrics::AUTHENTICATION_SEND => {
+            crate::auth::msg::AuthCommand::from_sqe(sqe).len
+        }
+        None | Some(0) => 0,
+        Some(_) => match sqe.opcode() {
+            io::RESERVATION_REGISTER => reservation::REGISTER_DATA_LEN as u32,
+            io::RESERVATION_ACQUIRE => reservation::ACQUIRE_DATA_LEN as u32,
+            io::RESERVATION_RELEASE => reservation::RELEASE_DATA_LEN as u32,
+            _ => 0,
+        },
+    }
+}
+
 /// Target-wide limits and identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetOptions {
@@ -432,6 +465,9 @@ impl CounterSource for NoCounters {
 struct Subsystem {
     cfg: SubsystemConfig,
     namespaces: BTreeMap<u32, NamespaceConfig>,
+    /// Namespaces whose storage is gone ([`Target::namespace_lost`]): inactive for
+    /// Identify, their I/O answered with a path error, until removed.
+    lost: BTreeMap<u32, NamespaceConfig>,
     is_discovery: bool,
     /// Reservation state per namespace (kept while the namespace exists).
     resv: BTreeMap<u32, Reservations>,
@@ -831,6 +867,7 @@ impl Target {
                     listeners: None,
                 },
                 namespaces: BTreeMap::new(),
+                lost: BTreeMap::new(),
                 is_discovery: true,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
@@ -935,6 +972,7 @@ impl Target {
             Subsystem {
                 cfg: c,
                 namespaces: BTreeMap::new(),
+                lost: BTreeMap::new(),
                 is_discovery: false,
                 resv: BTreeMap::new(),
                 ana: ana::AnaTable::default(),
@@ -1005,7 +1043,7 @@ impl Target {
         if ns.group() > ana::ANAGRPMAX {
             return bad("ANA group ID out of range");
         }
-        if s.namespaces.contains_key(&nsid) {
+        if s.namespaces.contains_key(&nsid) || s.lost.contains_key(&nsid) {
             return Err(TargetError::DuplicateNamespace(nsid));
         }
         let hosts = ns.hosts.clone();
@@ -1021,7 +1059,7 @@ impl Target {
     /// Removes a namespace, with the same notifications as [`Target::add_namespace`].
     pub fn remove_namespace(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
         let s = self.user_subsystem_mut(subnqn)?;
-        let Some(old) = s.namespaces.remove(&nsid) else {
+        let Some(old) = s.namespaces.remove(&nsid).or_else(|| s.lost.remove(&nsid)) else {
             return Err(TargetError::UnknownNamespace(nsid));
         };
         s.device_health.remove(&nsid);
@@ -1030,6 +1068,40 @@ impl Target {
         }
         self.access_updates.remove(&(subnqn.to_string(), nsid));
         self.namespace_changed(subnqn, nsid, |h| old.visible_to(h));
+        Ok(())
+    }
+
+    /// The storage behind a namespace is gone (its file was deleted, its device removed)
+    /// or hangs. What hosts see, and why:
+    ///
+    /// - I/O to it is answered Internal Path Error (SCT 3h, SC 00h) without DNR. NVMe
+    ///   Base 2.0 makes SCT 3h the "try another path" class; the Linux host fails such
+    ///   commands over to another path of the namespace when it has one (multipath), and
+    ///   otherwise retries a few times and fails them. Namespace Not Ready (what a
+    ///   namespace not attached *yet* gets) is no good here: Linux retries it on the same
+    ///   path and never fails over, and with DNR no host retries at all, not even
+    ///   elsewhere. ANA states (Persistent Loss) say the same but for a whole ANA group
+    ///   on a listener; one lost backend is one namespace, and the rest of its group is
+    ///   fine.
+    /// - It leaves the active namespace list, with a Namespace Attribute Changed event,
+    ///   as a hot-removed drive would: the host rescans and drops this path, so a host
+    ///   with no other path stops retrying and fails the I/O instead of spinning on it.
+    ///
+    /// The namespace stays configured (a reload that removes it, or a restart, clears
+    /// it; re-adding it needs it removed first). Idempotent.
+    pub fn namespace_lost(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
+        let s = self.user_subsystem_mut(subnqn)?;
+        if s.lost.contains_key(&nsid) {
+            return Ok(());
+        }
+        let ns = s
+            .namespaces
+            .remove(&nsid)
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        let visible = ns.clone();
+        s.lost.insert(nsid, ns);
+        self.access_updates.remove(&(subnqn.to_string(), nsid));
+        self.namespace_changed(subnqn, nsid, |h| visible.visible_to(h));
         Ok(())
     }
 

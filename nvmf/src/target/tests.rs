@@ -1965,6 +1965,116 @@ fn listener_covers_its_address_or_wildcard_family() {
     assert!(!l("10.1.1.1").covers(ip("10.1.1.2")));
 }
 
+/// A host that resets its controller (CC.EN 1 -> 0 -> 1) and sends its AER again with the
+/// CID of the one still held (Linux uses one fixed CID for it): the target holds it once,
+/// and one event completes it once.
+#[test]
+fn aer_with_the_cid_of_a_held_one_is_held_once() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    let mut aer = admin_sqe(admin::ASYNC_EVENT_REQUEST, 0);
+    aer.set_opcode_cid(admin::ASYNC_EVENT_REQUEST, 31);
+    let mut buf = [0u8; 0];
+    let t = &mut c.t;
+    assert_eq!(
+        t.execute(c.now, c.admin, &aer, &mut buf, &NoCounters),
+        Outcome::Deferred
+    );
+    c.property_set(0);
+    c.property_set(CC_ENABLE);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    assert_eq!(
+        c.t.execute(c.now, c.admin, &aer, &mut buf, &NoCounters),
+        Outcome::Deferred
+    );
+    let _ = c.t.take_actions();
+    c.t.add_namespace(SUB1, ns(2)).unwrap();
+    let actions = c.t.take_actions();
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.cid == 31),
+        "{actions:?}"
+    );
+    // Nothing else is held: after the log is read, a new event waits for a new AER.
+    c.admin(get_log(lid::CHANGED_NS_LIST, 4096, 0, false, 0xffff_ffff));
+    c.t.add_namespace(SUB1, ns(3)).unwrap();
+    assert!(
+        c.t.take_actions().is_empty(),
+        "no second completion for CID 31"
+    );
+}
+
+/// A namespace whose storage is gone: its I/O gets Internal Path Error without DNR (a
+/// multipath host fails over), it leaves the active list with a Namespace Attribute
+/// Changed event (the host drops the path), and a reload can remove it and add it back.
+#[test]
+fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.admin(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8));
+    let mut buf = [0u8; 0];
+    assert_eq!(
+        c.exec_on(c.admin, admin_sqe(admin::ASYNC_EVENT_REQUEST, 0), &mut buf),
+        Outcome::Deferred
+    );
+    let (_, ok) = c.io_connect(1, 201);
+    let ioq = ok.unwrap().queue();
+    c.t.namespace_lost(SUB1, 1).unwrap();
+    let actions = c.t.take_actions();
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.dw0 == 0x04_00_02),
+        "{actions:?}"
+    );
+    let mut data = vec![0u8; 4096];
+    match c.exec_on(ioq, admin_sqe(io::READ, 1), &mut data) {
+        Outcome::Complete { cqe, .. } => {
+            assert_eq!(cqe.status(), Status::INTERNAL_PATH_ERROR);
+            assert!(!cqe.status().dnr);
+        }
+        o => panic!("{o:?}"),
+    }
+    let (_, list) = c.admin(identify(cns::ACTIVE_NS_LIST, 0, 0));
+    assert!(
+        !NamespaceList::read_from_bytes(&list[..4096])
+            .unwrap()
+            .to_ids()
+            .contains(&1),
+        "a lost namespace is not active"
+    );
+    // Losing it again changes nothing; it stays configured until removed.
+    c.t.namespace_lost(SUB1, 1).unwrap();
+    assert_eq!(
+        c.t.add_namespace(SUB1, ns(1)),
+        Err(TargetError::DuplicateNamespace(1))
+    );
+    c.t.remove_namespace(SUB1, 1).unwrap();
+    c.t.add_namespace(SUB1, ns(1)).unwrap();
+    match c.exec_on(ioq, admin_sqe(io::READ, 1), &mut data) {
+        Outcome::Complete { cqe, .. } => assert_eq!(cqe.status(), Status::NAMESPACE_NOT_READY),
+        o => panic!("{o:?}"),
+    }
+}
+
 mod auth;
 mod health;
 mod issue14;
+
+/// What the engine may fetch for a command it hands up: before Connect only the
+/// Connect's data; after it, Authentication Send's transfer (DH-HMAC-CHAP on the admin
+/// queue and on I/O queues) and the reservation commands' data on I/O queues.
+#[test]
+fn slow_path_host_data_before_and_after_connect() {
+    use crate::auth::msg::AuthCommand;
+    use crate::target::slow_path_host_data;
+    let send = AuthCommand::dhchap(300).to_sqe(1, true);
+    let receive = AuthCommand::dhchap(300).to_sqe(1, false);
+    assert_eq!(slow_path_host_data(&send, None), 0, "no controller yet");
+    assert_eq!(slow_path_host_data(&send, Some(0)), 300);
+    assert_eq!(slow_path_host_data(&send, Some(3)), 300);
+    assert_eq!(slow_path_host_data(&receive, Some(0)), 0);
+    let connect = connect_sqe(0, 31, 0);
+    assert_eq!(slow_path_host_data(&connect, None), 1024);
+    assert_eq!(
+        slow_path_host_data(&connect, Some(0)),
+        0,
+        "a second Connect"
+    );
+}

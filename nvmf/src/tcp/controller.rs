@@ -18,7 +18,15 @@
 //!   filled in;
 //! - fatal errors: a C2HTermReq carrying the header of the PDU in error (section 3.6.2.4;
 //!   as much of it as has arrived: a bad common header is refused as soon as its 8 bytes
-//!   are in, without waiting for the rest), after which the machine takes no more input.
+//!   are in, without waiting for the rest), after which the machine takes no more input;
+//! - submission queue flow control: a queue holds SQSIZE + 1 entries (32 before Connect).
+//!   The engine reports each command it has finished with ([`ControllerQueue::command_released`],
+//!   once its response is on the wire, so before the host can have seen it); a capsule
+//!   arriving while SQSIZE + 1 commands are outstanding breaks flow control (NVMe-oF: the
+//!   host shall not submit to a full queue) and ends the connection with a C2HTermReq,
+//!   PDU Sequence Error. Linux nvmet closes the queue in that case too ("out of commands");
+//! - giving up on a connection the machine has nothing against but time (host data that
+//!   never came): [`ControllerQueue::abort`].
 //!
 //! Output goes through [`TxSink`]: PDU headers (and small PDUs) as bytes, command data as
 //! a reference to the engine's buffer so it is never copied, and a release marker once a
@@ -55,6 +63,10 @@ pub enum FatalCause {
     WrongCccid,
     /// H2CData at the wrong offset or past the solicited range.
     DataOutOfRange,
+    /// A capsule arrived while the queue's SQSIZE + 1 entries were all outstanding.
+    QueueOverflow,
+    /// The engine gave up waiting for the host (see [`ControllerQueue::abort`]).
+    Aborted,
 }
 
 /// What one received PDU meant to the engine.
@@ -126,6 +138,8 @@ pub struct ControllerQueue {
     head: SqHead,
     transfers: Vec<Transfer>,
     scratch: Vec<u8>,
+    /// Commands received and not yet released by the engine.
+    outstanding: u32,
 }
 
 impl ControllerQueue {
@@ -138,16 +152,15 @@ impl ControllerQueue {
             digests: Digests::NONE,
             hpda: 0,
             head: SqHead::new(),
-            transfers: Vec::with_capacity(32),
-            scratch: Vec::with_capacity(TERM_REQ_MAX_PLEN),
+            transfers: Vec::new(),
+            scratch: Vec::new(),
+            outstanding: 0,
         }
     }
 
     /// Fabrics Connect answered: the queue's ID, SQSIZE and flow-control mode.
     pub fn set_params(&mut self, p: QueueParams) {
         self.head.set_params(p);
-        self.transfers
-            .reserve((p.sqsize as usize + 1).saturating_sub(self.transfers.len()));
     }
 
     pub fn params(&self) -> QueueParams {
@@ -162,6 +175,33 @@ impl ControllerQueue {
     /// Whether input is over (TermReq sent or received).
     pub fn stopped(&self) -> bool {
         self.state == State::Stopped
+    }
+
+    /// Whether the connection is still waiting for its ICReq.
+    pub fn awaiting_icreq(&self) -> bool {
+        self.state == State::AwaitIcReq
+    }
+
+    /// Commands received and not released yet (see [`Self::command_released`]).
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// The engine is done with one command: its response went out (or the command was
+    /// dropped without one, e.g. an Asynchronous Event Request the host replaced after a
+    /// reset). Its queue entry is free again.
+    pub fn command_released(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
+    /// Give up on the connection for a reason that is not in any PDU (host data that did
+    /// not come in time): a C2HTermReq with `fes`, FEI 0 and no PDU header, and no more
+    /// input. `None` when input is over already.
+    pub fn abort(&mut self, out: &mut impl TxSink, fes: u16) -> Option<ControllerEvent<'static>> {
+        if self.state == State::Stopped {
+            return None;
+        }
+        Some(self.fatal(out, fes, 0, &[], FatalCause::Aborted))
     }
 
     /// At least this many bytes must be buffered before [`receive`](Self::receive) can
@@ -223,6 +263,19 @@ impl ControllerQueue {
                 data,
                 data_digest_ok,
             } => {
+                let entries = self.head.params().sqsize as u32 + 1;
+                if self.outstanding >= entries {
+                    let hdr = pdu_header(&buf[..used]);
+                    let ev = self.fatal(
+                        out,
+                        fes::PDU_SEQUENCE_ERROR,
+                        0,
+                        hdr,
+                        FatalCause::QueueOverflow,
+                    );
+                    return (used, Some(ev));
+                }
+                self.outstanding += 1;
                 self.head.capsule_received();
                 ControllerEvent::Command {
                     sqe,
@@ -364,9 +417,11 @@ impl ControllerQueue {
         out.release(slot);
     }
 
-    /// Answer a command that got no slot: the completion only.
+    /// Answer a command that got no slot: the completion only. The command is released
+    /// at once (there is nothing to wait for).
     pub fn respond_untracked(&mut self, out: &mut impl TxSink, cqe: Cqe) {
         self.send_response(out, None, cqe, &[]);
+        self.command_released();
     }
 
     /// Whether a completion may ride on C2HData's SUCCESS flag (NVMe/TCP 1.0 section

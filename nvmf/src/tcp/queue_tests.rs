@@ -789,3 +789,89 @@ fn rw(opcode: u8, slba: u8, nlb: u8) -> Sqe {
     s.cdw12 = nlb as u32 - 1;
     s
 }
+
+/// SQ flow control: a queue takes SQSIZE + 1 outstanding commands (32 before Connect);
+/// the next capsule is a fatal PDU Sequence Error carrying its header, and releases make
+/// room again.
+#[test]
+fn capsules_beyond_the_queue_size_are_fatal() {
+    for sqsize in [None, Some(7u16)] {
+        let (mut q, _) = connected(Digests::NONE, 0);
+        if let Some(sqsize) = sqsize {
+            q.set_params(QueueParams {
+                qid: 1,
+                sqsize,
+                sq_flow_control_disabled: false,
+            });
+        }
+        let entries = sqsize.map_or(32, |s| s as u32 + 1);
+        let mut w = Wire::default();
+        let mut sink = Sink {
+            wire: &mut w,
+            bufs: &no_bufs,
+        };
+        let capsule = |cid: u16| {
+            let mut s = Sqe::default();
+            s.set_opcode_cid(0x18, cid);
+            let mut v = Vec::new();
+            encode_capsule_cmd(&mut v, &s, &[], Digests::NONE, 0);
+            v
+        };
+        for cid in 0..entries as u16 {
+            let b = capsule(cid);
+            let (_, ev) = q.receive(&b, &mut sink);
+            assert!(
+                matches!(ev, Some(ControllerEvent::Command { .. })),
+                "{ev:?}"
+            );
+        }
+        assert_eq!(q.outstanding(), entries);
+        // One done: one more fits.
+        q.command_released();
+        let b = capsule(100);
+        let (_, ev) = q.receive(&b, &mut sink);
+        assert!(matches!(ev, Some(ControllerEvent::Command { .. })));
+        let bytes = capsule(101);
+        let (used, ev) = q.receive(&bytes, &mut sink);
+        assert_eq!(used, bytes.len());
+        assert_eq!(
+            ev,
+            Some(ControllerEvent::Fatal {
+                fes: fes::PDU_SEQUENCE_ERROR,
+                fei: 0,
+                cause: FatalCause::QueueOverflow,
+            })
+        );
+        let term = &sink.wire.bytes;
+        assert_eq!(term[0], pdu_type::C2H_TERM_REQ);
+        assert_eq!(
+            &term[SHORT_HLEN..],
+            &bytes[..CAPSULE_CMD_HLEN],
+            "its header"
+        );
+        assert!(q.stopped());
+    }
+}
+
+/// `abort`: a C2HTermReq without a PDU header, then no more input; once only.
+#[test]
+fn abort_sends_a_headerless_term_req_once() {
+    let (mut q, _) = connected(Digests::NONE, 0);
+    let mut w = Wire::default();
+    let mut sink = Sink {
+        wire: &mut w,
+        bufs: &no_bufs,
+    };
+    let ev = q.abort(&mut sink, fes::PDU_SEQUENCE_ERROR);
+    assert!(matches!(
+        ev,
+        Some(ControllerEvent::Fatal {
+            cause: FatalCause::Aborted,
+            ..
+        })
+    ));
+    assert_eq!(sink.wire.bytes.len(), SHORT_HLEN);
+    assert_eq!(sink.wire.bytes[0], pdu_type::C2H_TERM_REQ);
+    assert!(q.stopped());
+    assert!(q.abort(&mut sink, fes::PDU_SEQUENCE_ERROR).is_none());
+}

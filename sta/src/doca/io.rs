@@ -947,6 +947,13 @@ impl IoContext for DocaIo {
         false
     }
 
+    /// DOCA has no call that frees a handed-up command without answering it: the
+    /// replaced AER stays DOCA's until its QP closes (one entry per controller reset).
+    fn cmd_drop(&mut self, qp: QpHandle, _token: CmdToken) -> Result<(), TaskError> {
+        self.qp(qp).ok_or(TaskError::NoQp)?;
+        Err(TaskError::BadState)
+    }
+
     fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
         let q = self.qp(qp).ok_or(TaskError::NoQp)?;
         if q.closing {

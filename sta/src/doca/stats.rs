@@ -169,6 +169,9 @@ impl StatsSource for Core {
                 busy_polls: c.busy.load(Ordering::Relaxed),
                 idle_polls: c.idle.load(Ordering::Relaxed),
                 qps: c.qps.load(Ordering::Relaxed),
+                // The bounds and deadlines on peers are the DPA's (DOCA STA reports no
+                // such counters); none is counted here.
+                limit_hits: Default::default(),
             })
             .collect()
     }

@@ -8,9 +8,16 @@
 //!
 //! ```text
 //! capsule -> App (handed up) ---------------------------> Tx -> Free (release marker /
-//!        \-> H2C (host data being fetched) -> Backend -> Tx       SEND completion)
-//!         \-----------------------------------/
+//!        \-> [WaitBuf] -> H2C (host data being fetched) -> Backend -> Tx       SEND completion)
+//!                   \-----------------------------------/
 //! ```
+//!
+//! Buffers: a connection holds at most its budget of data buffers
+//! ([`crate::EngineLimits::connection_buffer_bytes`], reserved per command, `QpState::buf_bytes`);
+//! a command that would exceed it waits (`WaitBuf`) until one of the connection's
+//! commands finishes. On NVMe/TCP a command's buffer for host data is taken when the
+//! first H2CData PDU arrives, not when the R2T goes out, so a host that never sends its
+//! data holds no buffer (the host-data deadline then ends the connection).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -29,7 +36,7 @@ use super::rdma_link::RdmaLink;
 use super::tcp_link::TcpLink;
 use super::SoftConfig;
 use crate::{
-    AccessCell, AccessKey, CmdToken, Event, NamespaceAccess, QpHandle, SubsysId, TaskError,
+    AccessCell, AccessKey, CmdToken, Event, Limit, NamespaceAccess, QpHandle, SubsysId, TaskError,
     TaskKind, TransportErrorKind,
 };
 use nvmf::target::reservation::Access;
@@ -42,6 +49,8 @@ const MAX_CMDS: usize = 65535;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum St {
     Free,
+    /// Waiting for its connection's buffer budget (`QpState::waiting`).
+    WaitBuf,
     /// Waiting for the host's data (H2CData after our R2T, or an RDMA READ).
     H2C,
     /// Submitted to the backend.
@@ -84,6 +93,13 @@ pub(super) struct Cmd {
     pub held_sgl: Option<DataSgl>,
     /// The backend timeout was reported for this command.
     pub timeout_reported: bool,
+    /// Bytes of the connection's buffer budget this command holds.
+    pub reserved: u32,
+    /// When the host-data fetch started (R2T sent), for the host-data deadline.
+    pub since: Instant,
+    /// Host data is received but dropped (no buffer could be had); the command fails
+    /// with `status` once the transfer is over.
+    pub discard: bool,
 }
 
 impl Cmd {
@@ -103,6 +119,9 @@ impl Cmd {
             user: 0,
             start: now,
             timeout_reported: false,
+            reserved: 0,
+            since: now,
+            discard: false,
             aborted: false,
             copy: None,
             fused: Fused::None,
@@ -223,6 +242,15 @@ impl Link {
             Link::Rdma(r) => r.machine.respond_untracked(cqe),
         }
     }
+
+    /// One of the queue's commands is done: its entry is free again (TCP: the machine's
+    /// flow-control count; RDMA: a receive is posted again).
+    fn command_released(&mut self) {
+        match self {
+            Link::Tcp(t) => t.machine.command_released(),
+            Link::Rdma(r) => r.command_released(),
+        }
+    }
 }
 
 /// A QP's state next to its link.
@@ -241,12 +269,55 @@ pub(super) struct QpState {
     pub disconnect: Option<u64>,
     /// Output is waiting to be written or posted.
     pub tx_dirty: bool,
+    /// The application answered the queue's Fabrics Connect (`qp_connect_set_params`):
+    /// the queue has a controller, and this QID.
+    pub qid: Option<u16>,
+    /// When the QP was accepted (ICReq and Connect deadlines).
+    pub accepted: Instant,
+    /// Bytes of data buffers this QP's commands hold (its budget's use).
+    pub buf_bytes: usize,
+    /// Commands waiting for the budget, oldest first.
+    pub waiting: VecDeque<u32>,
+    /// TCP: the socket took no more output; waiting for EPOLLOUT, not polling.
+    pub tx_blocked: bool,
+    /// Output has been waiting without any of it being taken since then.
+    pub tx_stalled_since: Option<Instant>,
     /// Who this I/O queue's commands come from (`qp_set_access`).
     pub access: AccessKey,
     /// A first fused command (FUSE 01b) waiting for the next capsule.
     pub fused_first: Option<u32>,
     /// Its offloaded I/O, for the application's per-controller view.
     pub counters: Arc<QueueCounters>,
+}
+
+impl QpState {
+    pub fn new(
+        link: Link,
+        user: u64,
+        now: Instant,
+        tx_dirty: bool,
+        counters: Arc<QueueCounters>,
+    ) -> QpState {
+        QpState {
+            link,
+            user,
+            subsys: None,
+            inflight: 0,
+            rx_stopped: false,
+            error_reported: false,
+            disconnect: None,
+            tx_dirty,
+            qid: None,
+            accepted: now,
+            buf_bytes: 0,
+            waiting: VecDeque::new(),
+            tx_blocked: false,
+            tx_stalled_since: None,
+            access: AccessKey::default(),
+            fused_first: None,
+            counters,
+        }
+    }
 }
 
 pub(super) struct NsSlot {
@@ -262,6 +333,10 @@ pub(super) struct NsSlot {
     pub counters: Arc<NsCounters>,
     pub inflight: u32,
     pub removing: Option<u64>,
+    /// The backend said it is gone (`IoStatus::Unavailable`); reported to the main
+    /// context once.
+    pub gone: bool,
+    pub gone_reported: bool,
     /// The namespace's published access view, and this context's copy of it with the
     /// epoch it was taken at.
     pub access: Arc<AccessCell>,
@@ -330,7 +405,9 @@ fn status_of(s: IoStatus) -> Status {
         IoStatus::WriteFault => Status::WRITE_FAULT,
         IoStatus::OutOfRange => Status::LBA_OUT_OF_RANGE,
         IoStatus::Unsupported => Status::INVALID_OPCODE,
-        IoStatus::Unavailable => Status::NAMESPACE_NOT_READY,
+        // The backend is gone (file deleted, device removed): a path error, so that a
+        // multipath host fails over (see `nvmf::target::Target::namespace_lost`).
+        IoStatus::Unavailable => Status::INTERNAL_PATH_ERROR,
     }
 }
 
@@ -396,6 +473,8 @@ impl Core {
         c.status = Status::SUCCESS;
         c.user = 0;
         c.timeout_reported = false;
+        c.reserved = 0;
+        c.discard = false;
         c.aborted = false;
         c.copy = None;
         c.fused = Fused::None;
@@ -410,17 +489,52 @@ impl Core {
     }
 
     /// Free a slot of `st` (a release marker was reached, a SEND completed, or the QP
-    /// is going away).
+    /// is going away), give its budget back and start commands that waited for it.
     pub fn release(&mut self, st: &mut QpState, idx: u32) {
-        if let Some(c) = self.cmds.get_mut(idx as usize) {
-            if c.st != St::Free {
-                if c.st == St::H2C {
-                    st.link.cancel_fetch(idx);
-                }
-                free_cmd(c, &mut self.pool);
-                self.free_cmds.push(idx);
-                st.inflight = st.inflight.saturating_sub(1);
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
+        if c.st == St::Free {
+            return;
+        }
+        match c.st {
+            St::H2C => st.link.cancel_fetch(idx),
+            St::WaitBuf => st.waiting.retain(|&w| w != idx),
+            _ => {}
+        }
+        st.buf_bytes = st.buf_bytes.saturating_sub(c.reserved as usize);
+        free_cmd(c, &mut self.pool);
+        self.free_cmds.push(idx);
+        st.inflight = st.inflight.saturating_sub(1);
+        st.link.command_released();
+        if matches!(st.link, Link::Rdma(_)) {
+            // A receive to post again.
+            st.tx_dirty = true;
+        }
+        self.resume_waiting(st);
+    }
+
+    /// A connection's buffer budget: at least one largest transfer.
+    fn budget(&self) -> usize {
+        self.cfg
+            .limits
+            .connection_buffer_bytes
+            .max(self.cfg.max_io_size as usize)
+    }
+
+    /// Start the commands that waited for `st`'s budget, oldest first, while it lasts.
+    fn resume_waiting(&mut self, st: &mut QpState) {
+        if st.disconnect.is_some() || st.rx_stopped {
+            return;
+        }
+        let budget = self.budget();
+        while let Some(&idx) = st.waiting.front() {
+            let len = self.cmds[idx as usize].len as usize;
+            if st.buf_bytes > 0 && st.buf_bytes + len > budget {
+                break;
             }
+            st.waiting.pop_front();
+            self.reserve_and_start(st, idx);
         }
     }
 
@@ -481,8 +595,11 @@ impl Core {
             _ => None,
         };
         let Some(idx) = self.alloc_cmd(qp, st, sqe) else {
-            // The host overran the queue: answer without a slot.
-            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_ID_CONFLICT.with_dnr(false));
+            // Every slot of this IO thread is taken (each queue is bounded by its size;
+            // many queues together can still get here): answer without a slot, and the
+            // host retries.
+            self.counters.hit(Limit::CommandSlots);
+            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_INTERRUPTED);
             st.link.respond_untracked(cqe);
             st.tx_dirty = true;
             return;
@@ -802,8 +919,12 @@ impl Core {
         self.restart_blocked(qps, waiting);
     }
 
-    /// Hand a command up: its payload buffer is the SGL's length (bounded by the max I/O
-    /// size), filled already when the data came in-capsule.
+    /// Hand a command up with a payload buffer for what the application can use of its
+    /// data: host data only as much as the target reads
+    /// ([`nvmf::target::slow_path_host_data`]: before Connect, one Connect's data at a
+    /// time, nothing else; so nothing is solicited from a queue without a controller),
+    /// room for data to the host only once the queue has a controller (bounded by the max
+    /// I/O size). Filled already when the data came in-capsule.
     fn start_non_offload(
         &mut self,
         qp: QpHandle,
@@ -812,22 +933,35 @@ impl Core {
         sgl: DataSgl,
         data: &[u8],
     ) {
-        let len = sgl.len();
+        let sqe = self.cmds[idx as usize].sqe;
+        let len = match sqe.data_direction() {
+            DataDirection::HostToController if st.qid.is_none() && st.buf_bytes > 0 => 0,
+            DataDirection::HostToController => sgl
+                .len()
+                .min(nvmf::target::slow_path_host_data(&sqe, st.qid)),
+            DataDirection::None => 0,
+            _ if st.qid.is_some() => sgl.len(),
+            _ => 0,
+        };
         if len > self.cfg.max_io_size.max(ADMIN_INCAPSULE) {
             return self.fail(st, idx, Status::INVALID_FIELD);
         }
         let in_capsule = matches!(sgl, DataSgl::InCapsule { .. }) && len > 0;
         if len > 0 {
             let Some(mut b) = self.pool.get(len as usize) else {
-                return self.fail(st, idx, Status::INTERNAL_ERROR);
+                self.counters.hit(Limit::BufferPool);
+                return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
             };
             let s = &mut b.as_mut_slice()[..len as usize];
             if in_capsule {
-                s.copy_from_slice(data);
+                s.copy_from_slice(&data[..len as usize]);
             } else {
                 s.fill(0);
             }
-            self.cmds[idx as usize].buf = Some(b);
+            let c = &mut self.cmds[idx as usize];
+            c.buf = Some(b);
+            c.reserved = len;
+            st.buf_bytes += len as usize;
         }
         let c = &mut self.cmds[idx as usize];
         c.len = len;
@@ -879,20 +1013,58 @@ impl Core {
         if len == 0 {
             return self.submit_offload(st, idx);
         }
-        let Some(mut b) = self.pool.get(len as usize) else {
-            return self.fail(st, idx, Status::INTERNAL_ERROR);
-        };
-        b.set_len(len as usize);
         if let DataSgl::InCapsule { .. } = sgl {
+            // The data is here already (bounded by the in-capsule size): take it, budget
+            // or not.
+            let Some(mut b) = self.pool.get(len as usize) else {
+                self.counters.hit(Limit::BufferPool);
+                return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+            };
+            b.set_len(len as usize);
             // Only the transfer is taken (a DSM range buffer may be longer).
             b.as_mut_slice()[..len as usize].copy_from_slice(&data[..len as usize]);
             let c = &mut self.cmds[idx as usize];
             c.buf = Some(b);
             c.got = len;
+            c.reserved = len;
+            st.buf_bytes += len as usize;
             return self.submit_offload(st, idx);
         }
+        self.reserve_and_start(st, idx)
+    }
+
+    /// Take command `idx`'s share of `st`'s buffer budget and go on (fetch the host's
+    /// data, or read from the backend), or wait for the budget.
+    fn reserve_and_start(&mut self, st: &mut QpState, idx: u32) {
+        let budget = self.budget();
+        let c = &mut self.cmds[idx as usize];
+        let len = c.len;
+        if st.buf_bytes > 0 && st.buf_bytes + len as usize > budget {
+            if c.st != St::WaitBuf {
+                c.st = St::WaitBuf;
+                self.counters.hit(Limit::ConnectionBuffers);
+            }
+            st.waiting.push_back(idx);
+            return;
+        }
+        c.reserved = len;
+        st.buf_bytes += len as usize;
+        let Some(op) = c.op else {
+            return self.fail(st, idx, Status::INTERNAL_ERROR);
+        };
+        let h2c = op.direction() == DataDirection::HostToController;
+        if h2c && matches!(st.link, Link::Tcp(_)) {
+            // The buffer is taken when the data arrives (`on_host_data`).
+            return self.fetch_host_data(st, idx);
+        }
+        // An RDMA READ needs its destination now; a read needs room for the backend.
+        let Some(mut b) = self.pool.get(len as usize) else {
+            self.counters.hit(Limit::BufferPool);
+            return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+        };
+        b.set_len(len as usize);
         self.cmds[idx as usize].buf = Some(b);
-        if op.direction() == DataDirection::HostToController {
+        if h2c {
             return self.fetch_host_data(st, idx);
         }
         self.submit_offload(st, idx)
@@ -905,6 +1077,7 @@ impl Core {
         let c = &mut self.cmds[idx as usize];
         let (off, len) = (c.got, c.len - c.got);
         c.st = St::H2C;
+        c.since = self.now;
         let sqe = c.sqe;
         if st.link.fetch(idx, &sqe, off, len) {
             st.tx_dirty = true;
@@ -925,11 +1098,33 @@ impl Core {
         data: &[u8],
         complete: Option<bool>,
     ) {
-        let Some(c) = self.cmds.get_mut(idx as usize) else {
+        let Core {
+            cmds,
+            pool,
+            counters,
+            ..
+        } = self;
+        let Some(c) = cmds.get_mut(idx as usize) else {
             return;
         };
         if c.st != St::H2C || c.qp != qp {
             return;
+        }
+        if c.buf.is_none() && !c.discard && c.len > 0 {
+            // The data is coming: now it needs a buffer.
+            match pool.get(c.len as usize) {
+                Some(mut b) => {
+                    b.set_len(c.len as usize);
+                    c.buf = Some(b);
+                }
+                None => {
+                    // Nothing to put it in: take the rest of the transfer off the wire
+                    // and fail the command (the host retries it).
+                    counters.hit(Limit::BufferPool);
+                    c.discard = true;
+                    c.status = Status::COMMAND_INTERRUPTED;
+                }
+            }
         }
         let end = offset as usize + data.len();
         if let Some(b) = c.buf.as_mut() {
@@ -958,7 +1153,10 @@ impl Core {
         if result.is_ok() {
             c.got = c.len;
         }
-        if c.op.is_none() {
+        if c.discard && c.op.is_some() && st.disconnect.is_none() {
+            let status = c.status;
+            self.fail(st, idx, status);
+        } else if c.op.is_none() {
             c.st = St::App;
             let user = c.user;
             self.events.push_back(Event::TaskDone {
@@ -1045,7 +1243,8 @@ impl Core {
         if op == OffloadOp::Compare {
             let len = c.len as usize;
             let Some(mut b) = self.pool.get(len) else {
-                return self.fail(st, idx, Status::INTERNAL_ERROR);
+                self.counters.hit(Limit::BufferPool);
+                return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
             };
             b.set_len(len);
             self.cmds[idx as usize].pending = 1;
@@ -1251,6 +1450,7 @@ impl Core {
     /// command whose QP is gone is only recycled).
     pub fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.gone |= comp.status == IoStatus::Unavailable;
             ns.inflight = ns.inflight.saturating_sub(1);
             ns.counters
                 .queue_depth
@@ -1296,6 +1496,7 @@ impl Core {
         if comp.status != IoStatus::Ok && c.status.is_success() {
             c.status = status_of(comp.status);
         }
+
         c.pending = c.pending.saturating_sub(1);
         if c.pending > 0 {
             return;

@@ -85,6 +85,9 @@ impl IoContext for StaIo {
     fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
         StaIo::cmd_abort(self, qp, cid)
     }
+    fn cmd_drop(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
+        StaIo::cmd_drop(self, qp, token)
+    }
     fn qp_disconnect(&mut self, qp: QpHandle, user: u64) -> Result<(), TaskError> {
         StaIo::qp_disconnect(self, qp, user)
     }

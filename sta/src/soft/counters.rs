@@ -128,9 +128,16 @@ pub(crate) struct ThreadCounters {
     /// Live QPs' counters by handle (locked when a QP comes and goes, and by readers;
     /// never per command).
     queues: Mutex<Vec<(u64, Arc<QueueCounters>)>>,
+    /// Hits of each [`crate::Limit`], in [`crate::Limit::ALL`] order.
+    pub limit_hits: [AtomicU64; crate::Limit::ALL.len()],
 }
 
 impl ThreadCounters {
+    #[inline]
+    pub(crate) fn hit(&self, l: crate::Limit) {
+        bump(&self.limit_hits[l.index()], 1);
+    }
+
     /// Counters for a new QP.
     pub(crate) fn add_queue(&self, qp: u64) -> Arc<QueueCounters> {
         let c = Arc::new(QueueCounters::default());
@@ -208,6 +215,7 @@ impl StatsSource for StatsRegistry {
                 busy_polls: l(&c.busy_polls),
                 idle_polls: l(&c.idle_polls),
                 qps: l(&c.qps),
+                limit_hits: std::array::from_fn(|i| l(&c.limit_hits[i])),
             })
             .collect()
     }

@@ -21,7 +21,8 @@ use super::tcp_link::{self, RxBuf, TcpLink, Wire};
 use super::{Ack, Ctrl, SoftConfig};
 use crate::verbs::ffi::IbvWc;
 use crate::verbs::{ConnRequest, RdmaCmEvent};
-use crate::{AccessKey, Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
+use crate::{Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
+use crate::{Limit, TransportErrorKind as Tek};
 
 /// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
 /// use their slot index.
@@ -31,6 +32,8 @@ pub(super) struct Qp {
     /// Received bytes not parsed yet (TCP only; empty for RDMA).
     pub rx: RxBuf,
     pub st: QpState,
+    /// TCP: the epoll events the socket is registered for (0: not registered).
+    pub interest: u32,
 }
 
 pub(super) struct QpSlot {
@@ -60,6 +63,18 @@ pub struct StaIo {
     /// Verbs state, set up with the first RDMA QP.
     pub(super) rdma: Option<RdmaThread>,
     wcs: Vec<IbvWc>,
+    /// Ids of freed pool buffers, for their memory regions.
+    dropped_bufs: Vec<u64>,
+}
+
+impl Drop for StaIo {
+    /// QPs first (an RDMA QP is destroyed before anything it may touch: its CQ, its
+    /// buffers' registrations), then the verbs state (memory regions, channels, PDs),
+    /// then the buffers themselves with the rest.
+    fn drop(&mut self) {
+        self.qps.clear();
+        self.rdma = None;
+    }
 }
 
 impl StaIo {
@@ -84,12 +99,27 @@ impl StaIo {
             next_timeout_check: now,
             rdma: None,
             wcs: vec![IbvWc::default(); 64],
+            dropped_bufs: Vec::new(),
         })
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
     pub(crate) fn commands_in_flight(&self) -> usize {
         self.core.cmds.len() - self.core.free_cmds.len()
+    }
+
+    /// Bytes of data buffers this context's pool has allocated (in use or idle).
+    pub fn buffer_bytes(&self) -> usize {
+        self.core.pool.allocated_bytes()
+    }
+
+    /// Bytes of receive buffers held by this context's TCP connections.
+    pub fn rx_buffer_bytes(&self) -> usize {
+        self.qps
+            .iter()
+            .filter_map(|s| s.qp.as_ref())
+            .map(|q| q.rx.buf.len())
+            .sum()
     }
 
     /// Number of live QPs (the acceptor balances threads by it).
@@ -104,8 +134,10 @@ impl StaIo {
             max_incapsule_data: cfg.max_incapsule_data.max(ADMIN_INCAPSULE),
             cpda: 0,
         };
-        let rx_cap = (cfg.max_h2c_data.max(cfg.max_incapsule_data) as usize + 4096) * 2;
-        (limits, rx_cap)
+        // The largest PDU (H2CData or an in-capsule write) and its headers, twice, so a
+        // busy connection reads a PDU and the start of the next at once.
+        let rx_max = (cfg.max_h2c_data.max(cfg.max_incapsule_data) as usize + 4096) * 2;
+        (limits, rx_max)
     }
 
     fn alloc_qp_slot(&mut self) -> u32 {
@@ -137,7 +169,20 @@ impl StaIo {
             return Err(e.into());
         }
         let link = Link::Tcp(TcpLink::new(Wire::Socket(sock), limits));
-        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user, false))
+        let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user, false);
+        if let Some(q) = self.qps[idx as usize].qp.as_mut() {
+            q.interest = EpollFlags::EPOLLIN.bits() as u32;
+        }
+        Ok(h)
+    }
+
+    /// The time for a new QP's deadlines.
+    fn accept_time(&self) -> Instant {
+        if self.core.manual_time {
+            self.core.now
+        } else {
+            Instant::now()
+        }
     }
 
     /// [`qp_accept_tcp`](Self::qp_accept_tcp) on a TLS listener: the engine runs the TLS
@@ -199,25 +244,15 @@ impl StaIo {
         user: u64,
         tx_dirty: bool,
     ) -> QpHandle {
+        let now = self.accept_time();
         let slot = &mut self.qps[idx as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
         let handle = QpHandle { idx, gen: slot.gen };
         let counters = self.core.counters.add_queue(handle.as_u64());
         slot.qp = Some(Qp {
             rx,
-            st: QpState {
-                link,
-                user,
-                subsys: None,
-                inflight: 0,
-                rx_stopped: false,
-                error_reported: false,
-                disconnect: None,
-                tx_dirty,
-                access: AccessKey::default(),
-                fused_first: None,
-                counters,
-            },
+            st: QpState::new(link, user, now, tx_dirty, counters),
+            interest: 0,
         });
         bump(&self.core.counters.qps, 1);
         handle
@@ -236,7 +271,11 @@ impl StaIo {
     ) -> Result<QpHandle, AcceptError> {
         if self.rdma.is_none() {
             match RdmaThread::new() {
-                Ok(rt) => self.rdma = Some(rt),
+                Ok(rt) => {
+                    // Pool buffers get memory regions: hear of the ones freed.
+                    self.core.pool.track_drops();
+                    self.rdma = Some(rt)
+                }
                 Err(error) => {
                     let status = nvmf::rdma::RejectStatus::NoResources;
                     req.reject(status);
@@ -313,10 +352,10 @@ impl StaIo {
                 .iter()
                 .flatten()
                 .any(|n| n.inflight > 0 || !n.pending.is_empty())
-            || self
-                .qps
-                .iter()
-                .any(|s| s.qp.as_ref().is_some_and(|q| q.st.tx_dirty))
+            || self.qps.iter().any(|s| {
+                s.qp.as_ref()
+                    .is_some_and(|q| q.st.tx_dirty && !q.st.tx_blocked)
+            })
     }
 
     /// One pass: control messages, sockets, backend completions, output. Waits up to
@@ -368,7 +407,17 @@ impl StaIo {
                 }
                 continue;
             }
-            did |= self.service_rx(data as u32);
+            let flags = self.ep_events[i].events();
+            if flags.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP)
+            {
+                // The socket takes output again (or is dead: the write says so).
+                if let Some(q) = self.qps.get_mut(data as usize).and_then(|s| s.qp.as_mut()) {
+                    q.st.tx_blocked = false;
+                }
+            }
+            if flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+                did |= self.service_rx(data as u32);
+            }
         }
         #[cfg(test)]
         for i in 0..self.qps.len() {
@@ -377,17 +426,23 @@ impl StaIo {
                 .as_ref()
                 .is_some_and(|q| matches!(&q.st.link, Link::Tcp(t) if t.wire.socket().is_none()));
             if memory {
+                // No epoll for a pipe: try its output again every pass.
+                if let Some(q) = self.qps[i].qp.as_mut() {
+                    q.st.tx_blocked = false;
+                }
                 did |= self.service_rx(i as u32);
             }
         }
         did |= self.poll_rdma();
         did |= self.poll_backends();
+        self.report_gone_backends();
         did |= self.flush_all();
         self.finish_disconnects();
         if now >= self.next_timeout_check {
             self.next_timeout_check =
                 now + (self.core.cfg.backend_timeout / 4).min(Duration::from_secs(1));
             self.check_backend_timeouts(now);
+            self.check_deadlines(now);
             self.check_tls_deadlines(now);
         }
         let c = &self.core.counters;
@@ -410,13 +465,128 @@ impl StaIo {
             }
         }
         // Nothing more is read; drop the interest so a dead socket does not spin.
-        if let Link::Tcp(t) = &qp.st.link {
-            if let Some(sock) = t.wire.socket() {
-                // Fails only if it was removed already: nothing left to undo.
-                let _ = self.epoll.delete(sock);
+        set_interest(&self.epoll, qp, idx);
+        false
+    }
+
+    /// Tell the main context about namespaces whose backend said it is gone (once per
+    /// namespace and thread).
+    fn report_gone_backends(&mut self) {
+        for ns in self.core.ns.iter_mut().flatten() {
+            if ns.gone && !ns.gone_reported {
+                ns.gone_reported = true;
+                tracing::error!(
+                    nsid = ns.nsid,
+                    "backend of namespace {} is gone: its I/O gets Internal Path Error",
+                    ns.nsid
+                );
+                let _ = self.ack.send(Ack::BackendGone {
+                    subsys: ns.subsys,
+                    nsid: ns.nsid,
+                });
             }
         }
-        false
+    }
+
+    /// The deadlines of [`crate::EngineLimits`]: ICReq and Connect (from accept), host
+    /// data (from the R2T), output the peer does not take. A QP past one stops taking
+    /// input and is reported as [`Tek::Limit`] (the application disconnects it); host data
+    /// that never came also ends the NVMe/TCP connection with a C2HTermReq. Idle receive
+    /// buffers shrink here too.
+    fn check_deadlines(&mut self, now: Instant) {
+        let lim = self.core.cfg.limits;
+        if let Some(rt) = self.rdma.as_mut() {
+            self.core.pool.take_dropped(&mut self.dropped_bufs);
+            if !self.dropped_bufs.is_empty() {
+                rt.forget_buffers(&self.dropped_bufs);
+                self.dropped_bufs.clear();
+            }
+        }
+        // A burst's idle buffers go back to the system (an eighth of the pool stays).
+        self.core
+            .pool
+            .trim_idle(self.core.cfg.buffer_pool_bytes / 8);
+        // Host data: the oldest outstanding fetch per TCP QP.
+        let mut late: Vec<QpHandle> = Vec::new();
+        for c in self.core.cmds.iter() {
+            if c.st == St::H2C
+                && now.saturating_duration_since(c.since) > lim.host_data_timeout
+                && !late.contains(&c.qp)
+            {
+                late.push(c.qp);
+            }
+        }
+        for h in late {
+            let Some(q) = qp_ref(&mut self.qps, h) else {
+                continue;
+            };
+            if q.st.disconnect.is_some() || q.st.error_reported {
+                continue;
+            }
+            let Link::Tcp(t) = &mut q.st.link else {
+                // An RDMA READ the host does not answer fails the QP by itself (transport
+                // retries), and its send queue is under the drain deadline.
+                continue;
+            };
+            if let Some(nvmf::tcp::ControllerEvent::Fatal { fes, fei, .. }) = t
+                .machine
+                .abort(&mut t.tx, nvmf::tcp::fes::PDU_SEQUENCE_ERROR)
+            {
+                self.core.events.push_back(Event::Terminated {
+                    qp: h,
+                    qp_user: q.st.user,
+                    by_host: false,
+                    icreq: false,
+                    fes,
+                    fei,
+                    limit: Some(Limit::HostDataTimeout),
+                });
+            }
+            q.st.tx_dirty = true;
+            q.st.tx_blocked = false;
+            self.core.counters.hit(Limit::HostDataTimeout);
+            q.st.rx_stopped = true;
+            self.core
+                .transport_error(h, &mut q.st, Tek::Limit(Limit::HostDataTimeout));
+        }
+        for i in 0..self.qps.len() {
+            let gen = self.qps[i].gen;
+            let Some(q) = self.qps[i].qp.as_mut() else {
+                continue;
+            };
+            let h = QpHandle { idx: i as u32, gen };
+            q.rx.shrink_if_idle();
+            if let Link::Tcp(t) = &mut q.st.link {
+                if t.tx.is_empty() && t.tx.segs.capacity() > 64 {
+                    t.tx.segs.shrink_to_fit();
+                }
+            }
+            if q.st.disconnect.is_some() || q.st.error_reported {
+                continue;
+            }
+            let age = now.saturating_duration_since(q.st.accepted);
+            let icreq_pending = matches!(&q.st.link, Link::Tcp(t) if t.machine.awaiting_icreq());
+            let limit = if icreq_pending && age > lim.icreq_timeout {
+                Some(Limit::IcReqTimeout)
+            } else if q.st.qid.is_none() && age > lim.connect_timeout {
+                Some(Limit::ConnectTimeout)
+            } else if q
+                .st
+                .tx_stalled_since
+                .is_some_and(|t| now.saturating_duration_since(t) > lim.drain_timeout)
+            {
+                Some(Limit::DrainTimeout)
+            } else {
+                None
+            };
+            if let Some(l) = limit {
+                tracing::debug!(qp = h.as_u64(), "closing: the peer {}", l.describe());
+                self.core.counters.hit(l);
+                q.st.rx_stopped = true;
+                self.core.transport_error(h, &mut q.st, Tek::Limit(l));
+                set_interest(&self.epoll, q, i as u32);
+            }
+        }
     }
 
     /// `be_queue_destroy` on this thread: drop the requests not yet handed to the
@@ -549,6 +719,8 @@ impl StaIo {
                                 counters: self.core.stats.register_ns(subsys, nsid),
                                 inflight: 0,
                                 removing: None,
+                                gone: false,
+                                gone_reported: false,
                                 view: access.load(),
                                 view_epoch: access.epoch.load(std::sync::atomic::Ordering::Acquire),
                                 access,
@@ -649,9 +821,13 @@ impl StaIo {
         did
     }
 
-    /// Write (TCP) or post (RDMA) every QP's pending output.
+    /// Write (TCP) or post (RDMA) every QP's pending output. A TCP socket that takes no
+    /// more is left to EPOLLOUT (not retried every pass); output the peer has not taken
+    /// starts the drain clock, and a queue of output grown past its bound ends the
+    /// connection.
     fn flush_all(&mut self) -> bool {
         let mut did = false;
+        let now = self.core.now;
         for i in 0..self.qps.len() {
             let h = QpHandle {
                 idx: i as u32,
@@ -660,18 +836,32 @@ impl StaIo {
             let Some(qp) = self.qps[i].qp.as_mut() else {
                 continue;
             };
-            if !qp.st.tx_dirty {
+            if !qp.st.tx_dirty || qp.st.tx_blocked {
                 continue;
             }
-            did = true;
             let st = &mut qp.st;
+            let over;
             let res = match &mut st.link {
                 Link::Rdma(r) => {
+                    let before = r.machine.queued();
+                    let recvs = !r.repost.is_empty();
                     let res = match self.rdma.as_mut() {
                         Some(rt) => post_rdma(rt, r, &self.core.cmds),
                         None => Ok(()),
                     };
-                    st.tx_dirty = r.machine.has_work();
+                    let posted = before - r.machine.queued().min(before);
+                    did |= posted > 0 || recvs;
+                    // Work waiting for send-queue credits goes out when a completion
+                    // returns them (`on_wc` marks the QP dirty then): no polling.
+                    st.tx_dirty = r.machine.ready();
+                    if !r.machine.has_work() {
+                        st.tx_stalled_since = None;
+                    } else if posted > 0 {
+                        st.tx_stalled_since = Some(now);
+                    } else {
+                        st.tx_stalled_since.get_or_insert(now);
+                    }
+                    over = r.machine.queued() > send_queue_bound(r.machine.params().sqsize);
                     if res.is_err() {
                         r.machine.discard_work();
                         st.tx_dirty = false;
@@ -680,12 +870,31 @@ impl StaIo {
                 }
                 Link::Tcp(t) => {
                     let res = tcp_link::flush(t, &self.core.cmds, &mut self.released);
-                    if res.is_err() {
-                        // Output impossible: drop what is queued, report once.
-                        t.tx.discard(&mut self.released);
+                    match &res {
+                        Ok(w) => {
+                            did |= *w > 0 || !self.released.is_empty();
+                            if t.tx.is_empty() {
+                                st.tx_stalled_since = None;
+                            } else {
+                                // The socket is full: wait for EPOLLOUT.
+                                st.tx_blocked = true;
+                                if *w > 0 {
+                                    st.tx_stalled_since = Some(now);
+                                } else {
+                                    st.tx_stalled_since.get_or_insert(now);
+                                }
+                            }
+                        }
+                        Err(_) => {
+                            // Output impossible: drop what is queued, report once.
+                            did = true;
+                            t.tx.discard(&mut self.released);
+                            st.tx_stalled_since = None;
+                        }
                     }
                     st.tx_dirty = !t.tx.is_empty();
-                    res.map_err(|e| ("socket write failed", e))
+                    over = t.tx.segs.len() > send_queue_bound(t.machine.params().sqsize);
+                    res.map(|_| ()).map_err(|e| ("socket write failed", e))
                 }
             };
             if let Err((what, e)) = res {
@@ -694,10 +903,16 @@ impl StaIo {
                 }
                 st.rx_stopped = true;
                 self.core.transport_error(h, st, TransportErrorKind::Io);
+            } else if over && !st.error_reported && st.disconnect.is_none() {
+                self.core.counters.hit(Limit::SendQueue);
+                st.rx_stopped = true;
+                self.core
+                    .transport_error(h, st, Tek::Limit(Limit::SendQueue));
             }
             for c in self.released.drain(..) {
                 self.core.release(st, c);
             }
+            set_interest(&self.epoll, qp, i as u32);
         }
         did
     }
@@ -849,4 +1064,45 @@ pub(super) fn post_rdma(
         let b = cmds.get(ci as usize)?.buf.as_ref()?;
         Some((b.as_ptr() as u64, rt.lkey(dev, b)?))
     })
+}
+
+/// Most pieces of output (TCP segments, RDMA work requests) a queue of SQSIZE `sqsize`
+/// may have waiting: every outstanding command's response (a few pieces each) and some
+/// room for answers that need no slot. Past it the peer is neither reading nor respecting
+/// flow control.
+fn send_queue_bound(sqsize: u16) -> usize {
+    8 * (sqsize as usize + 1) + 64
+}
+
+/// Register `qp`'s socket (slot `idx`) for what it waits for: input unless input is over,
+/// output room while the socket is full. Pipes (tests) have no socket.
+fn set_interest(epoll: &Epoll, qp: &mut Qp, idx: u32) {
+    let Link::Tcp(t) = &qp.st.link else {
+        return;
+    };
+    let Some(sock) = t.wire.socket() else {
+        return;
+    };
+    let mut want = EpollFlags::empty();
+    if !qp.st.rx_stopped {
+        want |= EpollFlags::EPOLLIN;
+    }
+    if qp.st.tx_blocked && qp.st.disconnect.is_none() {
+        want |= EpollFlags::EPOLLOUT;
+    }
+    let want_bits = want.bits() as u32;
+    if want_bits == qp.interest {
+        return;
+    }
+    let mut ev = EpollEvent::new(want, idx as u64);
+    let r = if want.is_empty() {
+        epoll.delete(sock)
+    } else if qp.interest == 0 {
+        epoll.add(sock, ev)
+    } else {
+        epoll.modify(sock, &mut ev)
+    };
+    if r.is_ok() {
+        qp.interest = want_bits;
+    }
 }

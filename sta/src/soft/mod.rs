@@ -24,6 +24,16 @@
 //! Command slots and data buffers come from per-thread pools, so the steady-state data
 //! path takes no lock and allocates nothing (RDMA registers each pool buffer once).
 //!
+//! What a peer can make an IO context hold is bounded ([`crate::EngineLimits`], counted
+//! as [`crate::Limit`] hits): a queue's commands by its SQSIZE + 1 (NVMe/TCP: a capsule
+//! beyond that is a fatal error; NVMe/RDMA: a receive is posted again only when the
+//! command it carried is done, so the host cannot send more), a connection's data buffers
+//! by its budget (further commands wait), host data by a deadline (NVMe/TCP buffers are
+//! taken only when the data arrives, so data that never comes costs nothing but a slot),
+//! output by a drain deadline (a full socket is waited on with EPOLLOUT, not polled),
+//! and a connection's life before Fabrics Connect by the ICReq and Connect deadlines.
+//! Before Connect nothing but the Connect's own data is ever solicited.
+//!
 //! Beyond the plain commands:
 //!
 //! - Every offloaded command is checked against its namespace's access view (reservation
@@ -89,6 +99,8 @@ pub struct SoftConfig {
     /// A backend command outstanding longer than this raises
     /// [`MainEvent::BackendTimeout`](crate::MainEvent::BackendTimeout).
     pub backend_timeout: std::time::Duration,
+    /// Bounds and deadlines on peers.
+    pub limits: crate::EngineLimits,
 }
 
 /// Default largest transfer of one command: 1 MiB (MDTS 8). Linux nvmet sets no limit on
@@ -125,6 +137,7 @@ impl Default for SoftConfig {
             buffer_pool_bytes: 256 << 20,
             backend_queue_depth: 256,
             backend_timeout: std::time::Duration::from_secs(30),
+            limits: crate::EngineLimits::default(),
         }
     }
 }
@@ -183,6 +196,10 @@ pub(crate) enum Ack {
         subsys: SubsysId,
         nsid: u32,
         commands: u32,
+    },
+    BackendGone {
+        subsys: SubsysId,
+        nsid: u32,
     },
 }
 
@@ -426,6 +443,9 @@ impl crate::Engine for Sta {
                         commands,
                         limit: self.cfg.backend_timeout,
                     })
+                }
+                Ack::BackendGone { subsys, nsid } => {
+                    return Some(MainEvent::BackendGone { subsys, nsid })
                 }
             }
         }

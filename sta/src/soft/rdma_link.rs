@@ -52,8 +52,7 @@ struct Dev {
     /// long as the pool (this thread), so a registration stays valid while cached.
     /// Registrations by [`IoBuf::id`] (not by address: an address can come back as
     /// another buffer after the pool frees one; an id never does). A freed buffer's
-    /// registration stays until the thread ends, pinning its pages: bounded, and rare (the
-    /// pool frees buffers only under cap pressure).
+    /// registration is dropped at the next deadline check (`forget_buffers`).
     mrs: HashMap<u64, (usize, *mut IbvMr)>,
 }
 
@@ -107,6 +106,12 @@ pub(crate) struct RdmaLink {
     pub recv_buf: Box<[u8]>,
     pub recv_sz: u32,
     pub repost: Vec<u32>,
+    /// Receive buffers whose capsule's command is still in flight: one goes back to the
+    /// NIC (`repost`) each time a command of the queue is done. So receives posted plus
+    /// commands in flight never exceed the queue depth, and a host cannot have more
+    /// commands outstanding than HSQSIZE + 1 (its sends find no receive: RNR, its
+    /// problem), as Linux nvmet and SPDK repost on completion too.
+    pub recv_idle: Vec<u32>,
     pub established: bool,
     pub disconnect_sent: bool,
     sges: Vec<ffi::IbvSge>,
@@ -172,6 +177,22 @@ impl RdmaThread {
             mrs: HashMap::new(),
         });
         Ok((self.devs.len() - 1, Some(fd)))
+    }
+
+    /// Deregister the memory regions of freed pool buffers (`ids`, from
+    /// `BufPool::take_dropped`): their pages are no longer pinned.
+    pub fn forget_buffers(&mut self, ids: &[u64]) {
+        let lib = self.lib;
+        for d in &mut self.devs {
+            for id in ids {
+                if let Some((_, mr)) = d.mrs.remove(id) {
+                    // SAFETY: `mr` is a live registration of a buffer that is freed: no
+                    // work request can use it (a command holding the buffer would have
+                    // kept it alive).
+                    unsafe { (lib.dereg_mr)(mr) };
+                }
+            }
+        }
     }
 
     /// Consume the completion channel's events of device `dev` (the CQs are polled anyway).
@@ -310,6 +331,7 @@ impl RdmaThread {
             recv_buf,
             recv_sz,
             repost: (0..depth32).collect(),
+            recv_idle: Vec::with_capacity(depth as usize),
             established: false,
             disconnect_sent: false,
             sges: Vec::with_capacity(depth as usize * 2),
@@ -341,7 +363,11 @@ impl RdmaThread {
             initiator_depth: req.initiator_depth.min(MAX_RD_ATOMIC),
             flow_control: 1,
             retry_count: 7,
-            rnr_retry_count: 7,
+            // 7 would retry forever against a host that posts no receives (its RNR NAKs
+            // hold our sends, and their credits, without end). 6 retries at the host's
+            // RNR timer (IB CM default: 655 ms) give it seconds; a host that posts its
+            // receives (Linux and SPDK keep one per command) never needs one.
+            rnr_retry_count: 6,
             srq: 0,
             qp_num: 0,
         };
@@ -593,6 +619,32 @@ impl RdmaLink {
     pub fn dev(&self) -> usize {
         self.dev
     }
+
+    /// A command of this queue is done: one receive goes back to the NIC.
+    pub fn command_released(&mut self) {
+        if let Some(i) = self.recv_idle.pop() {
+            self.repost.push(i);
+        }
+    }
+}
+
+impl Drop for RdmaThread {
+    /// Every QP of the thread is gone before this runs (`StaIo`'s Drop destroys its links
+    /// first): deregister the data buffers, then the completion channels and PDs.
+    fn drop(&mut self) {
+        let lib = self.lib;
+        for d in self.devs.drain(..) {
+            // SAFETY: each object is live and released once, MRs before their PD; no QP
+            // or CQ of this thread uses them any more.
+            unsafe {
+                for (_, (_, mr)) in d.mrs {
+                    (lib.dereg_mr)(mr);
+                }
+                (lib.destroy_comp_channel)(d.chan);
+                (lib.dealloc_pd)(d.pd);
+            }
+        }
+    }
 }
 
 impl Drop for RdmaLink {
@@ -673,6 +725,7 @@ pub(super) fn on_wc(
             let off = slot as usize * sz;
             let n = (wc.byte_len as usize).min(sz);
             let capsule = &region[off..off + n];
+            let before = st.inflight;
             match r.machine.on_recv(capsule) {
                 Ok((sqe, data)) => core.on_capsule(qp, st, &sqe, data, true),
                 Err(e) => {
@@ -681,9 +734,16 @@ pub(super) fn on_wc(
                     core.transport_error(qp, st, TransportErrorKind::Protocol);
                 }
             }
+            let holds_slot = st.inflight > before;
             if let Link::Rdma(r) = &mut st.link {
                 r.recv_buf = region;
-                r.repost.push(slot);
+                // The capsule was copied out; its receive goes back when its command is
+                // done (`command_released`), or now if it got no command slot.
+                if holds_slot {
+                    r.recv_idle.push(slot);
+                } else {
+                    r.repost.push(slot);
+                }
             }
             st.tx_dirty = true;
         }

@@ -73,6 +73,16 @@ impl StaIo {
                 c.aborted = true;
                 true
             }
+            St::WaitBuf => {
+                // Waiting for its connection's buffer budget: nothing started yet.
+                let Some(q) = qp_ref(&mut self.qps, qp) else {
+                    return false;
+                };
+                q.st.waiting.retain(|&w| w != idx);
+                self.core
+                    .fail(&mut q.st, idx, nvmf::spec::Status::ABORT_REQUESTED);
+                true
+            }
             St::Backend => {
                 let tag = (c.gen as u64) << 32 | idx as u64;
                 let (ns_idx, pending) = (c.ns, c.pending);
@@ -136,6 +146,19 @@ impl StaIo {
             sqsize,
             sq_flow_control_disabled: sqflow_disabled,
         });
+        // The queue has a controller now: the Connect deadline is met, and its commands
+        // may take data.
+        q.st.qid = Some(qid);
+        Ok(())
+    }
+
+    /// Free a non-offloaded command without answering it: the host no longer counts it
+    /// as outstanding (an Asynchronous Event Request held across a controller reset and
+    /// then sent again with the same CID). Its queue entry is free again.
+    pub fn cmd_drop(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
+        self.app_cmd(qp, token)?;
+        let q = qp_ref(&mut self.qps, qp).ok_or(TaskError::NoQp)?;
+        self.core.release(&mut q.st, token.idx);
         Ok(())
     }
 
@@ -166,6 +189,7 @@ impl StaIo {
         }
         q.st.disconnect = Some(user);
         q.st.rx_stopped = true;
+        q.st.waiting.clear();
         match &mut q.st.link {
             Link::Rdma(r) => {
                 // Post what is queued (a final response) best effort, then disconnect: the

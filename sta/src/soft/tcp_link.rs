@@ -13,7 +13,7 @@ use nvmf_tls::{Handshake, MidHandshakeSslStream, SslContext, SslStream};
 use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, FatalCause, TxSink};
 
 use super::cmd::{Cmd, Core, QpState};
-use crate::{Event, QpHandle, TransportErrorKind};
+use crate::{Event, Limit, QpHandle, TransportErrorKind};
 
 /// Most slices in one `writev`.
 const IOV_MAX: usize = 64;
@@ -298,12 +298,20 @@ impl TcpLink {
     }
 }
 
-/// Bytes read from the socket and not yet parsed: `buf[head..tail]`.
+/// Bytes read from the socket and not yet parsed: `buf[head..tail]`. It starts at
+/// [`RX_INITIAL`] bytes and grows (up to `max`) only when a PDU needs more or the socket
+/// keeps filling it; an idle connection's buffer shrinks back ([`RxBuf::shrink_if_idle`]).
+/// So an idle connection costs a few KiB, not the largest PDU it could send.
 pub(super) struct RxBuf {
     pub buf: Box<[u8]>,
     pub head: usize,
     pub tail: usize,
+    max: usize,
 }
+
+/// A receive buffer's size while its connection is idle: ICReq, Connect and admin
+/// capsules fit.
+pub(super) const RX_INITIAL: usize = 4096;
 
 pub(super) enum RxResult {
     /// Read this many bytes (0: nothing available now).
@@ -313,11 +321,43 @@ pub(super) enum RxResult {
 }
 
 impl RxBuf {
-    pub fn new(cap: usize) -> RxBuf {
+    /// A buffer that may grow to `max` bytes.
+    pub fn new(max: usize) -> RxBuf {
+        let cap = RX_INITIAL.min(max);
         RxBuf {
             buf: vec![0u8; cap].into_boxed_slice(),
             head: 0,
             tail: 0,
+            max,
+        }
+    }
+
+    /// Make room for a PDU of `needed` bytes (or, with `needed` 0, double: the socket
+    /// filled the buffer), keeping what is pending, within `max`.
+    fn grow(&mut self, needed: usize) {
+        let want = if needed == 0 {
+            self.buf.len() * 2
+        } else {
+            needed.next_power_of_two()
+        }
+        .min(self.max);
+        if want <= self.buf.len() {
+            return;
+        }
+        let mut b = vec![0u8; want].into_boxed_slice();
+        let n = self.tail - self.head;
+        b[..n].copy_from_slice(&self.buf[self.head..self.tail]);
+        self.buf = b;
+        self.head = 0;
+        self.tail = n;
+    }
+
+    /// Give memory back once nothing is pending.
+    pub fn shrink_if_idle(&mut self) {
+        if self.head == self.tail && self.buf.len() > RX_INITIAL {
+            self.buf = vec![0u8; RX_INITIAL].into_boxed_slice();
+            self.head = 0;
+            self.tail = 0;
         }
     }
 
@@ -456,11 +496,13 @@ impl TxQueue {
 
 /// Write as much queued output as the wire takes, `IOV_MAX` slices per `writev`, looping
 /// while it takes everything. Slots whose release marker went out go to `released`.
+/// Returns how many bytes were written.
 pub(super) fn flush(
     link: &mut TcpLink,
     cmds: &[Cmd],
     released: &mut Vec<u32>,
-) -> std::io::Result<()> {
+) -> std::io::Result<usize> {
+    let mut written = 0;
     loop {
         let mut iov = [IoSlice::new(&[]); IOV_MAX];
         let mut n = 0;
@@ -490,12 +532,13 @@ pub(super) fn flush(
         }
         if n == 0 {
             link.tx.advance(0, released);
-            return Ok(());
+            return Ok(written);
         }
         let w = link.wire.writev(&iov[..n])?;
+        written += w;
         link.tx.advance(w, released);
         if w < total || link.tx.is_empty() {
-            return Ok(());
+            return Ok(written);
         }
     }
 }
@@ -504,64 +547,88 @@ pub(super) fn flush(
 /// anything happened. Input stops (and the application hears of it) on a fatal error, a
 /// TermReq from the host, or the peer closing.
 pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut QpState) -> bool {
-    let super::cmd::Link::Tcp(link) = &mut st.link else {
-        return false;
-    };
-    let mut news = None;
-    let mut got = rx.fill(&mut link.wire, &mut news);
     let mut did = false;
-    if let Some(result) = news.take() {
-        // Before any capsule of this connection: the application learns who the PSK
-        // belongs to (or why the handshake failed) first.
-        core.events.push_back(crate::Event::Tls {
-            qp: h,
-            qp_user: st.user,
-            ok: result.is_ok(),
-        });
-        link.tls = Some(Box::new(result));
-        did = true;
-    }
-    // Parse whatever is complete, even when the peer closed after sending it. With TLS,
-    // OpenSSL may still hold decrypted bytes that no epoll event will announce: read them
-    // as soon as the parser has made room.
-    loop {
-        while !st.rx_stopped {
+    // A buffer that had to grow for the PDU at hand is filled again at once (at most a
+    // few times: it grows to its bound at most).
+    for _ in 0..4 {
+        let super::cmd::Link::Tcp(link) = &mut st.link else {
+            return did;
+        };
+        let mut news = None;
+        let mut got = rx.fill(&mut link.wire, &mut news);
+        let mut full = rx.tail == rx.buf.len();
+        if let Some(result) = news.take() {
+            // Before any capsule of this connection: the application learns who the PSK
+            // belongs to (or why the handshake failed) first.
+            core.events.push_back(crate::Event::Tls {
+                qp: h,
+                qp_user: st.user,
+                ok: result.is_ok(),
+            });
+            link.tls = Some(Box::new(result));
+            did = true;
+        }
+        // Parse whatever is complete, even when the peer closed after sending it. With
+        // TLS, OpenSSL may still hold decrypted bytes that no epoll event will announce:
+        // read them as soon as the parser has made room.
+        loop {
+            while !st.rx_stopped {
+                let super::cmd::Link::Tcp(link) = &mut st.link else {
+                    break;
+                };
+                let (used, ev) = link.machine.receive(rx.pending(), &mut link.tx);
+                let Some(ev) = ev else {
+                    rx.head += used;
+                    break;
+                };
+                did = true;
+                st.tx_dirty |= !link.tx.is_empty();
+                on_event(core, h, st, ev);
+                rx.head += used;
+            }
             let super::cmd::Link::Tcp(link) = &mut st.link else {
                 break;
             };
-            let (used, ev) = link.machine.receive(rx.pending(), &mut link.tx);
-            let Some(ev) = ev else {
-                rx.head += used;
+            if st.rx_stopped || !link.wire.tls_buffered() || !matches!(got, RxResult::Read(_)) {
                 break;
-            };
-            did = true;
-            st.tx_dirty |= !link.tx.is_empty();
-            on_event(core, h, st, ev);
-            rx.head += used;
+            }
+            let before = rx.tail - rx.head;
+            got = rx.fill(&mut link.wire, &mut news);
+            full |= rx.tail == rx.buf.len();
+            if rx.tail - rx.head == before {
+                break;
+            }
         }
-        let super::cmd::Link::Tcp(link) = &mut st.link else {
+        match got {
+            RxResult::Read(n) => did |= n > 0,
+            RxResult::Closed | RxResult::Error => {
+                let kind = if matches!(got, RxResult::Closed) {
+                    TransportErrorKind::PeerClosed
+                } else {
+                    TransportErrorKind::Io
+                };
+                st.rx_stopped = true;
+                core.transport_error(h, st, kind);
+                return true;
+            }
+        }
+        let super::cmd::Link::Tcp(link) = &st.link else {
             break;
         };
-        if st.rx_stopped || !link.wire.tls_buffered() || !matches!(got, RxResult::Read(_)) {
+        if st.rx_stopped {
             break;
         }
-        let before = rx.tail - rx.head;
-        got = rx.fill(&mut link.wire, &mut news);
-        if rx.tail - rx.head == before {
-            break;
+        // A PDU larger than the buffer, or a socket that had more than it held: grow,
+        // and read on.
+        let needed = link.machine.needed();
+        let before = rx.buf.len();
+        if needed > before {
+            rx.grow(needed);
+        } else if full {
+            rx.grow(0);
         }
-    }
-    match got {
-        RxResult::Read(n) => did |= n > 0,
-        RxResult::Closed | RxResult::Error => {
-            let kind = if matches!(got, RxResult::Closed) {
-                TransportErrorKind::PeerClosed
-            } else {
-                TransportErrorKind::Io
-            };
-            st.rx_stopped = true;
-            core.transport_error(h, st, kind);
-            did = true;
+        if rx.buf.len() == before {
+            break;
         }
     }
     did
@@ -600,6 +667,7 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
                 icreq: false,
                 fes,
                 fei,
+                limit: None,
             });
             st.rx_stopped = true;
             core.transport_error(h, st, TransportErrorKind::PeerClosed);
@@ -612,6 +680,10 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
                 ?cause,
                 "fatal NVMe/TCP error from host: C2HTermReq sent, closing"
             );
+            let limit = match cause {
+                FatalCause::QueueOverflow => Some(Limit::QueueDepth),
+                _ => None,
+            };
             core.events.push_back(Event::Terminated {
                 qp: h,
                 qp_user: st.user,
@@ -619,10 +691,17 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
                 icreq: cause == FatalCause::IcReqRejected,
                 fes,
                 fei,
+                limit,
             });
             st.rx_stopped = true;
             st.tx_dirty = true;
-            core.transport_error(h, st, TransportErrorKind::Protocol);
+            match limit {
+                Some(l) => {
+                    core.counters.hit(l);
+                    core.transport_error(h, st, TransportErrorKind::Limit(l));
+                }
+                None => core.transport_error(h, st, TransportErrorKind::Protocol),
+            }
         }
     }
 }

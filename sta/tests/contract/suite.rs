@@ -342,7 +342,10 @@ impl<F: Fabric> World<F> {
                     .non_offloaded
                     .push((qp, qp_user, sqe, payload_len, payload_valid));
                 let h2c = sqe.data_direction() == DataDirection::HostToController;
-                if h2c && !payload_valid {
+                // Only data the target reads is fetched (issue 11), as the daemon does.
+                let qid = self.apps.get(&qp).and_then(|a| a.queue).map(|q| q.qid);
+                let reads = nvmf::target::slow_path_host_data(&sqe, qid) > 0;
+                if h2c && !payload_valid && reads {
                     let p = self
                         .io
                         .payload(token)
@@ -747,7 +750,9 @@ pub fn io_is_offloaded<F: Fabric>(fabric: F) {
 
 /// A non-offloaded command whose data is not in the capsule: handed up with a zeroed
 /// payload (rule 5), fetched with `rdma_read` (no payload access meanwhile, rule 2), then
-/// answered. I/O to a namespace the subsystem does not have is such a command.
+/// answered. Authentication Send (its transfer is a DH-HMAC-CHAP message) is such a
+/// command; I/O to a namespace the subsystem does not have is refused without its data,
+/// which is never fetched.
 pub fn host_data_by_rdma_read<F: Fabric>(fabric: F) {
     let mut w = World::new(fabric);
     let (_, q) = w.controller();
@@ -759,6 +764,20 @@ pub fn host_data_by_rdma_read<F: Fabric>(fabric: F) {
         "{}",
         cqe.status()
     );
+    assert!(
+        w.log.payload_without_data.is_empty(),
+        "data nobody reads is not fetched"
+    );
+    assert!(
+        !w.log
+            .submitted
+            .iter()
+            .any(|(k, _)| *k == TaskKind::RdmaRead),
+        "no rdma_read for it"
+    );
+    let send = nvmf::auth::msg::AuthCommand::dhchap(data.len() as u32).to_sqe(0, true);
+    let (cqe, _) = w.exec(q, send, Dir::ToController(data.clone()));
+    assert!(!cqe.status().is_success(), "no DH-HMAC-CHAP secret here");
     assert_eq!(w.log.payload_without_data.len(), 1);
     assert!(
         w.log.payload_without_data[0].iter().all(|&b| b == 0),

@@ -14,6 +14,7 @@
 mod access;
 mod data_path;
 mod faults;
+mod hostile;
 mod pair;
 
 /// An in-memory byte pipe standing in for a TCP socket.
@@ -25,6 +26,9 @@ pub(crate) struct MemPipe {
     pub host_closed: bool,
     /// The target shut the connection down.
     pub target_closed: bool,
+    /// Stand-in for the host's receive window: once this many bytes wait in `to_host`
+    /// unread, the target's writes would block (a peer that stops reading).
+    pub host_window: Option<usize>,
 }
 
 impl MemPipe {
@@ -47,10 +51,20 @@ impl MemPipe {
         if self.host_closed {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         }
+        let room = self
+            .host_window
+            .map_or(usize::MAX, |w| w.saturating_sub(self.to_host.len()));
+        if room == 0 {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
         let mut n = 0;
         for s in slices {
-            self.to_host.extend_from_slice(s);
-            n += s.len();
+            let take = s.len().min(room - n);
+            self.to_host.extend_from_slice(&s[..take]);
+            n += take;
+            if n == room {
+                break;
+            }
         }
         Ok(n)
     }

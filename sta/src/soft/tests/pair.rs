@@ -65,6 +65,8 @@ pub struct Conn {
     /// R2Ts seen while `auto_r2t` is off: (cid, ttag, offset, len).
     pub r2ts: Vec<(u16, u16, u32, u32)>,
     pub cntlid: u16,
+    /// The host reads what the target sends (off: a peer that never reads).
+    pub reading: bool,
     /// Host NQN and Host Identifier this connection's Connect sends.
     pub hostnqn: String,
     pub hostid: [u8; 16],
@@ -132,6 +134,9 @@ pub struct Pair {
     pub backend: Arc<backend::RamBackend>,
     /// Every request the engine handed to the backend, in order.
     pub backend_ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
+    /// Set: the backend fails every request from now on as gone (`IoStatus::Unavailable`:
+    /// a deleted file, a vanished device).
+    pub backend_gone: Arc<std::sync::atomic::AtomicBool>,
     pub now: Instant,
     pub conns: Vec<Conn>,
     apps: HashMap<QpHandle, QpApp>,
@@ -157,9 +162,11 @@ impl Pair {
         let subsys = sta.subsystem_create(NQN).expect("subsystem");
         let backend = backend::RamBackend::new(BLOCKS * BLOCK as u64, BLOCK).expect("RAM");
         let backend_ops = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let backend_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let recording = Arc::new(Recording {
             inner: backend.clone(),
             ops: backend_ops.clone(),
+            gone: backend_gone.clone(),
         });
         sta.ns_add(subsys, 1, recording).expect("ns_add");
         let io = sta
@@ -205,6 +212,7 @@ impl Pair {
             subsys,
             backend,
             backend_ops,
+            backend_gone,
             now: Instant::now(),
             conns: Vec::new(),
             apps: HashMap::new(),
@@ -260,6 +268,7 @@ impl Pair {
             auto_r2t: true,
             r2ts: Vec::new(),
             cntlid: 0,
+            reading: true,
             hostnqn: HOSTNQN.to_string(),
             hostid: [9; 16],
             origin: QueueOrigin::default(),
@@ -391,6 +400,9 @@ impl Pair {
                 self.on_event(ev);
             }
             for c in self.conns.iter_mut() {
+                if !c.reading {
+                    continue;
+                }
                 let got = std::mem::take(&mut c.pipe.borrow_mut().to_host);
                 if !got.is_empty() {
                     moved = true;
@@ -500,11 +512,12 @@ impl Pair {
                     }
                 }
                 Action::Disconnect { key, .. } => {
+                    // As the daemon does: the target still hears of the close when the
+                    // disconnect is done (`close_queue`), so a retired controller goes
+                    // once its last queue has closed.
                     let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
                     if let Some(qp) = qp {
-                        if let Some(a) = self.apps.get_mut(&qp) {
-                            a.closed = true;
-                        }
+                        self.held.retain(|_, (h, _)| *h != qp);
                         let _ = self.io.qp_disconnect(qp, 0);
                     }
                 }
@@ -583,7 +596,13 @@ impl Pair {
                 self.io.rdma_send(qp, token, &cqe, 0).expect("rdma_send");
             }
             Outcome::Deferred => {
-                self.held.insert((queue.cntlid, sqe.cid()), (qp, token));
+                // A held command with this CID is one the host sent again (an AER after a
+                // controller reset): the old one will never be answered, free its slot.
+                if let Some((oq, ot)) = self.held.insert((queue.cntlid, sqe.cid()), (qp, token)) {
+                    if ot != token {
+                        let _ = self.io.cmd_drop(oq, ot);
+                    }
+                }
             }
             // A retired controller's queue: its Disconnect action is on the way.
             Outcome::Dropped => {}
@@ -685,11 +704,14 @@ pub fn disk(p: &Pair, slba: u64, nlb: u32) -> Vec<u8> {
 struct Recording {
     inner: Arc<backend::RamBackend>,
     ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
+    gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct RecordingQueue {
     inner: Box<dyn backend::BackendQueue>,
     ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
+    gone: Arc<std::sync::atomic::AtomicBool>,
+    failed: Vec<backend::Completion>,
 }
 
 impl backend::Backend for Recording {
@@ -712,6 +734,8 @@ impl backend::Backend for Recording {
         Ok(Box::new(RecordingQueue {
             inner: self.inner.clone().create_queue(depth)?,
             ops: self.ops.clone(),
+            gone: self.gone.clone(),
+            failed: Vec::new(),
         }))
     }
     fn flush_sync(&self) -> Result<(), backend::Error> {
@@ -722,6 +746,14 @@ impl backend::Backend for Recording {
 impl backend::BackendQueue for RecordingQueue {
     fn submit(&mut self, req: backend::Request) -> Result<(), backend::SubmitError> {
         let op = req.op;
+        if self.gone.load(std::sync::atomic::Ordering::Relaxed) {
+            self.failed.push(backend::Completion {
+                tag: req.tag,
+                status: backend::IoStatus::Unavailable,
+                buf: req.buf,
+            });
+            return Ok(());
+        }
         let r = self.inner.submit(req);
         if r.is_ok() {
             self.ops.lock().expect("ops").push(op);
@@ -729,9 +761,11 @@ impl backend::BackendQueue for RecordingQueue {
         r
     }
     fn poll(&mut self, out: &mut Vec<backend::Completion>) -> usize {
-        self.inner.poll(out)
+        let n = self.failed.len();
+        out.append(&mut self.failed);
+        n + self.inner.poll(out)
     }
     fn in_flight(&self) -> usize {
-        self.inner.in_flight()
+        self.inner.in_flight() + self.failed.len()
     }
 }

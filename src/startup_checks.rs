@@ -1,0 +1,113 @@
+//! Warnings about how the daemon is set up that are not config errors (it still starts):
+//! a config file others may write, a metrics endpoint reachable from other hosts that
+//! nobody asked for, too few file descriptors for `limits.max_connections`. Also raises
+//! the soft RLIMIT_NOFILE to the hard one (every connection is a descriptor).
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// Mode bits that let someone other than the file's owner change it (group or others
+/// write).
+const WRITABLE_BY_OTHERS: u32 = 0o022;
+
+/// Descriptors the daemon needs besides connections (listeners, backends, io_uring
+/// rings, epoll, the metrics server, logs).
+const DESCRIPTOR_RESERVE: u64 = 256;
+
+/// Why `path` (the config file) is a risk, if it is: whoever can write it decides, at
+/// the next reload, which hosts may connect and which files and devices are exported.
+pub fn config_permissions(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    writable_by_others(mode).then(|| {
+        format!(
+            "config file {} is writable by others (mode {:o}): whoever can write it decides, \
+             at the next reload, which hosts may connect and what is exported; chmod go-w it",
+            path.display(),
+            mode & 0o7777
+        )
+    })
+}
+
+fn writable_by_others(mode: u32) -> bool {
+    mode & WRITABLE_BY_OTHERS != 0
+}
+
+/// The warning for a metrics endpoint on `addr` (it has no authentication), unless it is
+/// on loopback or the config said `allow_remote: true`.
+pub fn metrics_exposure(addr: SocketAddr, allow_remote: bool) -> Option<String> {
+    if allow_remote || addr.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "metrics on {addr} can be reached from other hosts and have no authentication \
+         (they name subsystems, hosts and namespaces); bind them to 127.0.0.1 or set \
+         metrics.allow_remote: true to say this is meant"
+    ))
+}
+
+/// Raise the soft RLIMIT_NOFILE to the hard limit (systemd's default soft limit is 1024)
+/// and warn when even that is short of `max_connections`. Returns the soft limit now.
+pub fn raise_nofile(max_connections: u32) -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    let soft = if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!("cannot raise RLIMIT_NOFILE from {soft} to {hard}: {e}");
+                soft
+            }
+        }
+    } else {
+        soft
+    };
+    let needed = u64::from(max_connections) + DESCRIPTOR_RESERVE;
+    if soft < needed {
+        tracing::warn!(
+            "RLIMIT_NOFILE is {soft}: fewer than limits.max_connections ({max_connections}) \
+             + {DESCRIPTOR_RESERVE}; accept will run out of descriptors first (and back off); \
+             raise LimitNOFILE= in the service or lower limits.max_connections"
+        );
+    }
+    Some(soft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_or_world_writable_config_is_reported() {
+        assert!(!writable_by_others(0o100644));
+        assert!(!writable_by_others(0o100600));
+        assert!(writable_by_others(0o100664));
+        assert!(writable_by_others(0o100666));
+        assert!(writable_by_others(0o100646));
+    }
+
+    #[test]
+    fn config_file_mode_is_read_from_disk() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nvmft-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.yaml");
+        std::fs::write(&f, "io_threads: 1\n").expect("write");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert_eq!(config_permissions(&f), None);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let w = config_permissions(&f).expect("a warning");
+        assert!(w.contains("writable by others (mode 666)"), "{w}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn metrics_off_loopback_warn_unless_allowed() {
+        let a = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        assert_eq!(metrics_exposure(a("127.0.0.1:9100"), false), None);
+        assert_eq!(metrics_exposure(a("[::1]:9100"), false), None);
+        assert!(metrics_exposure(a("0.0.0.0:9100"), false).is_some());
+        assert!(metrics_exposure(a("192.0.2.1:9100"), false).is_some());
+        assert_eq!(metrics_exposure(a("0.0.0.0:9100"), true), None);
+    }
+}

@@ -1,0 +1,616 @@
+//! Hostile and broken peers (issue 11): each test is one thing a peer can do to make the
+//! engine hold a resource (command slots, buffers, send queues, time), and checks that
+//! the resource is bounded, that the peer loses its own connection (with a C2HTermReq
+//! where NVMe/TCP has one), and that nobody else is hurt.
+//!
+//! Forged traffic goes through [`Conn::send_raw`] on a connection whose host does not
+//! read (`reading = false`); what the target wrote is then parsed here by [`wire`].
+
+use std::time::Duration;
+
+use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
+use nvmf::spec::opcodes::{admin, io};
+use nvmf::spec::{sgl, SglDescriptor, Sqe, Status};
+use nvmf::target::DISCOVERY_NQN;
+use nvmf::tcp::{self, fes, Digests, Xfer};
+use zerocopy::IntoBytes;
+
+use super::pair::*;
+
+/// Long enough for every deadline the engine may have to pass.
+const FOREVER: Duration = Duration::from_secs(3600);
+
+/// One PDU the target sent, as the tests care about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Out {
+    R2T { cid: u16, ttag: u16, len: u32 },
+    Resp { cid: u16, status: Status },
+    C2HData { cid: u16, len: u32 },
+    Term { fes: u16, fei: u32 },
+    Other(u8),
+}
+
+/// Split what the target wrote (no digests) into PDUs.
+fn wire(bytes: &[u8]) -> Vec<Out> {
+    let mut out = Vec::new();
+    let mut b = bytes;
+    while b.len() >= 8 {
+        let plen = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        assert!(
+            plen >= 8 && plen <= b.len(),
+            "truncated PDU in {bytes:02x?}"
+        );
+        let u16at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u32at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        out.push(match b[0] {
+            tcp::pdu_type::R2T => Out::R2T {
+                cid: u16at(8),
+                ttag: u16at(10),
+                len: u32at(16),
+            },
+            tcp::pdu_type::CAPSULE_RESP => Out::Resp {
+                cid: u16at(8 + 12),
+                status: Status::from_field(u16at(8 + 14)),
+            },
+            tcp::pdu_type::C2H_DATA => Out::C2HData {
+                cid: u16at(8),
+                len: u32at(16),
+            },
+            tcp::pdu_type::C2H_TERM_REQ => Out::Term {
+                fes: u16at(8),
+                fei: u32at(10),
+            },
+            t => Out::Other(t),
+        });
+        b = &b[plen..];
+    }
+    out
+}
+
+/// Everything the target wrote to connection `q` since the last call (the host of `q`
+/// must not be reading).
+fn take_wire(p: &mut Pair, q: usize) -> Vec<Out> {
+    let bytes = std::mem::take(&mut p.conns[q].pipe.borrow_mut().to_host);
+    wire(&bytes)
+}
+
+/// `s` with CID `cid` and SGL1 describing `len` bytes moved by the transport (R2T/H2CData
+/// or C2HData): nothing in the capsule.
+fn by_transport(mut s: Sqe, cid: u16, len: u32) -> Sqe {
+    s.set_opcode_cid(s.opcode(), cid);
+    s.cdw0 = (s.cdw0 & !(3 << 14)) | 1 << 14;
+    s.dptr = SglDescriptor::unkeyed(
+        sgl::TYPE_TRANSPORT_DATA_BLOCK,
+        sgl::SUBTYPE_TRANSPORT,
+        0,
+        len,
+    );
+    s
+}
+
+/// `s` with CID `cid` and `data` in the capsule.
+fn in_capsule(mut s: Sqe, cid: u16, len: u32) -> Sqe {
+    s.set_opcode_cid(s.opcode(), cid);
+    s.cdw0 = (s.cdw0 & !(3 << 14)) | 1 << 14;
+    s.dptr = SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, 0, len);
+    s
+}
+
+/// Queue a capsule on connection `q` (bytes only, the host machine does not know).
+fn forge(p: &mut Pair, q: usize, sqe: &Sqe, data: &[u8]) {
+    let mut pdu = Vec::new();
+    tcp::encode_capsule_cmd(&mut pdu, sqe, data, Digests::NONE, 0);
+    p.conns[q].send_raw(&pdu);
+}
+
+/// A connection past ICReq whose host only sends what the test forges.
+fn raw_conn(p: &mut Pair) -> usize {
+    let q = p.open(Digests::NONE, 0);
+    p.conns[q].reading = false;
+    let _ = take_wire(p, q);
+    q
+}
+
+/// A forged I/O queue `qid` of controller `cntlid` (SQSIZE `sqsize`), Connect answered.
+fn raw_io_queue(p: &mut Pair, cntlid: u16, qid: u16, sqsize: u16) -> usize {
+    let q = raw_conn(p);
+    let cmd = ConnectCommand {
+        recfmt: 0,
+        qid,
+        sqsize,
+        cattr: 0,
+        kato: 0,
+    };
+    let data = ConnectData::new([9; 16], cntlid, NQN, HOSTNQN);
+    forge(p, q, &in_capsule(cmd.to_sqe(0), 0, 1024), data.as_bytes());
+    p.pump();
+    let w = take_wire(p, q);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { status, .. }] if status.is_success()),
+        "I/O Connect: {w:?}"
+    );
+    q
+}
+
+fn set_features_sqe(fid: u8, value: u32) -> Sqe {
+    let mut s = Sqe::default();
+    s.set_opcode_cid(admin::SET_FEATURES, 0);
+    s.cdw10 = fid as u32;
+    s.cdw11 = value;
+    s
+}
+
+/// Before Fabrics Connect a queue has no controller: a capsule that says it carries data
+/// must not make the engine solicit it (R2T) or set a buffer aside for it. Only the
+/// Connect's own 1024 bytes may be fetched, one Connect at a time.
+#[test]
+fn no_r2t_and_no_buffers_before_connect() {
+    let mut p = Pair::new();
+    let before = p.io.buffer_bytes();
+    let q = raw_conn(&mut p);
+    // Host-to-controller admin commands (Set Features) announcing 1 MiB each.
+    for cid in 0..16 {
+        forge(
+            &mut p,
+            q,
+            &by_transport(set_features_sqe(0x0e, 0), cid, 1 << 20),
+            &[],
+        );
+    }
+    // Connects whose data never comes.
+    let connect = ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+    };
+    for cid in 16..24 {
+        forge(&mut p, q, &by_transport(connect.to_sqe(0), cid, 1024), &[]);
+    }
+    p.pump();
+    let w = take_wire(&mut p, q);
+    let r2ts: Vec<&Out> = w.iter().filter(|o| matches!(o, Out::R2T { .. })).collect();
+    assert!(
+        r2ts.len() <= 1 && r2ts.iter().all(|o| matches!(o, Out::R2T { len: 1024, .. })),
+        "at most one R2T, for one Connect's 1024 bytes: {r2ts:?}"
+    );
+    for cid in 0..16 {
+        assert!(
+            w.iter().any(|o| matches!(o, Out::Resp { cid: c, status } if *c == cid && *status == Status::COMMAND_SEQUENCE_ERROR)),
+            "Set Features {cid} before Connect is answered Command Sequence Error: {w:?}"
+        );
+    }
+    assert!(
+        p.io.buffer_bytes() - before <= 64 << 10,
+        "{} bytes of buffers held for a queue without a controller",
+        p.io.buffer_bytes() - before
+    );
+}
+
+/// A host that submits more commands than its queue has entries (SQSIZE + 1) breaks SQ
+/// flow control: the connection ends with a C2HTermReq (PDU Sequence Error) instead of
+/// the engine handing out slot after slot; the rest of the controller keeps working.
+#[test]
+fn more_commands_than_the_queue_holds_ends_the_connection() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let bad = raw_io_queue(&mut p, cntlid, 2, 15);
+    // 16 entries: writes whose data is not sent keep their slots.
+    for cid in 0..16 {
+        forge(
+            &mut p,
+            bad,
+            &by_transport(io_rw(io::WRITE, 8), cid, 4096),
+            &[],
+        );
+    }
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    assert!(
+        !w.iter().any(|o| matches!(o, Out::Term { .. })),
+        "16 commands fit a 16-entry queue: {w:?}"
+    );
+    forge(
+        &mut p,
+        bad,
+        &by_transport(io_rw(io::WRITE, 8), 16, 4096),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    assert!(
+        w.iter()
+            .any(|o| matches!(o, Out::Term { fes: f, .. } if *f == fes::PDU_SEQUENCE_ERROR)),
+        "the 17th command is a fatal error: {w:?}"
+    );
+    assert!(p.conns[bad].target_closed());
+    assert!(p
+        .terminations
+        .iter()
+        .any(|t| t.qp == p.conns[bad].qp && !t.by_host));
+    assert_eq!(p.io.commands_in_flight(), 0, "every slot came back");
+    // The controller's other queue is fine.
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+}
+
+/// Before Connect the admin queue's 32 entries are the bound: a peer that does not read
+/// its completions cannot keep sending (here the answers to its Keep Alives cannot be
+/// written, so their slots stay held until the 33rd command ends the connection).
+#[test]
+fn more_than_32_commands_before_connect_ends_the_connection() {
+    let mut p = Pair::new();
+    let q = raw_conn(&mut p);
+    let mut ka = Sqe::default();
+    ka.set_opcode_cid(admin::KEEP_ALIVE, 0);
+    p.conns[q].pipe.borrow_mut().host_window = Some(0);
+    for cid in 0..40 {
+        forge(&mut p, q, &by_transport(ka, cid, 0), &[]);
+    }
+    p.pump();
+    assert!(p.conns[q].target_closed());
+    assert!(
+        p.terminations
+            .iter()
+            .any(|t| t.qp == p.conns[q].qp && !t.by_host && t.fes == fes::PDU_SEQUENCE_ERROR),
+        "{:?}",
+        p.terminations
+    );
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+/// A write whose data never comes (R2T sent, no H2CData): after the host-data deadline
+/// the engine gives up on the transfer and the connection, with a C2HTermReq; every slot
+/// and buffer comes back; the controller's other queue keeps serving.
+#[test]
+fn host_data_that_never_comes_times_out() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let bad = raw_io_queue(&mut p, cntlid, 2, 31);
+    forge(
+        &mut p,
+        bad,
+        &by_transport(io_rw(io::WRITE, 8), 0, 4096),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    assert!(
+        matches!(w.as_slice(), [Out::R2T { len: 4096, .. }]),
+        "{w:?}"
+    );
+    p.advance(FOREVER);
+    let w = take_wire(&mut p, bad);
+    assert!(
+        matches!(w.as_slice(), [Out::Term { fes: f, .. }] if *f == fes::PDU_SEQUENCE_ERROR),
+        "a C2HTermReq: {w:?}"
+    );
+    assert!(p.conns[bad].target_closed());
+    assert!(p.disconnected.contains(&p.conns[bad].qp));
+    assert_eq!(p.io.commands_in_flight(), 0);
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success());
+}
+
+/// A peer that never reads its responses: the engine neither spins on the full socket
+/// nor holds the connection forever; after the drain deadline the connection goes and
+/// its slots come back. Others are served meanwhile.
+#[test]
+fn a_peer_that_never_reads_loses_its_connection() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let lazy = raw_io_queue(&mut p, cntlid, 2, 31);
+    p.conns[lazy].pipe.borrow_mut().host_window = Some(16 << 10);
+    for cid in 0..32 {
+        forge(
+            &mut p,
+            lazy,
+            &by_transport(io_rw(io::READ, 64), cid, 64 * 512),
+            &[],
+        );
+    }
+    // Settles although output is stuck (pump panics on an engine that never idles).
+    p.pump();
+    assert!(!p.conns[lazy].target_closed());
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 8), Xfer::FromController, vec![0; 4096]);
+    assert!(cqe.status().is_success(), "others are served meanwhile");
+    p.advance(FOREVER);
+    assert!(
+        p.conns[lazy].target_closed(),
+        "the stuck connection is closed"
+    );
+    assert!(p.disconnected.contains(&p.conns[lazy].qp));
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+/// A connection that never sends its ICReq, and one that stops after it, are closed by
+/// their deadlines.
+#[test]
+fn icreq_and_connect_deadlines() {
+    let mut p = Pair::new();
+    let silent = p.open_without_icreq(Digests::NONE, 0);
+    let idle = p.open(Digests::NONE, 0);
+    let (a, _) = p.controller(Digests::NONE, 31, 0);
+    p.advance(FOREVER);
+    assert!(p.conns[silent].target_closed(), "no ICReq: closed");
+    assert!(p.conns[idle].target_closed(), "no Connect: closed");
+    assert!(p
+        .transport_errors
+        .iter()
+        .any(|&(h, _)| h == p.conns[silent].qp));
+    assert!(!p.conns[a].target_closed(), "a connected queue stays");
+}
+
+/// An idle connection costs little: its receive buffer is small until a PDU needs more,
+/// and shrinks back once the connection is idle again.
+#[test]
+fn receive_buffers_grow_on_demand() {
+    let mut p = Pair::new();
+    let n = 8;
+    for _ in 0..n {
+        p.admin(Digests::NONE, 31, 0);
+    }
+    let per = p.io.rx_buffer_bytes() / n;
+    assert!(
+        per <= 16 << 10,
+        "{per} bytes of receive buffer per idle connection"
+    );
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    p.conns[q].host.set_max_incapsule(8192);
+    let data = pattern(3, 8192);
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 16), Xfer::ToController, data);
+    assert!(cqe.status().is_success());
+    p.advance(Duration::from_secs(5));
+    let per = p.io.rx_buffer_bytes() / (n + 2);
+    assert!(per <= 16 << 10, "{per} bytes per connection after idling");
+}
+
+/// Writes whose data never comes hold no data buffers: three queues full of 1 MiB
+/// writes that are never sent do not keep another host's write from being served.
+#[test]
+fn buffers_are_not_held_for_data_that_never_comes() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 127, 0);
+    let cntlid = p.conns[a].cntlid;
+    let before = p.io.buffer_bytes();
+    for qid in 2..5 {
+        let bad = raw_io_queue(&mut p, cntlid, qid, 127);
+        for cid in 0..128 {
+            forge(
+                &mut p,
+                bad,
+                &by_transport(io_rw(io::WRITE, 2048), cid, 1 << 20),
+                &[],
+            );
+        }
+    }
+    p.pump();
+    let data = pattern(7, 1 << 20);
+    let (cqe, _) = p.exec(
+        q,
+        rw(io::WRITE, 4096, 2048),
+        Xfer::ToController,
+        data.clone(),
+    );
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(disk(&p, 4096, 2048), data);
+    let held = p.io.buffer_bytes() - before;
+    assert!(held <= 16 << 20, "{held} bytes of buffers held");
+}
+
+/// An Asynchronous Event Request held across a controller reset, then sent again with
+/// the same CID (the host counts the old one as gone): the engine must not keep the old
+/// one's slot forever.
+#[test]
+fn aer_resent_after_reset_does_not_leak_a_slot() {
+    let mut p = Pair::new();
+    let a = p.admin(Digests::NONE, 31, 0);
+    let (cqe, _) = p.exec(a, set_features_sqe(0x0b, 1 << 8), Xfer::None, Vec::new());
+    assert!(cqe.status().is_success());
+    p.conns[a].reading = false;
+    let mut aer = Sqe::default();
+    aer.set_opcode_cid(admin::ASYNC_EVENT_REQUEST, 31);
+    forge(&mut p, a, &aer, &[]);
+    p.pump();
+    assert_eq!(p.io.commands_in_flight(), 1, "the AER is held");
+    for value in [0u32, fabrics::cc::EN | 6 << 16 | 4 << 20] {
+        let prop = PropertyCommand {
+            attrib: 0,
+            offset: fabrics::property::CC,
+            value: value as u64,
+        };
+        forge(&mut p, a, &prop.to_sqe(1, true), &[]);
+        p.pump();
+    }
+    forge(&mut p, a, &set_features_sqe(0x0b, 1 << 8), &[]);
+    forge(&mut p, a, &aer, &[]);
+    p.pump();
+    let _ = take_wire(&mut p, a);
+    assert_eq!(
+        p.io.commands_in_flight(),
+        1,
+        "one AER is outstanding at the host, one slot is held"
+    );
+    // A namespace change completes it; nothing stays behind.
+    p.target
+        .add_namespace(
+            NQN,
+            nvmf::target::NamespaceConfig {
+                nsid: 2,
+                block_size: 512,
+                num_blocks: 8,
+                uuid: [4; 16],
+                nguid: [5; 16],
+                eui64: [6; 8],
+                volatile_write_cache: false,
+                anagrpid: 0,
+                hosts: None,
+            },
+        )
+        .expect("namespace");
+    p.advance(Duration::from_millis(1));
+    let w = take_wire(&mut p, a);
+    assert!(
+        w.iter().any(|o| matches!(o, Out::Resp { cid: 31, .. })),
+        "{w:?}"
+    );
+    assert_eq!(p.io.commands_in_flight(), 0, "no slot leaked");
+}
+
+/// 10,000 Connects on one connection to the discovery subsystem make one controller, and
+/// it goes with the connection.
+#[test]
+fn connect_flood_on_one_discovery_connection() {
+    let mut p = Pair::new();
+    let q = raw_conn(&mut p);
+    let cmd = ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+    };
+    let data = ConnectData::new([9; 16], fabrics::CNTLID_DYNAMIC, DISCOVERY_NQN, HOSTNQN);
+    let mut ok = 0;
+    for i in 0..10_000u32 {
+        forge(
+            &mut p,
+            q,
+            &in_capsule(cmd.to_sqe(0), (i % 32) as u16, 1024),
+            data.as_bytes(),
+        );
+        p.pump();
+        for o in take_wire(&mut p, q) {
+            match o {
+                Out::Resp { status, .. } if status.is_success() => ok += 1,
+                Out::Resp { .. } => {}
+                o => panic!("{o:?}"),
+            }
+        }
+    }
+    assert_eq!(ok, 1, "one Connect succeeds, the others are refused");
+    assert_eq!(p.target.report().controllers.len(), 1);
+    p.conns[q].close();
+    p.pump();
+    assert!(p.target.report().controllers.is_empty());
+}
+
+/// A controller with KATO 0 (no keep-alive) ends with its admin connection.
+#[test]
+fn kato_zero_controller_ends_with_its_admin_connection() {
+    let mut p = Pair::new();
+    let (a, _) = p.controller(Digests::NONE, 31, 0);
+    assert_eq!(p.target.report().controllers.len(), 1);
+    p.conns[a].close();
+    p.pump();
+    assert!(p.target.report().controllers.is_empty());
+}
+
+/// A backend that vanished (file deleted, device gone) fails I/O with a path error
+/// without DNR (Internal Path Error, SCT 3h): a multipath host retries on another path.
+#[test]
+fn vanished_backend_answers_a_path_error() {
+    let mut p = Pair::new();
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    p.backend_gone
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 8), Xfer::FromController, vec![0; 4096]);
+    let s = cqe.status();
+    assert_eq!((s.sct, s.sc, s.dnr), (3, 0x00, false), "{s}");
+}
+
+/// An I/O command with NSID 1 and NLB `nlb` at LBA 0 (CID and SGL set by the caller).
+fn io_rw(opcode: u8, nlb: u32) -> Sqe {
+    rw(opcode, 0, nlb)
+}
+
+/// A host that writes more than its connection's buffer budget at once is slowed, not
+/// failed: commands past the budget wait for earlier ones and every write lands.
+#[test]
+fn a_connection_past_its_buffer_budget_waits_and_completes() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        limits: crate::EngineLimits {
+            connection_buffer_bytes: 1 << 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    p.conns[q].host.set_max_incapsule(0);
+    let mut cids = Vec::new();
+    for k in 0..24u64 {
+        // 24 writes of 128 KiB: 3 MiB in flight against a 1 MiB budget.
+        cids.push((
+            k,
+            p.submit(
+                q,
+                rw(io::WRITE, k * 256, 256),
+                Xfer::ToController,
+                pattern(k, 128 << 10),
+            ),
+        ));
+    }
+    for (k, cid) in cids {
+        let (cqe, _) = p.wait(q, cid);
+        assert!(cqe.status().is_success(), "write {k}: {}", cqe.status());
+        assert_eq!(disk(&p, k * 256, 256), pattern(k, 128 << 10));
+    }
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::ConnectionBuffers.label() && n > 0),
+        "{hits:?}"
+    );
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+/// The thread's pool is exhausted by a host that sent half of a large write: another
+/// host's write whose data arrives then gets Command Interrupted (retryable, no DNR),
+/// its data is taken off the wire, and its connection keeps working.
+#[test]
+fn pool_exhaustion_fails_the_write_not_the_connection() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        buffer_pool_bytes: 1 << 20,
+        ..Default::default()
+    });
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
+    // A 1 MiB write whose first 64 KiB arrive: its buffer takes the whole pool.
+    let len = 1 << 20;
+    forge(
+        &mut p,
+        hog,
+        &by_transport(io_rw(io::WRITE, len / 512), 0, len),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, hog);
+    let Some(&Out::R2T { ttag, .. }) = w.first() else {
+        panic!("{w:?}")
+    };
+    let mut pdu = Vec::new();
+    tcp::encode_h2c_data(&mut pdu, 0, ttag, 0, &[1u8; 65536], false, Digests::NONE, 0);
+    p.conns[hog].send_raw(&pdu);
+    p.pump();
+    assert!(p.io.buffer_bytes() >= 1 << 20, "the pool is taken");
+    p.conns[q].host.set_max_incapsule(0);
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
+    assert_eq!(
+        cqe.status(),
+        Status::COMMAND_INTERRUPTED,
+        "{}",
+        cqe.status()
+    );
+    assert!(!cqe.status().dnr);
+    // The reads the host retries with still need buffers: the hog goes (its deadline).
+    p.advance(FOREVER);
+    assert!(p.conns[hog].target_closed());
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(disk(&p, 0, 8), pattern(1, 4096));
+}
