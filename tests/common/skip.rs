@@ -4,7 +4,7 @@
 //! libtest-mimic: the precondition is checked when the list is built; when it is
 //! missing, the test is listed as `ignored` (never `ok`, and counted under "ignored" in
 //! the summary) and `SKIPPED: <test>: <reason>` goes to stderr, where
-//! `tests/run-all.sh` collects it for its list of skipped tests. Forced with
+//! the workspace's `tests/run-all.sh` collects it for its list of skipped tests. Forced with
 //! `--ignored`, a skipped test fails, saying what is missing.
 //!
 //! Tests whose precondition is known when they are written are `#[ignore = "reason"]`.

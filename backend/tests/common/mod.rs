@@ -1,6 +1,7 @@
 //! Checks shared by the RAM and file backend tests: each takes any `Arc<dyn Backend>`.
 #![allow(dead_code)]
 
+#[path = "../../../tests/common/skip.rs"]
 pub mod skip;
 
 use std::sync::{Arc, Barrier};

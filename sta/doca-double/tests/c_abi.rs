@@ -3,6 +3,7 @@
 //! enum values, callback prototypes), beyond what the Rust signatures show. Without a C
 //! compiler the test is SKIPPED (`skip/mod.rs`).
 
+#[path = "../../../tests/common/skip.rs"]
 mod skip;
 
 use std::path::PathBuf;

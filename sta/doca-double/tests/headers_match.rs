@@ -4,6 +4,7 @@
 //! field. Needs bindgen-cli and libclang; without them the test is SKIPPED
 //! (`skip/mod.rs`): the probe runs bindgen on a one-line header first.
 
+#[path = "../../../tests/common/skip.rs"]
 mod skip;
 
 use std::collections::BTreeMap;

@@ -157,23 +157,29 @@ impl StaIo {
         sock: TcpStream,
         user: u64,
     ) -> std::io::Result<QpHandle> {
-        sock.set_nonblocking(true)?;
-        sock.set_nodelay(true)?;
-        let idx = self.alloc_qp_slot();
+        let idx = self.register_tcp(&sock)?;
         let (limits, rx_cap) = self.tcp_limits();
-        if let Err(e) = self
-            .epoll
-            .add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64))
-        {
-            self.free_qps.push(idx);
-            return Err(e.into());
-        }
         let link = Link::Tcp(TcpLink::new(Wire::Socket(sock), limits));
         let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user, false);
         if let Some(q) = self.qps[idx as usize].qp.as_mut() {
             q.interest = EpollFlags::EPOLLIN.bits() as u32;
         }
         Ok(h)
+    }
+
+    /// A new TCP connection: non-blocking, no Nagle, a QP slot, registered for reading.
+    fn register_tcp(&mut self, sock: &TcpStream) -> std::io::Result<u32> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let idx = self.alloc_qp_slot();
+        if let Err(e) = self
+            .epoll
+            .add(sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64))
+        {
+            self.free_qps.push(idx);
+            return Err(e.into());
+        }
+        Ok(idx)
     }
 
     /// The time for a new QP's deadlines.
@@ -195,17 +201,8 @@ impl StaIo {
         user: u64,
         tls: &crate::TlsAccept,
     ) -> std::io::Result<QpHandle> {
-        sock.set_nonblocking(true)?;
-        sock.set_nodelay(true)?;
-        let idx = self.alloc_qp_slot();
+        let idx = self.register_tcp(&sock)?;
         let (limits, rx_cap) = self.tcp_limits();
-        if let Err(e) = self
-            .epoll
-            .add(&sock, EpollEvent::new(EpollFlags::EPOLLIN, idx as u64))
-        {
-            self.free_qps.push(idx);
-            return Err(e.into());
-        }
         let deadline = Instant::now() + tls.handshake_timeout;
         let wire = Wire::tls(sock, tls.ctx.clone(), tls.required, deadline);
         let link = Link::Tcp(TcpLink::new(wire, limits));
