@@ -12,6 +12,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use nvmf::spec::Status;
 use nvmf_initiator::{HostOptions, Request};
 
 /// File-backed namespace 1 (512-byte blocks) and a RAM namespace 2.
@@ -152,5 +153,77 @@ fn acknowledged_writes_survive_sigterm() {
     d.stop();
     d.restart();
     verify(&d, &expected, "after SIGTERM and restart");
+    d.stop();
+}
+
+/// Issue 11: a backing file deleted under the daemon takes its namespace out end to end:
+/// its I/O gets Internal Path Error without DNR (a multipath host fails over; Namespace
+/// Not Ready made Linux retry forever on the same path), it leaves the active namespace
+/// list, the daemon says why, and the other namespace keeps serving.
+#[test]
+fn a_deleted_backing_file_takes_its_namespace_out() {
+    let _w = watchdog(
+        "a_deleted_backing_file_takes_its_namespace_out",
+        Duration::from_secs(60),
+    );
+    let mut d = Daemon::start(CONFIG);
+    let mut c = controller(&d, 1, &opts());
+    let q = &mut c.io[0];
+    assert_ok(
+        q.write(1, 0, &pattern(1, 4096), false).expect("write"),
+        "write before",
+    );
+    std::fs::remove_file(d.dir().join("f0.img")).expect("delete the backing file");
+    // The file backend notices at the next Flush (or within a second on the I/O path).
+    let mut got = None;
+    for _ in 0..50 {
+        let s = q.flush(1).expect("flush");
+        if !s.is_success() {
+            got = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s = got.expect("the deleted file was never noticed");
+    assert_status(s, Status::INTERNAL_PATH_ERROR, "flush on a deleted file");
+    assert!(
+        !s.dnr,
+        "Internal Path Error must leave the host free to retry elsewhere"
+    );
+    // Reads and writes on it get the same answer; the RAM namespace still serves.
+    let mut buf = vec![0u8; 4096];
+    let mut s = Status::SUCCESS;
+    for _ in 0..30 {
+        s = q.read(1, 0, 8, &mut buf).expect("read");
+        if code(s) == code(Status::INTERNAL_PATH_ERROR) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_status(s, Status::INTERNAL_PATH_ERROR, "read on a lost namespace");
+    assert_ok(
+        q.write(2, 0, &pattern(2, 4096), false).expect("write ns 2"),
+        "RAM namespace",
+    );
+    // It leaves the active namespace list (Identify CNS 02h), once the daemon took it out.
+    let mut active = Vec::new();
+    for _ in 0..50 {
+        let list = c.admin.identify(0x02, 0).expect("Identify active NS list");
+        active = list
+            .chunks_exact(4)
+            .map(|b| le32(b, 0))
+            .take_while(|&n| n != 0)
+            .collect();
+        if active == [2] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(active, vec![2], "active namespaces after the file went");
+    let log = d.log();
+    assert!(
+        log.contains("is gone") && log.contains("Internal Path Error"),
+        "the daemon says why: {log}"
+    );
     d.stop();
 }
