@@ -1,3 +1,7 @@
+//! Why this file is (just) over 800 lines: the scrape server is small; most of the file is
+//! the exposition (`Snapshot` and its `Collector`), every series with its help text and
+//! labels, which reads best in one list.
+//!
 //! Prometheus `/metrics`: a tiny HTTP/1.1 server on one std `TcpListener` thread.
 //!
 //! A scrape reads everything it reports at that moment: the engine's per-thread counters

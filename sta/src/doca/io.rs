@@ -1,3 +1,7 @@
+//! Why this file is over 800 lines: one IO context, its C callbacks (which only fill the
+//! inbox) and the `IoContext` implementation that drains it are one unit; the callbacks'
+//! safety rests on the inbox layout defined here.
+//!
 //! One IO thread's DOCA STA context (`struct doca_sta_io` and its progress engine):
 //! doca-sta-api.md 5.8-5.11, 5.14-5.15.
 //!

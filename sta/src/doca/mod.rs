@@ -1,3 +1,9 @@
+//! Why this file is over 800 lines: the main context follows doca-sta-api.md section 5
+//! object by object, and each DOCA object's creation and destruction are kept side by side
+//! (devices, subsystems, backends and their queues, namespaces), so the teardown order can
+//! be checked against the creation order in one place; the IO context is in `io`, memory in
+//! `mem`, statistics in `stats`.
+//!
 //! The `doca` engine: the engine contract over NVIDIA DOCA STA (`doca_sta_*`), loaded at
 //! run time through `doca-sys` (feature `doca`). On a BlueField-3 the DPA serves the
 //! offloaded READ/WRITE/FLUSH path; this code is the control plane around it and the

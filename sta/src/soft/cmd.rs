@@ -1,3 +1,9 @@
+//! Why this file is over 800 lines: it is one state machine, a command's life from intake
+//! to response on both transports (slot, offload or hand-up, host-data fetch, backend
+//! completion, response, abort); split across files, one command's transitions would be
+//! read in several places and the invariants between them (slot, buffer budget, in-flight
+//! count) checked in none.
+//!
 //! Command slots and the command path shared by both transports: capsule intake, the
 //! offloaded path against the thread's backend queues, the non-offloaded hand-up, the
 //! host-data fetch (one function for both paths and both transports) and responses.

@@ -1,3 +1,7 @@
+//! Why this file is over 800 lines: the progress loop and the QP table it walks belong
+//! together (accepting TCP, TLS and RDMA QPs, the pass itself, deadlines, teardown); the
+//! per-link work is already in `tcp_link`/`rdma_link`, the command path in `cmd`.
+//!
 //! The soft engine's IO context: one per IO thread (DOCA: `struct doca_sta_io`). It owns
 //! the QP table, the epoll set and the verbs state, and runs the progress loop: control
 //! messages, socket input, completions, backends, output, disconnects, timeouts. What a
