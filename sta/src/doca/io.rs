@@ -123,6 +123,14 @@ struct Slot<T> {
     live: Option<T>,
 }
 
+/// A free slot's index: a recycled one, or a new slot at the end.
+fn alloc_slot<T>(slots: &mut Vec<Slot<T>>, free: &mut Vec<u32>) -> u32 {
+    free.pop().unwrap_or_else(|| {
+        slots.push(Slot { gen: 1, live: None });
+        (slots.len() - 1) as u32
+    })
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CmdState {
     /// The application's (rule 2).
@@ -392,13 +400,7 @@ impl DocaIo {
             unsafe { (d.doca_sta_io_qp_destroy)(self.io, qp) };
             return Err(e);
         }
-        let idx = match self.free_qps.pop() {
-            Some(i) => i,
-            None => {
-                self.qps.push(Slot { gen: 1, live: None });
-                (self.qps.len() - 1) as u32
-            }
-        };
+        let idx = alloc_slot(&mut self.qps, &mut self.free_qps);
         let slot = &mut self.qps[idx as usize];
         slot.live = Some(Qp {
             raw: qp,
@@ -502,13 +504,7 @@ impl DocaIo {
             // SAFETY: DOCA's payload buffer of `len` bytes, ours until answered.
             unsafe { std::ptr::write_bytes(payload, 0, len as usize) };
         }
-        let idx = match self.free_cmds.pop() {
-            Some(i) => i,
-            None => {
-                self.cmds.push(Slot { gen: 1, live: None });
-                (self.cmds.len() - 1) as u32
-            }
-        };
+        let idx = alloc_slot(&mut self.cmds, &mut self.free_cmds);
         let slot = &mut self.cmds[idx as usize];
         slot.live = Some(Cmd {
             qp: h,

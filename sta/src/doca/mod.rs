@@ -949,6 +949,50 @@ impl Core {
     }
 }
 
+/// Allocate and submit the `rm_ns` task of namespace `ns_raw` of subsystem `subs_raw`.
+/// Its record goes to the completion callback, which frees it; if the task never
+/// started, it is freed here and the error returned.
+///
+/// # Safety
+/// `subs_raw` and `ns_raw` are live DOCA handles; `core` outlives the task.
+unsafe fn submit_rm_ns(
+    core: *const Core,
+    subs_raw: *mut doca_sta_subs_handle,
+    ns_raw: *mut doca_sta_ns_handle,
+    subsys: SubsysId,
+    nsid: u32,
+    user: u64,
+) -> Result<(), EngineError> {
+    let d = lib();
+    let rec = Box::into_raw(Box::new(MainTask {
+        core,
+        kind: MainTaskKind::RmNs,
+        subsys,
+        nsid,
+        user,
+    }));
+    let mut t = std::ptr::null_mut();
+    // SAFETY: live handles (caller); the record is freed by the callback, or below if
+    // the task never started.
+    let r = unsafe {
+        check(
+            "doca_sta_subsystem_task_rm_ns_alloc_init",
+            (d.doca_sta_subsystem_task_rm_ns_alloc_init)(
+                subs_raw,
+                ns_raw,
+                data_ptr(rec.cast()),
+                &mut t,
+            ),
+        )
+        .and_then(|()| submit(t, "doca_task_submit (rm_ns)"))
+    };
+    if r.is_err() {
+        // SAFETY: not submitted: still ours.
+        drop(unsafe { Box::from_raw(rec) });
+    }
+    r
+}
+
 /// Submit a task; on failure the task is freed (it is still ours, 5.10 step 7).
 /// `DOCA_ERROR_AGAIN` is retried a bounded number of times (SPDK retries it: several
 /// threads submitting to one DPA execution unit).
@@ -1468,7 +1512,6 @@ impl Engine for Sta {
     }
 
     fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), EngineError> {
-        let d = lib();
         let core = self.core.clone();
         let mut st = lock(&core.state);
         let base = core.ns_totals_locked(&st, subsys, nsid);
@@ -1481,33 +1524,8 @@ impl Engine for Sta {
             s.ns.get_mut(&nsid)
                 .filter(|n| n.removing.is_none())
                 .ok_or(EngineError::NoNamespace(nsid))?;
-        let rec = Box::into_raw(Box::new(MainTask {
-            core: Arc::as_ptr(&core),
-            kind: MainTaskKind::RmNs,
-            subsys,
-            nsid,
-            user,
-        }));
-        let mut t = std::ptr::null_mut();
-        // SAFETY: live subsystem and namespace; the record is freed by the callback, or
-        // here if the task never started.
-        let r = unsafe {
-            check(
-                "doca_sta_subsystem_task_rm_ns_alloc_init",
-                (d.doca_sta_subsystem_task_rm_ns_alloc_init)(
-                    subs_raw,
-                    ns.raw,
-                    data_ptr(rec.cast()),
-                    &mut t,
-                ),
-            )
-            .and_then(|()| submit(t, "doca_task_submit (rm_ns)"))
-        };
-        if let Err(e) = r {
-            // SAFETY: not submitted: still ours.
-            drop(unsafe { Box::from_raw(rec) });
-            return Err(e);
-        }
+        // SAFETY: live subsystem and namespace (both looked up under the state lock).
+        unsafe { submit_rm_ns(Arc::as_ptr(&core), subs_raw, ns.raw, subsys, nsid, user)? };
         ns.removing = Some(user);
         st.pending += 1;
         // Counters keep counting from here if the namespace comes back.
@@ -1638,37 +1656,14 @@ impl Drop for Core {
                 if ns.removing.is_some() {
                     continue;
                 }
-                let rec = Box::into_raw(Box::new(MainTask {
-                    core: self as *const Core,
-                    kind: MainTaskKind::RmNs,
-                    subsys: SubsysId(s),
-                    nsid: n,
-                    user: 0,
-                }));
-                let mut t = std::ptr::null_mut();
-                // SAFETY: as in ns_remove.
-                let r = unsafe {
-                    check(
-                        "doca_sta_subsystem_task_rm_ns_alloc_init",
-                        (d.doca_sta_subsystem_task_rm_ns_alloc_init)(
-                            subs_raw,
-                            ns.raw,
-                            data_ptr(rec.cast()),
-                            &mut t,
-                        ),
-                    )
-                    .and_then(|()| submit(t, "doca_task_submit (rm_ns)"))
-                };
+                // SAFETY: the subsystem and namespace are still registered with DOCA.
+                let r = unsafe { submit_rm_ns(self, subs_raw, ns.raw, SubsysId(s), n, 0) };
                 match r {
                     Ok(()) => {
                         ns.removing = Some(0);
                         st.pending += 1;
                     }
-                    Err(e) => {
-                        // SAFETY: not submitted.
-                        drop(unsafe { Box::from_raw(rec) });
-                        tracing::error!("doca: teardown: {e}");
-                    }
+                    Err(e) => tracing::error!("doca: teardown: {e}"),
                 }
             }
             let end = Instant::now() + Duration::from_secs(10);
