@@ -19,6 +19,15 @@ cat <<'END'
   Each step says what it is about to install, or that everything is present.
 END
 
+stage "disk space (a clean run needs about 16 GiB: target/ ~9, guest images and their debs ~7)"
+# A test runner gains nothing from incremental compilation, and its caches took 4 GiB here.
+export CARGO_INCREMENTAL=0
+free_gib=$(df -P --block-size=1G . | awk 'NR == 2 { print $4 }')
+echo "free on the file system holding $PWD: ${free_gib} GiB"
+if ((free_gib < 16)); then
+    echo "WARNING: less than 16 GiB free; the build or the guest image may fail with ENOSPC" >&2
+fi
+
 stage "host tools the tests need (installed when missing)"
 need=()
 command -v promtool >/dev/null || need+=(prometheus)          # promtool check metrics
