@@ -85,17 +85,19 @@ impl<I: IoContext> IoThread<I> {
 
     /// Until told to stop and drained.
     pub fn run(mut self) {
-        let mut last_work = Instant::now();
+        // When the last pass that found work ended, read once per busy streak (at its
+        // first idle pass), not on every busy pass: the clock is not free at a million
+        // passes a second. `None` while the streak goes on.
+        let mut idle_since: Option<Instant> = Some(Instant::now());
         loop {
             while let Ok(m) = self.rx.try_recv() {
                 self.on_msg(m);
             }
             // Busy-poll while work came recently (no wake-up latency under load), block in
             // the engine once idle so an idle daemon costs no CPU.
-            let wait = if last_work.elapsed() < SPIN_WINDOW {
-                Duration::ZERO
-            } else {
-                IDLE_WAIT
+            let wait = match idle_since {
+                Some(t) if t.elapsed() >= SPIN_WINDOW => IDLE_WAIT,
+                _ => Duration::ZERO,
             };
             let mut did = self.io.progress(wait);
             while let Some(ev) = self.io.poll_event() {
@@ -103,7 +105,9 @@ impl<I: IoContext> IoThread<I> {
                 self.on_event(ev);
             }
             if did {
-                last_work = Instant::now();
+                idle_since = None;
+            } else if idle_since.is_none() {
+                idle_since = Some(Instant::now());
             }
             self.shared.qp_counts[self.index].store(self.qps.len(), Ordering::Relaxed);
             if self.stopping && self.qps.is_empty() && !self.io.busy() {

@@ -397,9 +397,18 @@ pub(super) struct Core {
     /// The time of the current pass, passed in by `progress`/`progress_at`.
     pub now: Instant,
     /// Time is simulated (`progress_at`): per-command times use `now` instead of the
-    /// clock. Otherwise capsule arrival and completion read the clock, so latencies are
-    /// real even when a command starts and ends within one pass.
+    /// clock. Otherwise a command's start is the time of the pass that read its capsule
+    /// (`now`, read once after the wait: every capsule of the pass had arrived by then)
+    /// and its end is read from the clock, once per batch of backend completions
+    /// (`batch_time`) or per command elsewhere, so latencies are real even when a command
+    /// starts and ends within one pass, at one or two clock reads per pass instead of two
+    /// per command.
     pub manual_time: bool,
+    /// Inside a pass (`now` is the time after its wait; outside, it may be a whole idle
+    /// wait old).
+    pub in_pass: bool,
+    /// While a batch of backend completions is delivered: the clock read they share.
+    pub batch_time: Option<Instant>,
     /// RDMA work completions logged so far (the first few are, for diagnosis).
     pub wc_logged: u32,
 }
@@ -441,6 +450,8 @@ impl Core {
             stats,
             now,
             manual_time: false,
+            in_pass: false,
+            batch_time: None,
             wc_logged: 0,
         }
     }
@@ -450,7 +461,7 @@ impl Core {
         if self.manual_time {
             self.now
         } else {
-            Instant::now()
+            self.batch_time.unwrap_or_else(Instant::now)
         }
     }
 
@@ -485,7 +496,7 @@ impl Core {
         c.copy = None;
         c.fused = Fused::None;
         c.held_sgl = None;
-        c.start = if self.manual_time {
+        c.start = if self.manual_time || self.in_pass {
             self.now
         } else {
             Instant::now()

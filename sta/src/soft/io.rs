@@ -397,6 +397,13 @@ impl StaIo {
     /// The pass after the wait, `n` epoll events ready.
     fn pass(&mut self, now: Instant, n: usize) -> bool {
         self.core.now = now;
+        self.core.in_pass = true;
+        let did = self.pass_inner(now, n);
+        self.core.in_pass = false;
+        did
+    }
+
+    fn pass_inner(&mut self, now: Instant, n: usize) -> bool {
         // Control messages that arrived while we slept come before the sockets: a host may
         // use a namespace as soon as it learns of it, and the engine was told first.
         let mut did = self.drain_ctrl();
@@ -814,9 +821,11 @@ impl StaIo {
             }
             did = true;
             let mut comps = std::mem::take(&mut self.core.completions);
+            self.core.batch_time = (!self.core.manual_time).then(Instant::now);
             for c in comps.drain(..) {
                 self.core.on_backend_completion(&mut self.qps, i as u32, c);
             }
+            self.core.batch_time = None;
             self.core.completions = comps;
         }
         did

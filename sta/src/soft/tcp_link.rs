@@ -377,6 +377,7 @@ impl RxBuf {
         }
         let mut total = 0;
         while self.tail < self.buf.len() {
+            let asked = self.buf.len() - self.tail;
             match wire.read(&mut self.buf[self.tail..], news) {
                 Ok(0) => {
                     return if total > 0 {
@@ -388,6 +389,13 @@ impl RxBuf {
                 Ok(n) => {
                     self.tail += n;
                     total += n;
+                    // A plain socket that gave less than asked for has nothing more now;
+                    // its level-triggered epoll interest reports the next bytes (or the
+                    // close). Asking again would cost a syscall that says EAGAIN on
+                    // every pass. (TLS hands out one record at a time: read on.)
+                    if n < asked && matches!(wire, Wire::Socket(_)) {
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
