@@ -285,3 +285,24 @@ pub fn bad_requests(backend: Arc<dyn Backend>) {
     assert_eq!(tags, [0, 1, 2, 3]);
     assert_eq!(q.in_flight(), 0);
 }
+
+/// The backing file (at `path`, 1 MiB of 4 KiB blocks) shrinks under the backend: reads
+/// past the new end fail with ReadError (after a short read for a straddling request)
+/// instead of spinning or panicking.
+pub fn reads_past_a_shrunk_end(backend: Arc<dyn Backend>, path: &std::path::Path) {
+    let mut q = backend.create_queue(4).unwrap();
+    let data: Vec<u8> = (0..8).flat_map(|l| pattern(l, 3, 4096)).collect();
+    assert_eq!(write(&mut *q, 4096, 0, &data, false), IoStatus::Ok);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(4 * 4096)
+        .unwrap();
+    assert_eq!(read(&mut *q, 4096, 0, 4), &data[..4 * 4096]);
+    let c = run(&mut *q, Op::Read, 2, 4, Some(IoBuf::new(4 * 4096)));
+    assert_eq!(c.status, IoStatus::ReadError);
+    let c = run(&mut *q, Op::Read, 100, 1, Some(IoBuf::new(4096)));
+    assert_eq!(c.status, IoStatus::ReadError);
+    assert_eq!(q.in_flight(), 0);
+}
