@@ -269,7 +269,7 @@ impl RxFramer {
 
         if self.digests.header {
             let got = u32::from_le_bytes([pdu[hlen], pdu[hlen + 1], pdu[hlen + 2], pdu[hlen + 3]]);
-            if got != crc32c::crc32c(&pdu[..hlen]) {
+            if got != super::data_digest(&pdu[..hlen]) {
                 return Err(fail(fes::HEADER_DIGEST_ERROR, 0));
             }
         }

@@ -365,9 +365,11 @@ pub fn pdu_header(buf: &[u8]) -> &[u8] {
 }
 
 /// CRC32C of `data`, as NVMe/TCP header and data digests use it (sent little-endian).
+/// `crc-fast` picks the widest carry-less multiply the CPU offers (AVX-512 VPCLMULQDQ,
+/// else PCLMULQDQ with the SSE4.2 crc32 instruction).
 #[inline]
 pub fn data_digest(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc_fast::crc32_iscsi(data)
 }
 
 /// Incremental data digest for data split across buffers:
@@ -382,7 +384,20 @@ impl DataDigest {
     }
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        self.0 = crc32c::crc32c_append(self.0, data);
+        if self.0 == 0 {
+            // A CRC of 0 leaves the register at its initial all-ones value (nothing digested
+            // yet, the common case, or a prefix that happened to end there): continuing is
+            // a fresh digest.
+            self.0 = data_digest(data);
+            return;
+        }
+        // Resume from the finished CRC: the register is the CRC before its final XOR.
+        let mut d = crc_fast::Digest::new_with_init_state(
+            crc_fast::CrcAlgorithm::Crc32Iscsi,
+            u64::from(!self.0),
+        );
+        d.update(data);
+        self.0 = d.finalize() as u32;
     }
     pub fn finish(self) -> u32 {
         self.0
@@ -411,7 +426,7 @@ fn push_common(out: &mut Vec<u8>, pdu_type: u8, flags: u8, hlen: usize, pdo: usi
 /// After the header bytes starting at `start` were appended: the header digest if enabled.
 fn push_header_digest(out: &mut Vec<u8>, start: usize, d: Digests) {
     if d.header {
-        let crc = crc32c::crc32c(&out[start..]);
+        let crc = data_digest(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());
     }
 }
