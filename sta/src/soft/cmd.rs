@@ -455,6 +455,9 @@ pub(super) struct Core {
     pub tx_ready: Vec<QpHandle>,
     /// A namespace's backend said it is gone since the last report (`NsSlot::gone`).
     pub ns_gone_news: bool,
+    /// Unit tests: every QP ever put on `tx_ready`.
+    #[cfg(test)]
+    pub tx_listed_log: std::collections::HashSet<QpHandle>,
 }
 
 fn status_of(s: IoStatus) -> Status {
@@ -499,6 +502,8 @@ impl Core {
             wc_logged: 0,
             tx_ready: Vec::new(),
             ns_gone_news: false,
+            #[cfg(test)]
+            tx_listed_log: Default::default(),
         }
     }
 
@@ -529,6 +534,8 @@ impl Core {
         if st.tx_ready() && !st.tx_listed {
             st.tx_listed = true;
             self.tx_ready.push(st.handle);
+            #[cfg(test)]
+            self.tx_listed_log.insert(st.handle);
         }
     }
 

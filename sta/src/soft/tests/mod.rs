@@ -14,6 +14,7 @@
 mod access;
 mod data_path;
 mod faults;
+mod flush_list;
 mod hostile;
 mod pair;
 
