@@ -89,8 +89,17 @@ impl<I: IoContext> IoThread<I> {
         // first idle pass), not on every busy pass: the clock is not free at a million
         // passes a second. `None` while the streak goes on.
         let mut idle_since: Option<Instant> = Some(Instant::now());
+        // The QP count the acceptor balances by, as last published.
+        let mut published = usize::MAX;
         loop {
+            // A connection handed to this thread was counted by the acceptor already
+            // (`pick_thread`); the count is published again after one, taken or not.
+            let mut conns = false;
             while let Ok(m) = self.rx.try_recv() {
+                conns |= matches!(
+                    m,
+                    ThreadMsg::Conn { .. } | ThreadMsg::Rdma(RdmaMsg::Connect { .. })
+                );
                 self.on_msg(m);
             }
             // Busy-poll while work came recently (no wake-up latency under load), block in
@@ -109,7 +118,12 @@ impl<I: IoContext> IoThread<I> {
             } else if idle_since.is_none() {
                 idle_since = Some(Instant::now());
             }
-            self.shared.qp_counts[self.index].store(self.qps.len(), Ordering::Relaxed);
+            // Stored when it changes, not every pass: the counts of all IO threads share
+            // a cache line, and a store per pass would pull it from core to core.
+            if conns || self.qps.len() != published {
+                published = self.qps.len();
+                self.shared.qp_counts[self.index].store(published, Ordering::Relaxed);
+            }
             if self.stopping && self.qps.is_empty() && !self.io.busy() {
                 let took = self.stop_started.map_or(Duration::ZERO, |t| t.elapsed());
                 tracing::info!("io{}: drained in {took:?}", self.index);

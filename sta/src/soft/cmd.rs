@@ -273,8 +273,15 @@ pub(super) struct QpState {
     pub error_reported: bool,
     /// `qp_disconnect` was called with this user data.
     pub disconnect: Option<u64>,
-    /// Output is waiting to be written or posted.
-    pub tx_dirty: bool,
+    /// The QP's own handle (its place in the QP table and that place's generation), for
+    /// the thread's list of QPs with output ([`Core::tx_ready`]).
+    pub handle: QpHandle,
+    /// Output is waiting to be written or posted. Private, like `tx_blocked` and
+    /// `tx_listed`: only [`Core::mark_tx`], [`Core::unblock_tx`] and the flush change them,
+    /// so a QP that has output to send and may send it is always on [`Core::tx_ready`].
+    tx_dirty: bool,
+    /// On [`Core::tx_ready`] (at most once).
+    tx_listed: bool,
     /// The application answered the queue's Fabrics Connect (`qp_connect_set_params`):
     /// the queue has a controller, and this QID.
     pub qid: Option<u16>,
@@ -285,7 +292,7 @@ pub(super) struct QpState {
     /// Commands waiting for the budget, oldest first.
     pub waiting: VecDeque<u32>,
     /// TCP: the socket took no more output; waiting for EPOLLOUT, not polling.
-    pub tx_blocked: bool,
+    tx_blocked: bool,
     /// Output has been waiting without any of it being taken since then.
     pub tx_stalled_since: Option<Instant>,
     /// Who this I/O queue's commands come from (`qp_set_access`).
@@ -297,11 +304,12 @@ pub(super) struct QpState {
 }
 
 impl QpState {
+    /// A new QP's state, with no output pending (see [`Core::mark_tx`]).
     pub fn new(
         link: Link,
         user: u64,
         now: Instant,
-        tx_dirty: bool,
+        handle: QpHandle,
         counters: Arc<QueueCounters>,
     ) -> QpState {
         QpState {
@@ -312,7 +320,9 @@ impl QpState {
             rx_stopped: false,
             error_reported: false,
             disconnect: None,
-            tx_dirty,
+            handle,
+            tx_dirty: false,
+            tx_listed: false,
             qid: None,
             accepted: now,
             buf_bytes: 0,
@@ -323,6 +333,33 @@ impl QpState {
             fused_first: None,
             counters,
         }
+    }
+
+    /// TCP: the socket took no more output; the QP waits for EPOLLOUT.
+    pub fn tx_blocked(&self) -> bool {
+        self.tx_blocked
+    }
+
+    /// Whether the flush should write or post this QP's output now.
+    pub fn tx_ready(&self) -> bool {
+        self.tx_dirty && !self.tx_blocked
+    }
+
+    /// Whether the QP is on [`Core::tx_ready`].
+    #[cfg(debug_assertions)]
+    pub fn tx_listed(&self) -> bool {
+        self.tx_listed
+    }
+
+    /// The flush took the QP off [`Core::tx_ready`]; whether it was on it.
+    pub fn take_tx_listed(&mut self) -> bool {
+        std::mem::replace(&mut self.tx_listed, false)
+    }
+
+    /// Nothing is to be sent any more (the QP is disconnecting, or its output was
+    /// dropped). A place it holds on [`Core::tx_ready`] is dropped at the next flush.
+    pub fn clear_tx(&mut self) {
+        self.tx_dirty = false;
     }
 }
 
@@ -411,6 +448,16 @@ pub(super) struct Core {
     pub batch_time: Option<Instant>,
     /// RDMA work completions logged so far (the first few are, for diagnosis).
     pub wc_logged: u32,
+    /// The QPs whose output the next flush writes or posts: every QP with output waiting
+    /// and not blocked on a full socket is here, once (`QpState::tx_listed`), so a pass
+    /// costs the QPs with work, not every connected QP. An entry may be stale (the QP was
+    /// cleared or freed since): the flush and `busy` check each one.
+    pub tx_ready: Vec<QpHandle>,
+    /// A namespace's backend said it is gone since the last report (`NsSlot::gone`).
+    pub ns_gone_news: bool,
+    /// Unit tests: every QP ever put on `tx_ready`.
+    #[cfg(test)]
+    pub tx_listed_log: std::collections::HashSet<QpHandle>,
 }
 
 fn status_of(s: IoStatus) -> Status {
@@ -453,6 +500,42 @@ impl Core {
             in_pass: false,
             batch_time: None,
             wc_logged: 0,
+            tx_ready: Vec::new(),
+            ns_gone_news: false,
+            #[cfg(test)]
+            tx_listed_log: Default::default(),
+        }
+    }
+
+    /// `st` has output to write or post: the next flush sends it (at once, or after
+    /// EPOLLOUT when its socket is full).
+    pub fn mark_tx(&mut self, st: &mut QpState) {
+        st.tx_dirty = true;
+        self.list_tx(st);
+    }
+
+    /// `st`'s socket takes output again (EPOLLOUT, or it is to be tried again): output
+    /// it has waiting goes at the next flush.
+    pub fn unblock_tx(&mut self, st: &mut QpState) {
+        st.tx_blocked = false;
+        self.list_tx(st);
+    }
+
+    /// After the flush wrote or posted what `st` had: whether output is still waiting,
+    /// and (TCP) whether the socket is full. Output still waiting on a socket that is not
+    /// full goes again at the next pass.
+    pub fn tx_flushed(&mut self, st: &mut QpState, dirty: bool, blocked: bool) {
+        st.tx_dirty = dirty;
+        st.tx_blocked |= blocked;
+        self.list_tx(st);
+    }
+
+    fn list_tx(&mut self, st: &mut QpState) {
+        if st.tx_ready() && !st.tx_listed {
+            st.tx_listed = true;
+            self.tx_ready.push(st.handle);
+            #[cfg(test)]
+            self.tx_listed_log.insert(st.handle);
         }
     }
 
@@ -526,7 +609,7 @@ impl Core {
         st.link.command_released();
         if matches!(st.link, Link::Rdma(_)) {
             // A receive to post again.
-            st.tx_dirty = true;
+            self.mark_tx(st);
         }
         self.resume_waiting(st);
     }
@@ -583,7 +666,7 @@ impl Core {
         cqe.cid = c.sqe.cid();
         let data_len = data_len.min(c.len);
         st.link.respond(idx, &c.sqe, cqe, c.data(data_len));
-        st.tx_dirty = true;
+        self.mark_tx(st);
     }
 
     /// Fail command `idx` with `status` (counted against its namespace, if any).
@@ -618,7 +701,7 @@ impl Core {
             self.counters.hit(Limit::CommandSlots);
             let cqe = Cqe::new(sqe.cid(), Status::COMMAND_INTERRUPTED);
             st.link.respond_untracked(cqe);
-            st.tx_dirty = true;
+            self.mark_tx(st);
             return;
         };
         // Fused Compare and Write: a held first command meets the capsule after it.
@@ -1097,7 +1180,7 @@ impl Core {
         c.since = self.now;
         let sqe = c.sqe;
         if st.link.fetch(idx, &sqe, off, len) {
-            st.tx_dirty = true;
+            self.mark_tx(st);
         } else {
             let qp = c.qp;
             self.host_data_done(qp, st, idx, Err(TaskError::BadState));
@@ -1467,7 +1550,10 @@ impl Core {
     /// command whose QP is gone is only recycled).
     pub fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
-            ns.gone |= comp.status == IoStatus::Unavailable;
+            if comp.status == IoStatus::Unavailable && !ns.gone {
+                ns.gone = true;
+                self.ns_gone_news = true;
+            }
             ns.inflight = ns.inflight.saturating_sub(1);
             ns.counters
                 .queue_depth

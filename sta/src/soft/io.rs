@@ -69,6 +69,17 @@ pub struct StaIo {
     wcs: Vec<IbvWc>,
     /// Ids of freed pool buffers, for their memory regions.
     dropped_bufs: Vec<u64>,
+    /// The flush's copy of [`Core::tx_ready`] (two lists, swapped, so neither is
+    /// allocated again).
+    tx_flushing: Vec<QpHandle>,
+    /// QPs whose `qp_disconnect` is under way, until their slots are freed.
+    pub(super) disconnecting: Vec<QpHandle>,
+    /// Slots of the RDMA QPs (their completion queues are polled every pass; TCP QPs
+    /// are not walked for that).
+    rdma_slots: Vec<u32>,
+    /// A namespace is being removed (`Ctrl::NsRemove`): its slot goes once its
+    /// in-flight I/O is done.
+    ns_removals: bool,
 }
 
 impl Drop for StaIo {
@@ -104,6 +115,10 @@ impl StaIo {
             rdma: None,
             wcs: vec![IbvWc::default(); 64],
             dropped_bufs: Vec::new(),
+            tx_flushing: Vec::new(),
+            disconnecting: Vec::new(),
+            rdma_slots: Vec::new(),
+            ns_removals: false,
         })
     }
 
@@ -164,7 +179,7 @@ impl StaIo {
         let idx = self.register_tcp(&sock)?;
         let (limits, rx_cap) = self.tcp_limits();
         let link = Link::Tcp(TcpLink::new(Wire::Socket(sock), limits));
-        let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user, false);
+        let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user);
         if let Some(q) = self.qps[idx as usize].qp.as_mut() {
             q.interest = EpollFlags::EPOLLIN.bits() as u32;
         }
@@ -210,7 +225,7 @@ impl StaIo {
         let deadline = Instant::now() + tls.handshake_timeout;
         let wire = Wire::tls(sock, tls.ctx.clone(), tls.required, deadline);
         let link = Link::Tcp(TcpLink::new(wire, limits));
-        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user, false))
+        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user))
     }
 
     /// How a TLS QP's handshake ended: the PSK's owner, or why it failed (`None` for plain
@@ -233,28 +248,27 @@ impl StaIo {
         let idx = self.alloc_qp_slot();
         let (limits, rx_cap) = self.tcp_limits();
         let link = Link::Tcp(TcpLink::new(Wire::Memory(pipe), limits));
-        self.install_qp(idx, RxBuf::new(rx_cap), link, user, false)
+        self.install_qp(idx, RxBuf::new(rx_cap), link, user)
     }
 
-    /// Put a new QP (TCP or RDMA) in slot `idx` with a fresh generation.
-    fn install_qp(
-        &mut self,
-        idx: u32,
-        rx: RxBuf,
-        link: Link,
-        user: u64,
-        tx_dirty: bool,
-    ) -> QpHandle {
+    /// Put a new QP (TCP or RDMA) in slot `idx` with a fresh generation. An RDMA QP
+    /// starts with output to post (its receives).
+    fn install_qp(&mut self, idx: u32, rx: RxBuf, link: Link, user: u64) -> QpHandle {
         let now = self.accept_time();
         let slot = &mut self.qps[idx as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
         let handle = QpHandle { idx, gen: slot.gen };
         let counters = self.core.counters.add_queue(handle.as_u64());
-        slot.qp = Some(Qp {
+        let rdma = matches!(link, Link::Rdma(_));
+        let qp = slot.qp.insert(Qp {
             rx,
-            st: QpState::new(link, user, now, tx_dirty, counters),
+            st: QpState::new(link, user, now, handle, counters),
             interest: 0,
         });
+        if rdma {
+            self.core.mark_tx(&mut qp.st);
+            self.rdma_slots.push(idx);
+        }
         bump(&self.core.counters.qps, 1);
         handle
     }
@@ -302,7 +316,7 @@ impl StaIo {
             }
         }
         let idx = self.alloc_qp_slot();
-        Ok(self.install_qp(idx, RxBuf::new(0), Link::Rdma(Box::new(rq)), user, true))
+        Ok(self.install_qp(idx, RxBuf::new(0), Link::Rdma(Box::new(rq)), user))
     }
 
     /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
@@ -344,7 +358,9 @@ impl StaIo {
     }
 
     /// Whether the engine has work that needs another pass soon (I/O in flight, output
-    /// waiting, events to deliver).
+    /// waiting, events to deliver). It looks at the namespaces (few, set by the
+    /// configuration) and at the QPs with output waiting ([`Core::tx_ready`]), never at
+    /// every connected QP.
     pub(crate) fn busy(&self) -> bool {
         !self.core.events.is_empty()
             || self
@@ -353,10 +369,49 @@ impl StaIo {
                 .iter()
                 .flatten()
                 .any(|n| n.inflight > 0 || !n.pending.is_empty())
-            || self.qps.iter().any(|s| {
-                s.qp.as_ref()
-                    .is_some_and(|q| q.st.tx_dirty && !q.st.tx_blocked)
+            || self.core.tx_ready.iter().any(|&h| {
+                self.qps
+                    .get(h.idx as usize)
+                    .filter(|s| s.gen == h.gen)
+                    .and_then(|s| s.qp.as_ref())
+                    .is_some_and(|q| q.st.tx_ready())
             })
+    }
+
+    /// The bookkeeping behind [`Core::tx_ready`] (debug builds, every pass): every QP
+    /// with output it may send now is on the list, and every QP on it is there once.
+    #[cfg(debug_assertions)]
+    fn check_tx_ready(&self) {
+        let mut listed = 0;
+        for s in &self.qps {
+            let Some(q) = s.qp.as_ref() else {
+                continue;
+            };
+            assert!(
+                !q.st.tx_ready() || q.st.tx_listed(),
+                "QP {:#x} has output to send and is not on the flush list",
+                q.st.handle.as_u64()
+            );
+            listed += usize::from(q.st.tx_listed());
+        }
+        let mut live: Vec<QpHandle> = self
+            .core
+            .tx_ready
+            .iter()
+            .copied()
+            .filter(|&h| {
+                self.qps
+                    .get(h.idx as usize)
+                    .is_some_and(|s| s.gen == h.gen && s.qp.is_some())
+            })
+            .collect();
+        live.sort_by_key(|h| h.as_u64());
+        live.dedup();
+        assert_eq!(
+            live.len(),
+            listed,
+            "the flush list and the QPs' listed flags disagree"
+        );
     }
 
     /// One pass: control messages, sockets, backend completions, output. Waits up to
@@ -396,10 +451,14 @@ impl StaIo {
 
     /// The pass after the wait, `n` epoll events ready.
     fn pass(&mut self, now: Instant, n: usize) -> bool {
+        #[cfg(debug_assertions)]
+        self.check_tx_ready();
         self.core.now = now;
         self.core.in_pass = true;
         let did = self.pass_inner(now, n);
         self.core.in_pass = false;
+        #[cfg(debug_assertions)]
+        self.check_tx_ready();
         did
     }
 
@@ -420,7 +479,7 @@ impl StaIo {
             {
                 // The socket takes output again (or is dead: the write says so).
                 if let Some(q) = self.qps.get_mut(data as usize).and_then(|s| s.qp.as_mut()) {
-                    q.st.tx_blocked = false;
+                    self.core.unblock_tx(&mut q.st);
                 }
             }
             if flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
@@ -434,18 +493,22 @@ impl StaIo {
                 .as_ref()
                 .is_some_and(|q| matches!(&q.st.link, Link::Tcp(t) if t.wire.socket().is_none()));
             if memory {
-                // No epoll for a pipe: try its output again every pass.
-                if let Some(q) = self.qps[i].qp.as_mut() {
-                    q.st.tx_blocked = false;
+                // No epoll for a pipe: a full one is tried again every pass (its EPOLLOUT).
+                if let Some(q) = self.qps[i].qp.as_mut().filter(|q| q.st.tx_blocked()) {
+                    self.core.unblock_tx(&mut q.st);
                 }
                 did |= self.service_rx(i as u32);
             }
         }
         did |= self.poll_rdma();
         did |= self.poll_backends();
-        self.report_gone_backends();
+        if self.core.ns_gone_news {
+            self.report_gone_backends();
+        }
         did |= self.flush_all();
-        self.finish_disconnects();
+        if !self.disconnecting.is_empty() {
+            self.finish_disconnects();
+        }
         if now >= self.next_timeout_check {
             self.next_timeout_check =
                 now + (self.core.cfg.backend_timeout / 4).min(Duration::from_secs(1));
@@ -480,6 +543,7 @@ impl StaIo {
     /// Tell the main context about namespaces whose backend said it is gone (once per
     /// namespace and thread).
     fn report_gone_backends(&mut self) {
+        self.core.ns_gone_news = false;
         for ns in self.core.ns.iter_mut().flatten() {
             if ns.gone && !ns.gone_reported {
                 ns.gone_reported = true;
@@ -550,8 +614,8 @@ impl StaIo {
                     limit: Some(Limit::HostDataTimeout),
                 });
             }
-            q.st.tx_dirty = true;
-            q.st.tx_blocked = false;
+            self.core.unblock_tx(&mut q.st);
+            self.core.mark_tx(&mut q.st);
             self.core.counters.hit(Limit::HostDataTimeout);
             q.st.rx_stopped = true;
             self.core
@@ -762,6 +826,7 @@ impl StaIo {
                     Some(i) => {
                         if let Some(s) = self.core.ns[i as usize].as_mut() {
                             s.removing = Some(task);
+                            self.ns_removals = true;
                         }
                         if fail_outstanding {
                             self.abort_backend_commands(i);
@@ -778,13 +843,18 @@ impl StaIo {
             }
         }
         // Removed namespaces whose in-flight I/O is done: destroy the queue, acknowledge.
-        for slot in self.core.ns.iter_mut() {
-            if let Some(s) = slot {
-                if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
-                    if !s.acked {
-                        send_ack(&self.ack, Ack::NsRemoved { task });
+        if self.ns_removals {
+            self.ns_removals = false;
+            for slot in self.core.ns.iter_mut() {
+                if let Some(s) = slot {
+                    if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
+                        if !s.acked {
+                            send_ack(&self.ack, Ack::NsRemoved { task });
+                        }
+                        *slot = None;
+                    } else if s.removing.is_some() {
+                        self.ns_removals = true;
                     }
-                    *slot = None;
                 }
             }
         }
@@ -831,26 +901,33 @@ impl StaIo {
         did
     }
 
-    /// Write (TCP) or post (RDMA) every QP's pending output. A TCP socket that takes no
-    /// more is left to EPOLLOUT (not retried every pass); output the peer has not taken
-    /// starts the drain clock, and a queue of output grown past its bound ends the
-    /// connection.
+    /// Write (TCP) or post (RDMA) the pending output of the QPs on [`Core::tx_ready`]
+    /// (the only ones with output they may send). A TCP socket that takes no more is left
+    /// to EPOLLOUT (not retried every pass); output the peer has not taken starts the
+    /// drain clock, and a queue of output grown past its bound ends the connection.
     fn flush_all(&mut self) -> bool {
         let mut did = false;
         let now = self.core.now;
-        for i in 0..self.qps.len() {
-            let h = QpHandle {
-                idx: i as u32,
-                gen: self.qps[i].gen,
-            };
-            let Some(qp) = self.qps[i].qp.as_mut() else {
+        // What is marked while this runs (a release that starts a waiting command) goes
+        // to the other list: the next pass.
+        let mut list = std::mem::take(&mut self.tx_flushing);
+        std::mem::swap(&mut list, &mut self.core.tx_ready);
+        for &h in &list {
+            let i = h.idx as usize;
+            let Some(qp) = qp_ref(&mut self.qps, h) else {
+                // Freed since it was listed.
                 continue;
             };
-            if !qp.st.tx_dirty || qp.st.tx_blocked {
+            let listed = qp.st.take_tx_listed();
+            debug_assert!(listed, "QP {:#x} on the flush list twice", h.as_u64());
+            if !qp.st.tx_ready() {
+                // Cleared (disconnecting) or blocked since it was listed.
                 continue;
             }
             let st = &mut qp.st;
             let over;
+            let still_dirty;
+            let mut blocked = false;
             let res = match &mut st.link {
                 Link::Rdma(r) => {
                     let before = r.machine.queued();
@@ -862,8 +939,7 @@ impl StaIo {
                     let posted = before - r.machine.queued().min(before);
                     did |= posted > 0 || recvs;
                     // Work waiting for send-queue credits goes out when a completion
-                    // returns them (`on_wc` marks the QP dirty then): no polling.
-                    st.tx_dirty = r.machine.ready();
+                    // returns them (`on_wc` marks the QP then): no polling.
                     if !r.machine.has_work() {
                         st.tx_stalled_since = None;
                     } else if posted > 0 {
@@ -874,7 +950,9 @@ impl StaIo {
                     over = r.machine.queued() > send_queue_bound(r.machine.params().sqsize);
                     if res.is_err() {
                         r.machine.discard_work();
-                        st.tx_dirty = false;
+                        still_dirty = false;
+                    } else {
+                        still_dirty = r.machine.ready();
                     }
                     res.map_err(|e| ("RDMA post failed", e))
                 }
@@ -887,7 +965,7 @@ impl StaIo {
                                 st.tx_stalled_since = None;
                             } else {
                                 // The socket is full: wait for EPOLLOUT.
-                                st.tx_blocked = true;
+                                blocked = true;
                                 if *w > 0 {
                                     st.tx_stalled_since = Some(now);
                                 } else {
@@ -902,11 +980,12 @@ impl StaIo {
                             st.tx_stalled_since = None;
                         }
                     }
-                    st.tx_dirty = !t.tx.is_empty();
+                    still_dirty = !t.tx.is_empty();
                     over = t.tx.segs.len() > send_queue_bound(t.machine.params().sqsize);
                     res.map(|_| ()).map_err(|e| ("socket write failed", e))
                 }
             };
+            self.core.tx_flushed(st, still_dirty, blocked);
             if let Err((what, e)) = res {
                 if matches!(st.link, Link::Rdma(_)) {
                     tracing::warn!(qp = h.as_u64(), "{what}: {e}");
@@ -924,20 +1003,27 @@ impl StaIo {
             }
             set_interest(&self.epoll, qp, i as u32);
         }
+        list.clear();
+        self.tx_flushing = list;
         did
     }
 
-    /// Completes `qp_disconnect` tasks whose QP has nothing left in the backend.
+    /// Completes `qp_disconnect` tasks whose QP has nothing left in the backend (the QPs
+    /// on `disconnecting`; the others are not looked at).
     fn finish_disconnects(&mut self) {
-        for i in 0..self.qps.len() {
-            let gen = self.qps[i].gen;
-            let Some(qp) = self.qps[i].qp.as_mut() else {
+        let mut k = 0;
+        while k < self.disconnecting.len() {
+            let h = self.disconnecting[k];
+            let i = h.idx as usize;
+            let Some(qp) = qp_ref(&mut self.qps, h) else {
+                // Not ours any more (cannot happen: a QP leaves the list when freed).
+                self.disconnecting.swap_remove(k);
                 continue;
             };
             let Some(user) = qp.st.disconnect else {
+                self.disconnecting.swap_remove(k);
                 continue;
             };
-            let h = QpHandle { idx: i as u32, gen };
             if matches!(qp.st.link, Link::Rdma(_)) {
                 // The NIC may still touch command buffers until the QP is destroyed: wait
                 // for the backend, destroy the QP, then free every slot.
@@ -947,16 +1033,21 @@ impl StaIo {
                     .iter()
                     .any(|c| c.st == St::Backend && c.qp == h)
                 {
+                    k += 1;
                     continue;
                 }
                 // Dropping the link destroys the verbs QP, its CQ and the cm_id.
                 drop(self.qps[i].qp.take());
+                if let Some(p) = self.rdma_slots.iter().position(|&s| s as usize == i) {
+                    self.rdma_slots.swap_remove(p);
+                }
                 for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                     if c.st != St::Free && c.qp == h {
                         self.core.free_cmds.push(ci as u32);
                         free_cmd(c, &mut self.core.pool);
                     }
                 }
+                self.disconnecting.swap_remove(k);
                 self.finish_qp_free(i, h, user);
                 continue;
             }
@@ -969,6 +1060,7 @@ impl StaIo {
                 }
             }
             if qp.st.inflight > 0 {
+                k += 1;
                 continue;
             }
             if let Link::Tcp(t) = &qp.st.link {
@@ -979,6 +1071,7 @@ impl StaIo {
                 t.wire.shutdown();
             }
             self.qps[i].qp = None;
+            self.disconnecting.swap_remove(k);
             self.finish_qp_free(i, h, user);
         }
     }
@@ -1004,7 +1097,7 @@ impl StaIo {
         let Some(rt) = self.rdma.as_mut() else {
             return false;
         };
-        for s in self.qps.iter_mut() {
+        for &i in &self.rdma_slots {
             if let Some(Qp {
                 st:
                     QpState {
@@ -1012,7 +1105,7 @@ impl StaIo {
                         ..
                     },
                 ..
-            }) = s.qp.as_mut()
+            }) = self.qps[i as usize].qp.as_mut()
             {
                 rt.arm(r);
             }
@@ -1020,13 +1113,15 @@ impl StaIo {
         self.poll_rdma()
     }
 
-    /// Poll every RDMA QP's completion queue.
+    /// Poll every RDMA QP's completion queue (each has its own: this walks the RDMA QPs,
+    /// not the TCP ones).
     fn poll_rdma(&mut self) -> bool {
         let Some(rt) = self.rdma.as_mut() else {
             return false;
         };
         let mut did = false;
-        for i in 0..self.qps.len() {
+        for &i in &self.rdma_slots {
+            let i = i as usize;
             let gen = self.qps[i].gen;
             let Some(qp) = self.qps[i].qp.as_mut() else {
                 continue;
@@ -1097,7 +1192,7 @@ fn set_interest(epoll: &Epoll, qp: &mut Qp, idx: u32) {
     if !qp.st.rx_stopped {
         want |= EpollFlags::EPOLLIN;
     }
-    if qp.st.tx_blocked && qp.st.disconnect.is_none() {
+    if qp.st.tx_blocked() && qp.st.disconnect.is_none() {
         want |= EpollFlags::EPOLLOUT;
     }
     let want_bits = want.bits() as u32;

@@ -684,9 +684,13 @@ pub(super) fn on_wc(
     if kind != WR_RECV {
         r.machine.work_completed(kind == WR_READ);
         if r.machine.has_work() {
-            st.tx_dirty = true;
+            // Work that waited for send-queue credits goes out at the next flush.
+            core.mark_tx(st);
         }
     }
+    let Link::Rdma(r) = &mut st.link else {
+        return;
+    };
     if wc.status != ffi::IBV_WC_SUCCESS {
         if wc.status != ffi::IBV_WC_WR_FLUSH_ERR && st.disconnect.is_none() {
             tracing::warn!(
@@ -745,7 +749,7 @@ pub(super) fn on_wc(
                     r.repost.push(slot);
                 }
             }
-            st.tx_dirty = true;
+            core.mark_tx(st);
         }
         WR_SEND if slot != NO_SLOT => core.release(st, slot),
         WR_READ => {

@@ -216,7 +216,8 @@ impl StaIo {
                 }
             }
         }
-        q.st.tx_dirty = false;
+        q.st.clear_tx();
+        self.disconnecting.push(qp);
         Ok(())
     }
 

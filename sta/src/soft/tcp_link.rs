@@ -590,7 +590,9 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
                     break;
                 };
                 did = true;
-                st.tx_dirty |= !link.tx.is_empty();
+                if !link.tx.is_empty() {
+                    core.mark_tx(st);
+                }
                 on_event(core, h, st, ev);
                 rx.head += used;
             }
@@ -702,7 +704,7 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
                 limit,
             });
             st.rx_stopped = true;
-            st.tx_dirty = true;
+            core.mark_tx(st);
             match limit {
                 Some(l) => {
                     core.counters.hit(l);

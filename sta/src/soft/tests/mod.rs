@@ -9,11 +9,15 @@
 //! through a few lines of glue that do what the daemon's IO thread does. What stands in:
 //! the socket is a [`MemPipe`], and time is a number the test moves (`Pair::advance`).
 //! Bytes cross the pipe in pieces of `Conn::chunk` bytes per engine pass, so a test can
-//! split every PDU at every byte boundary.
+//! split every PDU at every byte boundary. A test that needs the engine's epoll path (a
+//! full socket and its EPOLLOUT) sets `Pair::sockets`: its connections are then real
+//! loopback TCP sockets, and waiting for the kernel to hand bytes over takes short sleeps,
+//! bounded (`pair::SOCKET_WAIT`).
 
 mod access;
 mod data_path;
 mod faults;
+mod flush_list;
 mod hostile;
 mod pair;
 

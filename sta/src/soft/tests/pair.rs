@@ -25,6 +25,24 @@ pub const BLOCK: u32 = 512;
 pub const BLOCKS: u64 = 8192;
 /// Most engine passes one `pump` runs before it calls the conversation stuck.
 const MAX_PASSES: usize = 200_000;
+/// With real sockets, how long `open` and `wait` keep pumping for what they wait for.
+pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
+
+/// A connected loopback TCP pair: (the host's end, non-blocking; the target's end). With
+/// `buffers`, the target's send buffer and the host's receive buffer are that small.
+fn socket_pair(buffers: Option<usize>) -> (std::net::TcpStream, std::net::TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen on loopback");
+    let host = std::net::TcpStream::connect(l.local_addr().expect("address")).expect("connect");
+    let (target, _) = l.accept().expect("accept");
+    if let Some(b) = buffers {
+        setsockopt(&target, sockopt::SndBuf, &b).expect("SO_SNDBUF");
+        setsockopt(&host, sockopt::RcvBuf, &b).expect("SO_RCVBUF");
+    }
+    host.set_nonblocking(true).expect("non-blocking");
+    host.set_nodelay(true).expect("no delay");
+    (host, target)
+}
 
 /// Host output: header bytes inline, data as references resolved at send time.
 #[derive(Default)]
@@ -47,6 +65,10 @@ impl TxSink for Out {
 /// One host connection (one queue).
 pub struct Conn {
     pub pipe: Rc<RefCell<MemPipe>>,
+    /// The host's end of a real loopback TCP connection (non-blocking), for connections
+    /// opened while [`Pair::sockets`] is set; then `pipe` is unused but for
+    /// `target_closed`, and `chunk` is ignored.
+    pub sock: Option<std::net::TcpStream>,
     pub host: HostQueue,
     pub qp: QpHandle,
     pub bufs: Vec<Vec<u8>>,
@@ -102,6 +124,47 @@ impl Conn {
     /// The host closes its end.
     pub fn close(&mut self) {
         self.pipe.borrow_mut().host_closed = true;
+        if let Some(s) = &self.sock {
+            // Fails only when the connection is gone already.
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Socket connections: write what the socket takes, read what it has. Returns
+    /// whether any bytes moved.
+    fn move_socket_bytes(&mut self) -> bool {
+        use std::io::{ErrorKind, Read, Write};
+        let Some(s) = self.sock.as_mut() else {
+            return false;
+        };
+        let mut moved = false;
+        while !self.tx.is_empty() && !self.pipe.borrow().host_closed {
+            let (front, _) = self.tx.as_slices();
+            match s.write(front) {
+                Ok(n) if n > 0 => {
+                    self.tx.drain(..n);
+                    moved = true;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                _ => break,
+            }
+        }
+        let mut buf = [0u8; 65536];
+        while self.reading {
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    self.pipe.borrow_mut().target_closed = true;
+                    break;
+                }
+                Ok(n) => {
+                    self.rx.extend_from_slice(&buf[..n]);
+                    moved = true;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        moved
     }
 
     pub fn target_closed(&self) -> bool {
@@ -139,6 +202,14 @@ pub struct Pair {
     pub backend_gone: Arc<std::sync::atomic::AtomicBool>,
     pub now: Instant,
     pub conns: Vec<Conn>,
+    /// New connections are real loopback TCP sockets served through the engine's epoll
+    /// (its EPOLLIN/EPOLLOUT path), not pipes. The kernel may hand bytes over a moment
+    /// after they were written, so with sockets `open` and `wait` pump again, with short
+    /// sleeps, until what they wait for is there (at most [`SOCKET_WAIT`]).
+    pub sockets: bool,
+    /// Socket buffer sizes for new socket connections (SO_SNDBUF of the target's end,
+    /// SO_RCVBUF of the host's), to make a full socket easy to reach.
+    pub socket_buffers: Option<usize>,
     apps: HashMap<QpHandle, QpApp>,
     waiting: HashMap<u64, (QpHandle, CmdToken, Sqe)>,
     held: HashMap<(u16, u16), (QpHandle, CmdToken)>,
@@ -215,6 +286,8 @@ impl Pair {
             backend_gone,
             now: Instant::now(),
             conns: Vec::new(),
+            sockets: false,
+            socket_buffers: None,
             apps: HashMap::new(),
             waiting: HashMap::new(),
             held: HashMap::new(),
@@ -231,7 +304,7 @@ impl Pair {
         let c = &mut self.conns[i];
         c.host.start(&mut c.out);
         c.flush_out();
-        self.pump();
+        self.pump_until(|p| p.conns[i].host.ic_resp().is_some() || p.conns[i].error.is_some());
         assert!(
             self.conns[i].host.ic_resp().is_some(),
             "no ICResp: {:?}",
@@ -244,10 +317,17 @@ impl Pair {
     /// returns its index.
     pub fn open_without_icreq(&mut self, digests: Digests, hpda: u8) -> usize {
         let pipe = Rc::new(RefCell::new(MemPipe::default()));
-        let qp = self.io.qp_accept_memory(pipe.clone(), 0);
+        let (qp, sock) = if self.sockets {
+            let (host, target) = socket_pair(self.socket_buffers);
+            let qp = self.io.qp_accept_tcp(target, 0).expect("accept");
+            (qp, Some(host))
+        } else {
+            (self.io.qp_accept_memory(pipe.clone(), 0), None)
+        };
         self.apps.insert(qp, QpApp::default());
         let c = Conn {
             pipe,
+            sock,
             host: HostQueue::new(
                 HostConfig {
                     digests,
@@ -296,7 +376,10 @@ impl Pair {
     }
 
     pub fn wait(&mut self, i: usize, cid: u16) -> (Cqe, Vec<u8>) {
-        self.pump();
+        self.pump_until(|p| {
+            let c = &p.conns[i];
+            c.completions.iter().any(|x| x.0 == cid) || c.error.is_some() || c.target_closed()
+        });
         let c = &mut self.conns[i];
         let Some(p) = c.completions.iter().position(|x| x.0 == cid) else {
             panic!(
@@ -382,11 +465,26 @@ impl Pair {
         self.pump();
     }
 
+    /// [`pump`](Self::pump); with sockets, again (after a short sleep) until `done`
+    /// holds or [`SOCKET_WAIT`] has passed.
+    pub fn pump_until(&mut self, mut done: impl FnMut(&Pair) -> bool) {
+        self.pump();
+        let deadline = Instant::now() + SOCKET_WAIT;
+        while self.sockets && !done(self) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            self.pump();
+        }
+    }
+
     /// Run engine passes and move bytes until nothing moves.
     pub fn pump(&mut self) {
         for _ in 0..MAX_PASSES {
             let mut moved = false;
             for c in self.conns.iter_mut() {
+                if c.sock.is_some() {
+                    moved |= c.move_socket_bytes();
+                    continue;
+                }
                 if !c.tx.is_empty() && !c.pipe.borrow().host_closed {
                     let n = c.chunk.min(c.tx.len());
                     let mut p = c.pipe.borrow_mut();
@@ -403,6 +501,7 @@ impl Pair {
                 if !c.reading {
                     continue;
                 }
+                moved |= c.move_socket_bytes();
                 let got = std::mem::take(&mut c.pipe.borrow_mut().to_host);
                 if !got.is_empty() {
                     moved = true;
