@@ -850,7 +850,12 @@ impl IoContext for DocaIo {
         let q = self.qp_mut(qp).ok_or(TaskError::NoQp)?;
         match ev {
             RdmaCmEvent::Established => {
-                if q.established {
+                // A QP whose disconnect task is already submitted is past
+                // `connect_established` (doca-sta-api.md 4.8, 5.9, 5.11): ESTABLISHED can
+                // reach us after the host's first capsule, and a bad capsule makes the
+                // daemon disconnect before it; telling DOCA then is a call on a QP that is
+                // going away.
+                if q.established || q.closing {
                     return Ok(());
                 }
                 q.established = true;

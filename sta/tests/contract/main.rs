@@ -53,6 +53,19 @@ mod doca_scenarios {
         ns_remove_waits_for_inflight_io,
         hung_backend,
     );
+
+    #[test]
+    fn established_after_disconnect() {
+        let _one_at_a_time = serial();
+        suite::established_after_disconnect(DocaLoop::new());
+    }
+
+    /// Issue docafix: the interop crash sequence, many rounds.
+    #[test]
+    fn ns_removed_under_io_then_host_close() {
+        let _one_at_a_time = serial();
+        suite::ns_removed_under_io_then_host_close(DocaLoop::new(), 40);
+    }
 }
 
 /// The scenarios without a stalled backend on the doca engine with an `nvme` namespace
