@@ -249,6 +249,16 @@ impl<F: Fabric> World<F> {
         }
     }
 
+    /// Runs until the main context reports namespace 1 removed for `user`.
+    pub fn wait_ns1_removed(&mut self, user: u64) {
+        self.run_until("NsRemoved", |w| {
+            w.log
+                .main_events
+                .iter()
+                .any(|e| matches!(e, MainEvent::NsRemoved { nsid: 1, user: u, .. } if *u == user))
+        });
+    }
+
     /// Run passes for `d` (to show something does not happen).
     pub fn run_for(&mut self, d: Duration) {
         let end = Instant::now() + d;
@@ -936,18 +946,7 @@ pub fn ns_remove_waits_for_inflight_io<F: Fabric>(fabric: F) {
         "in-flight read: {}",
         cqe.status()
     );
-    w.run_until("NsRemoved", |w| {
-        w.log.main_events.iter().any(|e| {
-            matches!(
-                e,
-                MainEvent::NsRemoved {
-                    nsid: 1,
-                    user: 5,
-                    ..
-                }
-            )
-        })
-    });
+    w.wait_ns1_removed(5);
     let handed = w.log.non_offloaded.len();
     w.target.remove_namespace(NQN, 1).expect("target removal");
     let (cqe, _) = w.exec(q, rw(io::READ, 1, 0, 8), Dir::FromController(4096));
@@ -1076,18 +1075,7 @@ pub fn ns_removed_under_io_then_host_close<F: Fabric>(mut fabric: F, rounds: usi
         w.run_until("both I/O QPs destroyed", |w| {
             w.io.qp_count() == n_before - 2
         });
-        w.run_until("NsRemoved", |w| {
-            w.log.main_events.iter().any(|e| {
-                matches!(
-                    e,
-                    MainEvent::NsRemoved {
-                        nsid: 1,
-                        user: 77,
-                        ..
-                    }
-                )
-            })
-        });
+        w.wait_ns1_removed(77);
         w.check_task_accounting();
         assert!(
             w.log.non_offloaded.len() > 10 && w.log.transport_errors.len() == 2,
