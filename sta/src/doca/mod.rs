@@ -153,6 +153,20 @@ struct BeQueue {
     attached: Option<Arc<dyn backend::nvme::DeviceAccess>>,
 }
 
+impl BeQueue {
+    /// Nothing created yet; `free_backend` releases whatever a failed set-up added.
+    fn empty() -> BeQueue {
+        BeQueue {
+            be: std::ptr::null_mut(),
+            beq: std::ptr::null_mut(),
+            mmaps: Vec::new(),
+            mem: Vec::new(),
+            drive: None,
+            attached: None,
+        }
+    }
+}
+
 struct Ns {
     raw: *mut doca_sta_ns_handle,
     be: BeQueue,
@@ -1235,14 +1249,7 @@ fn make_drive_backend(
         None
     };
     let dev = Arc::clone(q.controller().device());
-    let mut be = BeQueue {
-        be: std::ptr::null_mut(),
-        beq: std::ptr::null_mut(),
-        mmaps: Vec::new(),
-        mem: Vec::new(),
-        drive: None,
-        attached: None,
-    };
+    let mut be = BeQueue::empty();
     let (sq, cq) = (q.sq, q.cq);
     let (sq_off, cq_off, wlen) = (db.sq_tail_offset, db.cq_head_offset, db.window_len);
     be.drive = Some(q);
@@ -1319,14 +1326,7 @@ fn make_drive_backend(
 fn make_null_backend(core: &Core, entries: u16) -> Result<BeQueue, EngineError> {
     let d = lib();
     let n = entries as usize;
-    let mut be = BeQueue {
-        be: std::ptr::null_mut(),
-        beq: std::ptr::null_mut(),
-        mmaps: Vec::new(),
-        mem: Vec::new(),
-        drive: None,
-        attached: None,
-    };
+    let mut be = BeQueue::empty();
     let r = (|| {
         // SAFETY: a live running main context, valid out pointers; the memory comes from
         // our allocator and lives until `free_backend`.
@@ -1344,19 +1344,7 @@ fn make_null_backend(core: &Core, entries: u16) -> Result<BeQueue, EngineError> 
                     });
                 }
                 be.mem.push(p);
-                let mut m = std::ptr::null_mut();
-                check("doca_mmap_create", (d.doca_mmap_create)(&mut m))?;
-                be.mmaps.push(m);
-                check("doca_mmap_add_dev", (d.doca_mmap_add_dev)(m, core.sta_dev))?;
-                check(
-                    "doca_mmap_set_memrange",
-                    (d.doca_mmap_set_memrange)(m, p, len),
-                )?;
-                check(
-                    "doca_mmap_set_permissions",
-                    (d.doca_mmap_set_permissions)(m, DOCA_ACCESS_FLAG_LOCAL_READ_WRITE),
-                )?;
-                check("doca_mmap_start", (d.doca_mmap_start)(m))?;
+                be.mmaps.push(host_mmap(core, p, len)?);
             }
             check(
                 "doca_sta_be_add_queue",
