@@ -22,6 +22,10 @@
 //! The victim: one controller, one I/O queue, QD 32, 50% writes, 4 KiB, from 127.0.0.1.
 //! This process raises its RLIMIT_NOFILE to the hard limit (the daemon inherits it).
 
+#[path = "../tests/common/prom.rs"]
+mod prom;
+
+use prom::metric;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -103,19 +107,6 @@ fn scrape(d: &Daemon) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
-}
-
-/// Sum of every sample of metric `name` (any labels) whose label set contains `filter`.
-fn metric(text: &str, name: &str, filter: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-        })
-        .filter(|l| l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Limit hits since `before`, as "label +n" pairs.

@@ -23,6 +23,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::prom::metric;
 use common::skip;
 use common::{free_port, Daemon, SUBNQN};
 use nvmf_initiator::hostile::{self, Peers};
@@ -137,18 +138,6 @@ struct Baseline {
     controllers: f64,
     qps: f64,
     conns: f64,
-}
-
-fn metric(text: &str, name: &str, filter: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-        })
-        .filter(|l| l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The well-behaved host: a controller with one I/O queue from 127.0.0.1.

@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod prom;
 pub mod skip;
 
 use std::fs::File;
