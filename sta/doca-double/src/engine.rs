@@ -1379,11 +1379,17 @@ pub fn arm(w: &mut World, pe: u64) {
 pub fn drain_channels(w: &mut World, pe: u64) {
     let ctxs = w.pes.get(&pe).map(|p| p.ctxs.clone()).unwrap_or_default();
     let Ok(lib) = sta::verbs::lib() else { return };
+    let now = Instant::now();
     for c in ctxs {
         if let CtxRef::Io(io) = c {
+            for q in w.ios.get(&io).map(|i| i.qps.clone()).unwrap_or_default() {
+                if let Some(l) = w.qps.get_mut(&q).and_then(|q| q.link.as_mut()) {
+                    l.drain_events();
+                }
+            }
             if let Some(i) = w.ios.get_mut(&io) {
                 if !i.verbs.is_empty() {
-                    i.verbs.drain_events(lib);
+                    i.verbs.reap_dead(lib, now);
                 }
             }
         }
