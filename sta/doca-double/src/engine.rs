@@ -264,6 +264,7 @@ pub fn submit(w: &mut World, id: u64) -> Res<()> {
             }
             b.destroying = true;
             abort_beq(w, q);
+            wake_owners(w, None);
         }
         TaskKind::Disconnect => {
             let q = w
@@ -791,6 +792,13 @@ fn start_offload(w: &mut World, qp: u64, slot: u16, ns: u64, d: &SglDescriptor, 
                     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.va, len as usize) };
                 }
                 w.qps.get_mut(&qp).expect("live").cmds[slot as usize].buf = Some(b);
+                // Registered here, on the QP's own thread: the RDMA WRITE of a Read's data
+                // may be queued by whichever thread reaps the backend completion.
+                let dev = w.qps[&qp].link.as_ref().and_then(|l| l.dev());
+                if dev.is_some() && buf_key(w, io, qp, slot, dev).is_none() {
+                    respond(w, qp, slot, Status::INTERNAL_ERROR, 0);
+                    return;
+                }
             }
             Err(e) => {
                 if let contract::Fail::Rule(b) = e {
@@ -1201,6 +1209,26 @@ fn step_qp(w: &mut World, qp: u64) -> bool {
     did
 }
 
+/// Wake the PEs of IO contexts (other than `except`) whose QPs have work queued by
+/// another thread (backend completions reaped there, or a backend queue aborted by the
+/// main context): only the owning thread posts it (`flush_qp` from its `step_qp`).
+pub fn wake_owners(w: &mut World, except: Option<u64>) {
+    let mut ios: Vec<u64> = w
+        .qps
+        .values()
+        .filter(|q| Some(q.io) != except && q.link.as_ref().is_some_and(|l| l.queued()))
+        .map(|q| q.io)
+        .collect();
+    ios.sort_unstable();
+    ios.dedup();
+    for io in ios {
+        let pe = w.ios.get(&io).and_then(|i| i.ctx.pe);
+        if let Some(p) = pe.and_then(|p| w.pes.get(&p)) {
+            p.notify.wake();
+        }
+    }
+}
+
 fn flush_qp(w: &mut World, qp: u64) {
     let World { qps, loops, .. } = &mut *w;
     let Some(q) = qps.get_mut(&qp) else { return };
@@ -1240,11 +1268,13 @@ fn step_io(w: &mut World, io: u64) -> bool {
     }
     if be_did {
         did = true;
-        // Answers produced by backend completions go out in this pass.
-        let all: Vec<u64> = w.qps.keys().copied().collect();
-        for q in all {
+        // Answers produced by backend completions go out in this pass for this context's
+        // QPs; another context's QPs are posted by their own thread (the library wants
+        // every QP call on the thread that owns the QP), woken here.
+        for &q in &qps {
             flush_qp(w, q);
         }
+        wake_owners(w, Some(io));
     }
     let i = w.ios.get(&io).expect("live");
     if i.ctx.state == DOCA_CTX_STATE_STOPPING && i.tasks == 0 {

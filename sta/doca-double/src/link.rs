@@ -434,6 +434,35 @@ pub fn dereg(b: &mut Buf) {
     }
 }
 
+/// The flush completion a work request gets when it never reaches the wire (the QP is in
+/// the error state, or posting it failed), as a NIC reports posted WRs of a QP in error.
+fn flushed(op: &Op) -> Wc {
+    let (kind, slot) = match *op {
+        Op::Read { slot, .. } => (WcKind::Read, slot),
+        Op::Write { slot, .. } => (WcKind::Write, slot),
+        Op::Send { slot, .. } => (WcKind::Send, slot),
+    };
+    Wc {
+        kind,
+        slot,
+        ok: false,
+        flush: true,
+        status: ffi::IBV_WC_WR_FLUSH_ERR,
+        vendor: 0,
+        len: 0,
+    }
+}
+
+/// Work requests of a batch that `ibv_post_send` refused: their send-queue credits come
+/// back and each completes as flushed at the next poll, so their commands and tasks finish
+/// (before this, they were dropped: tasks never completed, credits and buffers held).
+fn fail_unposted(credits: &mut SqCredits, synth: &mut VecDeque<Wc>, rest: &[Op]) {
+    for op in rest {
+        credits.give(op.is_read());
+        synth.push_back(flushed(op));
+    }
+}
+
 impl VerbsQp {
     fn post_recvs(&mut self) -> Result<(), String> {
         if self.repost.is_empty() {
@@ -579,6 +608,25 @@ impl VerbsQp {
             ((*ctx).ops.post_send)(self.qp, wrs.as_mut_ptr(), &mut bad)
         };
         if rc != 0 {
+            // The WRs before `bad` are on the send queue and complete as usual; `bad` and
+            // the rest never reached it. (A NULL `bad`: the provider queued the whole
+            // chain and failed afterwards, e.g. rxe's doorbell, so all of it is posted.)
+            let posted = if bad.is_null() {
+                n
+            } else {
+                (bad as usize).saturating_sub(wrs.as_ptr() as usize)
+                    / std::mem::size_of::<ffi::IbvSendWr>()
+            }
+            .min(n);
+            self.posted_sends += posted as u32;
+            fail_unposted(&mut self.credits, &mut self.synth, &batch[posted..]);
+            // Move the QP to the error state, so what was posted completes (flushed) and
+            // nothing more is posted (Link::flush flushes what is queued after this).
+            self.disconnect_sent = true;
+            if let Ok(lib) = sta::verbs::lib() {
+                // SAFETY: the id is live until `destroy`.
+                unsafe { (lib.disconnect)(self.id) };
+            }
             return Err(std::io::Error::from_raw_os_error(rc).to_string());
         }
         self.posted_sends += n as u32;
@@ -654,8 +702,17 @@ impl VerbsQp {
                 self.qp = std::ptr::null_mut();
             }
             if !self.cq.is_null() {
-                (lib.destroy_cq)(self.cq);
+                let rc = (lib.destroy_cq)(self.cq);
                 self.cq = std::ptr::null_mut();
+                if rc != 0 {
+                    // The CQ lives on, leaked (no completion can reach it: its QP is
+                    // gone); its channel is still drained raw, then fails to close and
+                    // is leaked too.
+                    eprintln!(
+                        "doca-double: ibv_destroy_cq: {} (the CQ is leaked)",
+                        std::io::Error::from_raw_os_error(rc)
+                    );
+                }
             }
             if !self.recv_mr.is_null() {
                 (lib.dereg_mr)(self.recv_mr);
@@ -734,6 +791,14 @@ impl Link {
         }
     }
 
+    /// Work requests queued and not posted yet.
+    pub fn queued(&self) -> bool {
+        match self {
+            Link::Verbs(v) => !v.ops.is_empty(),
+            Link::Loop(l) => !l.ops.is_empty(),
+        }
+    }
+
     /// Work requests posted and not completed (sends, reads, writes).
     pub fn busy(&self) -> bool {
         match self {
@@ -747,23 +812,11 @@ impl Link {
         match self {
             Link::Verbs(v) => {
                 if v.disconnect_sent {
-                    // The QP is in the error state: what is still queued is reported as
-                    // flushed by the next poll, as the NIC would for posted WRs.
+                    // The QP is in the error state (disconnected, or a post failed): what
+                    // is still queued is reported as flushed by the next poll, as the NIC
+                    // would for posted WRs.
                     while let Some(op) = v.ops.pop_front() {
-                        let (kind, slot) = match op {
-                            Op::Read { slot, .. } => (WcKind::Read, slot),
-                            Op::Write { slot, .. } => (WcKind::Write, slot),
-                            Op::Send { slot, .. } => (WcKind::Send, slot),
-                        };
-                        v.synth.push_back(Wc {
-                            kind,
-                            slot,
-                            ok: false,
-                            flush: true,
-                            status: ffi::IBV_WC_WR_FLUSH_ERR,
-                            vendor: 0,
-                            len: 0,
-                        });
+                        v.synth.push_back(flushed(&op));
                     }
                     return Ok(());
                 }
@@ -974,5 +1027,57 @@ pub(crate) fn accept_verbs(
 pub fn set_owns_id(l: &mut Link) {
     if let Link::Verbs(v) = l {
         v.owns_id = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_work_requests_give_back_credits_and_complete_as_flushed() {
+        let mut credits = SqCredits::new(8, 2);
+        let batch = [
+            Op::Read {
+                slot: 1,
+                laddr: 0,
+                lkey: 0,
+                len: 4096,
+                raddr: 0,
+                rkey: 1,
+            },
+            Op::Write {
+                slot: 2,
+                laddr: 0,
+                lkey: 0,
+                len: 4096,
+                raddr: 0,
+                rkey: 1,
+            },
+            Op::Send {
+                slot: 3,
+                cqe: [0; 16],
+                inv: None,
+            },
+        ];
+        for op in &batch {
+            assert!(credits.take(op.is_read()));
+        }
+        assert_eq!((credits.sq_free(), credits.rd_free()), (5, 1));
+        let mut synth = VecDeque::new();
+        // The first WR was posted; the provider refused the second (and so the third).
+        fail_unposted(&mut credits, &mut synth, &batch[1..]);
+        assert_eq!((credits.sq_free(), credits.rd_free()), (7, 1));
+        let got: Vec<(WcKind, u16, bool, bool)> = synth
+            .iter()
+            .map(|w| (w.kind, w.slot, w.ok, w.flush))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (WcKind::Write, 2, false, true),
+                (WcKind::Send, 3, false, true)
+            ]
+        );
     }
 }
