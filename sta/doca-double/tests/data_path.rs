@@ -1008,11 +1008,8 @@ fn an_io_context_posts_only_its_own_qps_and_wakes_the_owner_of_the_others() {
         revents: 0,
     };
     // SAFETY: a valid pollfd, no wait.
-    assert_eq!(
-        unsafe { libc::poll(&mut p, 1, 0) },
-        1,
-        "the owner's PE is woken"
-    );
+    let ready = unsafe { libc::poll(&mut p, 1, 0) };
+    assert_eq!(ready, 1, "the owner's PE is woken");
     // SAFETY: live PE, not inside a callback.
     unsafe { (d.doca_pe_progress)(s.f.io2_pe) };
     let (cqe, _) = recv(&c).expect("the owner posts the answer");
