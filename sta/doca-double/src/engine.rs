@@ -1229,11 +1229,40 @@ pub fn wake_owners(w: &mut World, except: Option<u64>) {
     }
 }
 
+/// Whether the local buffer of an RDMA READ/WRITE is the data buffer of the live command
+/// it was posted for, in a state that expects that transfer, and large enough: what the
+/// loopback link checks before it moves bytes (issue 12, hypothesis 1: a transfer into a
+/// buffer already given back would overwrite whatever lives there now).
+pub fn target_owned(cmds: &[Cmd], op: &Op) -> bool {
+    let (slot, laddr, len, read) = match *op {
+        Op::Read {
+            slot, laddr, len, ..
+        } => (slot, laddr, len, true),
+        Op::Write {
+            slot, laddr, len, ..
+        } => (slot, laddr, len, false),
+        Op::Send { .. } => return true,
+    };
+    let Some(c) = cmds.get(slot as usize) else {
+        return false;
+    };
+    let expects = if read {
+        matches!(c.st, CmdSt::HostRead | CmdSt::AppReading)
+    } else {
+        matches!(c.st, CmdSt::Sending | CmdSt::AppSending)
+    };
+    expects
+        && c.buf
+            .as_ref()
+            .is_some_and(|b| b.va as u64 == laddr && len as usize <= b.cap)
+}
+
 fn flush_qp(w: &mut World, qp: u64) {
     let World { qps, loops, .. } = &mut *w;
     let Some(q) = qps.get_mut(&qp) else { return };
-    let Some(l) = q.link.as_mut() else { return };
-    if let Err(e) = l.flush(loops) {
+    let Qp { link, cmds, .. } = q;
+    let Some(l) = link.as_mut() else { return };
+    if let Err(e) = l.flush(loops, &|op| target_owned(cmds, op)) {
         let _ = e;
         transport_error(w, qp, 0, 0xFFFE, 0);
     }
@@ -1423,5 +1452,67 @@ pub fn drain_channels(w: &mut World, pe: u64) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_must_target_the_buffer_of_its_live_command() {
+        let mut mem = vec![0u8; 8192];
+        let va = mem.as_mut_ptr();
+        let mut c = Cmd::new();
+        c.st = CmdSt::HostRead;
+        c.buf = Some(Buf {
+            va,
+            phys: 0,
+            cap: 4096,
+            prp_va: std::ptr::null_mut(),
+            prp_phys: 0,
+            mrs: Vec::new(),
+        });
+        let mut cmds = vec![Cmd::new(), c];
+        let read = |laddr: u64, len: u32| Op::Read {
+            slot: 1,
+            laddr,
+            lkey: 0,
+            len,
+            raddr: 0,
+            rkey: 0,
+        };
+        let write = Op::Write {
+            slot: 1,
+            laddr: va as u64,
+            lkey: 0,
+            len: 4096,
+            raddr: 0,
+            rkey: 0,
+        };
+        assert!(target_owned(&cmds, &read(va as u64, 4096)));
+        assert!(
+            !target_owned(&cmds, &read(va as u64, 4097)),
+            "past the buffer"
+        );
+        assert!(
+            !target_owned(&cmds, &read(va as u64 + 4096, 512)),
+            "not its buffer"
+        );
+        assert!(
+            !target_owned(&cmds, &write),
+            "a READ is expected, not a WRITE"
+        );
+        cmds[1].st = CmdSt::Sending;
+        assert!(target_owned(&cmds, &write));
+        // Freed: the buffer went back to the pool.
+        cmds[1].st = CmdSt::Free;
+        cmds[1].buf = None;
+        assert!(!target_owned(&cmds, &write));
+        assert!(!target_owned(&cmds, &read(va as u64, 512)));
+        assert!(
+            !target_owned(&cmds[..1], &write),
+            "a slot the QP does not have"
+        );
     }
 }

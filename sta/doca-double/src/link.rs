@@ -25,6 +25,7 @@ pub const NO_SLOT: u16 = u16::MAX;
 pub const MAX_RD_ATOMIC: u8 = 16;
 
 pub const IBV_WC_REM_ACCESS_ERR: u32 = 10;
+pub const IBV_WC_LOC_PROT_ERR: u32 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcKind {
@@ -509,10 +510,22 @@ impl VerbsQp {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self, owned: &dyn Fn(&Op) -> bool) -> Result<(), String> {
         self.post_recvs()?;
         let mut batch = Vec::new();
         while let Some(op) = self.ops.front() {
+            if !owned(op) {
+                // Never DMA into or from a buffer its command gave back (see Link::flush).
+                let op = *op;
+                self.ops.pop_front();
+                eprintln!("doca-double: an RDMA transfer targets a buffer its command does not hold; failed");
+                debug_assert!(false, "RDMA transfer into a buffer given back");
+                let mut wc = flushed(&op);
+                wc.flush = false;
+                wc.status = IBV_WC_LOC_PROT_ERR;
+                self.synth.push_back(wc);
+                continue;
+            }
             if !self.credits.take(op.is_read()) {
                 break;
             }
@@ -807,8 +820,14 @@ impl Link {
         }
     }
 
-    /// Post what is queued (loopback: perform it).
-    pub fn flush(&mut self, loops: &mut HashMap<u64, LoopHost>) -> Result<(), String> {
+    /// Post what is queued (loopback: perform it, a READ/WRITE only into or from a buffer
+    /// `owned` says is its command's: else it fails as a NIC fails a WR whose memory
+    /// registration is gone, with a local protection error).
+    pub fn flush(
+        &mut self,
+        loops: &mut HashMap<u64, LoopHost>,
+        owned: &dyn Fn(&Op) -> bool,
+    ) -> Result<(), String> {
         match self {
             Link::Verbs(v) => {
                 if v.disconnect_sent {
@@ -820,7 +839,7 @@ impl Link {
                     }
                     return Ok(());
                 }
-                v.flush()
+                v.flush(owned)
             }
             Link::Loop(l) => {
                 let host = loops.get_mut(&l.id);
@@ -845,6 +864,15 @@ impl Link {
                         wc.ok = false;
                         wc.flush = true;
                         wc.status = ffi::IBV_WC_WR_FLUSH_ERR;
+                    } else if !owned(&op) {
+                        // The double's own bug, never the application's: loud in tests.
+                        eprintln!(
+                            "doca-double: loopback {kind:?} of slot {slot} targets a buffer \
+                             its command does not hold"
+                        );
+                        debug_assert!(false, "RDMA {kind:?} into a buffer given back");
+                        wc.ok = false;
+                        wc.status = IBV_WC_LOC_PROT_ERR;
                     } else if let Some(h) = host.as_deref_mut() {
                         match op {
                             Op::Read {
