@@ -134,10 +134,10 @@ pub const LATE_EVENT_GRACE: Duration = Duration::from_secs(2);
 /// An IO context's verbs devices (a PD each) and the channels of its destroyed CQs.
 ///
 /// Each QP's CQ has its own completion channel, read only while the CQ lives. Why not one
-/// channel per device: the kernel's Soft-RoCE driver (rdma_rxe up to Linux 6.3, e.g. the
-/// interop guest's 6.1) raises a CQ's completion event from a tasklet that holds no
-/// reference on the CQ (upstream 78b26a335310, "RDMA/rxe: Remove tasklet call from
-/// rxe_cq.c"), so an event can be queued after `ibv_destroy_cq` returned. On a shared
+/// channel per device: the kernel's Soft-RoCE driver, without upstream 78b26a335310
+/// ("RDMA/rxe: Remove tasklet call from rxe_cq.c", Linux 6.4; the interop guest's 6.1
+/// module still has the tasklet), raises a CQ's completion event from a tasklet that holds
+/// no reference on the CQ, so an event can be queued after `ibv_destroy_cq` returned. On a shared
 /// channel the next `ibv_get_cq_event` returns it, and libibverbs reads the freed
 /// `struct ibv_cq` and calls through its context's ops table: an indirect call through
 /// freed memory (issue 12's SIGSEGV on the IO thread right after a QP teardown). On a
