@@ -264,6 +264,7 @@ pub fn submit(w: &mut World, id: u64) -> Res<()> {
             }
             b.destroying = true;
             abort_beq(w, q);
+            wake_owners(w, None);
         }
         TaskKind::Disconnect => {
             let q = w
@@ -791,6 +792,13 @@ fn start_offload(w: &mut World, qp: u64, slot: u16, ns: u64, d: &SglDescriptor, 
                     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.va, len as usize) };
                 }
                 w.qps.get_mut(&qp).expect("live").cmds[slot as usize].buf = Some(b);
+                // Registered here, on the QP's own thread: the RDMA WRITE of a Read's data
+                // may be queued by whichever thread reaps the backend completion.
+                let dev = w.qps[&qp].link.as_ref().and_then(|l| l.dev());
+                if dev.is_some() && buf_key(w, io, qp, slot, dev).is_none() {
+                    respond(w, qp, slot, Status::INTERNAL_ERROR, 0);
+                    return;
+                }
             }
             Err(e) => {
                 if let contract::Fail::Rule(b) = e {
@@ -1201,11 +1209,60 @@ fn step_qp(w: &mut World, qp: u64) -> bool {
     did
 }
 
+/// Wake the PEs of IO contexts (other than `except`) whose QPs have work queued by
+/// another thread (backend completions reaped there, or a backend queue aborted by the
+/// main context): only the owning thread posts it (`flush_qp` from its `step_qp`).
+pub fn wake_owners(w: &mut World, except: Option<u64>) {
+    let mut ios: Vec<u64> = w
+        .qps
+        .values()
+        .filter(|q| Some(q.io) != except && q.link.as_ref().is_some_and(|l| l.queued()))
+        .map(|q| q.io)
+        .collect();
+    ios.sort_unstable();
+    ios.dedup();
+    for io in ios {
+        let pe = w.ios.get(&io).and_then(|i| i.ctx.pe);
+        if let Some(p) = pe.and_then(|p| w.pes.get(&p)) {
+            p.notify.wake();
+        }
+    }
+}
+
+/// Whether the local buffer of an RDMA READ/WRITE is the data buffer of the live command
+/// it was posted for, in a state that expects that transfer, and large enough: what the
+/// loopback link checks before it moves bytes (issue 12, hypothesis 1: a transfer into a
+/// buffer already given back would overwrite whatever lives there now).
+pub fn target_owned(cmds: &[Cmd], op: &Op) -> bool {
+    let (slot, laddr, len, read) = match *op {
+        Op::Read {
+            slot, laddr, len, ..
+        } => (slot, laddr, len, true),
+        Op::Write {
+            slot, laddr, len, ..
+        } => (slot, laddr, len, false),
+        Op::Send { .. } => return true,
+    };
+    let Some(c) = cmds.get(slot as usize) else {
+        return false;
+    };
+    let expects = if read {
+        matches!(c.st, CmdSt::HostRead | CmdSt::AppReading)
+    } else {
+        matches!(c.st, CmdSt::Sending | CmdSt::AppSending)
+    };
+    expects
+        && c.buf
+            .as_ref()
+            .is_some_and(|b| b.va as u64 == laddr && len as usize <= b.cap)
+}
+
 fn flush_qp(w: &mut World, qp: u64) {
     let World { qps, loops, .. } = &mut *w;
     let Some(q) = qps.get_mut(&qp) else { return };
-    let Some(l) = q.link.as_mut() else { return };
-    if let Err(e) = l.flush(loops) {
+    let Qp { link, cmds, .. } = q;
+    let Some(l) = link.as_mut() else { return };
+    if let Err(e) = l.flush(loops, &|op| target_owned(cmds, op)) {
         let _ = e;
         transport_error(w, qp, 0, 0xFFFE, 0);
     }
@@ -1240,11 +1297,13 @@ fn step_io(w: &mut World, io: u64) -> bool {
     }
     if be_did {
         did = true;
-        // Answers produced by backend completions go out in this pass.
-        let all: Vec<u64> = w.qps.keys().copied().collect();
-        for q in all {
+        // Answers produced by backend completions go out in this pass for this context's
+        // QPs; another context's QPs are posted by their own thread (the library wants
+        // every QP call on the thread that owns the QP), woken here.
+        for &q in &qps {
             flush_qp(w, q);
         }
+        wake_owners(w, Some(io));
     }
     let i = w.ios.get(&io).expect("live");
     if i.ctx.state == DOCA_CTX_STATE_STOPPING && i.tasks == 0 {
@@ -1379,13 +1438,81 @@ pub fn arm(w: &mut World, pe: u64) {
 pub fn drain_channels(w: &mut World, pe: u64) {
     let ctxs = w.pes.get(&pe).map(|p| p.ctxs.clone()).unwrap_or_default();
     let Ok(lib) = sta::verbs::lib() else { return };
+    let now = Instant::now();
     for c in ctxs {
         if let CtxRef::Io(io) = c {
+            for q in w.ios.get(&io).map(|i| i.qps.clone()).unwrap_or_default() {
+                if let Some(l) = w.qps.get_mut(&q).and_then(|q| q.link.as_mut()) {
+                    l.drain_events();
+                }
+            }
             if let Some(i) = w.ios.get_mut(&io) {
                 if !i.verbs.is_empty() {
-                    i.verbs.drain_events(lib);
+                    i.verbs.reap_dead(lib, now);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_must_target_the_buffer_of_its_live_command() {
+        let mut mem = vec![0u8; 8192];
+        let va = mem.as_mut_ptr();
+        let mut c = Cmd::new();
+        c.st = CmdSt::HostRead;
+        c.buf = Some(Buf {
+            va,
+            phys: 0,
+            cap: 4096,
+            prp_va: std::ptr::null_mut(),
+            prp_phys: 0,
+            mrs: Vec::new(),
+        });
+        let mut cmds = vec![Cmd::new(), c];
+        let read = |laddr: u64, len: u32| Op::Read {
+            slot: 1,
+            laddr,
+            lkey: 0,
+            len,
+            raddr: 0,
+            rkey: 0,
+        };
+        let write = Op::Write {
+            slot: 1,
+            laddr: va as u64,
+            lkey: 0,
+            len: 4096,
+            raddr: 0,
+            rkey: 0,
+        };
+        assert!(target_owned(&cmds, &read(va as u64, 4096)));
+        assert!(
+            !target_owned(&cmds, &read(va as u64, 4097)),
+            "past the buffer"
+        );
+        assert!(
+            !target_owned(&cmds, &read(va as u64 + 4096, 512)),
+            "not its buffer"
+        );
+        assert!(
+            !target_owned(&cmds, &write),
+            "a READ is expected, not a WRITE"
+        );
+        cmds[1].st = CmdSt::Sending;
+        assert!(target_owned(&cmds, &write));
+        // Freed: the buffer went back to the pool.
+        cmds[1].st = CmdSt::Free;
+        cmds[1].buf = None;
+        assert!(!target_owned(&cmds, &write));
+        assert!(!target_owned(&cmds, &read(va as u64, 512)));
+        assert!(
+            !target_owned(&cmds[..1], &write),
+            "a slot the QP does not have"
+        );
     }
 }

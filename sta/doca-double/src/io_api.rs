@@ -366,7 +366,8 @@ fn remove_qp(w: &mut World, id: u64) {
         return;
     };
     if let Some(l) = q.link.take() {
-        l.destroy(&mut w.loops);
+        let World { loops, ios, .. } = &mut *w;
+        l.destroy(loops, ios.get_mut(&q.io).map(|i| &mut i.verbs));
     }
     if let Some(s) = q.subs.and_then(|s| w.subs.get_mut(&s)) {
         s.qps = s.qps.saturating_sub(1);
@@ -530,11 +531,11 @@ fn accept(
             let io_verbs = &mut w.ios.get_mut(&io).expect("live").verbs;
             match link::accept_verbs(io_verbs, raw, depth, &pd) {
                 Ok((l, fd)) => {
-                    if let Some(fd) = fd {
-                        let pe = w.ios[&io].ctx.pe;
-                        if let Some(p) = pe.and_then(|p| w.pes.get(&p)) {
-                            p.notify.add_fd(fd);
-                        }
+                    // The QP's own completion channel; closing it (after the grace
+                    // period, VerbsIo::reap_dead) takes it out of the epoll set.
+                    let pe = w.ios[&io].ctx.pe;
+                    if let Some(p) = pe.and_then(|p| w.pes.get(&p)) {
+                        p.notify.add_fd(fd);
                     }
                     l
                 }

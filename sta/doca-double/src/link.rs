@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
+use std::time::{Duration, Instant};
 
 use nvmf::rdma::SqCredits;
 use sta::verbs::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
@@ -24,6 +25,7 @@ pub const NO_SLOT: u16 = u16::MAX;
 pub const MAX_RD_ATOMIC: u8 = 16;
 
 pub const IBV_WC_REM_ACCESS_ERR: u32 = 10;
+pub const IBV_WC_LOC_PROT_ERR: u32 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcKind {
@@ -117,19 +119,44 @@ pub struct LoopQp {
 struct VDev {
     ctx: *mut IbvContext,
     pd: *mut IbvPd,
-    chan: *mut IbvCompChannel,
 }
 
-/// An IO context's verbs devices (PD and completion channel each).
+/// The completion channel of a destroyed CQ, kept open (and drained without looking at
+/// what it holds) for [`LATE_EVENT_GRACE`] before it is closed.
+struct DeadChannel {
+    chan: *mut IbvCompChannel,
+    until: Instant,
+}
+
+/// How long a destroyed CQ's completion channel stays open to catch late events.
+pub const LATE_EVENT_GRACE: Duration = Duration::from_secs(2);
+
+/// An IO context's verbs devices (a PD each) and the channels of its destroyed CQs.
+///
+/// Each QP's CQ has its own completion channel, read only while the CQ lives. Why not one
+/// channel per device: the kernel's Soft-RoCE driver, without upstream 78b26a335310
+/// ("RDMA/rxe: Remove tasklet call from rxe_cq.c", Linux 6.4; the interop guest's 6.1
+/// module still has the tasklet), raises a CQ's completion event from a tasklet that holds
+/// no reference on the CQ, so an event can be queued after `ibv_destroy_cq` returned. On a shared
+/// channel the next `ibv_get_cq_event` returns it, and libibverbs reads the freed
+/// `struct ibv_cq` and calls through its context's ops table: an indirect call through
+/// freed memory (issue 12's SIGSEGV on the IO thread right after a QP teardown). On a
+/// per-CQ channel such an event is never read through libibverbs: the channel is only
+/// drained as raw bytes until it is closed.
 #[derive(Default)]
 pub struct VerbsIo {
     devs: Vec<VDev>,
+    dead: Vec<DeadChannel>,
+    /// Completion events that arrived for CQs already destroyed (see above).
+    pub late_events: u64,
 }
 
 pub struct VerbsQp {
     id: *mut ffi::RdmaCmIdRaw,
     qp: *mut IbvQp,
     cq: *mut IbvCq,
+    /// The CQ's own completion channel (see [`VerbsIo`]).
+    chan: *mut IbvCompChannel,
     dev: usize,
     recv: Box<[u8]>,
     recv_mr: *mut IbvMr,
@@ -162,38 +189,18 @@ fn errno() -> String {
 }
 
 impl VerbsIo {
-    /// Index of the device of `ctx`, set up on first use; the second value is a new
-    /// completion channel descriptor to watch.
-    fn dev_for(
-        &mut self,
-        lib: &ffi::Lib,
-        ctx: *mut IbvContext,
-    ) -> Result<(usize, Option<c_int>), String> {
+    /// Index of the device of `ctx`, set up (its PD) on first use.
+    fn dev_for(&mut self, lib: &ffi::Lib, ctx: *mut IbvContext) -> Result<usize, String> {
         if let Some(i) = self.devs.iter().position(|d| d.ctx == ctx) {
-            return Ok((i, None));
+            return Ok(i);
         }
         // SAFETY: `ctx` is the device context of a live cm_id.
         let pd = unsafe { (lib.alloc_pd)(ctx) };
         if pd.is_null() {
             return Err(format!("ibv_alloc_pd: {}", errno()));
         }
-        // SAFETY: as above.
-        let chan = unsafe { (lib.create_comp_channel)(ctx) };
-        if chan.is_null() {
-            let e = errno();
-            // SAFETY: unused PD.
-            unsafe { (lib.dealloc_pd)(pd) };
-            return Err(format!("ibv_create_comp_channel: {e}"));
-        }
-        // SAFETY: `chan` is live; its descriptor is ours to make non-blocking.
-        let fd = unsafe {
-            let fd = (*chan).fd;
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            fd
-        };
-        self.devs.push(VDev { ctx, pd, chan });
-        Ok((self.devs.len() - 1, Some(fd)))
+        self.devs.push(VDev { ctx, pd });
+        Ok(self.devs.len() - 1)
     }
 
     /// Local key of `b` on device `dev`, registering it on first use.
@@ -222,36 +229,52 @@ impl VerbsIo {
         Some(unsafe { (*mr).lkey })
     }
 
-    /// Accept `id` (a connect request handed over by the application): CQ, QP, receive
-    /// buffers for `depth` capsules, then `rdma_accept` with the application's private data.
+    /// Accept `id` (a connect request handed over by the application): completion
+    /// channel, CQ, QP, receive buffers for `depth` capsules, then `rdma_accept` with the
+    /// application's private data. The second value is the channel's descriptor, to watch.
     pub(crate) fn accept(
         &mut self,
         lib: &ffi::Lib,
         id: *mut ffi::RdmaCmIdRaw,
         depth: u16,
         priv_data: &[u8],
-    ) -> Result<(VerbsQp, Option<c_int>), String> {
+    ) -> Result<(VerbsQp, c_int), String> {
         // SAFETY: the application hands us a live connect-request id.
         let ctx = unsafe { (*id).verbs };
         if ctx.is_null() {
             return Err("the rdma_cm_id has no verbs device (not a connect request?)".into());
         }
-        let (dev, new_fd) = self.dev_for(lib, ctx)?;
+        let dev = self.dev_for(lib, ctx)?;
         let d = &self.devs[dev];
         let depth32 = depth as u32;
         let max_send_wr = depth32 * 3 + 4;
+        // SAFETY: `ctx` is live.
+        let chan = unsafe { (lib.create_comp_channel)(ctx) };
+        if chan.is_null() {
+            return Err(format!("ibv_create_comp_channel: {}", errno()));
+        }
+        // SAFETY: `chan` is live; its descriptor is ours to make non-blocking.
+        let fd = unsafe {
+            let fd = (*chan).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            fd
+        };
         // SAFETY: `ctx` and `chan` are live.
         let cq = unsafe {
             (lib.create_cq)(
                 ctx,
                 (max_send_wr + depth32 + 8) as c_int,
                 std::ptr::null_mut(),
-                d.chan,
+                chan,
                 0,
             )
         };
         if cq.is_null() {
-            return Err(format!("ibv_create_cq: {}", errno()));
+            let e = format!("ibv_create_cq: {}", errno());
+            // SAFETY: unused channel.
+            unsafe { (lib.destroy_comp_channel)(chan) };
+            return Err(e);
         }
         let mut attr = ffi::IbvQpInitAttr {
             qp_context: std::ptr::null_mut(),
@@ -271,8 +294,11 @@ impl VerbsIo {
         // SAFETY: `id` is live, the PD belongs to its device, `attr` is initialised.
         if unsafe { (lib.create_qp)(id, d.pd, &mut attr) } != 0 {
             let e = format!("rdma_create_qp: {}", errno());
-            // SAFETY: unused CQ.
-            unsafe { (lib.destroy_cq)(cq) };
+            // SAFETY: unused CQ (never armed: no event can follow it), then its channel.
+            unsafe {
+                (lib.destroy_cq)(cq);
+                (lib.destroy_comp_channel)(chan);
+            }
             return Err(e);
         }
         let mut recv = vec![0u8; depth as usize * RECV_SZ].into_boxed_slice();
@@ -290,6 +316,7 @@ impl VerbsIo {
             // SAFETY: rdma_create_qp stored the QP in the id.
             qp: unsafe { (*id).qp },
             cq,
+            chan,
             dev,
             recv,
             recv_mr,
@@ -302,11 +329,11 @@ impl VerbsIo {
             synth: VecDeque::new(),
         };
         if recv_mr.is_null() {
-            q.destroy_verbs(lib);
+            q.destroy_unused(lib);
             return Err(format!("ibv_reg_mr (receive buffers): {}", errno()));
         }
         if let Err(e) = q.post_recvs() {
-            q.destroy_verbs(lib);
+            q.destroy_unused(lib);
             return Err(format!("ibv_post_recv: {e}"));
         }
         let mut param = ffi::RdmaConnParam {
@@ -327,42 +354,71 @@ impl VerbsIo {
         // SAFETY: `id` is live with a QP; `param` and the private data outlive the call.
         if unsafe { (lib.accept)(id, &mut param) } != 0 {
             let e = format!("rdma_accept: {}", errno());
-            q.destroy_verbs(lib);
+            q.destroy_unused(lib);
             return Err(e);
         }
-        Ok((q, new_fd))
+        Ok((q, fd))
     }
 
-    /// Consume completion-channel events (the CQs are polled anyway).
-    pub fn drain_events(&mut self, lib: &ffi::Lib) {
-        for d in &self.devs {
-            loop {
-                let mut cq = std::ptr::null_mut();
-                let mut ctx = std::ptr::null_mut();
-                // SAFETY: `chan` is live and non-blocking; each event is acked at once.
-                if unsafe { (lib.get_cq_event)(d.chan, &mut cq, &mut ctx) } != 0 || cq.is_null() {
-                    break;
-                }
-                // SAFETY: `cq` came from ibv_get_cq_event and is alive.
-                unsafe { (lib.ack_cq_events)(cq, 1) };
-            }
+    /// Keep a destroyed CQ's channel open for [`LATE_EVENT_GRACE`] (see [`VerbsIo`]).
+    fn bury(&mut self, chan: *mut IbvCompChannel) {
+        if !chan.is_null() {
+            self.dead.push(DeadChannel {
+                chan,
+                until: Instant::now() + LATE_EVENT_GRACE,
+            });
         }
     }
 
-    /// Free every device (after all QPs are gone).
+    /// Drain the channels of destroyed CQs without interpreting their events (each is a
+    /// handle of a freed CQ), and close those whose grace period is over. Returns how many
+    /// late events this pass found.
+    pub fn reap_dead(&mut self, lib: &ffi::Lib, now: Instant) -> u64 {
+        let mut late = 0;
+        for d in &self.dead {
+            loop {
+                let mut ev = 0u64;
+                // SAFETY: the channel is live (closed only below); its descriptor is
+                // non-blocking. Each read returns one `struct ib_uverbs_comp_event_desc`
+                // (a u64 CQ handle), which is only counted, never dereferenced.
+                let n = unsafe { libc::read((*d.chan).fd, &mut ev as *mut u64 as *mut c_void, 8) };
+                if n != 8 {
+                    break;
+                }
+                late += 1;
+            }
+        }
+        self.dead.retain(|d| {
+            if d.until > now {
+                return true;
+            }
+            // SAFETY: its CQ is destroyed (no CQ refers to it); freed once.
+            unsafe { (lib.destroy_comp_channel)(d.chan) };
+            false
+        });
+        if late > 0 {
+            self.late_events += late;
+            eprintln!(
+                "doca-double: discarded {late} completion event(s) for a CQ already destroyed \
+                 ({} so far; the kernel's rdma_rxe raises them late, see link.rs VerbsIo)",
+                self.late_events
+            );
+        }
+        late
+    }
+
+    /// Free every device and the channels of destroyed CQs (after all QPs are gone).
     pub fn destroy(&mut self, lib: &ffi::Lib) {
+        self.reap_dead(lib, Instant::now() + LATE_EVENT_GRACE);
         for d in self.devs.drain(..) {
             // SAFETY: no QP, CQ or MR of this device is left (the IO context's QPs and
-            // buffers are gone); each object is freed once.
-            unsafe {
-                (lib.destroy_comp_channel)(d.chan);
-                (lib.dealloc_pd)(d.pd);
-            }
+            // buffers are gone); freed once.
+            unsafe { (lib.dealloc_pd)(d.pd) };
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.devs.is_empty()
+        self.devs.is_empty() && self.dead.is_empty()
     }
 }
 
@@ -376,6 +432,35 @@ pub fn dereg(b: &mut Buf) {
             // SAFETY: a live registration; no work request uses the buffer any more.
             unsafe { (lib.dereg_mr)(mr) };
         }
+    }
+}
+
+/// The flush completion a work request gets when it never reaches the wire (the QP is in
+/// the error state, or posting it failed), as a NIC reports posted WRs of a QP in error.
+fn flushed(op: &Op) -> Wc {
+    let (kind, slot) = match *op {
+        Op::Read { slot, .. } => (WcKind::Read, slot),
+        Op::Write { slot, .. } => (WcKind::Write, slot),
+        Op::Send { slot, .. } => (WcKind::Send, slot),
+    };
+    Wc {
+        kind,
+        slot,
+        ok: false,
+        flush: true,
+        status: ffi::IBV_WC_WR_FLUSH_ERR,
+        vendor: 0,
+        len: 0,
+    }
+}
+
+/// Work requests of a batch that `ibv_post_send` refused: their send-queue credits come
+/// back and each completes as flushed at the next poll, so their commands and tasks finish
+/// (before this, they were dropped: tasks never completed, credits and buffers held).
+fn fail_unposted(credits: &mut SqCredits, synth: &mut VecDeque<Wc>, rest: &[Op]) {
+    for op in rest {
+        credits.give(op.is_read());
+        synth.push_back(flushed(op));
     }
 }
 
@@ -425,10 +510,22 @@ impl VerbsQp {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self, owned: &dyn Fn(&Op) -> bool) -> Result<(), String> {
         self.post_recvs()?;
         let mut batch = Vec::new();
         while let Some(op) = self.ops.front() {
+            if !owned(op) {
+                // Never DMA into or from a buffer its command gave back (see Link::flush).
+                let op = *op;
+                self.ops.pop_front();
+                eprintln!("doca-double: an RDMA transfer targets a buffer its command does not hold; failed");
+                debug_assert!(false, "RDMA transfer into a buffer given back");
+                let mut wc = flushed(&op);
+                wc.flush = false;
+                wc.status = IBV_WC_LOC_PROT_ERR;
+                self.synth.push_back(wc);
+                continue;
+            }
             if !self.credits.take(op.is_read()) {
                 break;
             }
@@ -524,6 +621,25 @@ impl VerbsQp {
             ((*ctx).ops.post_send)(self.qp, wrs.as_mut_ptr(), &mut bad)
         };
         if rc != 0 {
+            // The WRs before `bad` are on the send queue and complete as usual; `bad` and
+            // the rest never reached it. (A NULL `bad`: the provider queued the whole
+            // chain and failed afterwards, e.g. rxe's doorbell, so all of it is posted.)
+            let posted = if bad.is_null() {
+                n
+            } else {
+                (bad as usize).saturating_sub(wrs.as_ptr() as usize)
+                    / std::mem::size_of::<ffi::IbvSendWr>()
+            }
+            .min(n);
+            self.posted_sends += posted as u32;
+            fail_unposted(&mut self.credits, &mut self.synth, &batch[posted..]);
+            // Move the QP to the error state, so what was posted completes (flushed) and
+            // nothing more is posted (Link::flush flushes what is queued after this).
+            self.disconnect_sent = true;
+            if let Ok(lib) = sta::verbs::lib() {
+                // SAFETY: the id is live until `destroy`.
+                unsafe { (lib.disconnect)(self.id) };
+            }
             return Err(std::io::Error::from_raw_os_error(rc).to_string());
         }
         self.posted_sends += n as u32;
@@ -569,22 +685,63 @@ impl VerbsQp {
         }
     }
 
-    fn destroy_verbs(&mut self, lib: &ffi::Lib) {
+    /// Consume the CQ's completion events (the CQ is polled anyway).
+    fn drain_events(&mut self, lib: &ffi::Lib) {
+        if self.chan.is_null() || self.cq.is_null() {
+            return;
+        }
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: `chan` is live and non-blocking, and only this QP's live CQ uses
+            // it, so an event names that CQ; each event is acked at once.
+            if unsafe { (lib.get_cq_event)(self.chan, &mut cq, &mut ctx) } != 0 || cq.is_null() {
+                break;
+            }
+            // SAFETY: `cq` came from ibv_get_cq_event and is alive.
+            unsafe { (lib.ack_cq_events)(cq, 1) };
+        }
+    }
+
+    /// Destroy the QP, its CQ and the receive buffers' registration; the completion
+    /// channel is returned (for [`VerbsIo::bury`]), no longer read through libibverbs.
+    fn destroy_verbs(&mut self, lib: &ffi::Lib) -> *mut IbvCompChannel {
         // SAFETY: each object is live and freed once, QP before its CQ and before the
-        // receive buffers' registration.
+        // receive buffers' registration. Every event read from the channel was acked
+        // (`drain_events`), so ibv_destroy_cq does not wait.
         unsafe {
             if !self.qp.is_null() {
                 (lib.destroy_qp)(self.id);
                 self.qp = std::ptr::null_mut();
             }
             if !self.cq.is_null() {
-                (lib.destroy_cq)(self.cq);
+                let rc = (lib.destroy_cq)(self.cq);
                 self.cq = std::ptr::null_mut();
+                if rc != 0 {
+                    // The CQ lives on, leaked (no completion can reach it: its QP is
+                    // gone); its channel is still drained raw, then fails to close and
+                    // is leaked too.
+                    eprintln!(
+                        "doca-double: ibv_destroy_cq: {} (the CQ is leaked)",
+                        std::io::Error::from_raw_os_error(rc)
+                    );
+                }
             }
             if !self.recv_mr.is_null() {
                 (lib.dereg_mr)(self.recv_mr);
                 self.recv_mr = std::ptr::null_mut();
             }
+        }
+        std::mem::replace(&mut self.chan, std::ptr::null_mut())
+    }
+
+    /// Destroy a QP whose CQ was never armed (a failed accept): no event can follow, so
+    /// the channel goes at once.
+    fn destroy_unused(&mut self, lib: &ffi::Lib) {
+        let chan = self.destroy_verbs(lib);
+        if !chan.is_null() {
+            // SAFETY: its CQ is destroyed; freed once.
+            unsafe { (lib.destroy_comp_channel)(chan) };
         }
     }
 }
@@ -647,6 +804,14 @@ impl Link {
         }
     }
 
+    /// Work requests queued and not posted yet.
+    pub fn queued(&self) -> bool {
+        match self {
+            Link::Verbs(v) => !v.ops.is_empty(),
+            Link::Loop(l) => !l.ops.is_empty(),
+        }
+    }
+
     /// Work requests posted and not completed (sends, reads, writes).
     pub fn busy(&self) -> bool {
         match self {
@@ -655,32 +820,26 @@ impl Link {
         }
     }
 
-    /// Post what is queued (loopback: perform it).
-    pub fn flush(&mut self, loops: &mut HashMap<u64, LoopHost>) -> Result<(), String> {
+    /// Post what is queued (loopback: perform it, a READ/WRITE only into or from a buffer
+    /// `owned` says is its command's: else it fails as a NIC fails a WR whose memory
+    /// registration is gone, with a local protection error).
+    pub fn flush(
+        &mut self,
+        loops: &mut HashMap<u64, LoopHost>,
+        owned: &dyn Fn(&Op) -> bool,
+    ) -> Result<(), String> {
         match self {
             Link::Verbs(v) => {
                 if v.disconnect_sent {
-                    // The QP is in the error state: what is still queued is reported as
-                    // flushed by the next poll, as the NIC would for posted WRs.
+                    // The QP is in the error state (disconnected, or a post failed): what
+                    // is still queued is reported as flushed by the next poll, as the NIC
+                    // would for posted WRs.
                     while let Some(op) = v.ops.pop_front() {
-                        let (kind, slot) = match op {
-                            Op::Read { slot, .. } => (WcKind::Read, slot),
-                            Op::Write { slot, .. } => (WcKind::Write, slot),
-                            Op::Send { slot, .. } => (WcKind::Send, slot),
-                        };
-                        v.synth.push_back(Wc {
-                            kind,
-                            slot,
-                            ok: false,
-                            flush: true,
-                            status: ffi::IBV_WC_WR_FLUSH_ERR,
-                            vendor: 0,
-                            len: 0,
-                        });
+                        v.synth.push_back(flushed(&op));
                     }
                     return Ok(());
                 }
-                v.flush()
+                v.flush(owned)
             }
             Link::Loop(l) => {
                 let host = loops.get_mut(&l.id);
@@ -705,6 +864,15 @@ impl Link {
                         wc.ok = false;
                         wc.flush = true;
                         wc.status = ffi::IBV_WC_WR_FLUSH_ERR;
+                    } else if !owned(&op) {
+                        // The double's own bug, never the application's: loud in tests.
+                        eprintln!(
+                            "doca-double: loopback {kind:?} of slot {slot} targets a buffer \
+                             its command does not hold"
+                        );
+                        debug_assert!(false, "RDMA {kind:?} into a buffer given back");
+                        wc.ok = false;
+                        wc.status = IBV_WC_LOC_PROT_ERR;
                     } else if let Some(h) = host.as_deref_mut() {
                         match op {
                             Op::Read {
@@ -834,12 +1002,27 @@ impl Link {
         }
     }
 
-    /// Free the QP's transport resources (and the cm_id when the library owns it).
-    pub fn destroy(self, loops: &mut HashMap<u64, LoopHost>) {
+    /// Consume completion-channel events (verbs; the loopback has none).
+    pub fn drain_events(&mut self) {
+        if let Link::Verbs(v) = self {
+            if let Ok(lib) = sta::verbs::lib() {
+                v.drain_events(lib);
+            }
+        }
+    }
+
+    /// Free the QP's transport resources (and the cm_id when the library owns it); the
+    /// CQ's completion channel goes to `io`'s dead channels (see [`VerbsIo`]).
+    pub fn destroy(self, loops: &mut HashMap<u64, LoopHost>, io: Option<&mut VerbsIo>) {
         match self {
             Link::Verbs(mut v) => {
                 if let Ok(lib) = sta::verbs::lib() {
-                    v.destroy_verbs(lib);
+                    let chan = v.destroy_verbs(lib);
+                    // Without an IO context to keep it (not reached: a QP dies before its
+                    // context) the channel is leaked rather than risk reading a late event.
+                    if let Some(io) = io {
+                        io.bury(chan);
+                    }
                     if v.owns_id {
                         // SAFETY: the library took over this id at qp_connect; nobody else
                         // uses it.
@@ -863,7 +1046,7 @@ pub(crate) fn accept_verbs(
     id: *mut ffi::RdmaCmIdRaw,
     depth: u16,
     priv_data: &[u8],
-) -> Result<(Link, Option<c_int>), String> {
+) -> Result<(Link, c_int), String> {
     let lib = sta::verbs::lib().map_err(|e| e.to_string())?;
     let (q, fd) = io.accept(lib, id, depth, priv_data)?;
     Ok((Link::Verbs(Box::new(q)), fd))
@@ -872,5 +1055,57 @@ pub(crate) fn accept_verbs(
 pub fn set_owns_id(l: &mut Link) {
     if let Link::Verbs(v) = l {
         v.owns_id = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_work_requests_give_back_credits_and_complete_as_flushed() {
+        let mut credits = SqCredits::new(8, 2);
+        let batch = [
+            Op::Read {
+                slot: 1,
+                laddr: 0,
+                lkey: 0,
+                len: 4096,
+                raddr: 0,
+                rkey: 1,
+            },
+            Op::Write {
+                slot: 2,
+                laddr: 0,
+                lkey: 0,
+                len: 4096,
+                raddr: 0,
+                rkey: 1,
+            },
+            Op::Send {
+                slot: 3,
+                cqe: [0; 16],
+                inv: None,
+            },
+        ];
+        for op in &batch {
+            assert!(credits.take(op.is_read()));
+        }
+        assert_eq!((credits.sq_free(), credits.rd_free()), (5, 1));
+        let mut synth = VecDeque::new();
+        // The first WR was posted; the provider refused the second (and so the third).
+        fail_unposted(&mut credits, &mut synth, &batch[1..]);
+        assert_eq!((credits.sq_free(), credits.rd_free()), (7, 1));
+        let got: Vec<(WcKind, u16, bool, bool)> = synth
+            .iter()
+            .map(|w| (w.kind, w.slot, w.ok, w.flush))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (WcKind::Write, 2, false, true),
+                (WcKind::Send, 3, false, true)
+            ]
+        );
     }
 }

@@ -22,6 +22,8 @@ const BE_NSID: u32 = 5;
 struct Conn {
     id: *mut rdma_cm_id,
     qp: *mut doca_sta_qp_handle,
+    /// The IO context that owns the QP.
+    io: *mut doca_sta_io,
 }
 
 struct Setup {
@@ -32,7 +34,10 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let f = Fx::new();
+    setup_with(Fx::new())
+}
+
+fn setup_with(f: Fx) -> Setup {
     let d = &env().d;
     let nb = NullBackend::new(&f, 64);
     let mut subs = std::ptr::null_mut();
@@ -121,7 +126,7 @@ fn send_task(s: &Setup, c: &Conn, token: u64, cqe: [u8; 16], user: u64) {
     ok(
         unsafe {
             (d.doca_sta_io_task_non_offload_rdma_send_alloc_init)(
-                s.f.io,
+                c.io,
                 data_u64(user),
                 c.qp,
                 cqe.as_mut_ptr(),
@@ -136,6 +141,11 @@ fn send_task(s: &Setup, c: &Conn, token: u64, cqe: [u8; 16], user: u64) {
 
 /// Accept a loopback connection as an I/O queue and run its Fabrics Connect.
 fn connect(s: &Setup) -> Conn {
+    connect_on(s, s.f.io)
+}
+
+/// As [`connect`], on IO context `io`.
+fn connect_on(s: &Setup, io: *mut doca_sta_io) -> Conn {
     let d = &env().d;
     let x = &env().x;
     let mut id = std::ptr::null_mut();
@@ -143,14 +153,11 @@ fn connect(s: &Setup) -> Conn {
     // SAFETY: table and extension calls with valid pointers.
     unsafe {
         ok((x.loop_create)(&mut id), "loop_create");
-        ok(
-            (d.doca_sta_io_qp_alloc)(s.f.io, s.f.dev, &mut qp),
-            "qp_alloc",
-        );
+        ok((d.doca_sta_io_qp_alloc)(io, s.f.dev, &mut qp), "qp_alloc");
         let pd = nvmf::rdma::accept_private_data(32);
         ok(
             (d.doca_sta_io_qp_accept)(
-                s.f.io,
+                io,
                 qp,
                 s.f.dev,
                 id,
@@ -167,15 +174,15 @@ fn connect(s: &Setup) -> Conn {
             "the host sees the application's accept private data"
         );
         ok(
-            (d.doca_sta_io_qp_connect_established)(s.f.io, qp),
+            (d.doca_sta_io_qp_connect_established)(io, qp),
             "established",
         );
         ok(
-            (d.doca_sta_io_qp_set_user_data)(s.f.io, qp, data_u64(0xabc)),
+            (d.doca_sta_io_qp_set_user_data)(io, qp, data_u64(0xabc)),
             "user data",
         );
     }
-    let c = Conn { id, qp };
+    let c = Conn { id, qp, io };
     send(&c, &connect_capsule(1, 1, 31));
     s.f.pump(1);
     let log = take_log();
@@ -203,11 +210,11 @@ fn connect(s: &Setup) -> Conn {
     // SAFETY: table calls (doca-sta-api.md 5.10 step 4).
     unsafe {
         ok(
-            (d.doca_sta_io_qp_add_subsystem)(s.f.io, s.subs, qp),
+            (d.doca_sta_io_qp_add_subsystem)(io, s.subs, qp),
             "add_subsystem",
         );
         ok(
-            (d.doca_sta_io_qp_connect_set_sq_size)(s.f.io, qp, 31),
+            (d.doca_sta_io_qp_connect_set_sq_size)(io, qp, 31),
             "sq size",
         );
     }
@@ -223,11 +230,11 @@ fn disconnect(s: &Setup, c: Conn) {
     // SAFETY: table calls (5.11).
     unsafe {
         ok(
-            (d.doca_sta_io_task_disconnect_alloc_init)(s.f.io, data_u64(77), c.qp, &mut t),
+            (d.doca_sta_io_task_disconnect_alloc_init)(c.io, data_u64(77), c.qp, &mut t),
             "disconnect task",
         );
         respond(s, t, 77);
-        ok((d.doca_sta_io_qp_destroy)(s.f.io, c.qp), "qp destroy");
+        ok((d.doca_sta_io_qp_destroy)(c.io, c.qp), "qp destroy");
         ok((env().x.loop_destroy)(c.id), "loop destroy");
     }
 }
@@ -952,4 +959,61 @@ fn progress_from_inside_a_callback_breaks_the_contract() {
     }
     f.teardown();
     assert_eq!(take_violation(), None);
+}
+
+/// Issue 12 (second attempt), hypothesis 2: a backend queue is shared by the IO contexts,
+/// and whichever context's progress reaps a completion used to post the answer on the
+/// QP's link itself, also for a QP of another IO context (the real library makes every QP
+/// call on the thread owning the QP). Now the answer waits for the owner's own progress,
+/// and the owner's PE is woken for it. Fails before the change: context 1's progress sent
+/// context 2's completion.
+#[test]
+fn an_io_context_posts_only_its_own_qps_and_wakes_the_owner_of_the_others() {
+    let _g = serial();
+    let s = setup_with(Fx::two_io());
+    let d = &env().d;
+    let x = &env().x;
+    let c = connect_on(&s, s.f.io2);
+    let mut b = vec![0u8; 512];
+    region(&c, 0x60, &mut b);
+    // SAFETY: extension call on a live backend.
+    unsafe { ok((x.null_drive_stall)(s.nb.be, 1), "stall") };
+    send(
+        &c,
+        &sqe(0x02, 60, 1, b.as_ptr() as u64, 512, 0x60, KEYED, [0, 0, 0]),
+    );
+    // The owner takes the capsule and puts it in the backend queue (stalled: unserved).
+    // SAFETY: live PE, not inside a callback.
+    unsafe { (d.doca_pe_progress)(s.f.io2_pe) };
+    assert!(recv(&c).is_none(), "the stalled drive answers nothing");
+    // The other context's progress serves and reaps the queue.
+    let mut fd: doca_notification_handle_t = Default::default();
+    // SAFETY: live PEs, valid out pointer, not inside a callback.
+    unsafe {
+        ok((x.null_drive_stall)(s.nb.be, 0), "unstall");
+        ok(
+            (d.doca_pe_get_notification_handle)(s.f.io2_pe, &mut fd),
+            "notification handle",
+        );
+        ok((d.doca_pe_clear_notification)(s.f.io2_pe, fd), "clear");
+        (d.doca_pe_progress)(s.f.io_pe);
+    }
+    assert!(
+        recv(&c).is_none(),
+        "IO context 1's progress posted the answer on a QP of IO context 2"
+    );
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: a valid pollfd, no wait.
+    let ready = unsafe { libc::poll(&mut p, 1, 0) };
+    assert_eq!(ready, 1, "the owner's PE is woken");
+    // SAFETY: live PE, not inside a callback.
+    unsafe { (d.doca_pe_progress)(s.f.io2_pe) };
+    let (cqe, _) = recv(&c).expect("the owner posts the answer");
+    assert_eq!((cqe_cid(&cqe), cqe_status(&cqe)), (60, (0, 0)));
+    disconnect(&s, c);
+    teardown(s);
 }

@@ -396,6 +396,9 @@ pub struct Fx {
     pub pe: *mut doca_pe,
     pub io: *mut doca_sta_io,
     pub io_pe: *mut doca_pe,
+    /// A second IO context (`Fx::two_io`), else NULL.
+    pub io2: *mut doca_sta_io,
+    pub io2_pe: *mut doca_pe,
 }
 
 impl Fx {
@@ -454,57 +457,22 @@ impl Fx {
             pe,
             io: std::ptr::null_mut(),
             io_pe: std::ptr::null_mut(),
+            io2: std::ptr::null_mut(),
+            io2_pe: std::ptr::null_mut(),
         }
     }
 
     /// Main context and one IO context RUNNING.
     pub fn new() -> Fx {
         let mut f = Fx::main_only();
-        let d = &env().d;
-        // SAFETY: documented order (5.8).
-        unsafe {
-            ok((d.doca_sta_io_create)(f.sta, &mut f.io), "io_create");
-            let ctx = (d.doca_sta_io_as_ctx)(f.io);
-            ok((d.doca_pe_create)(&mut f.io_pe), "io pe");
-            ok((d.doca_pe_connect_ctx)(f.io_pe, ctx), "io connect");
-            ok(
-                (d.doca_sta_io_task_disconnect_set_conf)(f.io, Some(task_ok), Some(task_err)),
-                "disc conf",
-            );
-            ok(
-                (d.doca_sta_io_event_transport_err_register_cb)(
-                    f.io,
-                    Some(transport_cb),
-                    data_u64(0),
-                ),
-                "terr cb",
-            );
-            ok(
-                (d.doca_sta_io_non_offload_register_cb)(f.io, Some(non_offload_cb), data_u64(7)),
-                "non-offload cb",
-            );
-            ok(
-                (d.doca_sta_io_task_non_offload_set_rdma_write_send_conf)(
-                    f.io,
-                    Some(task_ok),
-                    Some(task_err),
-                ),
-                "ws conf",
-            );
-            ok(
-                (d.doca_sta_io_task_non_offload_set_rdma_read_conf)(
-                    f.io,
-                    Some(task_ok),
-                    Some(task_err),
-                ),
-                "rd conf",
-            );
-            ok(
-                (d.doca_ctx_set_state_changed_cb)(ctx, Some(state_cb)),
-                "io state cb",
-            );
-            ok((d.doca_ctx_start)(ctx), "io start");
-        }
+        (f.io, f.io_pe) = start_io(f.sta);
+        f
+    }
+
+    /// Main context and two IO contexts RUNNING, each with its own PE.
+    pub fn two_io() -> Fx {
+        let mut f = Fx::new();
+        (f.io2, f.io2_pe) = start_io(f.sta);
         f
     }
 
@@ -513,8 +481,10 @@ impl Fx {
         for _ in 0..rounds {
             // SAFETY: live PEs, not inside a callback.
             unsafe {
-                if !self.io_pe.is_null() {
-                    (d.doca_pe_progress)(self.io_pe);
+                for pe in [self.io_pe, self.io2_pe] {
+                    if !pe.is_null() {
+                        (d.doca_pe_progress)(pe);
+                    }
                 }
                 (d.doca_pe_progress)(self.pe);
             }
@@ -526,11 +496,13 @@ impl Fx {
         let d = &env().d;
         // SAFETY: documented teardown order (5.15, 5.16).
         unsafe {
-            if !self.io.is_null() {
-                let ctx = (d.doca_sta_io_as_ctx)(self.io);
-                ok((d.doca_ctx_stop)(ctx), "io stop");
-                ok((d.doca_sta_io_destroy)(self.io), "io destroy");
-                ok((d.doca_pe_destroy)(self.io_pe), "io pe destroy");
+            for (io, pe) in [(self.io, self.io_pe), (self.io2, self.io2_pe)] {
+                if !io.is_null() {
+                    let ctx = (d.doca_sta_io_as_ctx)(io);
+                    ok((d.doca_ctx_stop)(ctx), "io stop");
+                    ok((d.doca_sta_io_destroy)(io), "io destroy");
+                    ok((d.doca_pe_destroy)(pe), "io pe destroy");
+                }
             }
             let ctx = (d.doca_sta_as_ctx)(self.sta);
             let r = (d.doca_ctx_stop)(ctx);
@@ -547,6 +519,50 @@ impl Fx {
             ok((d.doca_dev_close)(self.dev), "dev close");
         }
     }
+}
+
+/// Create, configure and start an IO context with its own PE (doca-sta-api.md 5.8).
+fn start_io(sta: *mut doca_sta) -> (*mut doca_sta_io, *mut doca_pe) {
+    let d = &env().d;
+    let mut io = std::ptr::null_mut();
+    let mut io_pe = std::ptr::null_mut();
+    // SAFETY: documented order (5.8).
+    unsafe {
+        ok((d.doca_sta_io_create)(sta, &mut io), "io_create");
+        let ctx = (d.doca_sta_io_as_ctx)(io);
+        ok((d.doca_pe_create)(&mut io_pe), "io pe");
+        ok((d.doca_pe_connect_ctx)(io_pe, ctx), "io connect");
+        ok(
+            (d.doca_sta_io_task_disconnect_set_conf)(io, Some(task_ok), Some(task_err)),
+            "disc conf",
+        );
+        ok(
+            (d.doca_sta_io_event_transport_err_register_cb)(io, Some(transport_cb), data_u64(0)),
+            "terr cb",
+        );
+        ok(
+            (d.doca_sta_io_non_offload_register_cb)(io, Some(non_offload_cb), data_u64(7)),
+            "non-offload cb",
+        );
+        ok(
+            (d.doca_sta_io_task_non_offload_set_rdma_write_send_conf)(
+                io,
+                Some(task_ok),
+                Some(task_err),
+            ),
+            "ws conf",
+        );
+        ok(
+            (d.doca_sta_io_task_non_offload_set_rdma_read_conf)(io, Some(task_ok), Some(task_err)),
+            "rd conf",
+        );
+        ok(
+            (d.doca_ctx_set_state_changed_cb)(ctx, Some(state_cb)),
+            "io state cb",
+        );
+        ok((d.doca_ctx_start)(ctx), "io start");
+    }
+    (io, io_pe)
 }
 
 /// A backend with one queue whose rings and 16-byte doorbell area are application
