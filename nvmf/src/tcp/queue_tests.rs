@@ -605,13 +605,17 @@ fn streamed_host_data_is_checked_like_whole_pdus() {
 /// landing in the new transfer.
 #[test]
 fn streamed_host_data_header_errors_and_cancel() {
-    let (mut q, _) = connected(Digests::NONE, 0);
-    q.set_stream_host_data(1);
+    let streaming = || {
+        let (mut q, _) = connected(Digests::NONE, 0);
+        q.set_stream_host_data(1);
+        q
+    };
     let mut w = Wire::default();
     let mut sink = Sink {
         wire: &mut w,
         bufs: &no_bufs,
     };
+    let mut q = streaming();
     let mut h2c = Vec::new();
     encode_h2c_data(&mut h2c, 1, 9, 0, &[1u8; 2048], true, Digests::NONE, 0);
     let (_, ev) = q.receive(&h2c[..40], &mut sink);
@@ -623,13 +627,7 @@ fn streamed_host_data_header_errors_and_cancel() {
         })
     ));
 
-    let (mut q, _) = connected(Digests::NONE, 0);
-    q.set_stream_host_data(1);
-    let mut w = Wire::default();
-    let mut sink = Sink {
-        wire: &mut w,
-        bufs: &no_bufs,
-    };
+    let mut q = streaming();
     let cap = write_capsule(1, 2048, &[], Digests::NONE);
     q.receive(&cap, &mut sink);
     q.request_data(&mut sink, 1, 9, 0, 2048);
