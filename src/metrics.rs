@@ -45,6 +45,7 @@
 //! | `io_thread_queue_pairs` | gauge | thread |
 //! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected) |
 //! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots; the daemon's: connections, connections_per_peer, unconnected_connections, accept_open_files) |
+//! | `rdma_late_completion_events_total` | counter | (completion events the kernel queued for a CQ already destroyed, discarded unread: `sta::verbs::CqChannel`) |
 //! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
@@ -454,6 +455,7 @@ struct Snapshot {
     refusals: Vec<(Labels, u64)>,
     limit_hits: Vec<(Labels, u64)>,
     peer_connections: Vec<(Labels, u64)>,
+    rdma_late_events: u64,
     start_time: f64,
     uptime: f64,
 }
@@ -568,6 +570,7 @@ impl Snapshot {
             .into_iter()
             .map(|(limit, n)| (vec![("limit", limit.to_string())], n))
             .collect();
+        s.rdma_late_events = sta::verbs::late_cq_events();
         let (connected, unconnected) = (src.peer_connections)();
         s.peer_connections = vec![
             (vec![("state", "connected".to_string())], connected),
@@ -779,6 +782,13 @@ impl Collector for Snapshot {
             "Connections held under limits:, past their Fabrics Connect (connected) or not yet (unconnected).",
             None,
             &self.peer_connections,
+        )?;
+        counters(
+            e,
+            "rdma_late_completion_events",
+            "RDMA completion events the kernel queued for a completion queue already destroyed (Soft-RoCE before Linux 6.4 does), discarded without being read.",
+            None,
+            &[(Vec::new(), self.rdma_late_events)],
         )?;
         gauge(
             e,

@@ -80,6 +80,8 @@ fn check_pdu(s: &Setup, pdu: &Pdu) {
             assert!(!data.is_empty() && data.len() as u64 <= s.max_data as u64);
         }
         Pdu::IcReq(_) | Pdu::H2CTermReq { .. } => assert!(!s.host),
+        // This harness never turns streaming on (tcp_queue does).
+        Pdu::H2CDataHead { .. } | Pdu::H2CDataTail { .. } => panic!("streamed without asking"),
         Pdu::IcResp(_) | Pdu::CapsuleResp { .. } | Pdu::R2T { .. } | Pdu::C2HTermReq { .. } => {
             assert!(s.host)
         }

@@ -22,7 +22,11 @@
 //!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
 //!   most 128 bytes, SQHD is FFFFh with flow control disabled and below SQSIZE + 1
 //!   otherwise, and no CapsuleResp follows a C2HData that had SUCCESS;
-//! - chunking: feeding the stream in pieces gives the same events and output as whole.
+//! - chunking: feeding the stream in pieces gives the same events and output as whole;
+//! - streaming: a third pass feeds the pieces to a machine that streams H2CData
+//!   ([`ControllerQueue::set_stream_host_data`]); its payload is accounted piece by piece
+//!   with the same checks, and without a fatal error in either pass it gives the same
+//!   output and the same per-PDU host-data verdicts as the whole pass.
 
 use std::collections::HashMap;
 
@@ -73,6 +77,17 @@ struct Engine {
 }
 
 fn pass(q: &mut ControllerQueue, e: &mut Engine, stream: &[u8], step: usize, setup: &Setup) {
+    pass_with(q, e, stream, step, setup, false)
+}
+
+fn pass_with(
+    q: &mut ControllerQueue,
+    e: &mut Engine,
+    stream: &[u8],
+    step: usize,
+    setup: &Setup,
+    normalize: bool,
+) {
     let mut buf: Vec<u8> = Vec::new();
     let mut fed = 0;
     loop {
@@ -82,6 +97,23 @@ fn pass(q: &mut ControllerQueue, e: &mut Engine, stream: &[u8], step: usize, set
             fed += n;
         }
         loop {
+            if let Some(f) = q.inflow() {
+                // Streamed payload: account it as the engine would put it in place.
+                assert!(!f.discard, "no transfer is cancelled here");
+                let Some(x) = e.xfers.get_mut(&f.ttag) else {
+                    panic!("streamed data for unsolicited TTAG {}", f.ttag);
+                };
+                assert_eq!(f.offset, x.0, "streamed data not contiguous");
+                let n = buf.len().min(f.len as usize);
+                if n == 0 {
+                    break;
+                }
+                assert_eq!(q.inflow_received(&buf[..n]), n);
+                x.0 += n as u32;
+                assert!(x.0 <= x.1, "streamed data past the R2T");
+                buf.drain(..n);
+                continue;
+            }
             let (used, ev) = q.receive(&buf, &mut e.out);
             assert!(used <= buf.len(), "consumed more than buffered");
             let Some(ev) = ev else {
@@ -91,7 +123,14 @@ fn pass(q: &mut ControllerQueue, e: &mut Engine, stream: &[u8], step: usize, set
                 }
                 break;
             };
-            e.events.push(format!("{ev:?}"));
+            match ev {
+                // One verdict per H2CData PDU, however it came in.
+                ControllerEvent::HostDataStart { .. } if normalize => {}
+                ControllerEvent::HostData { ttag, complete, .. } if normalize => {
+                    e.events.push(format!("HostData {ttag} {complete:?}"))
+                }
+                _ => e.events.push(format!("{ev:?}")),
+            }
             handle(q, e, ev, setup);
             buf.drain(..used);
         }
@@ -158,6 +197,16 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             } else {
                 e.xfers.insert(ttag, (new as u32, end));
             }
+        }
+        ControllerEvent::HostDataStart { ttag, offset, len } => {
+            let Some(&(next, end)) = e.xfers.get(&ttag) else {
+                panic!("streamed PDU for unsolicited TTAG {ttag}");
+            };
+            assert_eq!(offset, next, "streamed PDU not contiguous");
+            assert!(
+                offset as u64 + len as u64 <= end as u64,
+                "streamed PDU past the R2T"
+            );
         }
         ControllerEvent::Fatal { .. } | ControllerEvent::HostTerminated { .. } => {
             assert!(q.stopped());
@@ -292,6 +341,31 @@ pub fn run(data: &[u8]) {
     let mut chunked_q = ControllerQueue::new(LIMITS);
     let mut chunked = Engine::default();
     pass(&mut chunked_q, &mut chunked, &stream, step, &s);
+    let mut streamed_q = ControllerQueue::new(LIMITS);
+    streamed_q.set_stream_host_data(1);
+    let mut streamed = Engine::default();
+    pass_with(&mut streamed_q, &mut streamed, &stream, step, &s, true);
+    check_output(&streamed.out, &s, streamed_q.digests());
+    let mut whole_n = Engine::default();
+    pass_with(
+        &mut ControllerQueue::new(LIMITS),
+        &mut whole_n,
+        &stream,
+        usize::MAX,
+        &s,
+        true,
+    );
+    // A PDU refused at its header is refused before its payload when streamed, so the
+    // two may differ only when one of them ended the connection.
+    if term_req_start(&whole.out.bytes, s.hpda).is_none()
+        && term_req_start(&streamed.out.bytes, s.hpda).is_none()
+    {
+        assert_eq!(
+            whole_n.events, streamed.events,
+            "streaming changed the events"
+        );
+        assert_eq!(whole.out, streamed.out, "streaming changed the output");
+    }
     assert_eq!(whole.events, chunked.events, "chunking changed the events");
     assert_eq!(whole.out.released, chunked.out.released);
     // A C2HTermReq echoes as much of the offending header as had arrived when the error

@@ -303,6 +303,8 @@ impl OwnedPdu {
             Pdu::IcReq(_)
             | Pdu::CapsuleCmd { .. }
             | Pdu::H2CData { .. }
+            | Pdu::H2CDataHead { .. }
+            | Pdu::H2CDataTail { .. }
             | Pdu::H2CTermReq { .. } => OwnedPdu::C2HTermReq { fes: 0, fei: 0 },
         }
     }

@@ -11,7 +11,9 @@
 //!   range it solicits; each H2CData must name a solicited TTAG (FES Invalid PDU Header
 //!   Field, FEI 10 otherwise), that command's CCCID (FEI 8), the next offset (FES Data
 //!   Transfer Out of Range) and stay inside the range; data digests are checked per PDU
-//!   and reported once the transfer is complete;
+//!   and reported once the transfer is complete; large H2CData PDUs may be streamed
+//!   (checked at their header, payload moved by the engine straight into its buffer,
+//!   digest checked at the end: [`ControllerQueue::set_stream_host_data`]);
 //! - responses: C2HData (one PDU, LAST_PDU, padded to the host's HPDA) with the SUCCESS
 //!   flag when the host disabled SQ flow control and the completion is plain success
 //!   (section 3.3.6.4: no CapsuleResp then), otherwise a CapsuleResp; SQHD and SQID
@@ -84,13 +86,18 @@ pub enum ControllerEvent<'a> {
     },
     /// Solicited host data: copy `data` to offset `offset` of command `ttag`'s buffer.
     /// `complete` is set on the PDU that finishes the R2T's range: `Some(true)` when
-    /// every data digest of the transfer matched.
+    /// every data digest of the transfer matched. The end of a streamed PDU comes as
+    /// `HostData` with empty `data` at the offset where the PDU's data ended.
     HostData {
         ttag: u16,
         offset: u32,
         data: &'a [u8],
         complete: Option<bool>,
     },
+    /// A valid H2CData header whose `len` bytes of data at `offset` of command `ttag`'s
+    /// buffer are streamed (see [`ControllerQueue::set_stream_host_data`]): move them as
+    /// [`ControllerQueue::inflow`] says.
+    HostDataStart { ttag: u16, offset: u32, len: u32 },
     /// The host sent H2CTermReq: close without answering. FES and FEI are the host's, or,
     /// for a TermReq too malformed to read, what is wrong with it (no TermReq answers a
     /// TermReq, NVMe/TCP 1.0 section 3.6.2.4).
@@ -122,6 +129,27 @@ struct Transfer {
     digests_ok: bool,
 }
 
+/// The payload of a streamed H2CData PDU still to come: `len` bytes for offset `offset`
+/// of command `ttag`'s buffer. With `discard` the command's transfer was cancelled (or
+/// replaced) meanwhile: take the bytes off the wire and drop them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inflow {
+    pub ttag: u16,
+    pub offset: u32,
+    pub len: u32,
+    pub discard: bool,
+}
+
+/// The streamed PDU in progress.
+#[derive(Clone, Copy, Debug)]
+struct Stream {
+    ttag: u16,
+    /// Offset of the next payload byte; where the PDU's data ends.
+    next: u32,
+    end: u32,
+    orphan: bool,
+}
+
 /// Byte offsets of H2CData header fields (NVMe/TCP 1.0 Figure 30), reported as FEI.
 const FEI_CCCID: u32 = 8;
 const FEI_TTAG: u32 = 10;
@@ -140,6 +168,7 @@ pub struct ControllerQueue {
     scratch: Vec<u8>,
     /// Commands received and not yet released by the engine.
     outstanding: u32,
+    stream: Option<Stream>,
 }
 
 impl ControllerQueue {
@@ -155,7 +184,45 @@ impl ControllerQueue {
             transfers: Vec::new(),
             scratch: Vec::new(),
             outstanding: 0,
+            stream: None,
         }
+    }
+
+    /// Stream H2CData PDUs with at least `min_len` bytes of data (0: never): instead of
+    /// waiting for the whole PDU, [`receive`](Self::receive) reports
+    /// [`ControllerEvent::HostDataStart`] once its header is in, the engine moves the
+    /// payload into the command's buffer itself (e.g. reading the socket straight into
+    /// it) showing each piece to [`inflow_received`](Self::inflow_received), and a
+    /// [`ControllerEvent::HostData`] with empty data ends the PDU. Large writes are then
+    /// copied once, by the kernel.
+    pub fn set_stream_host_data(&mut self, min_len: u32) {
+        self.framer.set_split_min(min_len);
+    }
+
+    /// The streamed payload still to come, if any. While it is `Some`, the bytes at the
+    /// front of the input are payload: give them to [`inflow_received`](Self::inflow_received),
+    /// not to [`receive`](Self::receive).
+    pub fn inflow(&self) -> Option<Inflow> {
+        let s = self.stream?;
+        let left = self.framer.inflow_left()?;
+        Some(Inflow {
+            ttag: s.ttag,
+            offset: s.next,
+            len: left,
+            discard: s.orphan,
+        })
+    }
+
+    /// The next `data.len()` bytes of the streamed payload arrived (and are where
+    /// [`inflow`](Self::inflow) said, unless discarded); they count toward its data
+    /// digest. Returns how many were taken (never more than the payload has left).
+    pub fn inflow_received(&mut self, data: &[u8]) -> usize {
+        let Some(s) = self.stream.as_mut() else {
+            return 0;
+        };
+        let n = self.framer.inflow(data);
+        s.next += n as u32;
+        n
     }
 
     /// Fabrics Connect answered: the queue's ID, SQSIZE and flow-control mode.
@@ -212,7 +279,8 @@ impl ControllerQueue {
 
     /// Parse the PDU at the front of `buf` and act on it. Returns how many bytes to drop
     /// from the front and what the PDU meant; `(0, None)` means more bytes are needed (or
-    /// input is over). Anything owed to the host (ICResp, C2HTermReq) goes to `out`.
+    /// input is over); `(n, None)`: drop `n` bytes (the end of a streamed PDU nobody
+    /// waits for), and more are needed. Anything owed to the host (ICResp, C2HTermReq) goes to `out`.
     pub fn receive<'a>(
         &mut self,
         buf: &'a [u8],
@@ -290,23 +358,59 @@ impl ControllerQueue {
                 data,
                 data_digest_ok,
                 ..
-            } => match self.host_data(cccid, ttag, datao, data.len() as u32, data_digest_ok) {
-                Ok(complete) => ControllerEvent::HostData {
+            } => match self.claim(cccid, ttag, datao, data.len() as u32) {
+                Ok(()) => ControllerEvent::HostData {
                     ttag,
                     offset: datao,
                     data,
-                    complete,
+                    complete: self.settle(ttag, data_digest_ok),
                 },
                 Err((fei, cause)) => {
-                    let fes = if cause == FatalCause::DataOutOfRange {
-                        fes::DATA_TRANSFER_OUT_OF_RANGE
-                    } else {
-                        fes::INVALID_HEADER_FIELD
-                    };
                     let hdr = pdu_header(&buf[..used]);
-                    return (used, Some(self.fatal(out, fes, fei, hdr, cause)));
+                    return (used, Some(self.data_fatal(out, fei, cause, hdr)));
                 }
             },
+            Pdu::H2CDataHead {
+                cccid,
+                ttag,
+                datao,
+                len,
+                ..
+            } => match self.claim(cccid, ttag, datao, len) {
+                Ok(()) => {
+                    self.stream = Some(Stream {
+                        ttag,
+                        next: datao,
+                        end: datao + len,
+                        orphan: false,
+                    });
+                    ControllerEvent::HostDataStart {
+                        ttag,
+                        offset: datao,
+                        len,
+                    }
+                }
+                Err((fei, cause)) => {
+                    let hdr = pdu_header(&buf[..used]);
+                    return (used, Some(self.data_fatal(out, fei, cause, hdr)));
+                }
+            },
+            Pdu::H2CDataTail { data_digest_ok } => {
+                match self.stream.take() {
+                    Some(s) if !s.orphan => ControllerEvent::HostData {
+                        ttag: s.ttag,
+                        offset: s.end,
+                        data: &[],
+                        complete: self.settle(s.ttag, data_digest_ok),
+                    },
+                    // The transfer is gone (its TTAG may name a new one already): nothing
+                    // to report; go on with the next PDU.
+                    _ => {
+                        let (more, ev) = self.receive(&buf[used..], out);
+                        return (used + more, ev);
+                    }
+                }
+            }
             Pdu::H2CTermReq { fes, fei } => {
                 self.state = State::Stopped;
                 ControllerEvent::HostTerminated { fes, fei }
@@ -329,19 +433,17 @@ impl ControllerQueue {
         (used, Some(ev))
     }
 
-    /// Account one H2CData PDU against its R2T; `Ok(Some(ok))` once the range is complete.
-    fn host_data(
+    /// Check one H2CData PDU's header against its R2T and account its range.
+    fn claim(
         &mut self,
         cccid: u16,
         ttag: u16,
         datao: u32,
         len: u32,
-        digest_ok: bool,
-    ) -> Result<Option<bool>, (u32, FatalCause)> {
-        let Some(i) = self.transfers.iter().position(|t| t.ttag == ttag) else {
+    ) -> Result<(), (u32, FatalCause)> {
+        let Some(t) = self.transfers.iter_mut().find(|t| t.ttag == ttag) else {
             return Err((FEI_TTAG, FatalCause::UnknownTtag));
         };
-        let t = &mut self.transfers[i];
         if t.cccid != cccid {
             return Err((FEI_CCCID, FatalCause::WrongCccid));
         }
@@ -350,13 +452,37 @@ impl ControllerQueue {
             return Err((FEI_DATAO, FatalCause::DataOutOfRange));
         }
         t.next = end as u32;
+        Ok(())
+    }
+
+    /// A claimed PDU's data is in, with its digest verdict: `Some(all digests ok)` once
+    /// the R2T's range is complete (the transfer is then over).
+    fn settle(&mut self, ttag: u16, digest_ok: bool) -> Option<bool> {
+        let i = self.transfers.iter().position(|t| t.ttag == ttag)?;
+        let t = &mut self.transfers[i];
         t.digests_ok &= digest_ok;
         if t.next < t.end {
-            return Ok(None);
+            return None;
         }
         let ok = t.digests_ok;
         self.transfers.swap_remove(i);
-        Ok(Some(ok))
+        Some(ok)
+    }
+
+    /// The C2HTermReq for an H2CData PDU its R2T does not allow.
+    fn data_fatal(
+        &mut self,
+        out: &mut impl TxSink,
+        fei: u32,
+        cause: FatalCause,
+        hdr: &[u8],
+    ) -> ControllerEvent<'static> {
+        let fes = if cause == FatalCause::DataOutOfRange {
+            fes::DATA_TRANSFER_OUT_OF_RANGE
+        } else {
+            fes::INVALID_HEADER_FIELD
+        };
+        self.fatal(out, fes, fei, hdr, cause)
     }
 
     fn fatal(
@@ -372,6 +498,7 @@ impl ControllerQueue {
         out.header(&self.scratch);
         self.state = State::Stopped;
         self.transfers.clear();
+        self.stream = None;
         ControllerEvent::Fatal { fes, fei, cause }
     }
 
@@ -385,7 +512,7 @@ impl ControllerQueue {
         offset: u32,
         len: u32,
     ) {
-        self.transfers.retain(|t| t.ttag != ttag);
+        self.cancel_transfer(ttag);
         self.transfers.push(Transfer {
             ttag,
             cccid,
@@ -402,6 +529,10 @@ impl ControllerQueue {
     /// H2CData for it is a fatal error.
     pub fn cancel_transfer(&mut self, ttag: u16) {
         self.transfers.retain(|t| t.ttag != ttag);
+        // A PDU of it being streamed keeps coming: its bytes go nowhere.
+        if let Some(s) = self.stream.as_mut().filter(|s| s.ttag == ttag) {
+            s.orphan = true;
+        }
     }
 
     /// R2Ts outstanding.

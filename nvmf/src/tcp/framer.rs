@@ -23,12 +23,36 @@ pub struct HostLimits {
     pub max_c2h_data: u32,
 }
 
+/// Where a streamed H2CData PDU stands (see [`RxFramer::set_split_min`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inflow {
+    None,
+    /// `left` payload bytes come next; they are handed to [`RxFramer::inflow`], not
+    /// parsed. `crc` accumulates the data digest when the PDU carries one.
+    Data {
+        left: u32,
+        crc: Option<DataDigest>,
+    },
+    /// The payload is in: the data digest (4 bytes) is next when `crc` is set; without
+    /// one the tail is reported at once.
+    Tail {
+        crc: Option<DataDigest>,
+    },
+}
+
 /// Receive framer for one NVMe/TCP connection, either role.
 ///
 /// Feed it the connection's unconsumed received bytes; it parses the PDU at the front in
 /// place. It keeps no copy of the bytes, so a PDU split across reads is simply parsed again
 /// once the rest has arrived ([`needed`](Self::needed) says how much to wait for). After a
 /// [`TermError`] the framer is dead and returns the same error forever.
+///
+/// Controller side, a large H2CData PDU may instead be *streamed* (see
+/// [`set_split_min`](Self::set_split_min)): its validated header is reported as
+/// [`Pdu::H2CDataHead`], the engine moves the payload itself (straight from the socket
+/// into the command's buffer, so it is copied once) and shows each piece to
+/// [`inflow`](Self::inflow), and [`Pdu::H2CDataTail`] ends the PDU with its data digest's
+/// verdict.
 #[derive(Clone, Debug)]
 pub struct RxFramer {
     role: Role,
@@ -41,6 +65,10 @@ pub struct RxFramer {
     max_data: u32,
     needed: usize,
     failed: Option<TermError>,
+    /// Controller side: H2CData PDUs with at least this much data that are not wholly
+    /// in the buffer are streamed (0: never).
+    split_min: u32,
+    inflow: Inflow,
 }
 
 /// Offsets of the common header fields, reported as FEI.
@@ -62,6 +90,8 @@ impl RxFramer {
             max_data: limits.max_h2c_data,
             needed: COMMON_HEADER_LEN,
             failed: None,
+            split_min: 0,
+            inflow: Inflow::None,
         }
     }
 
@@ -76,6 +106,8 @@ impl RxFramer {
             max_data: limits.max_c2h_data,
             needed: COMMON_HEADER_LEN,
             failed: None,
+            split_min: 0,
+            inflow: Inflow::None,
         }
     }
 
@@ -102,6 +134,41 @@ impl RxFramer {
         self.max_data = n;
     }
 
+    /// Controller side: stream H2CData PDUs carrying at least `n` bytes of data whose end
+    /// is not in the buffer yet (0, the default, turns streaming off). Streaming starts
+    /// once the header, its digest and the padding up to PDO have arrived.
+    pub fn set_split_min(&mut self, n: u32) {
+        self.split_min = if self.role == Role::Controller { n } else { 0 };
+    }
+
+    /// Payload bytes of a streamed PDU still to come (to be shown to
+    /// [`inflow`](Self::inflow)); `None` when no payload is being streamed.
+    pub fn inflow_left(&self) -> Option<u32> {
+        match self.inflow {
+            Inflow::Data { left, .. } => Some(left),
+            _ => None,
+        }
+    }
+
+    /// The next bytes of a streamed payload, as they arrived (the engine has put them
+    /// in its buffer). Returns how many were taken: at most [`inflow_left`](Self::inflow_left).
+    pub fn inflow(&mut self, data: &[u8]) -> usize {
+        let Inflow::Data { left, mut crc } = self.inflow else {
+            return 0;
+        };
+        let n = data.len().min(left as usize);
+        if let Some(c) = crc.as_mut() {
+            c.update(&data[..n]);
+        }
+        let left = left - n as u32;
+        self.inflow = if left == 0 {
+            Inflow::Tail { crc }
+        } else {
+            Inflow::Data { left, crc }
+        };
+        n
+    }
+
     /// After `parse` returned `Ok(None)`: the buffer must hold at least this many bytes
     /// before the next `parse` can make progress.
     pub fn needed(&self) -> usize {
@@ -121,6 +188,34 @@ impl RxFramer {
     pub fn parse<'a>(&mut self, buf: &'a [u8]) -> Result<Option<(Pdu<'a>, usize)>, TermError> {
         if let Some(e) = self.failed {
             return Err(e);
+        }
+        match self.inflow {
+            Inflow::None => {}
+            // The payload is the engine's to move (`inflow`).
+            Inflow::Data { .. } => {
+                self.needed = 0;
+                return Ok(None);
+            }
+            Inflow::Tail { crc: None } => {
+                self.inflow = Inflow::None;
+                self.needed = COMMON_HEADER_LEN;
+                return Ok(Some((
+                    Pdu::H2CDataTail {
+                        data_digest_ok: true,
+                    },
+                    0,
+                )));
+            }
+            Inflow::Tail { crc: Some(c) } => {
+                let Some(d) = buf.get(..DIGEST_LEN) else {
+                    self.needed = DIGEST_LEN;
+                    return Ok(None);
+                };
+                self.inflow = Inflow::None;
+                self.needed = COMMON_HEADER_LEN;
+                let ok = u32::from_le_bytes([d[0], d[1], d[2], d[3]]) == c.finish();
+                return Ok(Some((Pdu::H2CDataTail { data_digest_ok: ok }, DIGEST_LEN)));
+            }
         }
         match self.parse_inner(buf) {
             Ok(Some(p)) => {
@@ -262,6 +357,12 @@ impl RxFramer {
         }
 
         if buf.len() < plen {
+            if ty == pdu_type::H2C_DATA
+                && self.split_min > 0
+                && data_len as u64 >= self.split_min as u64
+            {
+                return self.split_h2c_data(buf, &ch, hlen, pdo, data_len, dd > 0, fail);
+            }
             self.needed = plen;
             return Ok(None);
         }
@@ -331,6 +432,53 @@ impl RxFramer {
             }
         };
         Ok(Some((out, plen)))
+    }
+
+    /// The head of a streamed H2CData PDU (common checks done): once everything up to
+    /// PDO is in, the header digest and DATAL are checked as for a whole PDU and the
+    /// payload becomes the engine's to move.
+    #[allow(clippy::too_many_arguments)]
+    fn split_h2c_data<'a>(
+        &mut self,
+        buf: &'a [u8],
+        ch: &CommonHeader,
+        hlen: usize,
+        pdo: usize,
+        data_len: usize,
+        ddgst: bool,
+        fail: impl Fn(u16, u32) -> TermError,
+    ) -> Result<Option<(Pdu<'a>, usize)>, TermError> {
+        if buf.len() < pdo {
+            self.needed = pdo;
+            return Ok(None);
+        }
+        if self.digests.header {
+            let got = u32::from_le_bytes([buf[hlen], buf[hlen + 1], buf[hlen + 2], buf[hlen + 3]]);
+            if got != super::data_digest(&buf[..hlen]) {
+                return Err(fail(fes::HEADER_DIGEST_ERROR, 0));
+            }
+        }
+        let Ok((h, _)) = DataHeader::read_from_prefix(buf) else {
+            return Err(fail(fes::INVALID_HEADER_FIELD, FEI_HLEN));
+        };
+        if h.datal.get() as usize != data_len {
+            // DATAL disagrees with PLEN - PDO.
+            return Err(fail(fes::INVALID_HEADER_FIELD, 16));
+        }
+        self.inflow = Inflow::Data {
+            left: data_len as u32,
+            crc: ddgst.then(DataDigest::new),
+        };
+        Ok(Some((
+            Pdu::H2CDataHead {
+                cccid: h.cccid.get(),
+                ttag: h.ttag.get(),
+                datao: h.datao.get(),
+                len: data_len as u32,
+                last: ch.flags & flags::LAST_PDU != 0,
+            },
+            pdo,
+        )))
     }
 
     /// ICReq / ICResp: fixed 128-byte PDUs without digests.

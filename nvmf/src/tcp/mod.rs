@@ -43,7 +43,7 @@ mod host;
 #[cfg(test)]
 mod tests;
 
-pub use controller::{ControllerEvent, ControllerQueue, FatalCause, TxSink};
+pub use controller::{ControllerEvent, ControllerQueue, FatalCause, Inflow, TxSink};
 pub use framer::{HostLimits, RxFramer};
 pub use host::{HostConfig, HostError, HostEvent, HostQueue, Xfer};
 
@@ -305,6 +305,18 @@ pub enum Pdu<'a> {
         last: bool,
         data_digest_ok: bool,
     },
+    /// Controller side, streaming (see [`RxFramer::set_split_min`]): an H2CData header;
+    /// its `len` payload bytes are the engine's to move and show to [`RxFramer::inflow`].
+    H2CDataHead {
+        cccid: u16,
+        ttag: u16,
+        datao: u32,
+        len: u32,
+        last: bool,
+    },
+    /// Controller side, streaming: the streamed payload and its data digest (if any) are
+    /// in; `data_digest_ok` is false when the digest did not match.
+    H2CDataTail { data_digest_ok: bool },
     /// Controller side: the host terminates the connection; close it, send nothing.
     H2CTermReq { fes: u16, fei: u32 },
     /// Host side: answer to ICReq.

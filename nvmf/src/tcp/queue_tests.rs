@@ -516,6 +516,147 @@ fn digest_error_is_reported_at_the_end_of_the_transfer() {
     ));
 }
 
+/// A streamed H2CData PDU: header checked against the R2T first, payload shown piece by
+/// piece, data digest checked at the tail (a bad one fails the transfer at its end),
+/// and streaming only for PDUs that are large enough and not wholly buffered.
+#[test]
+fn streamed_host_data_is_checked_like_whole_pdus() {
+    let dd = Digests {
+        header: true,
+        data: true,
+    };
+    for corrupt in [false, true] {
+        let (mut q, _) = connected(dd, 0);
+        q.set_stream_host_data(1024);
+        let mut w = Wire::default();
+        let cap = write_capsule(1, 4096, &[], dd);
+        feed(&mut q, &cap, &mut w);
+        let mut sink = Sink {
+            wire: &mut w,
+            bufs: &no_bufs,
+        };
+        q.request_data(&mut sink, 1, 7, 0, 4096);
+        // A small PDU (under the threshold) wholly buffered: the usual event.
+        let mut small = Vec::new();
+        encode_h2c_data(&mut small, 1, 7, 0, &[3u8; 512], false, dd, 0);
+        let (used, ev) = q.receive(&small, &mut sink);
+        assert_eq!(used, small.len());
+        assert!(matches!(
+            ev,
+            Some(ControllerEvent::HostData {
+                offset: 0,
+                complete: None,
+                ..
+            })
+        ));
+        // A large one, header and 100 bytes in: streamed.
+        let data: Vec<u8> = (0..3584u32).map(|i| i as u8).collect();
+        let mut big = Vec::new();
+        encode_h2c_data(&mut big, 1, 7, 512, &data, true, dd, 0);
+        if corrupt {
+            let n = big.len();
+            big[n - 1] ^= 1;
+        }
+        let pdo = big[3] as usize;
+        let (used, ev) = q.receive(&big[..pdo + 100], &mut sink);
+        assert_eq!(used, pdo);
+        assert_eq!(
+            ev,
+            Some(ControllerEvent::HostDataStart {
+                ttag: 7,
+                offset: 512,
+                len: 3584
+            })
+        );
+        // While payload is due, `receive` takes nothing.
+        assert_eq!(q.receive(&big[pdo..], &mut sink), (0, None));
+        let mut at = pdo;
+        for piece in [100usize, 1000, 2484] {
+            let f = q.inflow().expect("payload due");
+            assert_eq!(
+                (f.ttag, f.offset, f.discard),
+                (7, (512 + at - pdo) as u32, false)
+            );
+            assert_eq!(f.len as usize, big.len() - 4 - at);
+            assert_eq!(q.inflow_received(&big[at..at + piece]), piece);
+            at += piece;
+        }
+        assert_eq!(q.inflow(), None);
+        // The digest: 2 of its 4 bytes are not enough.
+        assert_eq!(q.receive(&big[at..at + 2], &mut sink), (0, None));
+        let (used, ev) = q.receive(&big[at..], &mut sink);
+        assert_eq!(used, 4);
+        assert_eq!(
+            ev,
+            Some(ControllerEvent::HostData {
+                ttag: 7,
+                offset: 4096,
+                data: &[],
+                complete: Some(!corrupt)
+            })
+        );
+        assert_eq!(q.transfers(), 0);
+    }
+}
+
+/// A streamed PDU's header is checked before anything of its payload is taken: a TTAG
+/// without R2T is fatal at once; a transfer cancelled mid-stream has its remaining
+/// payload discarded, and its TTAG may be solicited again at once without the old bytes
+/// landing in the new transfer.
+#[test]
+fn streamed_host_data_header_errors_and_cancel() {
+    let streaming = || {
+        let (mut q, _) = connected(Digests::NONE, 0);
+        q.set_stream_host_data(1);
+        q
+    };
+    let mut w = Wire::default();
+    let mut sink = Sink {
+        wire: &mut w,
+        bufs: &no_bufs,
+    };
+    let mut q = streaming();
+    let mut h2c = Vec::new();
+    encode_h2c_data(&mut h2c, 1, 9, 0, &[1u8; 2048], true, Digests::NONE, 0);
+    let (_, ev) = q.receive(&h2c[..40], &mut sink);
+    assert!(matches!(
+        ev,
+        Some(ControllerEvent::Fatal {
+            cause: FatalCause::UnknownTtag,
+            ..
+        })
+    ));
+
+    let mut q = streaming();
+    let cap = write_capsule(1, 2048, &[], Digests::NONE);
+    q.receive(&cap, &mut sink);
+    q.request_data(&mut sink, 1, 9, 0, 2048);
+    let pdo = h2c[3] as usize;
+    let (used, _) = q.receive(&h2c[..pdo], &mut sink);
+    assert_eq!(used, pdo);
+    q.inflow_received(&h2c[pdo..pdo + 48]);
+    q.cancel_transfer(9);
+    q.request_data(&mut sink, 1, 9, 0, 2048);
+    let f = q.inflow().expect("payload still due");
+    assert!(f.discard, "the old PDU's bytes go nowhere");
+    assert_eq!(q.inflow_received(&h2c[pdo + 48..]), 2000);
+    // The orphan's end is reported to nobody; the next PDU is parsed in the same call.
+    let mut next = Vec::new();
+    encode_h2c_data(&mut next, 1, 9, 0, &[2u8; 8], true, Digests::NONE, 0);
+    let (used, ev) = q.receive(&next, &mut sink);
+    assert_eq!(used, next.len());
+    assert_eq!(
+        ev,
+        Some(ControllerEvent::HostData {
+            ttag: 9,
+            offset: 0,
+            data: &[2u8; 8],
+            complete: None
+        })
+    );
+    assert_eq!(q.transfers(), 1, "the new R2T is still outstanding");
+}
+
 #[test]
 fn sqhd_wraps_at_negotiated_admin_size() {
     let (mut q, _) = connected(Digests::NONE, 0);
@@ -556,9 +697,16 @@ struct ToyTarget {
 }
 
 impl ToyTarget {
-    fn new() -> ToyTarget {
+    /// With `stream`, every H2CData PDU not wholly in the input is streamed: its payload
+    /// goes into the transfer's buffer piece by piece, as an engine reading the socket
+    /// straight into its buffers does.
+    fn new(stream: bool) -> ToyTarget {
+        let mut q = ControllerQueue::new(LIMITS);
+        if stream {
+            q.set_stream_host_data(1);
+        }
         ToyTarget {
-            q: ControllerQueue::new(LIMITS),
+            q,
             disk: vec![0; 65536],
             xfers: Default::default(),
             out: Wire::default(),
@@ -569,6 +717,19 @@ impl ToyTarget {
     fn input(&mut self, bytes: &[u8]) {
         self.pending_rx.extend_from_slice(bytes);
         loop {
+            if let Some(f) = self.q.inflow() {
+                let n = self.pending_rx.len().min(f.len as usize);
+                if n == 0 {
+                    break;
+                }
+                let piece: Vec<u8> = self.pending_rx.drain(..n).collect();
+                if !f.discard {
+                    let (_, buf) = self.xfers.get_mut(&f.ttag).expect("claimed TTAG");
+                    buf[f.offset as usize..][..n].copy_from_slice(&piece);
+                }
+                assert_eq!(self.q.inflow_received(&piece), n);
+                continue;
+            }
             let rx = std::mem::take(&mut self.pending_rx);
             let (used, ev) = self.q.receive(
                 &rx,
@@ -650,6 +811,9 @@ impl ToyTarget {
                     self.finish(ttag, Cqe::new(sqe.cid(), st), Vec::new());
                 }
             }
+            ControllerEvent::HostDataStart { ttag, .. } => {
+                assert!(self.xfers.contains_key(&ttag), "machine checked the TTAG");
+            }
             ControllerEvent::Connected(_) => {}
             other => panic!("toy target: {other:?}"),
         }
@@ -693,9 +857,10 @@ proptest! {
     /// with success, reads return what the model disk holds.
     #[test]
     fn host_and_controller_agree(ops in prop::collection::vec(op_strategy(), 1..12),
-                                 hdr: bool, dat: bool, cut in 1usize..700, incap: bool) {
+                                 hdr: bool, dat: bool, cut in 1usize..700, incap: bool,
+                                 stream: bool) {
         let d = Digests { header: hdr, data: dat };
-        let mut t = ToyTarget::new();
+        let mut t = ToyTarget::new(stream);
         let mut h = HostQueue::new(HostConfig { digests: d, hpda: 0, maxr2t: 0, max_c2h_data: 1 << 20 }, 32);
         h.set_max_incapsule(if incap { 4096 } else { 0 });
         let mut model = vec![0u8; 65536];

@@ -186,6 +186,9 @@ pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
 
 /// How a QP's bytes move: the only transport-specific part of a QP. Commands, offload
 /// logic and tasks are shared; the link's queue machine decides what goes on the wire.
+/// TCP, the common case, stays inline (a box would cost a pointer chase per PDU); QPs
+/// live in one table, so its ~220 bytes per entry do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Link {
     Tcp(TcpLink),
     Rdma(Box<RdmaLink>),
@@ -1198,17 +1201,44 @@ impl Core {
         data: &[u8],
         complete: Option<bool>,
     ) {
+        let end = offset as usize + data.len();
+        if let Some(dst) = self.host_data_dest(qp, idx, offset, data.len() as u32) {
+            dst.copy_from_slice(data);
+        }
+        let Some(c) = self.cmds.get_mut(idx as usize) else {
+            return;
+        };
+        if c.st != St::H2C || c.qp != qp {
+            return;
+        }
+        c.got = end as u32;
+        match complete {
+            None => {}
+            Some(true) => self.host_data_done(qp, st, idx, Ok(())),
+            Some(false) => self.host_data_done(qp, st, idx, Err(TaskError::DataDigest)),
+        }
+    }
+
+    /// Where `len` bytes of host data at `offset` of command `idx` (fetching on `qp`) go:
+    /// a slice of its buffer, taken from the pool when the first data arrives. `None`:
+    /// not a fetching command of this QP, out of its range, or nothing to put it in (the
+    /// command then takes the rest of its transfer off the wire and fails).
+    pub fn host_data_dest(
+        &mut self,
+        qp: QpHandle,
+        idx: u32,
+        offset: u32,
+        len: u32,
+    ) -> Option<&mut [u8]> {
         let Core {
             cmds,
             pool,
             counters,
             ..
         } = self;
-        let Some(c) = cmds.get_mut(idx as usize) else {
-            return;
-        };
+        let c = cmds.get_mut(idx as usize)?;
         if c.st != St::H2C || c.qp != qp {
-            return;
+            return None;
         }
         if c.buf.is_none() && !c.discard && c.len > 0 {
             // The data is coming: now it needs a buffer.
@@ -1226,18 +1256,8 @@ impl Core {
                 }
             }
         }
-        let end = offset as usize + data.len();
-        if let Some(b) = c.buf.as_mut() {
-            if let Some(dst) = b.as_mut_slice().get_mut(offset as usize..end) {
-                dst.copy_from_slice(data);
-            }
-        }
-        c.got = end as u32;
-        match complete {
-            None => {}
-            Some(true) => self.host_data_done(qp, st, idx, Ok(())),
-            Some(false) => self.host_data_done(qp, st, idx, Err(TaskError::DataDigest)),
-        }
+        let end = offset as usize + len as usize;
+        c.buf.as_mut()?.as_mut_slice().get_mut(offset as usize..end)
     }
 
     /// The host-data fetch of command `idx` ended: hand the result to the application

@@ -302,20 +302,19 @@ impl StaIo {
             unreachable!("set above")
         };
         let recv_sz = rdma_link::recv_size(self.core.cfg.max_incapsule_data);
-        let (rq, new_fd) = match rt.accept(&mut req, depth, recv_sz) {
+        let rq = match rt.accept(&mut req, depth, recv_sz) {
             Ok(x) => x,
             Err(e) => {
                 req.reject(e.status);
                 return Err(e);
             }
         };
-        if let Some(fd) = new_fd {
-            let tag = COMP_TAG | rq.dev() as u64;
-            if let Err(e) = rdma_link::watch_channel(&self.epoll, fd, tag) {
+        let idx = self.alloc_qp_slot();
+        if let Some(fd) = rq.channel_fd() {
+            if let Err(e) = rdma_link::watch_channel(&self.epoll, fd, COMP_TAG | idx as u64) {
                 tracing::warn!("epoll add of an RDMA completion channel: {e}");
             }
         }
-        let idx = self.alloc_qp_slot();
         Ok(self.install_qp(idx, RxBuf::new(0), Link::Rdma(Box::new(rq)), user))
     }
 
@@ -469,8 +468,12 @@ impl StaIo {
         for i in 0..n {
             let data = self.ep_events[i].data();
             if data & COMP_TAG != 0 {
-                if let Some(rt) = self.rdma.as_mut() {
-                    rt.drain_cq_events((data & !COMP_TAG) as usize);
+                let slot = self.qps.get((data & !COMP_TAG) as usize);
+                if let (Some(rt), Some(Link::Rdma(r))) = (
+                    self.rdma.as_ref(),
+                    slot.and_then(|s| s.qp.as_ref()).map(|q| &q.st.link),
+                ) {
+                    r.drain_cq_events(rt.lib);
                 }
                 continue;
             }
@@ -568,6 +571,15 @@ impl StaIo {
     fn check_deadlines(&mut self, now: Instant) {
         let lim = self.core.cfg.limits;
         if let Some(rt) = self.rdma.as_mut() {
+            let late = crate::verbs::reap_dead_channels(now);
+            if late > 0 {
+                tracing::debug!(
+                    late,
+                    total = crate::verbs::late_cq_events(),
+                    "rdma: completion events for CQs already destroyed, discarded (rdma_rxe \
+                     before Linux 6.4 raises them late; see verbs::CqChannel)"
+                );
+            }
             self.core.pool.take_dropped(&mut self.dropped_bufs);
             if !self.dropped_bufs.is_empty() {
                 rt.forget_buffers(&self.dropped_bufs);
@@ -1037,6 +1049,12 @@ impl StaIo {
                     continue;
                 }
                 // Dropping the link destroys the verbs QP, its CQ and the cm_id.
+                if let Some(fd) = match &qp.st.link {
+                    Link::Rdma(r) => r.channel_fd(),
+                    Link::Tcp(_) => None,
+                } {
+                    rdma_link::unwatch_channel(&self.epoll, fd);
+                }
                 drop(self.qps[i].qp.take());
                 if let Some(p) = self.rdma_slots.iter().position(|&s| s as usize == i) {
                     self.rdma_slots.swap_remove(p);

@@ -20,7 +20,8 @@ use nvmf::rdma::{accept_private_data, RdmaQueue, RejectStatus, SqCredits, WorkRe
 use nvmf::spec::Sqe;
 
 use super::cmd::{Core, Link, QpState, St};
-use crate::verbs::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use crate::verbs::ffi::{self, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use crate::verbs::CqChannel;
 use crate::verbs::{lib, CmId, ConnRequest, Lib, VerbsError};
 use crate::{Event, QpHandle, TaskError, TaskKind, TransportErrorKind};
 
@@ -47,7 +48,6 @@ const MAX_RD_ATOMIC: u8 = 16;
 struct Dev {
     ctx: *mut IbvContext,
     pd: *mut IbvPd,
-    chan: *mut IbvCompChannel,
     /// Data buffers registered so far, by address: (capacity, MR). Pool buffers live as
     /// long as the pool (this thread), so a registration stays valid while cached.
     /// Registrations by [`IoBuf::id`] (not by address: an address can come back as
@@ -72,19 +72,28 @@ pub struct AcceptError {
     pub error: VerbsError,
 }
 
-/// Add a device's completion channel (`fd`, from [`RdmaThread::accept`]) to the IO
-/// context's epoll set under `tag`.
+/// Add a QP's completion channel (`fd`, [`RdmaLink::channel_fd`]) to the IO context's
+/// epoll set under `tag`.
 pub(super) fn watch_channel(
     epoll: &nix::sys::epoll::Epoll,
     fd: c_int,
     tag: u64,
 ) -> nix::Result<()> {
     use nix::sys::epoll::{EpollEvent, EpollFlags};
-    // SAFETY: the completion channel's descriptor lives as long as this thread's verbs
-    // state (never closed before the IO context goes away), so it outlives its epoll
-    // registration.
+    // SAFETY: the completion channel's descriptor stays open until its link is gone and
+    // the grace period after it is over; its registration is removed before that
+    // (`unwatch_channel`) or goes with the epoll set.
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, tag))
+}
+
+/// Remove a QP's completion channel from the epoll set (before the link is dropped: its
+/// channel stays open for a while, and a late event must not keep waking the thread).
+pub(super) fn unwatch_channel(epoll: &nix::sys::epoll::Epoll, fd: c_int) {
+    // SAFETY: the descriptor is open (its link is alive).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    // Fails only if it was not registered: nothing to undo.
+    let _ = epoll.delete(fd);
 }
 
 fn no_rsc(what: &str) -> AcceptError {
@@ -100,6 +109,8 @@ pub(crate) struct RdmaLink {
     id: CmId,
     qp: *mut IbvQp,
     cq: *mut IbvCq,
+    /// The CQ's own completion channel, buried when the CQ is destroyed.
+    chan: Option<CqChannel>,
     dev: usize,
     recv_mr: *mut IbvMr,
     /// Receive buffers, `recv_sz` bytes each; moved out while a capsule is parsed.
@@ -144,39 +155,22 @@ impl RdmaThread {
         })
     }
 
-    /// The device of `ctx`, set up on first use; the second value is a completion channel
-    /// descriptor to watch when the device is new.
-    fn dev_for(&mut self, ctx: *mut IbvContext) -> std::io::Result<(usize, Option<c_int>)> {
+    /// The device of `ctx` (its PD), set up on first use.
+    fn dev_for(&mut self, ctx: *mut IbvContext) -> std::io::Result<usize> {
         if let Some(i) = self.devs.iter().position(|d| d.ctx == ctx) {
-            return Ok((i, None));
+            return Ok(i);
         }
         // SAFETY: `ctx` is the live device context of a connect request's cm_id.
         let pd = unsafe { (self.lib.alloc_pd)(ctx) };
         if pd.is_null() {
             return Err(errno());
         }
-        // SAFETY: as above.
-        let chan = unsafe { (self.lib.create_comp_channel)(ctx) };
-        if chan.is_null() {
-            let e = errno();
-            // SAFETY: `pd` was just allocated and is unused.
-            unsafe { (self.lib.dealloc_pd)(pd) };
-            return Err(e);
-        }
-        // SAFETY: `chan` is live; its fd is ours to make non-blocking.
-        let fd = unsafe {
-            let fd = (*chan).fd;
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            fd
-        };
         self.devs.push(Dev {
             ctx,
             pd,
-            chan,
             mrs: HashMap::new(),
         });
-        Ok((self.devs.len() - 1, Some(fd)))
+        Ok(self.devs.len() - 1)
     }
 
     /// Deregister the memory regions of freed pool buffers (`ids`, from
@@ -192,23 +186,6 @@ impl RdmaThread {
                     unsafe { (lib.dereg_mr)(mr) };
                 }
             }
-        }
-    }
-
-    /// Consume the completion channel's events of device `dev` (the CQs are polled anyway).
-    pub fn drain_cq_events(&mut self, dev: usize) {
-        let Some(d) = self.devs.get(dev) else { return };
-        loop {
-            let mut cq = std::ptr::null_mut();
-            let mut ctx = std::ptr::null_mut();
-            // SAFETY: `chan` is live and non-blocking; each event is acked at once.
-            let rc = unsafe { (self.lib.get_cq_event)(d.chan, &mut cq, &mut ctx) };
-            if rc != 0 || cq.is_null() {
-                return;
-            }
-            // SAFETY: `cq` was returned by ibv_get_cq_event and is still alive (CQs are
-            // destroyed by this thread only, after their events are acked).
-            unsafe { (self.lib.ack_cq_events)(cq, 1) };
         }
     }
 
@@ -248,15 +225,16 @@ impl RdmaThread {
         Some(unsafe { (*mr).lkey })
     }
 
-    /// Create the QP, CQ and receive buffers for a connect request, post the receives
-    /// and accept; the link takes the request's id. `Ok` also returns a completion channel
-    /// fd to watch (new device). On error the request still owns its id (reject it).
+    /// Create the QP, its CQ (with its own completion channel, [`RdmaLink::channel_fd`]
+    /// to watch) and receive buffers for a connect request, post the receives and accept;
+    /// the link takes the request's id. On error the request still owns its id (reject
+    /// it).
     pub fn accept(
         &mut self,
         req: &mut ConnRequest,
         depth: u16,
         recv_sz: u32,
-    ) -> Result<(RdmaLink, Option<c_int>), AcceptError> {
+    ) -> Result<RdmaLink, AcceptError> {
         let lib = self.lib;
         let Some(raw_id) = req.id_raw() else {
             return Err(no_rsc("connect request without an id"));
@@ -266,7 +244,7 @@ impl RdmaThread {
         if ctx.is_null() {
             return Err(no_rsc("cm_id has no device"));
         }
-        let (dev, new_fd) = self.dev_for(ctx).map_err(|e| AcceptError {
+        let dev = self.dev_for(ctx).map_err(|e| AcceptError {
             status: RejectStatus::NoResources,
             error: VerbsError::Call {
                 call: "device setup".into(),
@@ -278,8 +256,18 @@ impl RdmaThread {
         let depth32 = depth as u32;
         let max_send_wr = depth32 * 3 + 4;
         let cqe = (max_send_wr + depth32 + 8) as c_int;
+        // One channel per CQ (see `crate::verbs::CqChannel`).
+        // SAFETY: `ctx` is the live device context of the request's id.
+        let chan = unsafe { CqChannel::new(lib, ctx) }.map_err(|e| AcceptError {
+            status: RejectStatus::NoResources,
+            error: VerbsError::Call {
+                call: "ibv_create_comp_channel".into(),
+                source: e,
+                hint: "",
+            },
+        })?;
         // SAFETY: `ctx` and `chan` are live.
-        let cq = unsafe { (lib.create_cq)(ctx, cqe, std::ptr::null_mut(), d.chan, 0) };
+        let cq = unsafe { (lib.create_cq)(ctx, cqe, std::ptr::null_mut(), chan.raw(), 0) };
         if cq.is_null() {
             return Err(no_rsc("ibv_create_cq"));
         }
@@ -326,6 +314,7 @@ impl RdmaThread {
             id,
             qp,
             cq,
+            chan: Some(chan),
             dev,
             recv_mr,
             recv_buf,
@@ -386,7 +375,7 @@ impl RdmaThread {
             recv_sz,
             "rdma: accepted"
         );
-        Ok((q, new_fd))
+        Ok(q)
     }
 
     pub fn poll(&mut self, q: &mut RdmaLink, wcs: &mut [IbvWc]) -> usize {
@@ -604,6 +593,25 @@ impl RdmaLink {
                 self.recv_mr = std::ptr::null_mut();
             }
         }
+        // The kernel may still queue an event for the CQ just destroyed: the channel is
+        // never read through libibverbs again.
+        if let Some(c) = self.chan.take() {
+            c.bury();
+        }
+    }
+
+    /// The completion channel's descriptor, to watch for this QP's completions.
+    pub fn channel_fd(&self) -> Option<c_int> {
+        self.chan.as_ref().map(|c| c.fd())
+    }
+
+    /// Consume the CQ's completion events (the CQ is polled anyway).
+    pub fn drain_cq_events(&self, lib: &Lib) {
+        if let (Some(c), false) = (&self.chan, self.cq.is_null()) {
+            // SAFETY: the channel's only CQ is this link's, alive until `destroy_verbs`,
+            // which takes the channel away first.
+            unsafe { c.drain(lib) };
+        }
     }
 
     /// Undo a half-made link and give its id back (to be rejected).
@@ -640,7 +648,6 @@ impl Drop for RdmaThread {
                 for (_, (_, mr)) in d.mrs {
                     (lib.dereg_mr)(mr);
                 }
-                (lib.destroy_comp_channel)(d.chan);
                 (lib.dealloc_pd)(d.pd);
             }
         }

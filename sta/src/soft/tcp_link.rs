@@ -104,6 +104,29 @@ impl Wire {
         }
     }
 
+    /// Reads into `a`, then `b`, in one call, when the wire can (a plain socket: one
+    /// `readv`); `None` on TLS, which decrypts record by record into its own buffer.
+    fn read_split(&mut self, a: &mut [u8], b: &mut [u8]) -> Option<std::io::Result<usize>> {
+        match self {
+            Wire::Socket(s) => {
+                let mut v = [std::io::IoSliceMut::new(a), std::io::IoSliceMut::new(b)];
+                Some(s.read_vectored(&mut v))
+            }
+            #[cfg(test)]
+            Wire::Memory(p) => {
+                let mut p = p.borrow_mut();
+                Some(p.target_read(a).map(|n| {
+                    if n < a.len() {
+                        n
+                    } else {
+                        n + p.target_read(b).unwrap_or(0)
+                    }
+                }))
+            }
+            _ => None,
+        }
+    }
+
     /// Reads; on a pending TLS link this first advances the handshake (and reports its
     /// outcome through `news`).
     fn read(&mut self, buf: &mut [u8], news: &mut Option<TlsNews>) -> std::io::Result<usize> {
@@ -287,11 +310,26 @@ pub(super) struct TcpLink {
     pub tls: Option<Box<TlsNews>>,
 }
 
+/// H2CData PDUs with at least this much data are streamed: their payload goes from the
+/// socket straight into the command's buffer (one copy, the kernel's) instead of through
+/// the receive buffer.
+const STREAM_MIN: u32 = 16 * 1024;
+
+/// While large host data is streaming, reads into the receive buffer take at most this
+/// much, so the next PDU's header comes in with only a little of its payload (which is
+/// copied) and the rest is read straight into its command's buffer.
+const SMALL_FILL: usize = 8 * 1024;
+
+/// How many PDUs after a streamed one the receive buffer keeps to [`SMALL_FILL`] reads.
+const SMALL_FILL_PDUS: u8 = 32;
+
 impl TcpLink {
     pub fn new(wire: Wire, limits: ControllerLimits) -> TcpLink {
+        let mut machine = ControllerQueue::new(limits);
+        machine.set_stream_host_data(STREAM_MIN);
         TcpLink {
             wire,
-            machine: ControllerQueue::new(limits),
+            machine,
             tx: TxQueue::default(),
             tls: None,
         }
@@ -307,6 +345,8 @@ pub(super) struct RxBuf {
     pub head: usize,
     pub tail: usize,
     max: usize,
+    /// PDUs to go with [`SMALL_FILL`] reads (set when a PDU is streamed).
+    small_fills: u8,
 }
 
 /// A receive buffer's size while its connection is idle: ICReq, Connect and admin
@@ -329,6 +369,7 @@ impl RxBuf {
             head: 0,
             tail: 0,
             max,
+            small_fills: 0,
         }
     }
 
@@ -376,9 +417,14 @@ impl RxBuf {
             self.head = 0;
         }
         let mut total = 0;
-        while self.tail < self.buf.len() {
-            let asked = self.buf.len() - self.tail;
-            match wire.read(&mut self.buf[self.tail..], news) {
+        let limit = if self.small_fills > 0 {
+            (self.tail + SMALL_FILL).min(self.buf.len())
+        } else {
+            self.buf.len()
+        };
+        while self.tail < limit {
+            let asked = limit - self.tail;
+            match wire.read(&mut self.buf[self.tail..limit], news) {
                 Ok(0) => {
                     return if total > 0 {
                         RxResult::Read(total)
@@ -563,7 +609,10 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
             return did;
         };
         let mut news = None;
-        let mut got = rx.fill(&mut link.wire, &mut news);
+        let mut got = match read_inflow(core, h, rx, link) {
+            Some(r) => r,
+            None => rx.fill(&mut link.wire, &mut news),
+        };
         let mut full = rx.tail == rx.buf.len();
         if let Some(result) = news.take() {
             // Before any capsule of this connection: the application learns who the PSK
@@ -584,6 +633,21 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
                 let super::cmd::Link::Tcp(link) = &mut st.link else {
                     break;
                 };
+                if let Some(f) = link.machine.inflow() {
+                    // Streamed payload that came in with the PDU's header.
+                    let n = rx.pending().len().min(f.len as usize);
+                    if n == 0 {
+                        break;
+                    }
+                    let chunk = &rx.buf[rx.head..rx.head + n];
+                    link.machine.inflow_received(chunk);
+                    if !f.discard {
+                        core.on_host_data(h, st, f.ttag as u32, f.offset, chunk, None);
+                    }
+                    rx.head += n;
+                    did = true;
+                    continue;
+                }
                 let (used, ev) = link.machine.receive(rx.pending(), &mut link.tx);
                 let Some(ev) = ev else {
                     rx.head += used;
@@ -593,8 +657,14 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
                 if !link.tx.is_empty() {
                     core.mark_tx(st);
                 }
+                let streamed = matches!(ev, ControllerEvent::HostDataStart { .. });
                 on_event(core, h, st, ev);
                 rx.head += used;
+                rx.small_fills = if streamed {
+                    SMALL_FILL_PDUS
+                } else {
+                    rx.small_fills.saturating_sub(1)
+                };
             }
             let super::cmd::Link::Tcp(link) = &mut st.link else {
                 break;
@@ -644,6 +714,40 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
     did
 }
 
+/// With the receive buffer empty and a streamed payload under way, read the socket
+/// straight into the command's buffer, and what follows the payload (at most
+/// [`SMALL_FILL`] bytes) into the receive buffer, in one `readv`. `None` when that does
+/// not apply (no payload pending, bytes still buffered, a TLS link, a command with
+/// nowhere to put its data): read the usual way then.
+fn read_inflow(
+    core: &mut Core,
+    h: QpHandle,
+    rx: &mut RxBuf,
+    link: &mut TcpLink,
+) -> Option<RxResult> {
+    if rx.head != rx.tail {
+        return None;
+    }
+    let f = link.machine.inflow().filter(|f| !f.discard)?;
+    let dst = core.host_data_dest(h, f.ttag as u32, f.offset, f.len)?;
+    rx.head = 0;
+    rx.tail = 0;
+    let small = rx.buf.len().min(SMALL_FILL);
+    let r = link.wire.read_split(dst, &mut rx.buf[..small])?;
+    Some(match r {
+        Ok(0) => RxResult::Closed,
+        Ok(n) => {
+            let k = n.min(dst.len());
+            link.machine.inflow_received(&dst[..k]);
+            rx.tail = n - k;
+            RxResult::Read(n)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => RxResult::Read(0),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => RxResult::Read(0),
+        Err(_) => RxResult::Error,
+    })
+}
+
 /// Act on what the queue machine made of one PDU.
 fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<'_>) {
     match ev {
@@ -661,6 +765,8 @@ fn on_event(core: &mut Core, h: QpHandle, st: &mut QpState, ev: ControllerEvent<
             data,
             complete,
         } => core.on_host_data(h, st, ttag as u32, offset, data, complete),
+        // The payload follows (`service_rx` moves it).
+        ControllerEvent::HostDataStart { .. } => {}
         // Terminations are logged (rate-limited) and counted by the application from
         // `Event::Terminated`; here only at debug level.
         ControllerEvent::HostTerminated { fes, fei } => {

@@ -19,11 +19,16 @@
 // raw CM ids and events they hand out.
 #![allow(unsafe_code)]
 
+mod channel;
 /// The raw rdma-core declarations. Public (and hidden from the docs) only for the DOCA STA
 /// test double (`sta/doca-double`), which drives verbs itself with the same table; nothing
 /// else outside `sta` may use it.
 #[doc(hidden)]
 pub mod ffi;
+
+pub use channel::{
+    buried_channels, late_cq_events, reap_dead_channels, CqChannel, LATE_EVENT_GRACE,
+};
 
 use std::ffi::c_void;
 use std::net::SocketAddr;

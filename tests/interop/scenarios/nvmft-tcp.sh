@@ -283,6 +283,30 @@ if connect_main; then pass reconnect; else fail reconnect "reconnect failed"; fi
 D1=$(ns_dev "$NQN" 1); D2=$(ns_dev "$NQN" 2); C=$(ctrl_for_nqn "$NQN")
 expect uuid-stable-reconnect "$(ns_uuid "$D1")" "$UUID1"
 
+# --- large writes (H2CData PDUs, which the daemon reads straight into the command's
+# buffer) verified, then the same over a connection with header and data digests. The
+# kernel host refuses to connect when the ICResp does not grant the digests it asked for
+# (nvme_tcp_init_connection), so a connection made with -g -G runs with both. ---
+fio_big_verify() { # name dev
+    if fio --name="$1" --filename="$2" --ioengine=libaio --direct=1 --bsrange=4k-512k \
+            --iodepth=8 --rw=randwrite --size=32M --verify=crc32c --verify_fatal=1 \
+            --do_verify=1 --randrepeat=0 --output=/tmp/fio-"$1".txt >/dev/null 2>&1 &&
+        grep -q "err= 0" /tmp/fio-"$1".txt; then pass "$1"
+    else fail "$1" "fio 4k-512k randwrite+verify failed: $(grep -E -o 'err=[ 0-9]*|verify.*' /tmp/fio-"$1".txt | head -2 | tr '\n' ' ')"; fi
+}
+fio_big_verify large-writes-verify "$D1"
+nvme disconnect -n "$NQN" >/dev/null
+wait_until 10 nqn_gone "$NQN"
+if connect_main -g -G; then
+    pass connect-with-header-and-data-digests
+    fio_big_verify digests-large-writes-verify "$(ns_dev "$NQN" 1)"
+    if dev_io_ok "$(ns_dev "$NQN" 2)"; then pass digests-file-ns-io; else fail digests-file-ns-io "4k verify on ns2"; fi
+    nvme disconnect -n "$NQN" >/dev/null
+    wait_until 10 nqn_gone "$NQN"
+else fail connect-with-header-and-data-digests "nvme connect -g -G failed"; fi
+if connect_main; then pass reconnect-without-digests; else fail reconnect-without-digests "reconnect failed"; fi
+D1=$(ns_dev "$NQN" 1); D2=$(ns_dev "$NQN" 2); C=$(ctrl_for_nqn "$NQN")
+
 # --- daemon restart: uuid stable, file namespace keeps its data ---
 dd if=/dev/urandom of=/tmp/pattern bs=1M count=1 2>/dev/null
 dd if=/tmp/pattern of="$D2" bs=1M seek=1 count=1 oflag=direct conv=fsync 2>/dev/null
