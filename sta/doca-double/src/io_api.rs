@@ -366,8 +366,7 @@ fn remove_qp(w: &mut World, id: u64) {
         return;
     };
     if let Some(l) = q.link.take() {
-        let World { loops, ios, .. } = &mut *w;
-        l.destroy(loops, ios.get_mut(&q.io).map(|i| &mut i.verbs));
+        l.destroy(&mut w.loops);
     }
     if let Some(s) = q.subs.and_then(|s| w.subs.get_mut(&s)) {
         s.qps = s.qps.saturating_sub(1);
@@ -532,7 +531,7 @@ fn accept(
             match link::accept_verbs(io_verbs, raw, depth, &pd) {
                 Ok((l, fd)) => {
                     // The QP's own completion channel; closing it (after the grace
-                    // period, VerbsIo::reap_dead) takes it out of the epoll set.
+                    // period, sta::verbs::reap_dead_channels) takes it out of the epoll set.
                     let pe = w.ios[&io].ctx.pe;
                     if let Some(p) = pe.and_then(|p| w.pes.get(&p)) {
                         p.notify.add_fd(fd);

@@ -9,10 +9,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
-use std::time::{Duration, Instant};
 
 use nvmf::rdma::SqCredits;
-use sta::verbs::ffi::{self, IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use sta::verbs::ffi::{self, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc};
+use sta::verbs::CqChannel;
 
 use crate::world::Buf;
 
@@ -121,34 +121,21 @@ struct VDev {
     pd: *mut IbvPd,
 }
 
-/// The completion channel of a destroyed CQ, kept open (and drained without looking at
-/// what it holds) for [`LATE_EVENT_GRACE`] before it is closed.
-struct DeadChannel {
-    chan: *mut IbvCompChannel,
-    until: Instant,
-}
-
-/// How long a destroyed CQ's completion channel stays open to catch late events.
-pub const LATE_EVENT_GRACE: Duration = Duration::from_secs(2);
-
-/// An IO context's verbs devices (a PD each) and the channels of its destroyed CQs.
+/// An IO context's verbs devices (a PD each).
 ///
-/// Each QP's CQ has its own completion channel, read only while the CQ lives. Why not one
-/// channel per device: the kernel's Soft-RoCE driver, without upstream 78b26a335310
-/// ("RDMA/rxe: Remove tasklet call from rxe_cq.c", Linux 6.4; the interop guest's 6.1
-/// module still has the tasklet), raises a CQ's completion event from a tasklet that holds
-/// no reference on the CQ, so an event can be queued after `ibv_destroy_cq` returned. On a shared
-/// channel the next `ibv_get_cq_event` returns it, and libibverbs reads the freed
-/// `struct ibv_cq` and calls through its context's ops table: an indirect call through
-/// freed memory (issue 12's SIGSEGV on the IO thread right after a QP teardown). On a
-/// per-CQ channel such an event is never read through libibverbs: the channel is only
-/// drained as raw bytes until it is closed.
+/// Each QP's CQ has its own completion channel ([`CqChannel`]), read only while the CQ
+/// lives. Why not one channel per device: the kernel's Soft-RoCE driver, without upstream
+/// 78b26a335310 ("RDMA/rxe: Remove tasklet call from rxe_cq.c", Linux 6.4; the interop
+/// guest's 6.1 module still has the tasklet), raises a CQ's completion event from a
+/// tasklet that holds no reference on the CQ, so an event can be queued after
+/// `ibv_destroy_cq` returned. On a shared channel the next `ibv_get_cq_event` returns it,
+/// and libibverbs reads the freed `struct ibv_cq` and calls through its context's ops
+/// table: an indirect call through freed memory (issue 12's SIGSEGV on the IO thread
+/// right after a QP teardown). A destroyed CQ's channel is buried
+/// ([`CqChannel::bury`]): drained as raw bytes for a grace period, then closed.
 #[derive(Default)]
 pub struct VerbsIo {
     devs: Vec<VDev>,
-    dead: Vec<DeadChannel>,
-    /// Completion events that arrived for CQs already destroyed (see above).
-    pub late_events: u64,
 }
 
 pub struct VerbsQp {
@@ -156,7 +143,7 @@ pub struct VerbsQp {
     qp: *mut IbvQp,
     cq: *mut IbvCq,
     /// The CQ's own completion channel (see [`VerbsIo`]).
-    chan: *mut IbvCompChannel,
+    chan: Option<CqChannel>,
     dev: usize,
     recv: Box<[u8]>,
     recv_mr: *mut IbvMr,
@@ -248,33 +235,23 @@ impl VerbsIo {
         let d = &self.devs[dev];
         let depth32 = depth as u32;
         let max_send_wr = depth32 * 3 + 4;
-        // SAFETY: `ctx` is live.
-        let chan = unsafe { (lib.create_comp_channel)(ctx) };
-        if chan.is_null() {
-            return Err(format!("ibv_create_comp_channel: {}", errno()));
-        }
-        // SAFETY: `chan` is live; its descriptor is ours to make non-blocking.
-        let fd = unsafe {
-            let fd = (*chan).fd;
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            fd
-        };
+        // SAFETY: `ctx` is the live device context of the connect request's id.
+        let chan = unsafe { CqChannel::new(lib, ctx) }
+            .map_err(|e| format!("ibv_create_comp_channel: {e}"))?;
+        let fd = chan.fd();
         // SAFETY: `ctx` and `chan` are live.
         let cq = unsafe {
             (lib.create_cq)(
                 ctx,
                 (max_send_wr + depth32 + 8) as c_int,
                 std::ptr::null_mut(),
-                chan,
+                chan.raw(),
                 0,
             )
         };
         if cq.is_null() {
-            let e = format!("ibv_create_cq: {}", errno());
-            // SAFETY: unused channel.
-            unsafe { (lib.destroy_comp_channel)(chan) };
-            return Err(e);
+            // The unused channel closes with `chan`.
+            return Err(format!("ibv_create_cq: {}", errno()));
         }
         let mut attr = ffi::IbvQpInitAttr {
             qp_context: std::ptr::null_mut(),
@@ -294,11 +271,9 @@ impl VerbsIo {
         // SAFETY: `id` is live, the PD belongs to its device, `attr` is initialised.
         if unsafe { (lib.create_qp)(id, d.pd, &mut attr) } != 0 {
             let e = format!("rdma_create_qp: {}", errno());
-            // SAFETY: unused CQ (never armed: no event can follow it), then its channel.
-            unsafe {
-                (lib.destroy_cq)(cq);
-                (lib.destroy_comp_channel)(chan);
-            }
+            // SAFETY: unused CQ (never armed: no event can follow it); its channel closes
+            // with `chan` after it.
+            unsafe { (lib.destroy_cq)(cq) };
             return Err(e);
         }
         let mut recv = vec![0u8; depth as usize * RECV_SZ].into_boxed_slice();
@@ -316,7 +291,7 @@ impl VerbsIo {
             // SAFETY: rdma_create_qp stored the QP in the id.
             qp: unsafe { (*id).qp },
             cq,
-            chan,
+            chan: Some(chan),
             dev,
             recv,
             recv_mr,
@@ -360,56 +335,8 @@ impl VerbsIo {
         Ok((q, fd))
     }
 
-    /// Keep a destroyed CQ's channel open for [`LATE_EVENT_GRACE`] (see [`VerbsIo`]).
-    fn bury(&mut self, chan: *mut IbvCompChannel) {
-        if !chan.is_null() {
-            self.dead.push(DeadChannel {
-                chan,
-                until: Instant::now() + LATE_EVENT_GRACE,
-            });
-        }
-    }
-
-    /// Drain the channels of destroyed CQs without interpreting their events (each is a
-    /// handle of a freed CQ), and close those whose grace period is over. Returns how many
-    /// late events this pass found.
-    pub fn reap_dead(&mut self, lib: &ffi::Lib, now: Instant) -> u64 {
-        let mut late = 0;
-        for d in &self.dead {
-            loop {
-                let mut ev = 0u64;
-                // SAFETY: the channel is live (closed only below); its descriptor is
-                // non-blocking. Each read returns one `struct ib_uverbs_comp_event_desc`
-                // (a u64 CQ handle), which is only counted, never dereferenced.
-                let n = unsafe { libc::read((*d.chan).fd, &mut ev as *mut u64 as *mut c_void, 8) };
-                if n != 8 {
-                    break;
-                }
-                late += 1;
-            }
-        }
-        self.dead.retain(|d| {
-            if d.until > now {
-                return true;
-            }
-            // SAFETY: its CQ is destroyed (no CQ refers to it); freed once.
-            unsafe { (lib.destroy_comp_channel)(d.chan) };
-            false
-        });
-        if late > 0 {
-            self.late_events += late;
-            eprintln!(
-                "doca-double: discarded {late} completion event(s) for a CQ already destroyed \
-                 ({} so far; the kernel's rdma_rxe raises them late, see link.rs VerbsIo)",
-                self.late_events
-            );
-        }
-        late
-    }
-
-    /// Free every device and the channels of destroyed CQs (after all QPs are gone).
+    /// Free every device (after all QPs are gone).
     pub fn destroy(&mut self, lib: &ffi::Lib) {
-        self.reap_dead(lib, Instant::now() + LATE_EVENT_GRACE);
         for d in self.devs.drain(..) {
             // SAFETY: no QP, CQ or MR of this device is left (the IO context's QPs and
             // buffers are gone); freed once.
@@ -418,7 +345,7 @@ impl VerbsIo {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.devs.is_empty() && self.dead.is_empty()
+        self.devs.is_empty()
     }
 }
 
@@ -687,25 +614,16 @@ impl VerbsQp {
 
     /// Consume the CQ's completion events (the CQ is polled anyway).
     fn drain_events(&mut self, lib: &ffi::Lib) {
-        if self.chan.is_null() || self.cq.is_null() {
-            return;
-        }
-        loop {
-            let mut cq = std::ptr::null_mut();
-            let mut ctx = std::ptr::null_mut();
-            // SAFETY: `chan` is live and non-blocking, and only this QP's live CQ uses
-            // it, so an event names that CQ; each event is acked at once.
-            if unsafe { (lib.get_cq_event)(self.chan, &mut cq, &mut ctx) } != 0 || cq.is_null() {
-                break;
-            }
-            // SAFETY: `cq` came from ibv_get_cq_event and is alive.
-            unsafe { (lib.ack_cq_events)(cq, 1) };
+        if let (Some(c), false) = (&self.chan, self.cq.is_null()) {
+            // SAFETY: only this QP's CQ uses the channel, and it is alive (`destroy_verbs`
+            // takes the channel away before destroying it).
+            unsafe { c.drain(lib) };
         }
     }
 
     /// Destroy the QP, its CQ and the receive buffers' registration; the completion
-    /// channel is returned (for [`VerbsIo::bury`]), no longer read through libibverbs.
-    fn destroy_verbs(&mut self, lib: &ffi::Lib) -> *mut IbvCompChannel {
+    /// channel is returned (to be buried), no longer read through libibverbs.
+    fn destroy_verbs(&mut self, lib: &ffi::Lib) -> Option<CqChannel> {
         // SAFETY: each object is live and freed once, QP before its CQ and before the
         // receive buffers' registration. Every event read from the channel was acked
         // (`drain_events`), so ibv_destroy_cq does not wait.
@@ -732,17 +650,13 @@ impl VerbsQp {
                 self.recv_mr = std::ptr::null_mut();
             }
         }
-        std::mem::replace(&mut self.chan, std::ptr::null_mut())
+        self.chan.take()
     }
 
     /// Destroy a QP whose CQ was never armed (a failed accept): no event can follow, so
-    /// the channel goes at once.
+    /// the channel closes at once.
     fn destroy_unused(&mut self, lib: &ffi::Lib) {
-        let chan = self.destroy_verbs(lib);
-        if !chan.is_null() {
-            // SAFETY: its CQ is destroyed; freed once.
-            unsafe { (lib.destroy_comp_channel)(chan) };
-        }
+        drop(self.destroy_verbs(lib));
     }
 }
 
@@ -1012,16 +926,13 @@ impl Link {
     }
 
     /// Free the QP's transport resources (and the cm_id when the library owns it); the
-    /// CQ's completion channel goes to `io`'s dead channels (see [`VerbsIo`]).
-    pub fn destroy(self, loops: &mut HashMap<u64, LoopHost>, io: Option<&mut VerbsIo>) {
+    /// CQ's completion channel is buried (see [`VerbsIo`]).
+    pub fn destroy(self, loops: &mut HashMap<u64, LoopHost>) {
         match self {
             Link::Verbs(mut v) => {
                 if let Ok(lib) = sta::verbs::lib() {
-                    let chan = v.destroy_verbs(lib);
-                    // Without an IO context to keep it (not reached: a QP dies before its
-                    // context) the channel is leaked rather than risk reading a late event.
-                    if let Some(io) = io {
-                        io.bury(chan);
+                    if let Some(chan) = v.destroy_verbs(lib) {
+                        chan.bury();
                     }
                     if v.owns_id {
                         // SAFETY: the library took over this id at qp_connect; nobody else

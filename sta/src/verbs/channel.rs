@@ -13,7 +13,7 @@
 //! [`LATE_EVENT_GRACE`] ([`reap_dead_channels`]).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -84,10 +84,9 @@ impl CqChannel {
     /// then close it. It is never read through libibverbs again.
     pub fn bury(self) {
         let until = Instant::now() + LATE_EVENT_GRACE;
-        GRAVE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((self, until));
+        let mut g = GRAVE.lock().unwrap_or_else(|e| e.into_inner());
+        g.push((self, until));
+        BURIED.store(g.len(), Ordering::Relaxed);
     }
 
     /// Read and discard queued events without interpreting them; how many there were.
@@ -118,19 +117,24 @@ impl Drop for CqChannel {
 
 /// Channels of destroyed CQs, with the time each may be closed.
 static GRAVE: Mutex<Vec<(CqChannel, Instant)>> = Mutex::new(Vec::new());
+/// `GRAVE`'s length, read without the lock (the common case: empty).
+static BURIED: AtomicUsize = AtomicUsize::new(0);
 /// Completion events that arrived for destroyed CQs, process-wide.
 static LATE_EVENTS: AtomicU64 = AtomicU64::new(0);
 
 /// Drain the buried channels and close those whose grace period is over (`now` past it).
 /// Returns how many late events this call found. Cheap when the graveyard is empty; call
-/// it from housekeeping (about once a second) on any thread.
+/// it from housekeeping (about once a second) on any thread. Closing a channel early is
+/// safe (the kernel drops events for a closed channel): the grace period is there to see
+/// late events, not to be safe from them.
 pub fn reap_dead_channels(now: Instant) -> u64 {
-    let mut g = GRAVE.lock().unwrap_or_else(|e| e.into_inner());
-    if g.is_empty() {
+    if BURIED.load(Ordering::Relaxed) == 0 {
         return 0;
     }
+    let mut g = GRAVE.lock().unwrap_or_else(|e| e.into_inner());
     let late: u64 = g.iter().map(|(c, _)| c.drain_raw()).sum();
     g.retain(|(_, until)| *until > now);
+    BURIED.store(g.len(), Ordering::Relaxed);
     LATE_EVENTS.fetch_add(late, Ordering::Relaxed);
     late
 }
@@ -142,5 +146,5 @@ pub fn late_cq_events() -> u64 {
 
 /// Channels waiting out their grace period.
 pub fn buried_channels() -> usize {
-    GRAVE.lock().unwrap_or_else(|e| e.into_inner()).len()
+    BURIED.load(Ordering::Relaxed)
 }
