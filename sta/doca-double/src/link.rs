@@ -370,6 +370,11 @@ fn flushed(op: &Op) -> Wc {
         Op::Write { slot, .. } => (WcKind::Write, slot),
         Op::Send { slot, .. } => (WcKind::Send, slot),
     };
+    flush_wc(kind, slot)
+}
+
+/// A flush completion (`IBV_WC_WR_FLUSH_ERR`) of work request `slot` of `kind`.
+fn flush_wc(kind: WcKind, slot: u16) -> Wc {
     Wc {
         kind,
         slot,
@@ -853,17 +858,7 @@ impl Link {
                 let host = loops.get_mut(&l.id);
                 let down = l.disconnected || host.as_ref().is_none_or(|h| h.disconnected);
                 if down {
-                    for slot in l.posted.drain(..) {
-                        out.push(Wc {
-                            kind: WcKind::Recv,
-                            slot,
-                            ok: false,
-                            flush: true,
-                            status: ffi::IBV_WC_WR_FLUSH_ERR,
-                            vendor: 0,
-                            len: 0,
-                        });
-                    }
+                    out.extend(l.posted.drain(..).map(|slot| flush_wc(WcKind::Recv, slot)));
                     return;
                 }
                 let Some(h) = host else { return };
