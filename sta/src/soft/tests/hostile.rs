@@ -295,6 +295,59 @@ fn host_data_that_never_comes_times_out() {
     assert!(cqe.status().is_success());
 }
 
+/// A large H2CData PDU whose header and first bytes come and then nothing: the payload
+/// is being read straight into the command's buffer (streamed), and the host-data
+/// deadline still ends the transfer and the connection with a C2HTermReq; the buffer and
+/// the slot come back, the controller's other queue keeps serving.
+#[test]
+fn host_data_stalled_inside_a_streamed_pdu_times_out() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let bad = raw_io_queue(&mut p, cntlid, 2, 31);
+    let before = p.io.buffer_bytes();
+    let len = 64 << 10;
+    forge(
+        &mut p,
+        bad,
+        &by_transport(io_rw(io::WRITE, 128), 0, len),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    let [Out::R2T { ttag, .. }] = w.as_slice() else {
+        panic!("an R2T: {w:?}")
+    };
+    let mut pdu = Vec::new();
+    tcp::encode_h2c_data(
+        &mut pdu,
+        0,
+        *ttag,
+        0,
+        &vec![5u8; len as usize],
+        true,
+        Digests::NONE,
+        0,
+    );
+    p.conns[bad].send_raw(&pdu[..pdu.len() / 3]);
+    p.pump();
+    assert!(
+        p.io.buffer_bytes() > before,
+        "the streamed payload has a buffer to go to"
+    );
+    assert!(!p.conns[bad].target_closed());
+    p.advance(FOREVER);
+    let w = take_wire(&mut p, bad);
+    assert!(
+        matches!(w.as_slice(), [Out::Term { fes: f, .. }] if *f == fes::PDU_SEQUENCE_ERROR),
+        "a C2HTermReq: {w:?}"
+    );
+    assert!(p.conns[bad].target_closed());
+    assert_eq!(p.io.commands_in_flight(), 0);
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success());
+}
+
 /// A peer that never reads its responses: the engine neither spins on the full socket
 /// nor holds the connection forever; after the drain deadline the connection goes and
 /// its slots come back. Others are served meanwhile.
