@@ -1008,6 +1008,8 @@ pub fn hung_backend<F: Fabric>(fabric: F) {
 /// the application answering commands of QPs being torn down. Repeated, each round with a
 /// fresh engine. What must hold: no panic, no broken rule, every task that started
 /// completes once, every QP goes, the namespace removal completes.
+// Run for the doca engine only (doca_scenarios), so only built with it.
+#[cfg(feature = "doca")]
 pub fn ns_removed_under_io_then_host_close<F: Fabric>(mut fabric: F, rounds: usize) {
     for round in 0..rounds {
         let mut w = World::new(fabric);
@@ -1092,6 +1094,8 @@ pub fn ns_removed_under_io_then_host_close<F: Fabric>(mut fabric: F, rounds: usi
 /// host's first capsule can arrive before ESTABLISHED, and a bad one makes the daemon
 /// disconnect at once): the late ESTABLISHED must not reach the library for a QP that is
 /// being torn down, and the disconnect completes.
+// Run for the doca engine only (doca_scenarios), so only built with it.
+#[cfg(feature = "doca")]
 pub fn established_after_disconnect<F: Fabric>(mut fabric: F) {
     let mut w = World::new(fabric);
     let user = w.user();
@@ -1118,6 +1122,7 @@ pub fn established_after_disconnect<F: Fabric>(mut fabric: F) {
 
 impl<F: Fabric> World<F> {
     /// Tear this world down (engine, IO context, hosts) and give the fabric back.
+    #[cfg(feature = "doca")]
     pub fn into_fabric(self) -> F {
         let World {
             fabric,
