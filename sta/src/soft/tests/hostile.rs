@@ -261,29 +261,34 @@ fn more_than_32_commands_before_connect_ends_the_connection() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
-/// A write whose data never comes (R2T sent, no H2CData): after the host-data deadline
-/// the engine gives up on the transfer and the connection, with a C2HTermReq; every slot
-/// and buffer comes back; the controller's other queue keeps serving.
-#[test]
-fn host_data_that_never_comes_times_out() {
+/// A controller with an I/O queue `q`, and a second I/O queue `bad` of it whose host
+/// sends forged traffic.
+fn controller_and_raw_queue() -> (Pair, usize, usize) {
     let mut p = Pair::new();
     let (a, q) = p.controller(Digests::NONE, 31, 0);
     let cntlid = p.conns[a].cntlid;
     let bad = raw_io_queue(&mut p, cntlid, 2, 31);
-    forge(
-        &mut p,
-        bad,
-        &by_transport(io_rw(io::WRITE, 8), 0, 4096),
-        &[],
-    );
+    (p, q, bad)
+}
+
+/// A write of `nlb` 512-byte blocks (CID 0) by R2T on `bad`; the R2T for all of it is
+/// the only thing the target sends. Returns its TTAG.
+fn write_by_r2t(p: &mut Pair, bad: usize, nlb: u32) -> u16 {
+    let len = nlb * 512;
+    forge(p, bad, &by_transport(io_rw(io::WRITE, nlb), 0, len), &[]);
     p.pump();
-    let w = take_wire(&mut p, bad);
-    assert!(
-        matches!(w.as_slice(), [Out::R2T { len: 4096, .. }]),
-        "{w:?}"
-    );
+    let w = take_wire(p, bad);
+    match w.as_slice() {
+        [Out::R2T { ttag, len: l, .. }] if *l == len => *ttag,
+        _ => panic!("one R2T for {len} bytes: {w:?}"),
+    }
+}
+
+/// Past the host-data deadline: a C2HTermReq on `bad`, its connection closed and
+/// disconnected, no command left, and queue `q` still serves.
+fn host_data_deadline_ends_the_connection(p: &mut Pair, bad: usize, q: usize) {
     p.advance(FOREVER);
-    let w = take_wire(&mut p, bad);
+    let w = take_wire(p, bad);
     assert!(
         matches!(w.as_slice(), [Out::Term { fes: f, .. }] if *f == fes::PDU_SEQUENCE_ERROR),
         "a C2HTermReq: {w:?}"
@@ -295,34 +300,31 @@ fn host_data_that_never_comes_times_out() {
     assert!(cqe.status().is_success());
 }
 
+/// A write whose data never comes (R2T sent, no H2CData): after the host-data deadline
+/// the engine gives up on the transfer and the connection, with a C2HTermReq; every slot
+/// and buffer comes back; the controller's other queue keeps serving.
+#[test]
+fn host_data_that_never_comes_times_out() {
+    let (mut p, q, bad) = controller_and_raw_queue();
+    write_by_r2t(&mut p, bad, 8);
+    host_data_deadline_ends_the_connection(&mut p, bad, q);
+}
+
 /// A large H2CData PDU whose header and first bytes come and then nothing: the payload
 /// is being read straight into the command's buffer (streamed), and the host-data
 /// deadline still ends the transfer and the connection with a C2HTermReq; the buffer and
 /// the slot come back, the controller's other queue keeps serving.
 #[test]
 fn host_data_stalled_inside_a_streamed_pdu_times_out() {
-    let mut p = Pair::new();
-    let (a, q) = p.controller(Digests::NONE, 31, 0);
-    let cntlid = p.conns[a].cntlid;
-    let bad = raw_io_queue(&mut p, cntlid, 2, 31);
+    let (mut p, q, bad) = controller_and_raw_queue();
     let before = p.io.buffer_bytes();
     let len = 64 << 10;
-    forge(
-        &mut p,
-        bad,
-        &by_transport(io_rw(io::WRITE, 128), 0, len),
-        &[],
-    );
-    p.pump();
-    let w = take_wire(&mut p, bad);
-    let [Out::R2T { ttag, .. }] = w.as_slice() else {
-        panic!("an R2T: {w:?}")
-    };
+    let ttag = write_by_r2t(&mut p, bad, 128);
     let mut pdu = Vec::new();
     tcp::encode_h2c_data(
         &mut pdu,
         0,
-        *ttag,
+        ttag,
         0,
         &vec![5u8; len as usize],
         true,
@@ -336,16 +338,7 @@ fn host_data_stalled_inside_a_streamed_pdu_times_out() {
         "the streamed payload has a buffer to go to"
     );
     assert!(!p.conns[bad].target_closed());
-    p.advance(FOREVER);
-    let w = take_wire(&mut p, bad);
-    assert!(
-        matches!(w.as_slice(), [Out::Term { fes: f, .. }] if *f == fes::PDU_SEQUENCE_ERROR),
-        "a C2HTermReq: {w:?}"
-    );
-    assert!(p.conns[bad].target_closed());
-    assert_eq!(p.io.commands_in_flight(), 0);
-    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
-    assert!(cqe.status().is_success());
+    host_data_deadline_ends_the_connection(&mut p, bad, q);
 }
 
 /// A peer that never reads its responses: the engine neither spins on the full socket
