@@ -181,3 +181,20 @@ rxe_down() {
     ip link del dummy0 2>/dev/null
     true
 }
+# SIGTERM to our daemon ($TGT_PID): check NAME passes when it exits 0 within 20 s.
+stop_daemon_graceful() { # NAME
+    local end=$((SECONDS + 20)) rc
+    kill -TERM "$TGT_PID"
+    while kill -0 "$TGT_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.3; done
+    if kill -0 "$TGT_PID" 2>/dev/null; then kill -KILL "$TGT_PID"; fail "$1" "still running 20 s after SIGTERM"
+    else wait "$TGT_PID"; rc=$?; [ $rc -eq 0 ] && pass "$1" || fail "$1" "exit $rc"; fi
+    TGT_PID=
+}
+# The EXIT trap of a scenario that runs our daemon over Soft-RoCE: the host lets go of
+# $NQN, the daemon ($TGT_PID, if still running) is killed, Soft-RoCE goes.
+rxe_daemon_cleanup() {
+    nvme disconnect -n "$NQN" >/dev/null 2>&1
+    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null
+    rxe_down
+    true
+}

@@ -19,13 +19,7 @@ TGT_PID=
 ROUNDS=${INTEROP_ROUNDS:-10}
 cp "$CFG0" "$CFG"
 
-cleanup() {
-    nvme disconnect -n "$NQN" >/dev/null 2>&1
-    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null
-    rxe_down
-    true
-}
-trap cleanup EXIT
+trap rxe_daemon_cleanup EXIT
 
 if rxe_up; then pass rxe-setup; else fail rxe-setup "dummy0/rdma_rxe setup failed"; exit 1; fi
 ulimit -l unlimited
@@ -91,12 +85,7 @@ if [ -n "$crashed" ]; then
     dmesg | grep -i segfault | tail -3
 else
     pass survives-rounds
-    kill -TERM "$TGT_PID"
-    end=$((SECONDS + 20))
-    while kill -0 "$TGT_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.3; done
-    if kill -0 "$TGT_PID" 2>/dev/null; then kill -KILL "$TGT_PID"; fail graceful-stop "still running 20 s after SIGTERM"
-    else wait "$TGT_PID"; rc=$?; [ $rc -eq 0 ] && pass graceful-stop || fail graceful-stop "exit $rc"; fi
-    TGT_PID=
+    stop_daemon_graceful graceful-stop
 fi
 if grep -q "contract violation" "$TGT_LOG"; then fail no-contract-violation "$(grep "contract violation" "$TGT_LOG" | head -2)"
 else pass no-contract-violation; fi

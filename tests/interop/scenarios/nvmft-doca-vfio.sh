@@ -27,13 +27,7 @@ ADDR=$RXE_ADDR
 TGT_LOG=$LOGDIR/nvmft-doca-vfio.target.log
 TGT_PID=
 
-cleanup() {
-    nvme disconnect -n "$NQN" >/dev/null 2>&1
-    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null
-    rxe_down
-    true
-}
-trap cleanup EXIT
+trap rxe_daemon_cleanup EXIT
 bound_to() { basename "$(readlink "/sys/bus/pci/devices/$BDF/driver" 2>/dev/null)" 2>/dev/null; }
 smart() { # field of the drive's SMART log through the fabric controller
     nvme smart-log "/dev/$1" --namespace-id=1 -o json 2>/dev/null | jq -r ".$2" 2>/dev/null
@@ -103,12 +97,7 @@ else fail metrics-scrape "curl /metrics failed"; fi
 check disconnect nvme disconnect -n "$NQN"
 wait_until 10 nqn_gone "$NQN"
 if kill -0 "$TGT_PID" 2>/dev/null; then pass daemon-alive; else fail daemon-alive "daemon died"; tail -30 "$TGT_LOG"; fi
-kill -TERM "$TGT_PID"
-end=$((SECONDS + 20))
-while kill -0 "$TGT_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.3; done
-if kill -0 "$TGT_PID" 2>/dev/null; then kill -KILL "$TGT_PID"; fail graceful-stop "still running 20 s after SIGTERM"
-else wait "$TGT_PID"; rc=$?; [ $rc -eq 0 ] && pass graceful-stop || fail graceful-stop "exit $rc"; fi
-TGT_PID=
+stop_daemon_graceful graceful-stop
 if grep -q "panicked" "$TGT_LOG"; then fail no-panic "$(grep panicked "$TGT_LOG" | head -2)"; else pass no-panic; fi
 if grep -q "contract violation" "$TGT_LOG"; then fail no-contract-violation "$(grep "contract violation" "$TGT_LOG" | head -2)"
 else pass no-contract-violation; fi

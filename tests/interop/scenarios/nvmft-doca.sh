@@ -20,13 +20,7 @@ PORT=4420
 TGT_LOG=$LOGDIR/nvmft-doca.target.log
 TGT_PID=
 
-cleanup() {
-    nvme disconnect -n "$NQN" >/dev/null 2>&1
-    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null
-    rxe_down
-    true
-}
-trap cleanup EXIT
+trap rxe_daemon_cleanup EXIT
 connect_rdma() {
     echo "\$ nvme connect -t rdma -a $ADDR -s $PORT -n $NQN $*"
     timeout 60 nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" "$@" 2>&1 && wait_ns "$NQN" 1 30
@@ -136,12 +130,7 @@ fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 
 if kill -0 "$TGT_PID" 2>/dev/null; then pass daemon-alive; else fail daemon-alive "daemon died"; tail -30 "$TGT_LOG"; fi
-kill -TERM "$TGT_PID"
-end=$((SECONDS + 20))
-while kill -0 "$TGT_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.3; done
-if kill -0 "$TGT_PID" 2>/dev/null; then kill -KILL "$TGT_PID"; fail graceful-stop "still running 20 s after SIGTERM"
-else wait "$TGT_PID"; rc=$?; [ $rc -eq 0 ] && pass graceful-stop || fail graceful-stop "exit $rc"; fi
-TGT_PID=
+stop_daemon_graceful graceful-stop
 if grep -q "panicked" "$TGT_LOG"; then fail no-panic "$(grep panicked "$TGT_LOG" | head -2)"; else pass no-panic; fi
 if grep -q "contract violation" "$TGT_LOG"; then fail no-contract-violation "$(grep "contract violation" "$TGT_LOG" | head -2)"
 else pass no-contract-violation; fi

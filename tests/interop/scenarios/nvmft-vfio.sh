@@ -29,13 +29,7 @@ start_target() { # waits for this start's own "ready:" line
     TGT_PID=$!
     wait_until 60 sh -c "tail -n +$START_LINE '$TGT_LOG' | grep -q 'ready:'" && kill -0 "$TGT_PID" 2>/dev/null
 }
-cleanup() {
-    nvme disconnect -n "$NQN" >/dev/null 2>&1
-    [ -n "$TGT_PID" ] && kill -KILL "$TGT_PID" 2>/dev/null
-    rxe_down
-    true
-}
-trap cleanup EXIT
+trap rxe_daemon_cleanup EXIT
 connect() { # transport address
     echo "\$ nvme connect -t $1 -a $2 -s 4420 -n $NQN"
     timeout 60 nvme connect -t "$1" -a "$2" -s 4420 -n "$NQN" 2>&1 && wait_ns "$NQN" 1 30
@@ -187,14 +181,5 @@ fi
 nvme disconnect -n "$NQN" >/dev/null 2>&1
 
 # --- stop -----------------------------------------------------------------------------------
-kill -TERM "$TGT_PID"
-end=$((SECONDS + 20))
-while kill -0 "$TGT_PID" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.3; done
-if kill -0 "$TGT_PID" 2>/dev/null; then
-    kill -KILL "$TGT_PID"; fail sigterm-exit "still running 20 s after SIGTERM"
-else
-    wait "$TGT_PID"; rc=$?
-    if [ $rc -eq 0 ]; then pass sigterm-exit; else fail sigterm-exit "exit status $rc"; fi
-fi
-TGT_PID=
+stop_daemon_graceful sigterm-exit
 exit 0
