@@ -144,8 +144,8 @@ pub struct Inflow {
 #[derive(Clone, Copy, Debug)]
 struct Stream {
     ttag: u16,
-    /// Offset of the next payload byte; where the PDU's data ends.
-    next: u32,
+    /// Where the PDU's data ends; the next byte's offset is this minus what the framer
+    /// still expects.
     end: u32,
     orphan: bool,
 }
@@ -207,7 +207,7 @@ impl ControllerQueue {
         let left = self.framer.inflow_left()?;
         Some(Inflow {
             ttag: s.ttag,
-            offset: s.next,
+            offset: s.end - left,
             len: left,
             discard: s.orphan,
         })
@@ -217,12 +217,10 @@ impl ControllerQueue {
     /// [`inflow`](Self::inflow) said, unless discarded); they count toward its data
     /// digest. Returns how many were taken (never more than the payload has left).
     pub fn inflow_received(&mut self, data: &[u8]) -> usize {
-        let Some(s) = self.stream.as_mut() else {
+        if self.stream.is_none() {
             return 0;
-        };
-        let n = self.framer.inflow(data);
-        s.next += n as u32;
-        n
+        }
+        self.framer.inflow(data)
     }
 
     /// Fabrics Connect answered: the queue's ID, SQSIZE and flow-control mode.
@@ -380,7 +378,6 @@ impl ControllerQueue {
                 Ok(()) => {
                     self.stream = Some(Stream {
                         ttag,
-                        next: datao,
                         end: datao + len,
                         orphan: false,
                     });
