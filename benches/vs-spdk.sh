@@ -12,6 +12,12 @@
 #     `-m 0x1 -s 1024`, hugepages, a 1 GiB malloc bdev, TCP on 127.0.0.1), the very same
 #     perf command, stops it. Odd rounds start with ours, even rounds with SPDK, so neither
 #     always runs on the warmer or quieter side of a round.
+#   - before a RAM row's measured runs, the namespace is written end to end on both
+#     targets, unmeasured (perf -q 32 -o 131072 -w write for FILL_SECS): SPDK's malloc bdev
+#     is zeroed memory from its first byte, while our RAM namespace maps memory on first
+#     write and reads never-written blocks from the kernel's shared zero page. Without the
+#     fill, our reads would come from one cache-hot page and our writes would take page
+#     faults inside the measured period; with it, both targets serve written memory.
 #   - spdk_nvme_perf runs pinned to core 1 (`taskset -c 1`, `-c 0x2`), with an explicit
 #     hostnqn in -r (so it works whether or not a target accepts an empty Host NQN),
 #     `-t SECS` after `-a 1` second of warm-up.
@@ -51,6 +57,7 @@
 #                           binaries are missing the script says how to build it and exits 2
 #   NVMF_TARGET_BIN         our daemon (default: `cargo build --release`, target/release)
 #   NVMF_BENCH_ROUNDS=5  NVMF_BENCH_SECS=10  NVMF_BENCH_WARMUP=1  NVMF_BENCH_ROWS="..."
+#   NVMF_BENCH_FILL_SECS=2 (the fill before RAM rows; 0 skips it, and the table says so)
 #   NVMF_BENCH_IDLE_SECS=60 NVMF_BENCH_IDLE_HOSTS=1000  NVMF_BENCH_PORT=14420
 #   NVMF_BENCH_TARGET_CORE=0  NVMF_BENCH_PERF_CORE=1
 #   NVMF_BENCH_HUGEPAGES=2048 (2 MiB pages to provide while it runs; the previous count is
@@ -69,6 +76,7 @@ ALL_ROWS="rr32 rw32 rr1 cpu sr128 sw128 dig32 p4 file idle100 idle1000"
 ROUNDS=${NVMF_BENCH_ROUNDS:-5}
 SECS=${NVMF_BENCH_SECS:-10}
 WARMUP=${NVMF_BENCH_WARMUP:-1}
+FILL_SECS=${NVMF_BENCH_FILL_SECS:-2}
 ROWS=${NVMF_BENCH_ROWS:-$ALL_ROWS}
 IDLE_SECS=${NVMF_BENCH_IDLE_SECS:-60}
 IDLE_HOSTS=${NVMF_BENCH_IDLE_HOSTS:-1000}
@@ -103,7 +111,7 @@ done
 for r in $ROWS; do
     [[ " $ALL_ROWS " == *" $r "* ]] || { echo "vs-spdk.sh: unknown row $r (rows: $ALL_ROWS)" >&2; exit 2; }
 done
-for v in ROUNDS SECS WARMUP IDLE_SECS IDLE_HOSTS PORT TARGET_CORE PERF_CORE HUGEPAGES MAX_MINUTES; do
+for v in ROUNDS SECS WARMUP FILL_SECS IDLE_SECS IDLE_HOSTS PORT TARGET_CORE PERF_CORE HUGEPAGES MAX_MINUTES; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "vs-spdk.sh: $v must be a whole number, not '${!v}'" >&2; exit 2; }
 done
 ((ROUNDS >= 1 && SECS >= 3)) || { echo "vs-spdk.sh: need --rounds >= 1 and --secs >= 3" >&2; exit 2; }
@@ -445,16 +453,40 @@ stop_idle() {
 
 # ---------------------------------------------------------------------------------------
 # The rows: what one target does in one round.
+# Write the whole RAM namespace of the target just started, unmeasured (see the top).
+# Checked: perf's MiB/s times its seconds must cover the namespace, else a note says the
+# row ran on a partly written namespace.
+fill_ns() { # row round who
+    ((FILL_SECS > 0)) || return 0
+    local out=$OUT/fill-$1-r$2-$3.txt mibs pmask
+    pmask=$(printf '0x%x' $((1 << PERF_CORE)))
+    if ! LD_LIBRARY_PATH=$SPDK_LIB timeout $((FILL_SECS + 60)) taskset -c "$PERF_CORE" \
+        "$SPDK/build/bin/spdk_nvme_perf" -c "$pmask" -s 512 -t "$FILL_SECS" \
+        -q 32 -o 131072 -w write -r "$TRID" >"$out" 2>&1; then
+        note "filling the namespace failed ($3, $1, round $2): see $out"
+        return 0
+    fi
+    mibs=$(awk '$1 == "Total" { sub(/^[^:]*:/, ""); print $2; exit }' "$out")
+    if [[ ! ${mibs:-} =~ ^[0-9.]+$ ]] || awk -v m="$mibs" -v s="$FILL_SECS" -v n="$NS_MIB" 'BEGIN { exit !(m * s < n) }'; then
+        note "the fill wrote ${mibs:-?} MiB/s x $FILL_SECS s, less than the ${NS_MIB} MiB namespace ($3, $1, round $2)"
+    fi
+}
+
+start_ram() { # row round who
+    start_target "$3" ram
+    fill_ns "$@"
+}
+
 row_body() { # row round who
     local row=$1 round=$2 who=$3
     case $row in
-        rr32) start_target "$who" ram; run_perf rr32 "$round" "$who" -q 32 -o 4096 -w randread ;;
-        rw32) start_target "$who" ram; run_perf rw32 "$round" "$who" -q 32 -o 4096 -w randwrite ;;
-        rr1) start_target "$who" ram; run_perf rr1 "$round" "$who" -q 1 -o 4096 -w randread -L ;;
-        sr128) start_target "$who" ram; run_perf sr128 "$round" "$who" -q 8 -o 131072 -w read ;;
-        sw128) start_target "$who" ram; run_perf sw128 "$round" "$who" -q 8 -o 131072 -w write ;;
+        rr32) start_ram "$@"; run_perf rr32 "$round" "$who" -q 32 -o 4096 -w randread ;;
+        rw32) start_ram "$@"; run_perf rw32 "$round" "$who" -q 32 -o 4096 -w randwrite ;;
+        rr1) start_ram "$@"; run_perf rr1 "$round" "$who" -q 1 -o 4096 -w randread -L ;;
+        sr128) start_ram "$@"; run_perf sr128 "$round" "$who" -q 8 -o 131072 -w read ;;
+        sw128) start_ram "$@"; run_perf sw128 "$round" "$who" -q 8 -o 131072 -w write ;;
         dig32)
-            start_target "$who" ram
+            start_ram "$@"
             if taskset -c "$PERF_CORE" timeout 60 "$IDLE_BIN" --addr "127.0.0.1:$PORT" --subnqn "$NQN" \
                 --controllers 1 --hold-secs 0 --digests >"$OUT/digests-r$round-$who.txt" 2>&1; then
                 put dig32 "$round" "$who.granted" 1
@@ -464,7 +496,7 @@ row_body() { # row round who
             fi
             ;;
         p4)
-            start_target "$who" ram
+            start_ram "$@"
             run_perf p4 "$round" "$who.p1" -q 32 -o 4096 -w randread
             run_perf p4 "$round" "$who.p4" -q 128 -P 4 -o 4096 -w randread
             ;;
@@ -486,7 +518,7 @@ row_body() { # row round who
             fi
             ;;
         idle1000)
-            start_target "$who" ram
+            start_ram "$@"
             run_perf idle1000 "$round" "$who.alone" -q 32 -o 4096 -w randread
             if start_idle idle1000 "$round" "$who" "$IDLE_HOSTS" 3600; then
                 run_perf idle1000 "$round" "$who.busy" -q 32 -o 4096 -w randread
@@ -624,6 +656,11 @@ print_row() {
         "daemon code last changed in $(git -C "$REPO" log -1 --format=%h -- src nvmf sta backend Cargo.lock 2>/dev/null || echo '?'))"
     echo "spdk: $SPDK ($SPDK_VERSION), file bdev: $SPDK_FILE_BDEV, hugepages: $(hp_total) x 2 MiB"
     echo "perf: spdk_nvme_perf -c <core $PERF_CORE> -s 512 -t $SECS -a $WARMUP <row's options> -r '$TRID'"
+    if ((FILL_SECS > 0)); then
+        echo "RAM rows: namespace written end to end before measuring (perf -q 32 -o 131072 -w write -t $FILL_SECS, unmeasured)"
+    else
+        echo "RAM rows: NOT filled first (NVMF_BENCH_FILL_SECS=0): our unwritten blocks read from the zero page, SPDK's malloc bdev from real memory"
+    fi
     echo "rounds: $ROUNDS (odd rounds ours first, even rounds SPDK first); rows: $ROWS; logs: $OUT"
 } | tee -a "$TABLES"
 
