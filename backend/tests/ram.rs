@@ -9,12 +9,16 @@ use common::*;
 fn two_queues_on_two_threads() {
     two_queues_two_threads(RamBackend::new(8 << 20, 4096).unwrap());
     two_queues_two_threads(RamBackend::new(1 << 20, 512).unwrap());
+    // Large enough for non-temporal stores: what one thread wrote, the other reads back.
+    two_queues_two_threads(RamBackend::new(512 << 20, 4096).unwrap());
+    two_queues_two_threads(RamBackend::new(512 << 20, 512).unwrap());
 }
 
 #[test]
 fn fua_flush_write_zeroes_deallocate() {
     fua_flush_zeroes_dealloc(RamBackend::new(16 << 20, 4096).unwrap());
     fua_flush_zeroes_dealloc(RamBackend::new(2 << 20, 512).unwrap());
+    fua_flush_zeroes_dealloc(RamBackend::new(512 << 20, 512).unwrap());
 }
 
 #[test]
