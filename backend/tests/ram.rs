@@ -39,6 +39,14 @@ fn properties() {
 }
 
 #[test]
+fn huge_pages_advised_where_the_kernel_has_them() {
+    let r = RamBackend::new(64 << 20, 4096).unwrap();
+    // madvise(MADV_HUGEPAGE) succeeds whenever THP is built in, whatever its mode.
+    let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists();
+    assert_eq!(r.huge_pages(), thp);
+}
+
+#[test]
 fn lazily_allocated_and_freed() {
     let r = RamBackend::new(1 << 30, 4096).unwrap();
     // A 1 GiB namespace commits (almost) nothing up front.
