@@ -57,7 +57,7 @@
 #                           binaries are missing the script says how to build it and exits 2
 #   NVMF_TARGET_BIN         our daemon (default: `cargo build --release`, target/release)
 #   NVMF_BENCH_ROUNDS=5  NVMF_BENCH_SECS=10  NVMF_BENCH_WARMUP=1  NVMF_BENCH_ROWS="..."
-#   NVMF_BENCH_FILL_SECS=2 (the fill before RAM rows; 0 skips it, and the table says so)
+#   NVMF_BENCH_FILL_SECS=4 (the fill before RAM rows; 0 skips it, and the table says so)
 #   NVMF_BENCH_IDLE_SECS=60 NVMF_BENCH_IDLE_HOSTS=1000  NVMF_BENCH_PORT=14420
 #   NVMF_BENCH_TARGET_CORE=0  NVMF_BENCH_PERF_CORE=1
 #   NVMF_BENCH_HUGEPAGES=2048 (2 MiB pages to provide while it runs; the previous count is
@@ -76,7 +76,7 @@ ALL_ROWS="rr32 rw32 rr1 cpu sr128 sw128 dig32 p4 file idle100 idle1000"
 ROUNDS=${NVMF_BENCH_ROUNDS:-5}
 SECS=${NVMF_BENCH_SECS:-10}
 WARMUP=${NVMF_BENCH_WARMUP:-1}
-FILL_SECS=${NVMF_BENCH_FILL_SECS:-2}
+FILL_SECS=${NVMF_BENCH_FILL_SECS:-4}
 ROWS=${NVMF_BENCH_ROWS:-$ALL_ROWS}
 IDLE_SECS=${NVMF_BENCH_IDLE_SECS:-60}
 IDLE_HOSTS=${NVMF_BENCH_IDLE_HOSTS:-1000}
