@@ -128,12 +128,17 @@ else fail prp-connect "no namespace"; fi
 # resubmit what was outstanding; fio's verify proves no acknowledged write was lost.
 if [ -n "$D" ]; then
     resets_before=$(grep -c "resetting the controller" "$TGT_LOG")
+    # 128 MiB: the job must still be writing when the reset comes. With 32 MiB it once
+    # finished inside the 3 s below on a quiet machine, the reset hit an idle drive, and
+    # the daemon only noticed it at the next I/O, after the log check.
     fio --name=reset --filename="$D" --ioengine=libaio --direct=1 --bs=4k --iodepth=16 \
-        --rw=randwrite --size=32M --verify=crc32c --verify_fatal=1 --do_verify=1 \
+        --rw=randwrite --size=128M --verify=crc32c --verify_fatal=1 --do_verify=1 \
         --randrepeat=0 --output="$LOGDIR/nvmft-vfio.fio-reset.log" &
     FIO=$!
-    sleep 3
-    if echo 1 >"/sys/bus/pci/devices/$BDF/reset"; then pass function-reset-issued
+    sleep 2
+    if ! kill -0 $FIO 2>/dev/null; then
+        fail function-reset-issued "fio ended before the reset, which would hit an idle drive"
+    elif echo 1 >"/sys/bus/pci/devices/$BDF/reset"; then pass function-reset-issued
     else fail function-reset-issued "sysfs reset of $BDF failed"; fi
     if timeout 300 tail --pid=$FIO -f /dev/null; then
         wait $FIO; rc=$?
