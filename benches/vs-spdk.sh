@@ -116,6 +116,7 @@ for v in ROUNDS SECS WARMUP FILL_SECS IDLE_SECS IDLE_HOSTS PORT TARGET_CORE PERF
 done
 ((ROUNDS >= 1 && SECS >= 3)) || { echo "vs-spdk.sh: need --rounds >= 1 and --secs >= 3" >&2; exit 2; }
 ((TARGET_CORE != PERF_CORE)) || { echo "vs-spdk.sh: target and perf need different cores" >&2; exit 2; }
+PERF_MASK=$(printf '0x%x' $((1 << PERF_CORE)))
 
 # ---------------------------------------------------------------------------------------
 # Find SPDK (never build it here: that takes ~10 minutes and a set of source mirrors).
@@ -328,6 +329,9 @@ start_target() { # who kind
 # ---------------------------------------------------------------------------------------
 # One spdk_nvme_perf run against the running target; results under V[row/round/prefix.*]:
 # iops mibs avg (us) p99 (us, with -L) cpumio (target CPU s per million I/Os) cpupct.
+# IOPS, MiB/s and average latency (us) from the Total line of a perf output file.
+perf_total() { awk '$1 == "Total" { sub(/^[^:]*:/, ""); print $1, $2, $3; exit }' "$1"; }
+
 run_perf() {
     local try
     for try in 1 2; do
@@ -341,14 +345,13 @@ run_perf() {
 perf_once() { # try row round prefix perf-args...
     local try=$1 row=$2 round=$3 prefix=$4
     shift 4
-    local out=$OUT/perf-$row-r$round-$prefix-try$try.txt pmask rc deadline c0="" c1="" t0 t1
+    local out=$OUT/perf-$row-r$round-$prefix-try$try.txt rc deadline c0="" c1="" t0 t1
     local total p99 iops mibs avg perf_tid="" p0 p1 b0 b1 perf_pid
-    pmask=$(printf '0x%x' $((1 << PERF_CORE)))
-    echo "spdk_nvme_perf -c $pmask -s 512 -t $SECS -a $WARMUP $* -r '$TRID'" >"$out.cmd"
+    echo "spdk_nvme_perf -c $PERF_MASK -s 512 -t $SECS -a $WARMUP $* -r '$TRID'" >"$out.cmd"
     # stdbuf: perf's stdout is a file, and its "Initialization complete" line must arrive
     # when it is printed, not when perf exits, to time the CPU samples.
     LD_LIBRARY_PATH=$SPDK_LIB timeout $((SECS + WARMUP + 90)) taskset -c "$PERF_CORE" \
-        stdbuf -oL "$SPDK/build/bin/spdk_nvme_perf" -c "$pmask" -s 512 -t "$SECS" -a "$WARMUP" "$@" \
+        stdbuf -oL "$SPDK/build/bin/spdk_nvme_perf" -c "$PERF_MASK" -s 512 -t "$SECS" -a "$WARMUP" "$@" \
         -r "$TRID" >"$out" 2>&1 &
     perf_pid=$!
     BG_PIDS+=("$perf_pid")
@@ -379,7 +382,7 @@ perf_once() { # try row round prefix perf-args...
     rc=0
     wait "$perf_pid" || rc=$?
     forget_pid "$perf_pid"
-    total=$(awk '$1 == "Total" { sub(/^[^:]*:/, ""); print $1, $2, $3; exit }' "$out")
+    total=$(perf_total "$out")
     p99=$(awk '$1 == "99.00000%" { v = $3; sub(/us$/, "", v); print v; exit }' "$out")
     read -r iops mibs avg <<<"$total" || true
     if [[ $rc != 0 || ! ${iops:-} =~ ^[0-9.]+$ ]]; then
@@ -452,24 +455,22 @@ stop_idle() {
 }
 
 # ---------------------------------------------------------------------------------------
-# The rows: what one target does in one round.
 # Write the whole RAM namespace of the target just started, unmeasured (see the top).
 # Checked: perf's MiB/s times its seconds must cover the namespace (a sequential run
 # starts at block 0); if it did not, once more for four times as long, and if that falls
 # short too, a note says the row ran on a partly written namespace.
 fill_ns() { # row round who
     ((FILL_SECS > 0)) || return 0
-    local out mibs pmask secs=$FILL_SECS try
-    pmask=$(printf '0x%x' $((1 << PERF_CORE)))
+    local out mibs secs=$FILL_SECS try
     for try in 1 2; do
         out=$OUT/fill-$1-r$2-$3-try$try.txt
         if ! LD_LIBRARY_PATH=$SPDK_LIB timeout $((secs + 60)) taskset -c "$PERF_CORE" \
-            "$SPDK/build/bin/spdk_nvme_perf" -c "$pmask" -s 512 -t "$secs" \
+            "$SPDK/build/bin/spdk_nvme_perf" -c "$PERF_MASK" -s 512 -t "$secs" \
             -q 32 -o 131072 -w write -r "$TRID" >"$out" 2>&1; then
             note "filling the namespace failed ($3, $1, round $2): see $out"
             return 0
         fi
-        mibs=$(awk '$1 == "Total" { sub(/^[^:]*:/, ""); print $2; exit }' "$out")
+        read -r _ mibs _ <<<"$(perf_total "$out")" || true
         if [[ ${mibs:-} =~ ^[0-9.]+$ ]] &&
             awk -v m="$mibs" -v s="$secs" -v n="$NS_MIB" 'BEGIN { exit !(m * s >= n) }'; then
             return 0
@@ -485,6 +486,7 @@ start_ram() { # row round who
     fill_ns "$@"
 }
 
+# The rows: what one target does in one round.
 row_body() { # row round who
     local row=$1 round=$2 who=$3
     case $row in

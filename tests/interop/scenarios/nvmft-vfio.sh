@@ -128,8 +128,8 @@ else fail prp-connect "no namespace"; fi
 # resubmit what was outstanding; fio's verify proves no acknowledged write was lost.
 if [ -n "$D" ]; then
     resets_before=$(grep -c "resetting the controller" "$TGT_LOG")
-    # 128 MiB: the job must still be writing when the reset comes. With 32 MiB it once
-    # finished inside the 3 s below on a quiet machine, the reset hit an idle drive, and
+    # 128 MiB: the job must still be writing when the reset comes. With 32 MiB and a 3 s
+    # wait it once finished first on a quiet machine, the reset hit an idle drive, and
     # the daemon only noticed it at the next I/O, after the log check.
     fio --name=reset --filename="$D" --ioengine=libaio --direct=1 --bs=4k --iodepth=16 \
         --rw=randwrite --size=128M --verify=crc32c --verify_fatal=1 --do_verify=1 \
