@@ -14,7 +14,7 @@ need=()
 for t in flex bison bc; do command -v $t >/dev/null || need+=("$t"); done
 dpkg -s libelf-dev >/dev/null 2>&1 || need+=(libelf-dev)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
-if ((${#need[@]})); then DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"; fi
+if ((${#need[@]})); then DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "${need[@]}"; fi
 if [[ ! -d linux-source-6.1 ]]; then
     ls linux-source-6.1_*_all.deb >/dev/null 2>&1 || apt-get download linux-source-6.1
     dpkg-deb -x linux-source-6.1_*_all.deb pkg

@@ -37,8 +37,10 @@ dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev pkg-config)   # openssl-
 if ((${#need[@]})); then
     echo "installing with apt-get: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${need[@]}"
+    # Another apt-get may hold dpkg's lock (an SPDK build, unattended upgrades): wait for
+    # it, up to 10 minutes, instead of failing the run at once.
+    apt-get -o DPkg::Lock::Timeout=600 update -q
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${need[@]}"
 else
     echo "all present (promtool, systemd-analyze)"
 fi

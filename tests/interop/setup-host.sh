@@ -71,11 +71,11 @@ done
 export DEBIAN_FRONTEND=noninteractive
 if [[ $need_update -eq 1 ]]; then
     log "apt-get update"
-    apt-get update -qq
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
 fi
 
 apt_install() {
-    apt-get install -y -qq --no-install-recommends "$@"
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@"
 }
 others=()
 for p in "${missing[@]}"; do [[ $p == qemu-system-x86 ]] || others+=("$p"); done
