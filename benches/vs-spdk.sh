@@ -3,7 +3,11 @@
 # generator (issue 16). A benchmark, not a test: it prints figures and fails on nothing but
 # broken set-up.
 #
-#   benches/vs-spdk.sh [--rounds N] [--secs S] [--rows "rr32 rw32 ..."] [--list]
+#   benches/vs-spdk.sh [--rounds N] [--secs S] [--rows "rr32 rw32 ..."] [--against BIN] [--list]
+#
+# --against BIN (A/B mode, for trying a change): the "spdk" side of every row runs our
+# daemon from BIN instead of SPDK's nvmf_tgt, same config, same alternation, so the ratio
+# column reads (this build)/(BIN). SPDK's build is still needed for spdk_nvme_perf.
 #
 # What it does, per row of the table below and per round (default 5 rounds):
 #   - starts ONE target at a time, never both: our daemon (release build, `cpus: [0]` and
@@ -57,6 +61,7 @@
 #                           binaries are missing the script says how to build it and exits 2
 #   NVMF_TARGET_BIN         our daemon (default: `cargo build --release`, target/release)
 #   NVMF_BENCH_ROUNDS=5  NVMF_BENCH_SECS=10  NVMF_BENCH_WARMUP=1  NVMF_BENCH_ROWS="..."
+#   NVMF_BENCH_AGAINST=BIN  (as --against)
 #   NVMF_BENCH_FILL_SECS=4 (the fill before RAM rows; 0 skips it, and the table says so)
 #   NVMF_BENCH_IDLE_SECS=60 NVMF_BENCH_IDLE_HOSTS=1000  NVMF_BENCH_PORT=14420
 #   NVMF_BENCH_TARGET_CORE=0  NVMF_BENCH_PERF_CORE=1
@@ -78,6 +83,7 @@ SECS=${NVMF_BENCH_SECS:-10}
 WARMUP=${NVMF_BENCH_WARMUP:-1}
 FILL_SECS=${NVMF_BENCH_FILL_SECS:-4}
 ROWS=${NVMF_BENCH_ROWS:-$ALL_ROWS}
+AGAINST=${NVMF_BENCH_AGAINST:-}
 IDLE_SECS=${NVMF_BENCH_IDLE_SECS:-60}
 IDLE_HOSTS=${NVMF_BENCH_IDLE_HOSTS:-1000}
 PORT=${NVMF_BENCH_PORT:-14420}
@@ -99,10 +105,11 @@ die() { printf 'vs-spdk.sh: %s\n' "$*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
     case $1 in
-        --rounds | --secs | --rows) (($# >= 2)) || die "$1 needs a value" ;;&
+        --rounds | --secs | --rows | --against) (($# >= 2)) || die "$1 needs a value" ;;&
         --rounds) ROUNDS=$2; shift 2 ;;
         --secs) SECS=$2; shift 2 ;;
         --rows) ROWS=$2; shift 2 ;;
+        --against) AGAINST=$2; shift 2 ;;
         --list) echo "$ALL_ROWS"; exit 0 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "vs-spdk.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -156,6 +163,7 @@ else
     OURS_BIN=$NVMF_TARGET_BIN
 fi
 [[ -x $OURS_BIN ]] || die "$OURS_BIN is not an executable"
+[[ -z $AGAINST || -x $AGAINST ]] || die "--against $AGAINST is not an executable"
 FLOOR_BIN=$REPO/target/release/examples/loopback_floor
 IDLE_BIN=$REPO/target/release/examples/idle_hosts
 
@@ -249,8 +257,8 @@ forget_pid() { # drop a reaped process from the clean-up list
 
 # ---------------------------------------------------------------------------------------
 # Targets: one at a time.
-start_ours() { # kind: ram | file
-    local kind=$1 cfg=$OUT/ours-$1.yaml backend
+start_ours() { # kind [binary]: ram | file
+    local kind=$1 bin=${2:-$OURS_BIN} cfg=$OUT/ours-$1.yaml backend
     if [[ $kind == ram ]]; then
         backend="{name: ns0, type: ram, size: ${NS_MIB}MiB, block_size: 512}"
     else
@@ -266,7 +274,7 @@ subsystems:
     namespaces: [{nsid: 1, backend: ns0}]
 EOF
     port_listening && die "port $PORT is already taken (set NVMF_BENCH_PORT)"
-    taskset -c "$TARGET_CORE" "$OURS_BIN" --config "$cfg" >>"$OUT/ours.log" 2>&1 &
+    taskset -c "$TARGET_CORE" "$bin" --config "$cfg" >>"$OUT/ours.log" 2>&1 &
     TGT_PID=$!
     wait_listening ours
 }
@@ -323,7 +331,13 @@ stop_target() {
 }
 
 start_target() { # who kind
-    if [[ $1 == ours ]]; then start_ours "$2"; else start_spdk "$2"; fi
+    if [[ $1 == ours ]]; then
+        start_ours "$2"
+    elif [[ -n $AGAINST ]]; then
+        start_ours "$2" "$AGAINST"
+    else
+        start_spdk "$2"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------
@@ -664,6 +678,7 @@ print_row() {
     echo "cpu: $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) online; target on core $TARGET_CORE, spdk_nvme_perf on core $PERF_CORE"
     echo "ours: $OURS_BIN (tree $(git -C "$REPO" describe --always --dirty 2>/dev/null || echo '?')," \
         "daemon code last changed in $(git -C "$REPO" log -1 --format=%h -- src nvmf sta backend Cargo.lock 2>/dev/null || echo '?'))"
+    [[ -z $AGAINST ]] || echo "A/B MODE: every 'spdk' column below is our daemon built as $AGAINST, not SPDK's nvmf_tgt"
     echo "spdk: $SPDK ($SPDK_VERSION), file bdev: $SPDK_FILE_BDEV, hugepages: $(hp_total) x 2 MiB"
     echo "perf: spdk_nvme_perf -c <core $PERF_CORE> -s 512 -t $SECS -a $WARMUP <row's options> -r '$TRID'"
     if ((FILL_SECS > 0)); then
