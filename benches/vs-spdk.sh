@@ -93,7 +93,9 @@ HUGEPAGES=${NVMF_BENCH_HUGEPAGES:-2048}
 FILE_DIR=${NVMF_BENCH_FILE_DIR:-/dev/shm}
 MAX_MINUTES=${NVMF_BENCH_MAX_MINUTES:-240}
 SPDK=${SPDK_OUT:-$HOME/.cache/nvmf-target/spdk-v25.09}
-OUT=${NVMF_BENCH_OUT:-$REPO/target/vs-spdk/$(date +%Y%m%d-%H%M%S)}
+# cargo's output directory (CARGO_TARGET_DIR when set, as cargo itself reads it).
+TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+OUT=${NVMF_BENCH_OUT:-$TARGET_DIR/vs-spdk/$(date +%Y%m%d-%H%M%S)}
 
 NQN=nqn.2026-11.dev.nvmf-target:bench
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6
@@ -156,7 +158,7 @@ CLK_TCK=$(getconf CLK_TCK)
 if [[ -z ${NVMF_TARGET_BIN:-} ]]; then
     note "building the release daemon and the bench helpers (cargo build --release)"
     cargo build --release --quiet --bin nvmf-target --example loopback_floor --example idle_hosts
-    OURS_BIN=$REPO/target/release/nvmf-target
+    OURS_BIN=$TARGET_DIR/release/nvmf-target
 else
     note "building the bench helpers (cargo build --release)"
     cargo build --release --quiet --example loopback_floor --example idle_hosts
@@ -164,8 +166,8 @@ else
 fi
 [[ -x $OURS_BIN ]] || die "$OURS_BIN is not an executable"
 [[ -z $AGAINST || -x $AGAINST ]] || die "--against $AGAINST is not an executable"
-FLOOR_BIN=$REPO/target/release/examples/loopback_floor
-IDLE_BIN=$REPO/target/release/examples/idle_hosts
+FLOOR_BIN=$TARGET_DIR/release/examples/loopback_floor
+IDLE_BIN=$TARGET_DIR/release/examples/idle_hosts
 
 mkdir -p "$OUT"
 TABLES=$OUT/tables.txt
