@@ -157,4 +157,10 @@ pub trait BackendQueue {
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize;
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
+    /// For a namespace held in this process's memory (RAM): the store itself, so that a
+    /// transport can send a read's bytes from it under its locks ([`RamBackend::lend`])
+    /// instead of copying them into a buffer first. `None` for every other backend.
+    fn lender(&self) -> Option<Arc<RamBackend>> {
+        None
+    }
 }

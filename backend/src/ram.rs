@@ -26,6 +26,14 @@
 //!
 //! Completions are immediate: `submit` does the copy and queues the completion, and the
 //! next `poll` returns it. No volatile write cache.
+//!
+//! Lending: a transport that copies anyway (the kernel's `sendmsg` copies into socket
+//! buffers before it returns) can send a read's bytes straight from the mapping instead of
+//! from a copy of them: [`RamBackend::lend`] read-locks every stripe of a [`LendSet`] for
+//! the length of a closure and hands out the bytes inside it ([`Lent::bytes`]). The locks
+//! are taken in ascending lock order, each at most once, and a writer holds one lock at a
+//! time and waits for nothing else while it does, so lenders and writers cannot deadlock.
+//! The closure must not write to this namespace (its own thread would wait for itself).
 
 // `unsafe` allowed here: the anonymous mapping (mmap, madvise) and the copies in and out of
 // it under the stripe locks.
@@ -39,6 +47,9 @@ use crate::{Backend, BackendQueue, Completion, Error, IoStatus, Op, Request, Sub
 
 /// Bytes covered by one stripe lock.
 pub const STRIPE_BYTES: usize = 64 << 10;
+/// Most stripe locks one [`LendSet`] takes (the lock guards live on the stack, one
+/// frame each, while the closure runs).
+pub const LEND_MAX_LOCKS: usize = 64;
 /// Number of stripe locks (a power of two).
 const LOCKS: usize = 1024;
 /// Below this many bytes, Deallocate/Write Zeroes zero memory in place rather than
@@ -143,6 +154,49 @@ impl RamBackend {
     /// pages (it then uses them where it has them free).
     pub fn huge_pages(&self) -> bool {
         self.huge
+    }
+
+    /// Byte offset and length of blocks `lba..lba+nblocks`, or `None` when they leave the
+    /// namespace: the range to give [`LendSet::add`] and [`Lent::bytes`].
+    pub fn byte_range(&self, lba: u64, nblocks: u32) -> Option<(usize, usize)> {
+        self.range(lba, nblocks)
+    }
+
+    /// Runs `f` with every stripe of `set` read-locked, so that [`Lent::bytes`] can hand
+    /// out the bytes of those stripes without copying them. Writers of those stripes (on
+    /// other threads) wait until `f` returns; `f` must not write to this namespace.
+    pub fn lend<R>(&self, set: &LendSet, f: impl FnOnce(&Lent<'_>) -> R) -> R {
+        let lent = Lent {
+            backend: self,
+            set: set.bits,
+        };
+        let mut f = Some(f);
+        let mut out = None;
+        self.hold(&lent, 0, &mut f, &mut out);
+        // `hold` runs `f` exactly once, at the bottom of its recursion.
+        out.unwrap_or_else(|| unreachable!("lend: the closure did not run"))
+    }
+
+    /// Takes the lowest lock of `lent.set` from lock index `from` on, then recurses; with
+    /// none left, runs the closure. Ascending order, each lock once.
+    fn hold<R, F: FnOnce(&Lent<'_>) -> R>(
+        &self,
+        lent: &Lent<'_>,
+        from: usize,
+        f: &mut Option<F>,
+        out: &mut Option<R>,
+    ) {
+        match next_bit(&lent.set, from) {
+            Some(i) => {
+                let _g = self.locks[i].0.read().unwrap_or_else(|e| e.into_inner());
+                self.hold(lent, i + 1, f, out);
+            }
+            None => {
+                if let Some(f) = f.take() {
+                    *out = Some(f(lent));
+                }
+            }
+        }
     }
 
     /// Bytes resident in memory, for tests and metrics (`mincore`).
@@ -329,6 +383,107 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
+/// The lowest set bit of `bits` at index `from` or above.
+fn next_bit(bits: &[u64; LOCKS / 64], from: usize) -> Option<usize> {
+    let mut w = from / 64;
+    if w >= bits.len() {
+        return None;
+    }
+    let mut word = bits[w] & (!0u64 << (from % 64));
+    loop {
+        if word != 0 {
+            return Some(w * 64 + word.trailing_zeros() as usize);
+        }
+        w += 1;
+        if w == bits.len() {
+            return None;
+        }
+        word = bits[w];
+    }
+}
+
+/// The stripe locks a [`RamBackend::lend`] takes: a set of lock indices, built from the
+/// byte ranges that are to be lent together.
+#[derive(Clone, Debug)]
+pub struct LendSet {
+    bits: [u64; LOCKS / 64],
+    count: usize,
+}
+
+impl Default for LendSet {
+    fn default() -> Self {
+        LendSet {
+            bits: [0; LOCKS / 64],
+            count: 0,
+        }
+    }
+}
+
+impl LendSet {
+    /// Adds the stripes of bytes `off..off+len`. Returns false, and adds nothing, when the
+    /// set would then hold more than [`LEND_MAX_LOCKS`] locks.
+    pub fn add(&mut self, off: usize, len: usize) -> bool {
+        let mut bits = self.bits;
+        let mut count = self.count;
+        if len > 0 {
+            for stripe in off / STRIPE_BYTES..=(off + len - 1) / STRIPE_BYTES {
+                let i = stripe % LOCKS;
+                let bit = 1u64 << (i % 64);
+                if bits[i / 64] & bit == 0 {
+                    bits[i / 64] |= bit;
+                    count += 1;
+                    if count > LEND_MAX_LOCKS {
+                        return false;
+                    }
+                }
+            }
+        }
+        self.bits = bits;
+        self.count = count;
+        true
+    }
+
+    /// No range added since the last [`LendSet::clear`].
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn clear(&mut self) {
+        *self = LendSet::default();
+    }
+}
+
+/// Shared access to the stripes of a [`LendSet`] while [`RamBackend::lend`] holds their
+/// locks.
+pub struct Lent<'a> {
+    backend: &'a RamBackend,
+    set: [u64; LOCKS / 64],
+}
+
+impl Lent<'_> {
+    /// Bytes `off..off+len` of the namespace, or `None` when the range leaves it or a
+    /// stripe of it is not locked (was not in the set).
+    pub fn bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
+        let end = off.checked_add(len)?;
+        if end > self.backend.size {
+            return None;
+        }
+        if len > 0 {
+            for stripe in off / STRIPE_BYTES..=(end - 1) / STRIPE_BYTES {
+                let i = stripe % LOCKS;
+                if self.set[i / 64] & (1u64 << (i % 64)) == 0 {
+                    return None;
+                }
+            }
+        }
+        // SAFETY: `off..end` lies inside the mapping (`end <= size <= map_len`), and the
+        // lock of every stripe it touches is read-locked by the `lend` call that made this
+        // `Lent` and is held until that call returns, which outlives the borrow of `self`:
+        // no writer can change these bytes while the slice lives.
+        Some(unsafe { std::slice::from_raw_parts(self.backend.base.as_ptr().add(off), len) })
+    }
+}
+
 impl Drop for RamBackend {
     fn drop(&mut self) {
         // SAFETY: `base`/`map_len` are exactly our mapping; no queue can outlive us (each
@@ -400,6 +555,10 @@ impl BackendQueue for RamQueue {
 
     fn in_flight(&self) -> usize {
         self.done.len()
+    }
+
+    fn lender(&self) -> Option<Arc<RamBackend>> {
+        Some(self.backend.clone())
     }
 }
 

@@ -30,7 +30,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use backend::{BackendQueue, BufPool, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
+use backend::{
+    BackendQueue, BufPool, Completion, IoBuf, IoStatus, Op, RamBackend, Request, SubmitError,
+};
 use nvmf::command::{self, DataSgl, OffloadOp};
 use nvmf::queue::QueueParams;
 use nvmf::spec::{Cqe, DataDirection, Sqe, Status};
@@ -106,6 +108,17 @@ pub(super) struct Cmd {
     /// Host data is received but dropped (no buffer could be had); the command fails
     /// with `status` once the transfer is over.
     pub discard: bool,
+    /// A Read answered straight from a RAM namespace: its data is sent from the store
+    /// (bytes `off..off+len`) under the store's stripe locks when the C2HData goes out,
+    /// not from `buf` (whose bytes are not filled in unless the send had to stop
+    /// half-way; see `tcp_link::flush`).
+    pub lent: Option<LentRead>,
+}
+
+/// Where a lent Read's data lies (see [`Cmd::lent`]).
+pub(super) struct LentRead {
+    pub src: Arc<RamBackend>,
+    pub off: usize,
 }
 
 impl Cmd {
@@ -128,6 +141,7 @@ impl Cmd {
             reserved: 0,
             since: now,
             discard: false,
+            lent: None,
             aborted: false,
             copy: None,
             fused: Fused::None,
@@ -180,6 +194,7 @@ pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
     if let Some(b) = c.copy.take().and_then(|p| p.data) {
         pool.put(b);
     }
+    c.lent = None;
     c.st = St::Free;
     c.gen = c.gen.wrapping_add(1);
 }
@@ -375,6 +390,8 @@ pub(super) struct NsSlot {
     pub shift: u32,
     pub nblocks: u64,
     pub q: Box<dyn BackendQueue>,
+    /// The RAM store behind `q`, whose reads TCP queues send straight from it.
+    pub lender: Option<Arc<RamBackend>>,
     pub pending: VecDeque<Request>,
     pub counters: Arc<NsCounters>,
     pub inflight: u32,
@@ -1337,6 +1354,10 @@ impl Core {
         let Some(op) = c.op else {
             return self.fail(st, idx, Status::INTERNAL_ERROR);
         };
+        if op == OffloadOp::Read && self.lend_read(st, idx) {
+            return;
+        }
+        let c = &mut self.cmds[idx as usize];
         // The commands that are one backend request each.
         let single = match op {
             OffloadOp::Read => Some((Op::Read, lba, nblocks, c.buf.take())),
@@ -1406,6 +1427,40 @@ impl Core {
             };
             self.push_req(ns_idx, req);
         }
+    }
+
+    /// A Read from a RAM namespace on a plain TCP queue without data digest: answered at
+    /// once, its data to be sent from the store when the C2HData goes out (one copy, the
+    /// kernel's, instead of two). False (nothing done) where that does not apply: the
+    /// digest and TLS would read the data before the send, RDMA writes from registered
+    /// buffers, and other backends have no bytes to lend.
+    fn lend_read(&mut self, st: &mut QpState, idx: u32) -> bool {
+        let Link::Tcp(t) = &st.link else {
+            return false;
+        };
+        if !t.wire.is_plain() || t.machine.digests().data {
+            return false;
+        }
+        let c = &mut self.cmds[idx as usize];
+        let Some(src) = self.ns[c.ns as usize]
+            .as_ref()
+            .and_then(|n| n.lender.as_ref())
+        else {
+            return false;
+        };
+        let Some((off, len)) = src.byte_range(c.sqe.slba(), c.sqe.nlb()) else {
+            return false;
+        };
+        match c.buf.as_mut() {
+            Some(b) if len == c.len as usize && b.capacity() >= len => b.set_len(len),
+            _ => return false,
+        }
+        c.lent = Some(LentRead {
+            src: src.clone(),
+            off,
+        });
+        self.complete_offload(st, idx, Status::SUCCESS);
+        true
     }
 
     /// Copy, step 1: check the source ranges (format 0, the namespace's MSSRL/MCL/MSRC,

@@ -798,6 +798,7 @@ impl StaIo {
                                 acked: false,
                                 shift: bs.trailing_zeros(),
                                 nblocks,
+                                lender: q.lender(),
                                 q,
                                 pending: VecDeque::new(),
                                 counters: self.core.stats.register_ns(subsys, nsid),
@@ -969,7 +970,7 @@ impl StaIo {
                     res.map_err(|e| ("RDMA post failed", e))
                 }
                 Link::Tcp(t) => {
-                    let res = tcp_link::flush(t, &self.core.cmds, &mut self.released);
+                    let res = tcp_link::flush(t, &mut self.core.cmds, &mut self.released);
                     match &res {
                         Ok(w) => {
                             did |= *w > 0 || !self.released.is_empty();

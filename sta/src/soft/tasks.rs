@@ -206,7 +206,7 @@ impl StaIo {
             Link::Tcp(t) => {
                 // Flush what is already queued (e.g. a final response) best effort, then
                 // drop the rest.
-                if let Err(e) = tcp_link::flush(t, &self.core.cmds, &mut self.released) {
+                if let Err(e) = tcp_link::flush(t, &mut self.core.cmds, &mut self.released) {
                     // The socket is closing anyway; the host sees the connection go.
                     tracing::debug!(qp = qp.as_u64(), "disconnect: last write failed: {e}");
                 }

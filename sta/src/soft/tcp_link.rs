@@ -6,11 +6,15 @@
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Instant;
 
 use nvmf_tls::{Handshake, MidHandshakeSslStream, SslContext, SslStream};
 
 use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, FatalCause, TxSink};
+
+use backend::ram::{LendSet, Lent};
+use backend::RamBackend;
 
 use super::cmd::{Cmd, Core, QpState};
 use crate::{Event, Limit, QpHandle, TransportErrorKind};
@@ -32,6 +36,18 @@ pub(super) enum Wire {
     TlsFailed(Option<TcpStream>),
     #[cfg(test)]
     Memory(std::rc::Rc<std::cell::RefCell<super::tests::MemPipe>>),
+}
+
+impl Wire {
+    /// Bytes go to the peer as written, without TLS (a plain socket, or a test pipe).
+    pub fn is_plain(&self) -> bool {
+        match self {
+            Wire::Socket(_) => true,
+            #[cfg(test)]
+            Wire::Memory(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// A TLS connection being set up.
@@ -551,50 +567,156 @@ impl TxQueue {
 /// Write as much queued output as the wire takes, `IOV_MAX` slices per `writev`, looping
 /// while it takes everything. Slots whose release marker went out go to `released`.
 /// Returns how many bytes were written.
+///
+/// Lent reads ([`Cmd::lent`]) go out straight from their RAM store: each `writev` that
+/// carries some holds the read locks of their stripes while the kernel copies them (one
+/// store per `writev`, a bounded set of stripes). A lent read the socket took only part
+/// of gets the rest of its bytes copied into its buffer before the locks go, so every
+/// block the host receives is one version of that block.
 pub(super) fn flush(
     link: &mut TcpLink,
-    cmds: &[Cmd],
+    cmds: &mut [Cmd],
     released: &mut Vec<u32>,
 ) -> std::io::Result<usize> {
     let mut written = 0;
+    let mut set = LendSet::default();
     loop {
-        let mut iov = [IoSlice::new(&[]); IOV_MAX];
-        let mut n = 0;
-        let mut total = 0;
+        // Which segments go in this writev, and which store stripes they need.
+        set.clear();
+        let mut src: Option<Arc<RamBackend>> = None;
+        let mut slices = 0;
+        let mut segs = 0;
         let mut skip = link.tx.front_done;
         for seg in link.tx.segs.iter() {
-            if n == IOV_MAX {
+            if slices == IOV_MAX {
                 break;
             }
-            let s: &[u8] = match seg {
-                TxSeg::Small { len, bytes } => &bytes[..*len as usize],
-                TxSeg::Data { cmd, off, len } => cmds
-                    .get(*cmd as usize)
-                    .and_then(|c| c.buf.as_ref())
-                    .map_or(&[][..], |b| {
-                        &b.as_slice()[*off as usize..(*off + *len) as usize]
-                    }),
-                TxSeg::Release { .. } => continue,
-            };
-            let s = &s[skip.min(s.len())..];
-            skip = 0;
-            if !s.is_empty() {
-                iov[n] = IoSlice::new(s);
-                n += 1;
-                total += s.len();
+            if let TxSeg::Data { cmd, off, len } = seg {
+                let lent = cmds.get(*cmd as usize).and_then(|c| c.lent.as_ref());
+                if let Some(l) = lent {
+                    match &src {
+                        Some(s) if !Arc::ptr_eq(s, &l.src) => break,
+                        _ => {}
+                    }
+                    if !set.add(l.off + *off as usize, *len as usize) {
+                        break;
+                    }
+                    src.get_or_insert_with(|| l.src.clone());
+                }
             }
+            segs += 1;
+            if !matches!(seg, TxSeg::Release { .. }) && seg_len(seg) > skip {
+                slices += 1;
+            }
+            skip = 0;
         }
-        if n == 0 {
-            link.tx.advance(0, released);
-            return Ok(written);
-        }
-        let w = link.wire.writev(&iov[..n])?;
+        let (w, total) = match src {
+            None => write_segs(link, cmds, None, segs, released)?,
+            Some(src) => src.lend(&set, |lent| {
+                let (w, total) = write_segs(link, cmds, Some(lent), segs, released)?;
+                if w < total {
+                    keep_version(link, cmds, lent)?;
+                }
+                Ok::<_, std::io::Error>((w, total))
+            })?,
+        };
         written += w;
-        link.tx.advance(w, released);
-        if w < total || link.tx.is_empty() {
+        if w < total || total == 0 || link.tx.is_empty() {
             return Ok(written);
         }
     }
+}
+
+fn seg_len(seg: &TxSeg) -> usize {
+    match seg {
+        TxSeg::Small { len, .. } => *len as usize,
+        TxSeg::Data { len, .. } => *len as usize,
+        TxSeg::Release { .. } => 0,
+    }
+}
+
+/// One `writev` of the first `segs` queued segments (from `front_done` on), then the
+/// queue advanced past what it took. Lent reads' bytes come from `lent`; the planning in
+/// [`flush`] put every lent segment among them under its locks. Returns the bytes
+/// written and the bytes offered (0 when there was nothing to write, only release
+/// markers).
+fn write_segs(
+    link: &mut TcpLink,
+    cmds: &[Cmd],
+    lent: Option<&Lent<'_>>,
+    segs: usize,
+    released: &mut Vec<u32>,
+) -> std::io::Result<(usize, usize)> {
+    let mut iov = [IoSlice::new(&[]); IOV_MAX];
+    let mut n = 0;
+    let mut total = 0;
+    let mut skip = link.tx.front_done;
+    for seg in link.tx.segs.iter().take(segs) {
+        let s: &[u8] = match seg {
+            TxSeg::Small { len, bytes } => &bytes[..*len as usize],
+            TxSeg::Data { cmd, off, len } => {
+                let (off, len) = (*off as usize, *len as usize);
+                match cmds.get(*cmd as usize) {
+                    Some(Cmd { lent: Some(l), .. }) => {
+                        // Planned under the locks; were it not, nothing of it is sent.
+                        match lent.and_then(|lent| lent.bytes(l.off + off, len)) {
+                            Some(b) => b,
+                            None => break,
+                        }
+                    }
+                    Some(c) => c
+                        .buf
+                        .as_ref()
+                        .map_or(&[][..], |b| &b.as_slice()[off..off + len]),
+                    None => &[][..],
+                }
+            }
+            TxSeg::Release { .. } => continue,
+        };
+        let s = &s[skip.min(s.len())..];
+        skip = 0;
+        if !s.is_empty() {
+            iov[n] = IoSlice::new(s);
+            n += 1;
+            total += s.len();
+        }
+    }
+    let w = if n == 0 {
+        0
+    } else {
+        link.wire.writev(&iov[..n])?
+    };
+    link.tx.advance(w, released);
+    Ok((w, total))
+}
+
+/// After a short write under `lent`: when the front segment is a lent read the socket
+/// took part of, the rest of its bytes are copied into its buffer from the same locked
+/// bytes, and it is sent from there on. Every block then reaches the host as one
+/// version, whatever a writer does once the locks are released.
+fn keep_version(link: &TcpLink, cmds: &mut [Cmd], lent: &Lent<'_>) -> std::io::Result<()> {
+    if link.tx.front_done == 0 {
+        return Ok(());
+    }
+    let Some(TxSeg::Data { cmd, .. }) = link.tx.segs.front() else {
+        return Ok(());
+    };
+    let Some(c) = cmds.get_mut(*cmd as usize) else {
+        return Ok(());
+    };
+    let (Some(l), Some(b)) = (c.lent.as_ref(), c.buf.as_mut()) else {
+        return Ok(());
+    };
+    let Some(bytes) = lent.bytes(l.off, b.len()) else {
+        // Cannot happen (the segment was sent under these locks); if it did, the host
+        // must not get the rest of this read from anywhere else: the connection fails.
+        return Err(std::io::Error::other(
+            "a lent read's stripes were not locked",
+        ));
+    };
+    b.as_mut_slice().copy_from_slice(bytes);
+    c.lent = None;
+    Ok(())
 }
 
 /// Read what the socket of QP `h` has and feed it to the queue machine; returns whether

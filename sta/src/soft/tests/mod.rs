@@ -19,6 +19,7 @@ mod data_path;
 mod faults;
 mod flush_list;
 mod hostile;
+mod lent;
 mod pair;
 
 /// An in-memory byte pipe standing in for a TCP socket.

@@ -227,6 +227,17 @@ impl Pair {
     }
 
     pub fn with_config(cfg: SoftConfig) -> Pair {
+        Pair::build(cfg, false)
+    }
+
+    /// As [`Pair::with_config`], with a namespace that lends its bytes
+    /// ([`backend::BackendQueue::lender`]) as a plain RAM namespace does: TCP reads are
+    /// then sent from the store and never reach the backend's queue.
+    pub fn lending(cfg: SoftConfig) -> Pair {
+        Pair::build(cfg, true)
+    }
+
+    fn build(cfg: SoftConfig, lend: bool) -> Pair {
         let caps_mdts = (cfg.max_io_size / 4096).trailing_zeros() as u8;
         let ioccsz = cfg.max_incapsule_data;
         let mut sta = Sta::new(cfg);
@@ -235,6 +246,7 @@ impl Pair {
         let backend_ops = Arc::new(std::sync::Mutex::new(Vec::new()));
         let backend_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let recording = Arc::new(Recording {
+            lend,
             inner: backend.clone(),
             ops: backend_ops.clone(),
             gone: backend_gone.clone(),
@@ -479,41 +491,47 @@ impl Pair {
     /// Run engine passes and move bytes until nothing moves.
     pub fn pump(&mut self) {
         for _ in 0..MAX_PASSES {
-            let mut moved = false;
-            for c in self.conns.iter_mut() {
-                if c.sock.is_some() {
-                    moved |= c.move_socket_bytes();
-                    continue;
-                }
-                if !c.tx.is_empty() && !c.pipe.borrow().host_closed {
-                    let n = c.chunk.min(c.tx.len());
-                    let mut p = c.pipe.borrow_mut();
-                    p.to_target.extend(c.tx.drain(..n));
-                    moved = true;
-                }
-            }
-            moved |= self.io.progress_at(self.now);
-            while let Some(ev) = self.io.poll_event() {
-                moved = true;
-                self.on_event(ev);
-            }
-            for c in self.conns.iter_mut() {
-                if !c.reading {
-                    continue;
-                }
-                moved |= c.move_socket_bytes();
-                let got = std::mem::take(&mut c.pipe.borrow_mut().to_host);
-                if !got.is_empty() {
-                    moved = true;
-                    c.rx.extend_from_slice(&got);
-                }
-                moved |= host_receive(c);
-            }
-            if !moved && !self.io.busy() {
+            if !self.pass() && !self.io.busy() {
                 return;
             }
         }
         panic!("conversation did not settle in {MAX_PASSES} passes");
+    }
+
+    /// One round: the hosts' bytes to the target, one engine pass, the target's bytes to
+    /// the hosts. Returns whether anything moved.
+    pub fn pass(&mut self) -> bool {
+        let mut moved = false;
+        for c in self.conns.iter_mut() {
+            if c.sock.is_some() {
+                moved |= c.move_socket_bytes();
+                continue;
+            }
+            if !c.tx.is_empty() && !c.pipe.borrow().host_closed {
+                let n = c.chunk.min(c.tx.len());
+                let mut p = c.pipe.borrow_mut();
+                p.to_target.extend(c.tx.drain(..n));
+                moved = true;
+            }
+        }
+        moved |= self.io.progress_at(self.now);
+        while let Some(ev) = self.io.poll_event() {
+            moved = true;
+            self.on_event(ev);
+        }
+        for c in self.conns.iter_mut() {
+            if !c.reading {
+                continue;
+            }
+            moved |= c.move_socket_bytes();
+            let got = std::mem::take(&mut c.pipe.borrow_mut().to_host);
+            if !got.is_empty() {
+                moved = true;
+                c.rx.extend_from_slice(&got);
+            }
+            moved |= host_receive(c);
+        }
+        moved
     }
 
     fn on_event(&mut self, ev: Event) {
@@ -801,12 +819,15 @@ pub fn disk(p: &Pair, slba: u64, nlb: u32) -> Vec<u8> {
 /// A RAM backend that records every request's operation.
 #[derive(Debug)]
 struct Recording {
+    /// Its queues lend the RAM store's bytes.
+    lend: bool,
     inner: Arc<backend::RamBackend>,
     ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
     gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct RecordingQueue {
+    lend: bool,
     inner: Box<dyn backend::BackendQueue>,
     ops: Arc<std::sync::Mutex<Vec<backend::Op>>>,
     gone: Arc<std::sync::atomic::AtomicBool>,
@@ -831,6 +852,7 @@ impl backend::Backend for Recording {
         depth: u32,
     ) -> Result<Box<dyn backend::BackendQueue>, backend::Error> {
         Ok(Box::new(RecordingQueue {
+            lend: self.lend,
             inner: self.inner.clone().create_queue(depth)?,
             ops: self.ops.clone(),
             gone: self.gone.clone(),
@@ -866,5 +888,12 @@ impl backend::BackendQueue for RecordingQueue {
     }
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.failed.len()
+    }
+    fn lender(&self) -> Option<Arc<backend::RamBackend>> {
+        if self.lend {
+            self.inner.lender()
+        } else {
+            None
+        }
     }
 }

@@ -1,0 +1,218 @@
+//! Reads sent straight from a RAM namespace (`Cmd::lent`, `tcp_link::flush`): the host
+//! gets the store's bytes, the backend queue never sees the read, and a read the socket
+//! takes only part of still arrives as one version of every block, whatever is written
+//! to those blocks meanwhile. Where the path does not apply (data digest), reads go
+//! through the backend queue as before.
+
+use nvmf::spec::opcodes::io;
+use nvmf::spec::Cqe;
+use nvmf::tcp::{Digests, Xfer};
+
+use super::pair::*;
+use crate::soft::SoftConfig;
+
+fn ok(cqe: &Cqe, what: &str) {
+    assert!(cqe.status().is_success(), "{what}: {}", cqe.status());
+}
+
+fn reads_in(p: &Pair) -> usize {
+    let ops = p.backend_ops.lock().expect("ops");
+    ops.iter()
+        .filter(|o| matches!(o, backend::Op::Read))
+        .count()
+}
+
+/// Blocks `lba..lba+nlb` overwritten in the store directly, as a writer on another IO
+/// thread would.
+fn overwrite(p: &Pair, lba: u64, nlb: u32, seed: u64) {
+    use backend::{Backend, Completion, IoBuf, Op, Request};
+    let mut q = p.backend.clone().create_queue(1).expect("queue");
+    q.submit(Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        lba,
+        nblocks: nlb,
+        buf: Some(IoBuf::from_slice(&pattern(
+            seed,
+            nlb as usize * BLOCK as usize,
+        ))),
+    })
+    .expect("submit");
+    let mut out: Vec<Completion> = Vec::new();
+    while out.is_empty() {
+        q.poll(&mut out);
+    }
+    assert_eq!(out[0].status, backend::IoStatus::Ok);
+}
+
+#[test]
+fn reads_are_sent_from_the_store_and_skip_the_backend_queue() {
+    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    let (_, q) = p.controller(Digests::NONE, 63, 0);
+    for k in 0..8u64 {
+        let (cqe, _) = p.exec(
+            q,
+            rw(io::WRITE, k * 256, 256),
+            Xfer::ToController,
+            pattern(k + 1, 128 << 10),
+        );
+        ok(&cqe, "setup write");
+    }
+    let before = reads_in(&p);
+    // Reads of every size at once (more slices than one writev takes), at odd offsets.
+    let sizes = [1u32, 8, 256, 3, 128, 64, 255, 16];
+    let mut cids = Vec::new();
+    for round in 0..6u64 {
+        for (k, &nlb) in sizes.iter().enumerate() {
+            let lba = (round * 97 + k as u64 * 211) % (2048 - 256);
+            let cid = p.submit(
+                q,
+                rw(io::READ, lba, nlb),
+                Xfer::FromController,
+                vec![0; nlb as usize * BLOCK as usize],
+            );
+            cids.push((cid, lba, nlb));
+        }
+    }
+    for (cid, lba, nlb) in cids {
+        let (cqe, data) = p.wait(q, cid);
+        ok(&cqe, "read");
+        assert_eq!(data, disk(&p, lba, nlb), "read of {nlb} at {lba}");
+    }
+    assert_eq!(
+        reads_in(&p),
+        before,
+        "a lent read went to the backend queue"
+    );
+    assert_eq!(p.io.commands_in_flight(), 0);
+
+    // With the data digest the read is copied first (the digest covers the bytes sent).
+    let (_, d) = p.controller(
+        Digests {
+            header: false,
+            data: true,
+        },
+        31,
+        0,
+    );
+    let (cqe, data) = p.exec(
+        d,
+        rw(io::READ, 256, 256),
+        Xfer::FromController,
+        vec![0; 128 << 10],
+    );
+    ok(&cqe, "read with data digest");
+    assert_eq!(data, pattern(2, 128 << 10));
+    assert_eq!(reads_in(&p), before + 1, "a read with data digest was lent");
+}
+
+/// The host's window takes 4 KiB at a time: a 128 KiB read goes out over many passes.
+/// Between the first pass (which sent part of it) and the rest, the blocks are
+/// overwritten: the host still gets the version that was there when the send began.
+#[test]
+fn a_read_cut_short_by_the_socket_is_one_version() {
+    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let (cqe, _) = p.exec(
+        q,
+        rw(io::WRITE, 512, 256),
+        Xfer::ToController,
+        pattern(7, 128 << 10),
+    );
+    ok(&cqe, "setup write");
+    p.conns[q].pipe.borrow_mut().host_window = Some(4096);
+    let cid = p.submit(
+        q,
+        rw(io::READ, 512, 256),
+        Xfer::FromController,
+        vec![0; 128 << 10],
+    );
+    // Passes until some of the read's data went out, then new data under it.
+    let mut passes = 0;
+    while p.conns[q].rx.is_empty() && p.conns[q].completions.is_empty() {
+        p.pass();
+        passes += 1;
+        assert!(passes < 100, "the read's data never started");
+    }
+    overwrite(&p, 512, 256, 9);
+    let (cqe, data) = p.wait(q, cid);
+    ok(&cqe, "read");
+    assert!(
+        data == pattern(7, 128 << 10),
+        "the read mixed two versions of its blocks"
+    );
+    // The next read sees the new data.
+    p.conns[q].pipe.borrow_mut().host_window = None;
+    let (cqe, data) = p.exec(
+        q,
+        rw(io::READ, 512, 256),
+        Xfer::FromController,
+        vec![0; 128 << 10],
+    );
+    ok(&cqe, "read again");
+    assert_eq!(data, pattern(9, 128 << 10));
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
+/// Real loopback sockets with small buffers, reads from the store while another thread
+/// keeps overwriting the same blocks with whole-block patterns: every block of every
+/// read is one of the versions written, never a mix (and everything completes).
+#[test]
+fn lent_reads_over_a_real_socket_never_tear_a_block() {
+    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    p.sockets = true;
+    p.socket_buffers = Some(32 << 10);
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    assert!(p.conns[q].sock.is_some(), "a socket connection");
+    let store = p.backend.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            use backend::{Backend, Completion, IoBuf, Op, Request};
+            let mut q = store.create_queue(1).expect("queue");
+            let mut v = 0u8;
+            let mut out: Vec<Completion> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                v = v.wrapping_add(1);
+                q.submit(Request {
+                    tag: 1,
+                    op: Op::Write { fua: false },
+                    lba: 0,
+                    nblocks: 512,
+                    buf: Some(IoBuf::from_slice(&[v; 256 << 10])),
+                })
+                .expect("submit");
+                out.clear();
+                while out.is_empty() {
+                    q.poll(&mut out);
+                }
+            }
+        })
+    };
+    for _ in 0..40 {
+        let cids: Vec<u16> = (0..8u64)
+            .map(|k| {
+                p.submit(
+                    q,
+                    rw(io::READ, k * 32, 256),
+                    Xfer::FromController,
+                    vec![0; 128 << 10],
+                )
+            })
+            .collect();
+        for cid in cids {
+            let (cqe, data) = p.wait(q, cid);
+            ok(&cqe, "read");
+            for (b, block) in data.chunks(BLOCK as usize).enumerate() {
+                assert!(
+                    block.iter().all(|&x| x == block[0]),
+                    "block {b} of a read is torn"
+                );
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().expect("writer");
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
