@@ -159,8 +159,9 @@ pub trait BackendQueue {
     fn in_flight(&self) -> usize;
     /// For a namespace held in this process's memory (RAM): the store itself, so that a
     /// transport can send a read's bytes from it under its locks ([`RamBackend::lend`])
-    /// instead of copying them into a buffer first. `None` for every other backend.
-    fn lender(&self) -> Option<Arc<RamBackend>> {
+    /// and write data it already holds ([`RamBackend::write_blocks`]) without a buffer
+    /// and a second copy. `None` for every other backend.
+    fn ram_store(&self) -> Option<Arc<RamBackend>> {
         None
     }
 }

@@ -162,6 +162,19 @@ impl RamBackend {
         self.range(lba, nblocks)
     }
 
+    /// Writes `src` to blocks `lba..lba+nblocks` at once, as a Write request would (for a
+    /// transport that has the host's data in memory already). False, and nothing
+    /// written, when the blocks leave the namespace or `src` is not their length.
+    pub fn write_blocks(&self, lba: u64, nblocks: u32, src: &[u8]) -> bool {
+        match self.range(lba, nblocks) {
+            Some((off, len)) if len == src.len() => {
+                self.write(off, src);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Runs `f` with every stripe of `set` read-locked, so that [`Lent::bytes`] can hand
     /// out the bytes of those stripes without copying them. Writers of those stripes (on
     /// other threads) wait until `f` returns; `f` must not write to this namespace.
@@ -557,7 +570,7 @@ impl BackendQueue for RamQueue {
         self.done.len()
     }
 
-    fn lender(&self) -> Option<Arc<RamBackend>> {
+    fn ram_store(&self) -> Option<Arc<RamBackend>> {
         Some(self.backend.clone())
     }
 }

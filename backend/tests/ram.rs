@@ -83,7 +83,7 @@ fn lent_bytes_are_what_a_read_returns() {
     let r = RamBackend::new(4 << 20, 512).unwrap();
     let be: Arc<dyn Backend> = r.clone();
     let mut q = be.create_queue(4).unwrap();
-    let lender = q.lender().expect("a RAM queue lends");
+    let lender = q.ram_store().expect("a RAM queue lends");
     assert!(Arc::ptr_eq(&lender, &r));
     let data: Vec<u8> = (0..(256u32 << 10))
         .map(|i| (i * 13 + i / 509) as u8)

@@ -390,8 +390,9 @@ pub(super) struct NsSlot {
     pub shift: u32,
     pub nblocks: u64,
     pub q: Box<dyn BackendQueue>,
-    /// The RAM store behind `q`, whose reads TCP queues send straight from it.
-    pub lender: Option<Arc<RamBackend>>,
+    /// The RAM store behind `q`: plain TCP queues send reads straight from it, and
+    /// in-capsule writes go straight into it.
+    pub ram: Option<Arc<RamBackend>>,
     pub pending: VecDeque<Request>,
     pub counters: Arc<NsCounters>,
     pub inflight: u32,
@@ -1134,6 +1135,9 @@ impl Core {
             return self.submit_offload(st, idx);
         }
         if let DataSgl::InCapsule { .. } = sgl {
+            if op == OffloadOp::Write && self.write_through(st, idx, &data[..len as usize]) {
+                return;
+            }
             // The data is here already (bounded by the in-capsule size): take it, budget
             // or not.
             let Some(mut b) = self.pool.get(len as usize) else {
@@ -1442,10 +1446,7 @@ impl Core {
             return false;
         }
         let c = &mut self.cmds[idx as usize];
-        let Some(src) = self.ns[c.ns as usize]
-            .as_ref()
-            .and_then(|n| n.lender.as_ref())
-        else {
+        let Some(src) = self.ns[c.ns as usize].as_ref().and_then(|n| n.ram.as_ref()) else {
             return false;
         };
         let Some((off, len)) = src.byte_range(c.sqe.slba(), c.sqe.nlb()) else {
@@ -1459,6 +1460,25 @@ impl Core {
             src: src.clone(),
             off,
         });
+        self.complete_offload(st, idx, Status::SUCCESS);
+        true
+    }
+
+    /// An in-capsule Write to a RAM namespace: its data goes from where it arrived
+    /// straight into the store and the command completes at once (no buffer, no second
+    /// copy). False (nothing done) for a fused Write, one that must wait for a fused
+    /// pair's range, and other backends.
+    fn write_through(&mut self, st: &mut QpState, idx: u32, data: &[u8]) -> bool {
+        let c = &self.cmds[idx as usize];
+        if c.fused != Fused::None || self.blocked_by_lock(idx) {
+            return false;
+        }
+        let Some(src) = self.ns[c.ns as usize].as_ref().and_then(|n| n.ram.as_ref()) else {
+            return false;
+        };
+        if !src.write_blocks(c.sqe.slba(), c.sqe.nlb(), data) {
+            return false;
+        }
         self.complete_offload(st, idx, Status::SUCCESS);
         true
     }

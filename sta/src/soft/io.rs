@@ -798,7 +798,7 @@ impl StaIo {
                                 acked: false,
                                 shift: bs.trailing_zeros(),
                                 nblocks,
-                                lender: q.lender(),
+                                ram: q.ram_store(),
                                 q,
                                 pending: VecDeque::new(),
                                 counters: self.core.stats.register_ns(subsys, nsid),

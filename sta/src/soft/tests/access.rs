@@ -384,7 +384,17 @@ fn fused(opcode: u8, fuse: u8, slba: u64, nlb: u32) -> Sqe {
 /// until the pair is done.
 #[test]
 fn fused_compare_and_write() {
-    let mut p = Pair::new();
+    fused_compare_and_write_on(Pair::new());
+}
+
+/// The same where reads and in-capsule writes take the RAM store's direct path: the pair
+/// and a write waiting for its range still go through the backend queue, in order.
+#[test]
+fn fused_compare_and_write_beside_direct_ram_io() {
+    fused_compare_and_write_on(Pair::lending(crate::soft::SoftConfig::default()));
+}
+
+fn fused_compare_and_write_on(mut p: Pair) {
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     let (old, new, other) = (pattern(1, 1024), pattern(2, 1024), pattern(3, 1024));
     assert_eq!(

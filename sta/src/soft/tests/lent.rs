@@ -216,3 +216,58 @@ fn lent_reads_over_a_real_socket_never_tear_a_block() {
     writer.join().expect("writer");
     assert_eq!(p.io.commands_in_flight(), 0);
 }
+
+/// In-capsule writes to a RAM namespace go from the receive buffer straight into the
+/// store (no backend request); larger writes (R2T), fused Compare and Write and writes
+/// waiting on a fused pair's range still go through the backend queue.
+#[test]
+fn in_capsule_writes_go_straight_into_the_store() {
+    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let writes_in = |p: &Pair| {
+        p.backend_ops
+            .lock()
+            .expect("ops")
+            .iter()
+            .filter(|o| matches!(o, backend::Op::Write { .. }))
+            .count()
+    };
+    let before = writes_in(&p);
+    let cids: Vec<(u16, u64)> = (0..16u64)
+        .map(|k| {
+            let lba = k * 37 % 4000;
+            let cid = p.submit(
+                q,
+                rw(io::WRITE, lba, 8),
+                Xfer::ToController,
+                pattern(k + 50, 4096),
+            );
+            (cid, lba)
+        })
+        .collect();
+    for (k, (cid, lba)) in cids.into_iter().enumerate() {
+        let (cqe, _) = p.wait(q, cid);
+        ok(&cqe, "in-capsule write");
+        assert_eq!(
+            disk(&p, lba, 8),
+            pattern(k as u64 + 50, 4096),
+            "write at {lba}"
+        );
+    }
+    assert_eq!(
+        writes_in(&p),
+        before,
+        "an in-capsule write went to the backend queue"
+    );
+    // Past the in-capsule size: R2T, then the backend queue.
+    p.conns[q].host.set_max_incapsule(0);
+    let (cqe, _) = p.exec(
+        q,
+        rw(io::WRITE, 100, 8),
+        Xfer::ToController,
+        pattern(3, 4096),
+    );
+    ok(&cqe, "R2T write");
+    assert_eq!(disk(&p, 100, 8), pattern(3, 4096));
+    assert_eq!(writes_in(&p), before + 1);
+}

@@ -231,7 +231,7 @@ impl Pair {
     }
 
     /// As [`Pair::with_config`], with a namespace that lends its bytes
-    /// ([`backend::BackendQueue::lender`]) as a plain RAM namespace does: TCP reads are
+    /// ([`backend::BackendQueue::ram_store`]) as a plain RAM namespace does: TCP reads are
     /// then sent from the store and never reach the backend's queue.
     pub fn lending(cfg: SoftConfig) -> Pair {
         Pair::build(cfg, true)
@@ -889,9 +889,9 @@ impl backend::BackendQueue for RecordingQueue {
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.failed.len()
     }
-    fn lender(&self) -> Option<Arc<backend::RamBackend>> {
+    fn ram_store(&self) -> Option<Arc<backend::RamBackend>> {
         if self.lend {
-            self.inner.lender()
+            self.inner.ram_store()
         } else {
             None
         }
