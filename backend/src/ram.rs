@@ -50,6 +50,8 @@ pub const STRIPE_BYTES: usize = 64 << 10;
 /// Most stripe locks one [`LendSet`] takes (the lock guards live on the stack, one
 /// frame each, while the closure runs).
 pub const LEND_MAX_LOCKS: usize = 64;
+/// Longest range that always fits an empty [`LendSet`], wherever it starts.
+pub const LEND_MAX_BYTES: usize = (LEND_MAX_LOCKS - 1) * STRIPE_BYTES;
 /// Number of stripe locks (a power of two).
 const LOCKS: usize = 1024;
 /// Below this many bytes, Deallocate/Write Zeroes zero memory in place rather than

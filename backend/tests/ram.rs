@@ -230,3 +230,15 @@ fn lenders_and_writers_neither_deadlock_nor_tear_blocks() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn the_longest_lendable_range_fits_an_empty_set_anywhere() {
+    use backend::ram::{LendSet, LEND_MAX_BYTES, STRIPE_BYTES};
+    for start in [0, 512, STRIPE_BYTES - 512, 5 * STRIPE_BYTES + 4096] {
+        let mut set = LendSet::default();
+        assert!(set.add(start, LEND_MAX_BYTES), "from {start}");
+        let mut set = LendSet::default();
+        // One stripe longer and not stripe-aligned: 65 stripes.
+        assert!(!set.add(start + 1024, LEND_MAX_BYTES + STRIPE_BYTES), "from {start}");
+    }
+}

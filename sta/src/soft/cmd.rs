@@ -1449,7 +1449,11 @@ impl Core {
         let Some(src) = self.ns[c.ns as usize].as_ref().and_then(|n| n.ram.as_ref()) else {
             return false;
         };
-        let Some((off, len)) = src.byte_range(c.sqe.slba(), c.sqe.nlb()) else {
+        // Longer reads might not fit one writev's lock set (`tcp_link::flush`).
+        let Some((off, len)) = src
+            .byte_range(c.sqe.slba(), c.sqe.nlb())
+            .filter(|&(_, len)| len <= backend::ram::LEND_MAX_BYTES)
+        else {
             return false;
         };
         match c.buf.as_mut() {
