@@ -239,6 +239,9 @@ fn the_longest_lendable_range_fits_an_empty_set_anywhere() {
         assert!(set.add(start, LEND_MAX_BYTES), "from {start}");
         let mut set = LendSet::default();
         // One stripe longer and not stripe-aligned: 65 stripes.
-        assert!(!set.add(start + 1024, LEND_MAX_BYTES + STRIPE_BYTES), "from {start}");
+        assert!(
+            !set.add(start + 1024, LEND_MAX_BYTES + STRIPE_BYTES),
+            "from {start}"
+        );
     }
 }
