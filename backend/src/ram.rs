@@ -19,7 +19,8 @@
 //! (shared for reads, exclusive for writes and deallocation). Stripes map onto a fixed
 //! table of cache-line-padded `RwLock`s (stripe `i` uses lock `i % LOCKS`), so the lock
 //! memory does not grow with the namespace. A request is copied stripe by stripe,
-//! holding one lock at a time, so there is no lock ordering to get wrong. Two accesses
+//! holding one lock at a time (only [`RamBackend::lend`] holds several: read locks in
+//! ascending order, see "Lending" below), so there is no lock ordering to get wrong. Two accesses
 //! to the same byte are therefore never concurrent unless both are reads: no data race.
 //! Stripes are block-aligned, so each logical block is written atomically; a request
 //! spanning stripes is not atomic as a whole (NVMe's AWUN of one block allows that).
@@ -175,6 +176,31 @@ impl RamBackend {
             }
             _ => false,
         }
+    }
+
+    /// Asks the CPU to start loading bytes `off..off+len` into its caches (a hint: no
+    /// lock, no fault, nothing read). A transport that will send them soon overlaps the
+    /// memory misses of many reads instead of taking them one copy at a time.
+    pub fn prefetch(&self, off: usize, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let end = off.saturating_add(len).min(self.size);
+            let mut pos = off & !63;
+            while pos < end {
+                let p = self
+                    .base
+                    .as_ptr()
+                    .wrapping_add(pos)
+                    .cast_const()
+                    .cast::<i8>();
+                // SAFETY: a prefetch is a hint: it never faults, reads nothing into the
+                // program and writes nothing; `p` points into our mapping in any case.
+                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
+                pos += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (off, len);
     }
 
     /// Runs `f` with every stripe of `set` read-locked, so that [`Lent::bytes`] can hand

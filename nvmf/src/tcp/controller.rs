@@ -541,14 +541,33 @@ impl ControllerQueue {
     /// one C2HData PDU, then the completion unless C2HData's SUCCESS flag carries it, then
     /// the slot's release marker. SQHD and SQID are filled in.
     pub fn respond(&mut self, out: &mut impl TxSink, slot: u32, cqe: Cqe, data: &[u8]) {
-        self.send_response(out, Some(slot), cqe, data);
+        self.send_response(out, Some(slot), cqe, data.len() as u32, Some(data));
         out.release(slot);
+    }
+
+    /// As [`ControllerQueue::respond`], for `len` bytes of data the caller sends from
+    /// somewhere the digest cannot be computed from now (bytes it will only read when the
+    /// output is written). Returns false, and queues nothing, when the queue has the data
+    /// digest on: such data must go through [`ControllerQueue::respond`].
+    pub fn respond_unhashed(
+        &mut self,
+        out: &mut impl TxSink,
+        slot: u32,
+        cqe: Cqe,
+        len: u32,
+    ) -> bool {
+        if self.digests.data {
+            return false;
+        }
+        self.send_response(out, Some(slot), cqe, len, None);
+        out.release(slot);
+        true
     }
 
     /// Answer a command that got no slot: the completion only. The command is released
     /// at once (there is nothing to wait for).
     pub fn respond_untracked(&mut self, out: &mut impl TxSink, cqe: Cqe) {
-        self.send_response(out, None, cqe, &[]);
+        self.send_response(out, None, cqe, 0, Some(&[]));
         self.command_released();
     }
 
@@ -564,17 +583,18 @@ impl ControllerQueue {
             && cqe.dw1 == 0
     }
 
+    /// `data` is the payload for the data digest; `None` only when the digest is off.
     fn send_response(
         &mut self,
         out: &mut impl TxSink,
         slot: Option<u32>,
         mut cqe: Cqe,
-        data: &[u8],
+        len: u32,
+        data: Option<&[u8]>,
     ) {
         self.head.complete(&mut cqe);
-        let success = self.success_flag(&cqe, data.len());
-        if let (Some(slot), false) = (slot, data.is_empty()) {
-            let len = data.len() as u32;
+        let success = self.success_flag(&cqe, len as usize);
+        if let (Some(slot), false) = (slot, len == 0) {
             self.scratch.clear();
             encode_c2h_data_header(
                 &mut self.scratch,
@@ -589,7 +609,7 @@ impl ControllerQueue {
             out.header(&self.scratch);
             out.data(slot, 0, len);
             if self.digests.data {
-                out.header(&data_digest(data).to_le_bytes());
+                out.header(&data_digest(data.unwrap_or_default()).to_le_bytes());
             }
         }
         if !success {

@@ -115,10 +115,32 @@ pub(super) struct Cmd {
     pub lent: Option<LentRead>,
 }
 
+/// Lent reads up to this long have their bytes prefetched when they are answered.
+const PREFETCH_MAX: usize = 16 << 10;
+
 /// Where a lent Read's data lies (see [`Cmd::lent`]).
 pub(super) struct LentRead {
     pub src: Arc<RamBackend>,
     pub off: usize,
+}
+
+/// Copies a lent read's bytes from its store into its buffer (under the store's locks)
+/// and makes it an ordinary read, for the paths that cannot send from the store. False
+/// when the bytes could not be had (the buffer then does not hold the read's data).
+fn fill_lent(c: &mut Cmd) -> bool {
+    let (Some(l), Some(b)) = (c.lent.take(), c.buf.as_mut()) else {
+        return false;
+    };
+    let n = b.len();
+    let mut set = backend::ram::LendSet::default();
+    set.add(l.off, n)
+        && l.src.lend(&set, |lent| match lent.bytes(l.off, n) {
+            Some(bytes) => {
+                b.as_mut_slice().copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        })
 }
 
 impl Cmd {
@@ -151,6 +173,8 @@ impl Cmd {
 
     /// The first `n` bytes of the command's buffer (empty without one).
     pub fn data(&self, n: u32) -> &[u8] {
+        // A lent read's buffer holds whatever the pool last put in it.
+        debug_assert!(self.lent.is_none(), "the buffer of a lent read was read");
         self.buf
             .as_ref()
             .map_or(&[][..], |b| &b.as_slice()[..n as usize])
@@ -257,6 +281,16 @@ impl Link {
         match self {
             Link::Tcp(t) => t.machine.respond(&mut t.tx, slot, cqe, data),
             Link::Rdma(r) => r.machine.respond(slot, &sqe.dptr, cqe, data.len() as u32),
+        }
+    }
+
+    /// As [`Link::respond`] for a lent read (`len` bytes sent from the store when the
+    /// output is written). False, and nothing queued, where that cannot be done (RDMA,
+    /// or a TCP queue with the data digest).
+    fn respond_lent(&mut self, slot: u32, cqe: Cqe, len: u32) -> bool {
+        match self {
+            Link::Tcp(t) => t.machine.respond_unhashed(&mut t.tx, slot, cqe, len),
+            Link::Rdma(_) => false,
         }
     }
 
@@ -600,6 +634,7 @@ impl Core {
         c.copy = None;
         c.fused = Fused::None;
         c.held_sgl = None;
+        c.lent = None;
         c.start = if self.manual_time || self.in_pass {
             self.now
         } else {
@@ -685,7 +720,19 @@ impl Core {
         let c = &mut self.cmds[idx as usize];
         c.st = St::Tx;
         cqe.cid = c.sqe.cid();
-        let data_len = data_len.min(c.len);
+        let mut data_len = data_len.min(c.len);
+        if c.lent.is_some() {
+            if data_len == 0 {
+                c.lent = None;
+            } else if data_len == c.len && st.link.respond_lent(idx, cqe, data_len) {
+                return self.mark_tx(st);
+            } else if !fill_lent(c) {
+                // Never the case (lent reads fit a lock set); if it were, the buffer's
+                // bytes are not the read's: fail it rather than send them.
+                cqe = Cqe::new(cqe.cid, Status::INTERNAL_ERROR);
+                data_len = 0;
+            }
+        }
         st.link.respond(idx, &c.sqe, cqe, c.data(data_len));
         self.mark_tx(st);
     }
@@ -1459,6 +1506,12 @@ impl Core {
         match c.buf.as_mut() {
             Some(b) if len == c.len as usize && b.capacity() >= len => b.set_len(len),
             _ => return false,
+        }
+        // The bytes are copied out when the pass writes its output; start loading small
+        // reads' now, while the pass goes on with the other commands it received (large
+        // ones stream, which the CPU's own prefetcher follows).
+        if len <= PREFETCH_MAX {
+            src.prefetch(off, len);
         }
         c.lent = Some(LentRead {
             src: src.clone(),

@@ -52,6 +52,15 @@
 //!   threads are not held back: queues of one namespace on different threads race anyway
 //!   (the host orders writes it cares about), and a lock shared across threads would put
 //!   one on every write's path.
+//! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
+//!   ways. A Read on a plain TCP queue without data digest is answered at once and its
+//!   C2HData goes out straight from the store: the `writev` that carries it holds the
+//!   read locks of its stripes, so the kernel's copy into the socket is the only one (and
+//!   a read the socket took only part of gets its rest copied under the same locks, so
+//!   each block reaches the host as one version). The store is prefetched when the read
+//!   is answered, so the misses of a pass's reads overlap. An in-capsule Write (either
+//!   transport) goes from where it arrived straight into the store, unless it is fused or
+//!   waits for a fused pair's range.
 //! - Abort: a command waiting for its host data is marked and answered Abort Requested
 //!   once its data is in (never run); one queued behind a full backend queue is taken off
 //!   it. Commands at the backend are not aborted.

@@ -22,6 +22,11 @@ use crate::{Event, Limit, QpHandle, TransportErrorKind};
 /// Most slices in one `writev`.
 const IOV_MAX: usize = 64;
 
+/// Most bytes in one `writev` that carries lent reads: the store's stripes stay
+/// read-locked for the whole call, so writers of those stripes on other IO threads wait
+/// for a bounded copy.
+const LENT_WRITEV_MAX: usize = 256 << 10;
+
 /// Where a TCP link's bytes go: a socket, TLS over a socket, or (in unit tests) an
 /// in-memory pipe.
 pub(super) enum Wire {
@@ -586,9 +591,10 @@ pub(super) fn flush(
         let mut src: Option<Arc<RamBackend>> = None;
         let mut slices = 0;
         let mut segs = 0;
+        let mut bytes = 0;
         let mut skip = link.tx.front_done;
         for seg in link.tx.segs.iter() {
-            if slices == IOV_MAX {
+            if slices == IOV_MAX || (src.is_some() && bytes >= LENT_WRITEV_MAX) {
                 break;
             }
             if let TxSeg::Data { cmd, off, len } = seg {
@@ -607,6 +613,7 @@ pub(super) fn flush(
             segs += 1;
             if !matches!(seg, TxSeg::Release { .. }) && seg_len(seg) > skip {
                 slices += 1;
+                bytes += seg_len(seg) - skip;
             }
             skip = 0;
         }
@@ -658,10 +665,16 @@ fn write_segs(
                 let (off, len) = (*off as usize, *len as usize);
                 match cmds.get(*cmd as usize) {
                     Some(Cmd { lent: Some(l), .. }) => {
-                        // Planned under the locks; were it not, nothing of it is sent.
+                        // Planned under the locks by `flush`. Were it not, nothing of it
+                        // may be sent, and a queue that cannot move is an error, not a
+                        // wait for EPOLLOUT that would come at once, again and again.
                         match lent.and_then(|lent| lent.bytes(l.off + off, len)) {
                             Some(b) => b,
-                            None => break,
+                            None => {
+                                return Err(std::io::Error::other(
+                                    "a lent read's stripes were not locked",
+                                ))
+                            }
                         }
                     }
                     Some(c) => c
@@ -707,14 +720,16 @@ fn keep_version(link: &TcpLink, cmds: &mut [Cmd], lent: &Lent<'_>) -> std::io::R
     let (Some(l), Some(b)) = (c.lent.as_ref(), c.buf.as_mut()) else {
         return Ok(());
     };
-    let Some(bytes) = lent.bytes(l.off, b.len()) else {
+    // The segment is the read's whole data from offset 0: its unsent rest is `sent..`.
+    let (sent, n) = (link.tx.front_done, b.len());
+    let Some(bytes) = lent.bytes(l.off + sent, n - sent) else {
         // Cannot happen (the segment was sent under these locks); if it did, the host
         // must not get the rest of this read from anywhere else: the connection fails.
         return Err(std::io::Error::other(
             "a lent read's stripes were not locked",
         ));
     };
-    b.as_mut_slice().copy_from_slice(bytes);
+    b.as_mut_slice()[sent..].copy_from_slice(bytes);
     c.lent = None;
     Ok(())
 }
