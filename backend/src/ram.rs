@@ -178,31 +178,6 @@ impl RamBackend {
         }
     }
 
-    /// Asks the CPU to start loading bytes `off..off+len` into its caches (a hint: no
-    /// lock, no fault, nothing read). A transport that will send them soon overlaps the
-    /// memory misses of many reads instead of taking them one copy at a time.
-    pub fn prefetch(&self, off: usize, len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let end = off.saturating_add(len).min(self.size);
-            let mut pos = off & !63;
-            while pos < end {
-                let p = self
-                    .base
-                    .as_ptr()
-                    .wrapping_add(pos)
-                    .cast_const()
-                    .cast::<i8>();
-                // SAFETY: a prefetch is a hint: it never faults, reads nothing into the
-                // program and writes nothing; `p` points into our mapping in any case.
-                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) };
-                pos += 64;
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (off, len);
-    }
-
     /// Runs `f` with every stripe of `set` read-locked, so that [`Lent::bytes`] can hand
     /// out the bytes of those stripes without copying them. Writers of those stripes (on
     /// other threads) wait until `f` returns; `f` must not write to this namespace.

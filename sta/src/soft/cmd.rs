@@ -115,9 +115,6 @@ pub(super) struct Cmd {
     pub lent: Option<LentRead>,
 }
 
-/// Lent reads up to this long have their bytes prefetched when they are answered.
-const PREFETCH_MAX: usize = 16 << 10;
-
 /// Where a lent Read's data lies (see [`Cmd::lent`]).
 pub(super) struct LentRead {
     pub src: Arc<RamBackend>,
@@ -1506,12 +1503,6 @@ impl Core {
         match c.buf.as_mut() {
             Some(b) if len == c.len as usize && b.capacity() >= len => b.set_len(len),
             _ => return false,
-        }
-        // The bytes are copied out when the pass writes its output; start loading small
-        // reads' now, while the pass goes on with the other commands it received (large
-        // ones stream, which the CPU's own prefetcher follows).
-        if len <= PREFETCH_MAX {
-            src.prefetch(off, len);
         }
         c.lent = Some(LentRead {
             src: src.clone(),

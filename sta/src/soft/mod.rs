@@ -57,8 +57,7 @@
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
 //!   read locks of its stripes, so the kernel's copy into the socket is the only one (and
 //!   a read the socket took only part of gets its rest copied under the same locks, so
-//!   each block reaches the host as one version). The store is prefetched when the read
-//!   is answered, so the misses of a pass's reads overlap. An in-capsule Write (either
+//!   each block reaches the host as one version). An in-capsule Write (either
 //!   transport) goes from where it arrived straight into the store, unless it is fused or
 //!   waits for a fused pair's range.
 //! - Abort: a command waiting for its host data is marked and answered Abort Requested

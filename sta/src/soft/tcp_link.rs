@@ -22,11 +22,6 @@ use crate::{Event, Limit, QpHandle, TransportErrorKind};
 /// Most slices in one `writev`.
 const IOV_MAX: usize = 64;
 
-/// Most bytes in one `writev` that carries lent reads: the store's stripes stay
-/// read-locked for the whole call, so writers of those stripes on other IO threads wait
-/// for a bounded copy.
-const LENT_WRITEV_MAX: usize = 256 << 10;
-
 /// Where a TCP link's bytes go: a socket, TLS over a socket, or (in unit tests) an
 /// in-memory pipe.
 pub(super) enum Wire {
@@ -575,7 +570,10 @@ impl TxQueue {
 ///
 /// Lent reads ([`Cmd::lent`]) go out straight from their RAM store: each `writev` that
 /// carries some holds the read locks of their stripes while the kernel copies them (one
-/// store per `writev`, a bounded set of stripes). A lent read the socket took only part
+/// store per `writev`, a bounded set of stripes). Writers of those stripes on other IO
+/// threads wait for that one non-blocking call, whose copy the socket's send buffer
+/// bounds. (Capping such a call at 256 KiB to shorten the wait cost 128 KiB reads a
+/// third of their throughput: 0.87 against the copying build where 1.25 without it.) A lent read the socket took only part
 /// of gets the rest of its bytes copied into its buffer before the locks go, so every
 /// block the host receives is one version of that block.
 pub(super) fn flush(
@@ -591,10 +589,9 @@ pub(super) fn flush(
         let mut src: Option<Arc<RamBackend>> = None;
         let mut slices = 0;
         let mut segs = 0;
-        let mut bytes = 0;
         let mut skip = link.tx.front_done;
         for seg in link.tx.segs.iter() {
-            if slices == IOV_MAX || (src.is_some() && bytes >= LENT_WRITEV_MAX) {
+            if slices == IOV_MAX {
                 break;
             }
             if let TxSeg::Data { cmd, off, len } = seg {
@@ -613,7 +610,6 @@ pub(super) fn flush(
             segs += 1;
             if !matches!(seg, TxSeg::Release { .. }) && seg_len(seg) > skip {
                 slices += 1;
-                bytes += seg_len(seg) - skip;
             }
             skip = 0;
         }
