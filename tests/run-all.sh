@@ -12,8 +12,9 @@ stage "what this run installs when it is missing"
 cat <<'END'
   host tools (next stage, Debian packages): prometheus (promtool, for /metrics checks),
     systemd (systemd-analyze, for the unit file check), gnutls-bin, libssl-dev,
-    libclang1-14; and bindgen-cli 0.73.2 (cargo install, into ~/.cargo/bin: the DOCA
-    bindings check re-runs the bindgen that made sta/doca-sys/src/bindings.rs)
+    libclang1-14 and libclang-common-14-dev; and bindgen-cli 0.73.2 (cargo install,
+    into ~/.cargo/bin: the DOCA bindings check re-runs the bindgen that made
+    sta/doca-sys/src/bindings.rs)
   interop bed (tests/interop/setup-host.sh, before the first VM): qemu-system-x86 >= 8
     (from bookworm-backports, whose apt source it adds), debootstrap, e2fsprogs, coreutils
   guest image (tests/interop/build-image.sh): a Debian root file system and kernel built
@@ -36,7 +37,9 @@ command -v promtool >/dev/null || need+=(prometheus)          # promtool check m
 command -v systemd-analyze >/dev/null || need+=(systemd)      # unit file verification
 command -v gnutls-cli >/dev/null || need+=(gnutls-bin)        # nvmf-tls against GnuTLS (tlshd's library)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev pkg-config)   # openssl-sys (nvmf-tls)
-dpkg -s libclang1-14 >/dev/null 2>&1 || need+=(libclang1-14)         # bindgen-cli's libclang
+# bindgen-cli's libclang, and clang's own headers (stddef.h) that the DOCA headers reach
+dpkg -s libclang1-14 >/dev/null 2>&1 || need+=(libclang1-14)
+dpkg -s libclang-common-14-dev >/dev/null 2>&1 || need+=(libclang-common-14-dev)
 if ((${#need[@]})); then
     echo "installing with apt-get: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
