@@ -20,8 +20,9 @@
 //! table of cache-line-padded `RwLock`s (stripe `i` uses lock `i % LOCKS`), so the lock
 //! memory does not grow with the namespace. A request is copied stripe by stripe,
 //! holding one lock at a time (only [`RamBackend::lend`] holds several: read locks in
-//! ascending order, see "Lending" below), so there is no lock ordering to get wrong. Two accesses
-//! to the same byte are therefore never concurrent unless both are reads: no data race.
+//! ascending order, see "Lending" below), so there is no lock ordering to get wrong. Two
+//! accesses to the same byte are therefore never concurrent unless both are reads: no
+//! data race.
 //! Stripes are block-aligned, so each logical block is written atomically; a request
 //! spanning stripes is not atomic as a whole (NVMe's AWUN of one block allows that).
 //!
@@ -399,6 +400,12 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
 }
 
+/// Where the lock of `stripe` sits in a lock bitmap: its word and its bit.
+fn lock_bit(stripe: usize) -> (usize, u64) {
+    let i = stripe % LOCKS;
+    (i / 64, 1u64 << (i % 64))
+}
+
 /// The lowest set bit of `bits` at index `from` or above.
 fn next_bit(bits: &[u64; LOCKS / 64], from: usize) -> Option<usize> {
     let mut w = from / 64;
@@ -443,10 +450,9 @@ impl LendSet {
         let mut count = self.count;
         if len > 0 {
             for stripe in off / STRIPE_BYTES..=(off + len - 1) / STRIPE_BYTES {
-                let i = stripe % LOCKS;
-                let bit = 1u64 << (i % 64);
-                if bits[i / 64] & bit == 0 {
-                    bits[i / 64] |= bit;
+                let (word, bit) = lock_bit(stripe);
+                if bits[word] & bit == 0 {
+                    bits[word] |= bit;
                     count += 1;
                     if count > LEND_MAX_LOCKS {
                         return false;
@@ -486,8 +492,8 @@ impl Lent<'_> {
         }
         if len > 0 {
             for stripe in off / STRIPE_BYTES..=(end - 1) / STRIPE_BYTES {
-                let i = stripe % LOCKS;
-                if self.set[i / 64] & (1u64 << (i % 64)) == 0 {
+                let (word, bit) = lock_bit(stripe);
+                if self.set[word] & bit == 0 {
                     return None;
                 }
             }

@@ -532,12 +532,7 @@ impl TxQueue {
                     self.segs.pop_front();
                 }
                 Some(seg) => {
-                    let len = match seg {
-                        TxSeg::Small { len, .. } => *len as usize,
-                        TxSeg::Data { len, .. } => *len as usize,
-                        TxSeg::Release { .. } => 0,
-                    };
-                    let left = len - self.front_done;
+                    let left = seg_len(seg) - self.front_done;
                     if n >= left {
                         n -= left;
                         self.front_done = 0;
@@ -573,9 +568,9 @@ impl TxQueue {
 /// store per `writev`, a bounded set of stripes). Writers of those stripes on other IO
 /// threads wait for that one non-blocking call, whose copy the socket's send buffer
 /// bounds. (Capping such a call at 256 KiB to shorten the wait cost 128 KiB reads a
-/// third of their throughput: 0.87 against the copying build where 1.25 without it.) A lent read the socket took only part
-/// of gets the rest of its bytes copied into its buffer before the locks go, so every
-/// block the host receives is one version of that block.
+/// third of their throughput: 0.87 against the copying build, 1.25 without the cap.)
+/// A lent read the socket took only part of gets the rest of its bytes copied into its
+/// buffer before the locks go, so every block the host receives is one version of it.
 pub(super) fn flush(
     link: &mut TcpLink,
     cmds: &mut [Cmd],

@@ -25,24 +25,8 @@ fn reads_in(p: &Pair) -> usize {
 /// Blocks `lba..lba+nlb` overwritten in the store directly, as a writer on another IO
 /// thread would.
 fn overwrite(p: &Pair, lba: u64, nlb: u32, seed: u64) {
-    use backend::{Backend, Completion, IoBuf, Op, Request};
-    let mut q = p.backend.clone().create_queue(1).expect("queue");
-    q.submit(Request {
-        tag: 1,
-        op: Op::Write { fua: false },
-        lba,
-        nblocks: nlb,
-        buf: Some(IoBuf::from_slice(&pattern(
-            seed,
-            nlb as usize * BLOCK as usize,
-        ))),
-    })
-    .expect("submit");
-    let mut out: Vec<Completion> = Vec::new();
-    while out.is_empty() {
-        q.poll(&mut out);
-    }
-    assert_eq!(out[0].status, backend::IoStatus::Ok);
+    let data = pattern(seed, nlb as usize * BLOCK as usize);
+    assert!(p.backend.write_blocks(lba, nlb, &data));
 }
 
 #[test]
@@ -169,24 +153,10 @@ fn lent_reads_over_a_real_socket_never_tear_a_block() {
     let writer = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            use backend::{Backend, Completion, IoBuf, Op, Request};
-            let mut q = store.create_queue(1).expect("queue");
             let mut v = 0u8;
-            let mut out: Vec<Completion> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 v = v.wrapping_add(1);
-                q.submit(Request {
-                    tag: 1,
-                    op: Op::Write { fua: false },
-                    lba: 0,
-                    nblocks: 512,
-                    buf: Some(IoBuf::from_slice(&[v; 256 << 10])),
-                })
-                .expect("submit");
-                out.clear();
-                while out.is_empty() {
-                    q.poll(&mut out);
-                }
+                assert!(store.write_blocks(0, 512, &[v; 256 << 10]));
             }
         })
     };
