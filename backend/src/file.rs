@@ -36,6 +36,16 @@
 //! deallocated range return zeroes on files and devices alike. A mode that returns
 //! `EOPNOTSUPP` is remembered and skipped afterwards.
 //!
+//! Files in memory (tmpfs, ramfs) take no io_uring: their reads and writes are copied in
+//! the IO thread (see [`memory_backed`]). One that has no hole in the namespace's range
+//! when opened goes further: it is served as a store over a shared mapping of its pages
+//! ([`RamBackend::map_file`]). Reads, writes and zeroing go through the store's stripe
+//! locks (each block one version), plain TCP queues send reads straight from the pages
+//! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated.
+//! Such a file that shrinks below the namespace is gone too (its lent reads would fail
+//! inside the send); the engine asks the queue about once a second
+//! ([`BackendQueue::check_gone`]), since its reads may never reach the queue.
+//!
 //! `submit` never enters the kernel; `poll` pushes queued SQEs, calls `io_uring_enter`
 //! without waiting when there is something to submit or task work to run, and reaps
 //! CQEs. The volatile write cache is reported as present: even with `O_DIRECT`, file
@@ -58,7 +68,9 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::{Backend, BackendQueue, Completion, Error, IoBuf, IoStatus, Op, Request, SubmitError};
+use crate::{
+    Backend, BackendQueue, Completion, Error, IoBuf, IoStatus, Op, RamBackend, Request, SubmitError,
+};
 
 /// How to open a [`FileBackend`].
 #[derive(Clone, Debug, Default)]
@@ -114,6 +126,11 @@ pub struct FileBackend {
     /// The file lives in memory (tmpfs, ramfs): reads and writes are done at once in the
     /// IO thread (see [`memory_backed`]).
     inline_rw: bool,
+    /// A file in memory that is allocated in full, as a store (`crate::ram`): reads,
+    /// writes and zeroing go through the store, whose stripe locks make each block one
+    /// version, and plain TCP queues send reads straight from its pages
+    /// ([`BackendQueue::ram_store`]).
+    store: Option<Arc<RamBackend>>,
     /// Cleared when `FALLOCATE(PUNCH_HOLE)` returned `EOPNOTSUPP`.
     punch_ok: AtomicBool,
     /// Cleared when `FALLOCATE(ZERO_RANGE)` returned `EOPNOTSUPP`.
@@ -122,6 +139,40 @@ pub struct FileBackend {
     writeback_failed: AtomicBool,
     /// The file was deleted or the device vanished: every request fails.
     gone: AtomicBool,
+}
+
+/// The store over a file in memory of `size` bytes, when it has no hole in them (a lent
+/// read of a hole would have the kernel allocate a page inside the send: see
+/// `crate::ram`). Through a new open file description without `O_DIRECT`, since the
+/// store copies through it into any buffer.
+fn memory_store(file: &File, name: &str, size: u64, block_size: u32) -> Option<Arc<RamBackend>> {
+    // SAFETY: lseek on a valid fd has no memory-safety preconditions.
+    let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    if hole < 0 || (hole as u64) < size {
+        tracing::info!(
+            "{name}: in memory but not allocated in full (first hole at byte {hole}): its \
+             reads are copied; allocate it (fallocate -l SIZE, or write it) to have them \
+             sent straight from its pages"
+        );
+        return None;
+    }
+    let plain = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    match plain
+        .map_err(Error::Io)
+        .and_then(|f| RamBackend::map_file(f, size, block_size))
+    {
+        Ok(store) => {
+            tracing::debug!("{name}: in memory and allocated in full: served from its pages");
+            Some(store)
+        }
+        Err(e) => {
+            tracing::warn!("{name}: cannot map the file ({e}): its reads are copied");
+            None
+        }
+    }
 }
 
 /// Direct-I/O constraints of an open file: (offset/length alignment, memory alignment).
@@ -317,6 +368,11 @@ impl FileBackend {
         let direct = direct_file.is_some();
         let file = direct_file.unwrap_or(file);
         let inline_rw = ft.is_file() && memory_backed(&file);
+        let store = if inline_rw {
+            memory_store(&file, &name, num_blocks * u64::from(block_size), block_size)
+        } else {
+            None
+        };
 
         Ok(Arc::new(FileBackend {
             file,
@@ -326,6 +382,7 @@ impl FileBackend {
             direct,
             block_device: ft.is_block_device(),
             inline_rw,
+            store,
             punch_ok: AtomicBool::new(true),
             zero_range_ok: AtomicBool::new(true),
             writeback_failed: AtomicBool::new(false),
@@ -381,6 +438,12 @@ impl FileBackend {
     /// (a file on tmpfs or ramfs; see [`memory_backed`]).
     pub fn is_inline(&self) -> bool {
         self.inline_rw
+    }
+
+    /// Whether the file is served as a store over its pages (a file in memory with no
+    /// hole; see [`BackendQueue::ram_store`]).
+    pub fn is_mapped(&self) -> bool {
+        self.store.is_some()
     }
 
     /// Whether this is a block device (not a regular file).
@@ -540,7 +603,7 @@ fn uring_error(e: io::Error) -> Error {
 }
 
 /// Maps an errno from a failed step to the request's status.
-fn status_for_errno(op: Op, errno: i32) -> IoStatus {
+pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
     let reading = matches!(op, Op::Read);
     match errno {
         libc::EIO | libc::ENODATA | libc::EBADMSG | libc::EILSEQ | libc::EREMOTEIO => {
@@ -886,13 +949,46 @@ impl FileQueue {
             return false;
         }
         self.next_gone_check = now + std::time::Duration::from_secs(1);
+        let size = self.backend.num_blocks * u64::from(self.backend.block_size);
         match self.file.metadata() {
             Ok(m) if std::os::unix::fs::MetadataExt::nlink(&m) == 0 => {
                 self.backend.set_gone("the backing file was deleted");
                 true
             }
+            // Lent reads of a mapped file past its end would fail inside the send, and
+            // take their connection with them: the namespace goes instead.
+            Ok(m) if self.backend.store.is_some() && m.len() < size => {
+                self.backend
+                    .set_gone("the backing file shrank below the namespace's size");
+                true
+            }
             _ => false,
         }
+    }
+
+    /// A request other than Flush on a file served as a store: done at once, through
+    /// the store (FUA: then `fdatasync`, as the ring path does).
+    fn store_request(&mut self, mut req: Request) {
+        let mut status = match self.backend.store.as_ref() {
+            Some(store) => store.execute(&mut req),
+            None => IoStatus::Unavailable,
+        };
+        let fua = matches!(
+            req.op,
+            Op::Write { fua: true } | Op::WriteZeroes { fua: true }
+        );
+        if status == IoStatus::Ok && fua {
+            if let Err(e) = self.file.sync_data() {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                self.backend.writeback_error(errno);
+                status = status_for_errno(req.op, errno);
+            }
+        }
+        self.ready.push_back(Completion {
+            tag: req.tag,
+            status,
+            buf: req.buf,
+        });
     }
 
     /// A Flush or FUA request after a writeback error: it fails without I/O.
@@ -935,6 +1031,10 @@ impl BackendQueue for FileQueue {
                 return Ok(());
             }
         };
+        if self.backend.store.is_some() && req.op != Op::Flush {
+            self.store_request(req);
+            return Ok(());
+        }
         let Some(idx) = self.free.pop() else {
             return Err(SubmitError::Full(req));
         };
@@ -974,6 +1074,14 @@ impl BackendQueue for FileQueue {
 
     fn in_flight(&self) -> usize {
         (self.depth - self.free.len()) + self.ready.len()
+    }
+
+    fn ram_store(&self) -> Option<Arc<RamBackend>> {
+        self.backend.store.clone()
+    }
+
+    fn check_gone(&mut self) -> bool {
+        self.gone(Op::Read)
     }
 }
 

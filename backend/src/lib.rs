@@ -157,11 +157,19 @@ pub trait BackendQueue {
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize;
     /// Requests submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
-    /// For a namespace held in this process's memory (RAM): the store itself, so that a
-    /// transport can send a read's bytes from it under its locks ([`RamBackend::lend`])
-    /// and write data it already holds ([`RamBackend::write_blocks`]) without a buffer
-    /// and a second copy. `None` for every other backend.
+    /// For a namespace held in memory (RAM, or a file in memory allocated in full): the
+    /// store itself, so that a transport can send a read's bytes from it under its locks
+    /// ([`RamBackend::lend`]) and write data it already holds
+    /// ([`RamBackend::write_blocks`]) without a buffer and a second copy. `None` for
+    /// every other backend.
     fn ram_store(&self) -> Option<Arc<RamBackend>> {
         None
+    }
+    /// Whether the backend is gone, for a queue whose I/O may bypass it through
+    /// [`BackendQueue::ram_store`] (and so not hear of it from a request): the owner
+    /// calls this about once a second and, once it says true, stops using the store and
+    /// sends everything through the queue, which fails it as gone.
+    fn check_gone(&mut self) -> bool {
+        false
     }
 }

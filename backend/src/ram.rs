@@ -36,12 +36,23 @@
 //! are taken in ascending lock order, each at most once, and a writer holds one lock at a
 //! time and waits for nothing else while it does, so lenders and writers cannot deadlock.
 //! The closure must not write to this namespace (its own thread would wait for itself).
+//!
+//! File-backed stores ([`RamBackend::map_file`]): a fully allocated file on a memory file
+//! system (tmpfs, ramfs) is already memory, the page cache's. The file backend lends its
+//! reads the same way, through a read-only shared mapping of the file, under the same
+//! stripe locks. The daemon itself never loads or stores through that mapping: its copies
+//! go through the file (`pread`, `pwrite`), so a file truncated behind its back gives an
+//! error (the kernel's copy from the mapping fails with `EFAULT`), never `SIGBUS`. Zeroing
+//! writes zeroes instead of punching holes: a lent read of a hole would make the kernel
+//! allocate a tmpfs page inside the send, where a full tmpfs can only fail it.
 
 // `unsafe` allowed here: the anonymous mapping (mmap, madvise) and the copies in and out of
 // it under the stripe locks.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::{Arc, RwLock};
 
@@ -68,6 +79,17 @@ const STREAM_MIN_SIZE: usize = 256 << 20;
 #[derive(Debug, Default)]
 struct StripeLock(RwLock<()>);
 
+/// Where a store's bytes live, and so how the daemon copies them.
+enum Backing {
+    /// Our own anonymous mapping: copies are loads and stores.
+    Anon,
+    /// A read-only shared mapping of this file: copies go through the file.
+    File(File),
+}
+
+/// Zeroes for a file-backed store's zeroing writes (one stripe at most per write).
+static ZEROES: [u8; STRIPE_BYTES] = [0; STRIPE_BYTES];
+
 /// A RAM-backed block store, shared by all IO threads.
 pub struct RamBackend {
     base: NonNull<u8>,
@@ -81,6 +103,7 @@ pub struct RamBackend {
     stream: bool,
     /// The kernel took the huge-page advice for the mapping.
     huge: bool,
+    backing: Backing,
 }
 
 // SAFETY: the mapping is owned by `RamBackend` and freed only in `Drop`. Every read or
@@ -104,23 +127,7 @@ impl RamBackend {
     /// A zero-filled namespace of `size_bytes` (a non-zero multiple of `block_size`),
     /// with `block_size` a power of two from 512 to 64 KiB.
     pub fn new(size_bytes: u64, block_size: u32) -> Result<Arc<RamBackend>, Error> {
-        if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
-            return Err(Error::Invalid(format!(
-                "ram: block size {block_size} is not a power of two in 512..=65536"
-            )));
-        }
-        if size_bytes == 0 || size_bytes & (u64::from(block_size) - 1) != 0 {
-            return Err(Error::Invalid(format!(
-                "ram: size {size_bytes} is not a non-zero multiple of the block size {block_size}"
-            )));
-        }
-        let size = usize::try_from(size_bytes)
-            .map_err(|_| Error::Invalid(format!("ram: size {size_bytes} too large")))?;
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let map_len = size
-            .checked_next_multiple_of(page)
-            .ok_or_else(|| Error::Invalid(format!("ram: size {size_bytes} too large")))?;
+        let (size, page, map_len) = geometry(size_bytes, block_size)?;
         // SAFETY: an anonymous private mapping at a kernel-chosen address touches no
         // existing memory; the result is checked for MAP_FAILED below.
         let raw = unsafe {
@@ -151,7 +158,60 @@ impl RamBackend {
             locks,
             stream: size >= STREAM_MIN_SIZE,
             huge,
+            backing: Backing::Anon,
         }))
+    }
+
+    /// A store over the first `size_bytes` of `file` (a non-zero multiple of
+    /// `block_size`, and no more than the file holds), for a file on a memory file
+    /// system that is allocated in full (see the module docs: holes would be allocated
+    /// by lent reads). The store keeps `file` for its own copies.
+    pub fn map_file(
+        file: File,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<Arc<RamBackend>, Error> {
+        let (size, page, map_len) = geometry(size_bytes, block_size)?;
+        let file_len = file.metadata().map_err(Error::Io)?.len();
+        if file_len < size_bytes {
+            return Err(Error::Invalid(format!(
+                "ram: the file holds {file_len} bytes, less than the {size_bytes} to map"
+            )));
+        }
+        // SAFETY: a new shared read-only mapping of an open file at a kernel-chosen
+        // address touches no existing memory; the result is checked below. Only the
+        // kernel reads through it (see `Backing::File`).
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        let base = NonNull::new(raw.cast::<u8>())
+            .ok_or_else(|| Error::Invalid("ram: mmap returned null".into()))?;
+        Ok(Arc::new(RamBackend {
+            base,
+            map_len,
+            size,
+            block_size,
+            page,
+            locks: (0..LOCKS).map(|_| StripeLock::default()).collect(),
+            stream: false,
+            huge: false,
+            backing: Backing::File(file),
+        }))
+    }
+
+    /// Whether the store maps a file ([`RamBackend::map_file`]).
+    pub fn is_file(&self) -> bool {
+        matches!(self.backing, Backing::File(_))
     }
 
     /// Whether the kernel took the advice to back the namespace with transparent huge
@@ -168,13 +228,12 @@ impl RamBackend {
 
     /// Writes `src` to blocks `lba..lba+nblocks` at once, as a Write request would (for a
     /// transport that has the host's data in memory already). False, and nothing
-    /// written, when the blocks leave the namespace or `src` is not their length.
+    /// written, when the blocks leave the namespace or `src` is not their length; false
+    /// also when a file-backed store's write failed (part may be written): the caller
+    /// then sends the write down its queue, which reports the error.
     pub fn write_blocks(&self, lba: u64, nblocks: u32, src: &[u8]) -> bool {
         match self.range(lba, nblocks) {
-            Some((off, len)) if len == src.len() => {
-                self.write(off, src);
-                true
-            }
+            Some((off, len)) if len == src.len() => self.write(off, src).is_ok(),
             _ => false,
         }
     }
@@ -234,41 +293,63 @@ impl RamBackend {
         &self.locks[stripe % LOCKS].0
     }
 
-    /// Calls `f(offset, len)` for each stripe-bounded piece of `off..off+len`.
-    fn for_each_stripe(off: usize, len: usize, mut f: impl FnMut(usize, usize)) {
+    /// Calls `f(offset, len)` for each stripe-bounded piece of `off..off+len`, in order,
+    /// up to the first error.
+    fn for_each_stripe(
+        off: usize,
+        len: usize,
+        mut f: impl FnMut(usize, usize) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         let end = off + len;
         let mut pos = off;
         while pos < end {
             let stripe_end = (pos / STRIPE_BYTES + 1) * STRIPE_BYTES;
             let n = stripe_end.min(end) - pos;
-            f(pos, n);
+            f(pos, n)?;
             pos += n;
         }
+        Ok(())
     }
 
-    fn read(&self, off: usize, dst: &mut [u8]) {
+    fn read(&self, off: usize, dst: &mut [u8]) -> std::io::Result<()> {
         Self::for_each_stripe(off, dst.len(), |pos, n| {
             let _g = self
                 .lock(pos / STRIPE_BYTES)
                 .read()
                 .unwrap_or_else(|e| e.into_inner());
-            let d = &mut dst[pos - off..pos - off + n];
-            // SAFETY: `pos + n <= size <= map_len` (checked by `range`), so the source lies
-            // in our mapping; the shared stripe lock excludes writers of these bytes; `d`
-            // is a distinct exclusive slice of exactly `n` bytes, so no overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.base.as_ptr().add(pos), d.as_mut_ptr(), n)
-            };
-        });
+            self.copy_out(pos, &mut dst[pos - off..pos - off + n])
+        })
     }
 
-    fn write(&self, off: usize, src: &[u8]) {
+    /// Copies bytes `pos..pos+dst.len()` (inside the namespace) into `dst`; the caller
+    /// holds the read lock of every stripe they touch.
+    fn copy_out(&self, pos: usize, dst: &mut [u8]) -> std::io::Result<()> {
+        match &self.backing {
+            // SAFETY: `pos + len <= size <= map_len` (the callers checked), so the source
+            // lies in our mapping; the caller's shared stripe locks exclude writers of
+            // these bytes; `dst` is a distinct exclusive slice, so no overlap.
+            Backing::Anon => unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.as_ptr().add(pos),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                );
+                Ok(())
+            },
+            Backing::File(f) => f.read_exact_at(dst, pos as u64),
+        }
+    }
+
+    fn write(&self, off: usize, src: &[u8]) -> std::io::Result<()> {
         Self::for_each_stripe(off, src.len(), |pos, n| {
             let _g = self
                 .lock(pos / STRIPE_BYTES)
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
             let s = &src[pos - off..pos - off + n];
+            if let Backing::File(f) = &self.backing {
+                return f.write_all_at(s, pos as u64);
+            }
             // SAFETY: the destination lies in our mapping (`range` checked it); the
             // exclusive stripe lock excludes every other access to these bytes; `s` is a
             // caller-owned slice that cannot overlap the mapping's interior we hand out
@@ -282,15 +363,21 @@ impl RamBackend {
                     std::ptr::copy_nonoverlapping(s.as_ptr(), d, n);
                 }
             }
-        });
+            Ok(())
+        })
     }
 
-    fn zero(&self, off: usize, len: usize) {
+    fn zero(&self, off: usize, len: usize) -> std::io::Result<()> {
         Self::for_each_stripe(off, len, |pos, n| {
             let _g = self
                 .lock(pos / STRIPE_BYTES)
                 .write()
                 .unwrap_or_else(|e| e.into_inner());
+            if let Backing::File(f) = &self.backing {
+                // Written, not punched: the file stays allocated (module docs). A piece
+                // is at most one stripe, the length of `ZEROES`.
+                return f.write_all_at(&ZEROES[..n], pos as u64);
+            }
             // Whole pages inside the piece go back to the kernel (they read as zeroes
             // again); the ragged edges are zeroed in place.
             let first_page = pos.next_multiple_of(self.page);
@@ -319,7 +406,8 @@ impl RamBackend {
                 // under the exclusive stripe lock.
                 unsafe { std::ptr::write_bytes(self.base.as_ptr().add(start), 0, count) };
             }
-        });
+            Ok(())
+        })
     }
 
     /// Byte range of `lba..lba+nblocks`, or `None` when it leaves the namespace.
@@ -333,32 +421,32 @@ impl RamBackend {
         Some(((lba * bs) as usize, (u64::from(nblocks) * bs) as usize))
     }
 
-    /// Runs one request to completion.
-    fn execute(&self, req: &mut Request) -> IoStatus {
+    /// Runs one request to completion (a file-backed store's FUA and Flush are the file
+    /// backend's business: this only moves bytes).
+    pub(crate) fn execute(&self, req: &mut Request) -> IoStatus {
         let Some((off, len)) = self.range(req.lba, req.nblocks) else {
             return IoStatus::OutOfRange;
         };
-        match req.op {
+        let done = match req.op {
             Op::Read => match req.buf.as_mut() {
                 Some(b) if b.capacity() >= len => {
                     b.set_len(len);
-                    self.read(off, b.as_mut_slice());
-                    IoStatus::Ok
+                    self.read(off, b.as_mut_slice())
                 }
-                _ => IoStatus::Unsupported,
+                _ => return IoStatus::Unsupported,
             },
             Op::Write { .. } => match req.buf.as_ref() {
-                Some(b) if b.len() >= len => {
-                    self.write(off, &b.as_slice()[..len]);
-                    IoStatus::Ok
-                }
-                _ => IoStatus::Unsupported,
+                Some(b) if b.len() >= len => self.write(off, &b.as_slice()[..len]),
+                _ => return IoStatus::Unsupported,
             },
-            Op::Flush => IoStatus::Ok,
-            Op::WriteZeroes { .. } | Op::Deallocate => {
-                self.zero(off, len);
-                IoStatus::Ok
-            }
+            Op::Flush => Ok(()),
+            Op::WriteZeroes { .. } | Op::Deallocate => self.zero(off, len),
+        };
+        match done {
+            Ok(()) => IoStatus::Ok,
+            // Only a file-backed store fails; a short transfer (the file shrank) has no
+            // errno and counts as an I/O error.
+            Err(e) => crate::file::status_for_errno(req.op, e.raw_os_error().unwrap_or(libc::EIO)),
         }
     }
 }
@@ -398,6 +486,30 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
     }
     // SAFETY: as promised by the caller.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// Checks a store's size and block size (`block_size` a power of two from 512 to 64 KiB,
+/// the size a non-zero multiple of it) and returns the size, the page size and the
+/// length to map (the size rounded up to a page).
+fn geometry(size_bytes: u64, block_size: u32) -> Result<(usize, usize, usize), Error> {
+    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
+        return Err(Error::Invalid(format!(
+            "ram: block size {block_size} is not a power of two in 512..=65536"
+        )));
+    }
+    if size_bytes == 0 || size_bytes & (u64::from(block_size) - 1) != 0 {
+        return Err(Error::Invalid(format!(
+            "ram: size {size_bytes} is not a non-zero multiple of the block size {block_size}"
+        )));
+    }
+    let size = usize::try_from(size_bytes)
+        .map_err(|_| Error::Invalid(format!("ram: size {size_bytes} too large")))?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let map_len = size
+        .checked_next_multiple_of(page)
+        .ok_or_else(|| Error::Invalid(format!("ram: size {size_bytes} too large")))?;
+    Ok((size, page, map_len))
 }
 
 /// Where the lock of `stripe` sits in a lock bitmap: its word and its bit.
@@ -483,26 +595,40 @@ pub struct Lent<'a> {
 }
 
 impl Lent<'_> {
+    /// Whether bytes `off..off+len` lie in the namespace and every stripe they touch is
+    /// locked (was in the set).
+    fn covers(&self, off: usize, len: usize) -> bool {
+        let Some(end) = off.checked_add(len).filter(|&end| end <= self.backend.size) else {
+            return false;
+        };
+        len == 0
+            || (off / STRIPE_BYTES..=(end - 1) / STRIPE_BYTES).all(|stripe| {
+                let (word, bit) = lock_bit(stripe);
+                self.set[word] & bit != 0
+            })
+    }
+
     /// Bytes `off..off+len` of the namespace, or `None` when the range leaves it or a
-    /// stripe of it is not locked (was not in the set).
+    /// stripe of it is not locked (was not in the set). They are for the kernel to read
+    /// (`writev`); a copy in user space takes [`Lent::copy_to`], which a file-backed
+    /// store does through its file.
     pub fn bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
-        let end = off.checked_add(len)?;
-        if end > self.backend.size {
+        if !self.covers(off, len) {
             return None;
         }
-        if len > 0 {
-            for stripe in off / STRIPE_BYTES..=(end - 1) / STRIPE_BYTES {
-                let (word, bit) = lock_bit(stripe);
-                if self.set[word] & bit == 0 {
-                    return None;
-                }
-            }
-        }
-        // SAFETY: `off..end` lies inside the mapping (`end <= size <= map_len`), and the
-        // lock of every stripe it touches is read-locked by the `lend` call that made this
-        // `Lent` and is held until that call returns, which outlives the borrow of `self`:
-        // no writer can change these bytes while the slice lives.
+        // SAFETY: `off..off+len` lies inside the mapping (`covers`: the end is within
+        // `size <= map_len`), and the lock of every stripe it touches is read-locked by
+        // the `lend` call that made this `Lent` and is held until that call returns,
+        // which outlives the borrow of `self`: no writer of ours can change these bytes
+        // while the slice lives. (Another process writing a mapped file could; the slice
+        // only ever goes to the kernel, which copies whatever is there.)
         Some(unsafe { std::slice::from_raw_parts(self.backend.base.as_ptr().add(off), len) })
+    }
+
+    /// Copies bytes `off..off+dst.len()` of the namespace into `dst`: false when they are
+    /// not all locked (as [`Lent::bytes`]) or a file-backed store's read failed.
+    pub fn copy_to(&self, off: usize, dst: &mut [u8]) -> bool {
+        self.covers(off, dst.len()) && self.backend.copy_out(off, dst).is_ok()
     }
 }
 

@@ -34,7 +34,8 @@ fn main() {
         .clone()
         .or_else(|| (!root).then(|| "mounting a tmpfs needs root".to_string()));
     skip::run(vec![
-        skip::trial("on_tmpfs", tmpfs, on_tmpfs),
+        skip::trial("on_tmpfs", tmpfs.clone(), on_tmpfs),
+        skip::trial("allocated_file_on_tmpfs_is_a_store", tmpfs, mapped_on_tmpfs),
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
         skip::trial(
             "writeback_error_fails_every_flush_on_every_queue",
@@ -61,6 +62,7 @@ fn on_tmpfs() {
         // worker thread: the queue copies inline instead (and every check below runs
         // through that path).
         assert!(be.is_inline(), "a file on tmpfs is served inline");
+        assert!(!be.is_mapped(), "a sparse file on tmpfs is not mapped");
         two_queues_two_threads(be.clone());
         fua_flush_zeroes_dealloc(be.clone());
         bad_requests(be);
@@ -71,6 +73,89 @@ fn on_tmpfs() {
             direct,
         };
         reads_past_a_shrunk_end(FileBackend::open(&small, opts).unwrap(), &small);
+    }
+}
+
+/// Whether the file at `path` has every one of its `len` bytes allocated.
+fn allocated(path: &std::path::Path, len: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512 >= len
+}
+
+/// A file on tmpfs written in full is served as a store over its pages: the queue
+/// offers it for lending, every request goes through it (same checks as any file),
+/// zeroing keeps the file allocated, and the bytes it lends are the file's. A file that
+/// shrinks or is deleted under it makes the queue say it is gone, and the store's own
+/// copies then fail instead of faulting.
+fn mapped_on_tmpfs() {
+    use backend::{IoBuf, IoStatus, Op};
+    use std::os::unix::fs::FileExt;
+    const SIZE: u64 = 16 << 20;
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    for direct in modes() {
+        let path = dir.path().join(format!("full-{direct:?}.img"));
+        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        let opts = FileOptions {
+            create_size: None,
+            block_size: Some(4096),
+            direct,
+        };
+        let be = FileBackend::open(&path, opts.clone()).unwrap();
+        assert!(be.is_mapped(), "an allocated file on tmpfs is mapped");
+        two_queues_two_threads(be.clone());
+        fua_flush_zeroes_dealloc(be.clone());
+        bad_requests(be.clone());
+        assert!(allocated(&path, SIZE), "zeroing punched a hole in the file");
+
+        // Written through a queue: in the file, and lent as the file's bytes.
+        let mut q = be.clone().create_queue(8).unwrap();
+        let data = pattern(5, 1, 8192);
+        assert_eq!(write(&mut *q, 4096, 5, &data, false), IoStatus::Ok);
+        let mut in_file = vec![0; 8192];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut in_file, 5 * 4096)
+            .unwrap();
+        assert_eq!(in_file, data, "a write did not reach the file");
+        let store = q.ram_store().expect("the queue offers its store");
+        let (off, len) = store.byte_range(5, 2).unwrap();
+        let mut set = backend::ram::LendSet::default();
+        assert!(set.add(off, len));
+        assert!(store.lend(&set, |l| l.bytes(off, len) == Some(&data[..])));
+        assert!(!q.check_gone());
+
+        // Shrunk under the store: gone at the next check, no SIGBUS anywhere.
+        let mut q = be.clone().create_queue(8).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(SIZE / 2)
+            .unwrap();
+        let (off, len) = store.byte_range(3000, 2).unwrap();
+        let mut set = backend::ram::LendSet::default();
+        assert!(set.add(off, len));
+        store.lend(&set, |l| {
+            let mut buf = vec![0; len];
+            assert!(!l.copy_to(off, &mut buf), "a copy past the end succeeded");
+            // The kernel reading the mapping past the end fails the call (EFAULT).
+            let (_rx, mut tx) = std::io::pipe().unwrap();
+            let e = std::io::Write::write(&mut tx, l.bytes(off, 4096).unwrap()).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+        });
+        assert!(q.check_gone(), "a shrunk mapped file is not gone");
+        assert!(be.is_gone());
+        let c = run(&mut *q, Op::Read, 0, 1, Some(IoBuf::new(4096)));
+        assert_eq!(c.status, IoStatus::Unavailable);
+        drop((q, store, be));
+
+        // Deleted: gone at the next check.
+        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        let be = FileBackend::open(&path, opts).unwrap();
+        assert!(be.is_mapped());
+        let mut q = be.clone().create_queue(8).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(q.check_gone(), "a deleted mapped file is not gone");
     }
 }
 

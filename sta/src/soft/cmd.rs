@@ -131,13 +131,8 @@ fn fill_lent(c: &mut Cmd) -> bool {
     let n = b.len();
     let mut set = backend::ram::LendSet::default();
     set.add(l.off, n)
-        && l.src.lend(&set, |lent| match lent.bytes(l.off, n) {
-            Some(bytes) => {
-                b.as_mut_slice().copy_from_slice(bytes);
-                true
-            }
-            None => false,
-        })
+        && l.src
+            .lend(&set, |lent| lent.copy_to(l.off, b.as_mut_slice()))
 }
 
 impl Cmd {
@@ -724,8 +719,9 @@ impl Core {
             } else if data_len == c.len && st.link.respond_lent(idx, cqe, data_len) {
                 return self.mark_tx(st);
             } else if !fill_lent(c) {
-                // Never the case (lent reads fit a lock set); if it were, the buffer's
-                // bytes are not the read's: fail it rather than send them.
+                // Lent reads fit a lock set, so only a mapped file's read can fail
+                // here (the file shrank). The buffer's bytes are not the read's: fail
+                // it rather than send them.
                 cqe = Cqe::new(cqe.cid, Status::INTERNAL_ERROR);
                 data_len = 0;
             }
@@ -1695,6 +1691,8 @@ impl Core {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
             if comp.status == IoStatus::Unavailable && !ns.gone {
                 ns.gone = true;
+                // Reads and writes then go through the queue too, which fails them.
+                ns.ram = None;
                 self.ns_gone_news = true;
             }
             ns.inflight = ns.inflight.saturating_sub(1);

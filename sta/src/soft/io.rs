@@ -517,6 +517,7 @@ impl StaIo {
                 now + (self.core.cfg.backend_timeout / 4).min(Duration::from_secs(1));
             self.check_backend_timeouts(now);
             self.check_deadlines(now);
+            self.check_stores();
             self.check_tls_deadlines(now);
         }
         let c = &self.core.counters;
@@ -559,6 +560,20 @@ impl StaIo {
                     subsys: ns.subsys,
                     nsid: ns.nsid,
                 });
+            }
+        }
+    }
+
+    /// Namespaces served from their store ([`NsSlot::ram`]) may see no request on their
+    /// queue, which is where a backend learns it is gone (a deleted or shrunk file): ask
+    /// their queues. One that is gone loses its store, and its I/O then fails through
+    /// the queue.
+    fn check_stores(&mut self) {
+        for ns in self.core.ns.iter_mut().flatten() {
+            if ns.ram.is_some() && !ns.gone && ns.q.check_gone() {
+                ns.gone = true;
+                ns.ram = None;
+                self.core.ns_gone_news = true;
             }
         }
     }

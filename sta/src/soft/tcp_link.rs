@@ -712,15 +712,15 @@ fn keep_version(link: &TcpLink, cmds: &mut [Cmd], lent: &Lent<'_>) -> std::io::R
         return Ok(());
     };
     // The segment is the read's whole data from offset 0: its unsent rest is `sent..`.
-    let (sent, n) = (link.tx.front_done, b.len());
-    let Some(bytes) = lent.bytes(l.off + sent, n - sent) else {
-        // Cannot happen (the segment was sent under these locks); if it did, the host
-        // must not get the rest of this read from anywhere else: the connection fails.
+    let sent = link.tx.front_done;
+    if !lent.copy_to(l.off + sent, &mut b.as_mut_slice()[sent..]) {
+        // The segment was sent under these locks, so only a mapped file's read can fail
+        // (the file shrank). The host must not get the rest of this read from anywhere
+        // else: the connection fails.
         return Err(std::io::Error::other(
-            "a lent read's stripes were not locked",
+            "the rest of a lent read could not be copied",
         ));
-    };
-    b.as_mut_slice()[sent..].copy_from_slice(bytes);
+    }
     c.lent = None;
     Ok(())
 }

@@ -2,14 +2,43 @@
 //! gets the store's bytes, the backend queue never sees the read, and a read the socket
 //! takes only part of still arrives as one version of every block, whatever is written
 //! to those blocks meanwhile. Where the path does not apply (data digest), reads go
-//! through the backend queue as before.
+//! through the backend queue as before. Each check runs on an anonymous RAM store and on
+//! a mapped file (`RamBackend::map_file`, the file backend's store for a file in memory),
+//! whose own copies go through the file.
 
 use nvmf::spec::opcodes::io;
 use nvmf::spec::Cqe;
 use nvmf::tcp::{Digests, Xfer};
 
+use std::io::Write as _;
+use std::sync::Arc;
+
 use super::pair::*;
 use crate::soft::SoftConfig;
+
+/// A file of the pair's size, filled with zeroes (allocated), mapped as a store; the
+/// file stays open for checks of what reached it.
+fn file_store() -> (Arc<backend::RamBackend>, tempfile::NamedTempFile) {
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(&vec![0; (BLOCKS * BLOCK as u64) as usize])
+        .expect("fill");
+    let store =
+        backend::RamBackend::map_file(f.reopen().expect("reopen"), BLOCKS * BLOCK as u64, BLOCK)
+            .expect("map");
+    assert!(store.is_file());
+    (store, f)
+}
+
+/// A lending pair over an anonymous RAM store, or over a mapped file.
+fn lending(file: bool) -> (Pair, Option<tempfile::NamedTempFile>) {
+    let cfg = SoftConfig::with_max_io_size(128 << 10);
+    if file {
+        let (store, f) = file_store();
+        (Pair::lending_store(cfg, store), Some(f))
+    } else {
+        (Pair::lending(cfg), None)
+    }
+}
 
 fn ok(cqe: &Cqe, what: &str) {
     assert!(cqe.status().is_success(), "{what}: {}", cqe.status());
@@ -31,7 +60,16 @@ fn overwrite(p: &Pair, lba: u64, nlb: u32, seed: u64) {
 
 #[test]
 fn reads_are_sent_from_the_store_and_skip_the_backend_queue() {
-    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    reads_skip_the_backend_queue(false);
+}
+
+#[test]
+fn reads_are_sent_from_a_mapped_file_and_skip_the_backend_queue() {
+    reads_skip_the_backend_queue(true);
+}
+
+fn reads_skip_the_backend_queue(file: bool) {
+    let (mut p, _file) = lending(file);
     let (_, q) = p.controller(Digests::NONE, 63, 0);
     for k in 0..8u64 {
         let (cqe, _) = p.exec(
@@ -95,7 +133,17 @@ fn reads_are_sent_from_the_store_and_skip_the_backend_queue() {
 /// overwritten: the host still gets the version that was there when the send began.
 #[test]
 fn a_read_cut_short_by_the_socket_is_one_version() {
-    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    cut_short_read_is_one_version(false);
+}
+
+/// The same from a mapped file: the rest of the read is copied through the file.
+#[test]
+fn a_read_from_a_mapped_file_cut_short_by_the_socket_is_one_version() {
+    cut_short_read_is_one_version(true);
+}
+
+fn cut_short_read_is_one_version(file: bool) {
+    let (mut p, _file) = lending(file);
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     let (cqe, _) = p.exec(
         q,
@@ -143,7 +191,16 @@ fn a_read_cut_short_by_the_socket_is_one_version() {
 /// read is one of the versions written, never a mix (and everything completes).
 #[test]
 fn lent_reads_over_a_real_socket_never_tear_a_block() {
-    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    lent_reads_never_tear(false);
+}
+
+#[test]
+fn lent_reads_from_a_mapped_file_over_a_real_socket_never_tear_a_block() {
+    lent_reads_never_tear(true);
+}
+
+fn lent_reads_never_tear(file: bool) {
+    let (mut p, _file) = lending(file);
     p.sockets = true;
     p.socket_buffers = Some(32 << 10);
     let (_, q) = p.controller(Digests::NONE, 31, 0);
@@ -192,7 +249,17 @@ fn lent_reads_over_a_real_socket_never_tear_a_block() {
 /// waiting on a fused pair's range still go through the backend queue.
 #[test]
 fn in_capsule_writes_go_straight_into_the_store() {
-    let mut p = Pair::lending(SoftConfig::with_max_io_size(128 << 10));
+    writes_go_into_the_store(false);
+}
+
+/// The same into a mapped file, where they land in the file itself.
+#[test]
+fn in_capsule_writes_go_straight_into_a_mapped_file() {
+    writes_go_into_the_store(true);
+}
+
+fn writes_go_into_the_store(file: bool) {
+    let (mut p, file) = lending(file);
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     let writes_in = |p: &Pair| {
         p.backend_ops
@@ -240,4 +307,43 @@ fn in_capsule_writes_go_straight_into_the_store() {
     ok(&cqe, "R2T write");
     assert_eq!(disk(&p, 100, 8), pattern(3, 4096));
     assert_eq!(writes_in(&p), before + 1);
+    if let Some(f) = file {
+        // Both kinds of write are in the file, read through another descriptor.
+        use std::os::unix::fs::FileExt;
+        let mut got = vec![0; 4096];
+        let other = std::fs::File::open(f.path()).expect("open");
+        other.read_exact_at(&mut got, 100 * 512).expect("read");
+        assert_eq!(got, pattern(3, 4096), "the R2T write is not in the file");
+        other.read_exact_at(&mut got, 37 * 512).expect("read");
+        assert_eq!(
+            got,
+            pattern(51, 4096),
+            "an in-capsule write is not in the file"
+        );
+    }
+}
+
+/// A store whose backend goes (a deleted or shrunk file) while nothing reaches its
+/// queue: the periodic check finds it, the namespace stops lending, and its reads fail
+/// through the queue with a path error (no DNR, for multipath hosts).
+#[test]
+fn a_store_whose_backend_is_gone_stops_lending() {
+    let (mut p, _file) = lending(true);
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 8), Xfer::FromController, vec![0; 4096]);
+    ok(&cqe, "lent read");
+    assert_eq!(reads_in(&p), 0);
+    p.backend_gone
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    p.advance(std::time::Duration::from_secs(2));
+    p.pass();
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 8), Xfer::FromController, vec![0; 4096]);
+    let s = cqe.status();
+    assert_eq!((s.sct, s.sc, s.dnr), (3, 0x00, false), "{s}");
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, vec![1; 4096]);
+    assert_eq!(
+        cqe.status().sct,
+        3,
+        "an in-capsule write to a gone namespace"
+    );
 }

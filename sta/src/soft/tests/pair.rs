@@ -237,12 +237,22 @@ impl Pair {
         Pair::build(cfg, true)
     }
 
+    /// As [`Pair::lending`], over `store` (of [`BLOCKS`] blocks of [`BLOCK`] bytes): a
+    /// file mapped as a store, as the file backend serves a file in memory.
+    pub fn lending_store(cfg: SoftConfig, store: Arc<backend::RamBackend>) -> Pair {
+        Pair::build_on(cfg, true, store)
+    }
+
     fn build(cfg: SoftConfig, lend: bool) -> Pair {
+        let store = backend::RamBackend::new(BLOCKS * BLOCK as u64, BLOCK).expect("RAM");
+        Pair::build_on(cfg, lend, store)
+    }
+
+    fn build_on(cfg: SoftConfig, lend: bool, backend: Arc<backend::RamBackend>) -> Pair {
         let caps_mdts = (cfg.max_io_size / 4096).trailing_zeros() as u8;
         let ioccsz = cfg.max_incapsule_data;
         let mut sta = Sta::new(cfg);
         let subsys = sta.subsystem_create(NQN).expect("subsystem");
-        let backend = backend::RamBackend::new(BLOCKS * BLOCK as u64, BLOCK).expect("RAM");
         let backend_ops = Arc::new(std::sync::Mutex::new(Vec::new()));
         let backend_gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let recording = Arc::new(Recording {
@@ -895,5 +905,8 @@ impl backend::BackendQueue for RecordingQueue {
         } else {
             None
         }
+    }
+    fn check_gone(&mut self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
