@@ -61,7 +61,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -143,15 +143,21 @@ pub struct FileBackend {
 
 /// The store over a file in memory of `size` bytes, when it has no hole in them (a lent
 /// read of a hole would have the kernel allocate a page inside the send: see
-/// `crate::ram`). Through a new open file description without `O_DIRECT`, since the
-/// store copies through it into any buffer.
+/// `crate::ram`). Written pages count, and so do pages `fallocate` reserved (tmpfs's
+/// `SEEK_HOLE` calls those holes until written, but a fault finds them there and only
+/// zeroes them): hence the second test, every page of the file allocated. Through a new
+/// open file description without `O_DIRECT`, since the store copies through it into any
+/// buffer.
 fn memory_store(file: &File, name: &str, size: u64, block_size: u32) -> Option<Arc<RamBackend>> {
     // SAFETY: lseek on a valid fd has no memory-safety preconditions.
     let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
-    if hole < 0 || (hole as u64) < size {
+    let reserved = file
+        .metadata()
+        .is_ok_and(|m| m.blocks().saturating_mul(512) >= m.len());
+    if !reserved && (hole < 0 || (hole as u64) < size) {
         tracing::info!(
             "{name}: in memory but not allocated in full (first hole at byte {hole}): its \
-             reads are copied; allocate it (fallocate -l SIZE, or write it) to have them \
+             reads are copied; allocate it (write it, or fallocate -l SIZE) to have them \
              sent straight from its pages"
         );
         return None;

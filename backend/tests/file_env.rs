@@ -151,11 +151,31 @@ fn mapped_on_tmpfs() {
 
         // Deleted: gone at the next check.
         std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
-        let be = FileBackend::open(&path, opts).unwrap();
+        let be = FileBackend::open(&path, opts.clone()).unwrap();
         assert!(be.is_mapped());
         let mut q = be.clone().create_queue(8).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert!(q.check_gone(), "a deleted mapped file is not gone");
+
+        // Reserved with fallocate (never written): mapped too, and reads zeroes.
+        let reserved = dir.path().join(format!("fallocated-{direct:?}.img"));
+        let out = Command::new("fallocate")
+            .args(["-l", &SIZE.to_string()])
+            .arg(&reserved)
+            .output()
+            .expect("run fallocate (util-linux)");
+        assert!(out.status.success(), "fallocate: {out:?}");
+        let be = FileBackend::open(&reserved, opts).unwrap();
+        assert!(be.is_mapped(), "a file reserved in full is not mapped");
+        let mut q = be.clone().create_queue(8).unwrap();
+        assert_eq!(read(&mut *q, 4096, 7, 2), vec![0; 8192]);
+        let store = q.ram_store().unwrap();
+        let (off, len) = store.byte_range(100, 4).unwrap();
+        let mut set = backend::ram::LendSet::default();
+        assert!(set.add(off, len));
+        assert!(store.lend(&set, |l| l
+            .bytes(off, len)
+            .is_some_and(|b| b.iter().all(|&x| x == 0))));
     }
 }
 
