@@ -435,10 +435,14 @@ impl VerbsQp {
             let ctx = (*self.qp).context;
             ((*ctx).ops.post_recv)(self.qp, wrs.as_mut_ptr(), &mut bad)
         };
-        self.repost.clear();
         if rc != 0 {
+            // Work requests before `bad` were posted; `bad` and the rest were not, and
+            // stay on the list for the next try rather than being lost.
+            let first_unposted = wrs.iter().position(|wr| std::ptr::eq(wr, bad)).unwrap_or(0);
+            self.repost.drain(..first_unposted);
             return Err(std::io::Error::from_raw_os_error(rc).to_string());
         }
+        self.repost.clear();
         Ok(())
     }
 
