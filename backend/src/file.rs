@@ -37,14 +37,16 @@
 //! `EOPNOTSUPP` is remembered and skipped afterwards.
 //!
 //! Files in memory (tmpfs, ramfs) take no io_uring: their reads and writes are copied in
-//! the IO thread (see [`memory_backed`]). One that has no hole in the namespace's range
+//! the IO thread (see `memory_backed`). One that has no hole in the namespace's range
 //! when opened goes further: it is served as a store over a shared mapping of its pages
 //! ([`RamBackend::map_file`]). Reads, writes and zeroing go through the store's stripe
 //! locks (each block one version), plain TCP queues send reads straight from the pages
-//! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated.
-//! Such a file that shrinks below the namespace is gone too (its lent reads would fail
-//! inside the send); the engine asks the queue about once a second
-//! ([`BackendQueue::check_gone`]), since its reads may never reach the queue.
+//! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated
+//! (a range over [`ZERO_STEP`] a step per poll, so the IO thread's other connections are
+//! served meanwhile). Such a file that shrinks below the namespace or loses pages from
+//! outside is gone too (its lent reads would fail, or allocate, inside the send); the
+//! engine asks the queue about once a second ([`BackendQueue::check_gone`]), since its
+//! reads may never reach the queue.
 //!
 //! `submit` never enters the kernel; `poll` pushes queued SQEs, calls `io_uring_enter`
 //! without waiting when there is something to submit or task work to run, and reaps
@@ -68,6 +70,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
+use crate::ram::{Zeroing, ZERO_STEP};
 use crate::{
     Backend, BackendQueue, Completion, Error, IoBuf, IoStatus, Op, RamBackend, Request, SubmitError,
 };
@@ -131,6 +134,9 @@ pub struct FileBackend {
     /// version, and plain TCP queues send reads straight from its pages
     /// ([`BackendQueue::ram_store`]).
     store: Option<Arc<RamBackend>>,
+    /// The mapped file's allocated 512-byte blocks when the store was set up: fewer later
+    /// means pages were freed under the store (truncated or punched from outside).
+    mapped_blocks: u64,
     /// Cleared when `FALLOCATE(PUNCH_HOLE)` returned `EOPNOTSUPP`.
     punch_ok: AtomicBool,
     /// Cleared when `FALLOCATE(ZERO_RANGE)` returned `EOPNOTSUPP`.
@@ -141,16 +147,27 @@ pub struct FileBackend {
     gone: AtomicBool,
 }
 
-/// The store over a file in memory of `size` bytes, when it has no hole in them (a lent
-/// read of a hole would have the kernel allocate a page inside the send: see
-/// `crate::ram`). Written pages count, and so do pages `fallocate` reserved (tmpfs's
-/// `SEEK_HOLE` calls those holes until written, but a fault finds them there and only
-/// zeroes them): hence the second test, every page of the file allocated. Through a new
-/// open file description without `O_DIRECT`, since the store copies through it into any
-/// buffer.
-fn memory_store(file: &File, name: &str, size: u64, block_size: u32) -> Option<Arc<RamBackend>> {
+/// The store over a file in memory of `size` bytes, and the file's allocated 512-byte
+/// blocks once it is set up, when the file has no hole in those bytes (a lent read of a
+/// hole would have the kernel allocate a page inside the send: see `crate::ram`).
+///
+/// A quick screen first: no hole in the range (`SEEK_HOLE`), or every page of the file
+/// allocated (tmpfs's `SEEK_HOLE` calls pages `fallocate` reserved holes until they are
+/// written, though a fault finds them there and only zeroes them). Then the proof:
+/// `fallocate` of the whole range, which changes nothing where every page is there and
+/// otherwise reserves the rest (where the screen was fooled, say by pages reserved past
+/// the end of the file) or fails (ramfs cannot; nor can a full tmpfs), and the file is
+/// then copied instead. The store copies through a new open file description without
+/// `O_DIRECT`, since it copies into any buffer.
+fn memory_store(
+    file: &File,
+    name: &str,
+    size: u64,
+    block_size: u32,
+) -> Option<(Arc<RamBackend>, u64)> {
+    let fd = file.as_raw_fd();
     // SAFETY: lseek on a valid fd has no memory-safety preconditions.
-    let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    let hole = unsafe { libc::lseek(fd, 0, libc::SEEK_HOLE) };
     let reserved = file
         .metadata()
         .is_ok_and(|m| m.blocks().saturating_mul(512) >= m.len());
@@ -162,17 +179,33 @@ fn memory_store(file: &File, name: &str, size: u64, block_size: u32) -> Option<A
         );
         return None;
     }
+    // SAFETY: fallocate on a valid fd has no memory-safety preconditions.
+    if unsafe { libc::fallocate(fd, 0, 0, size as libc::off_t) } != 0 {
+        tracing::info!(
+            "{name}: cannot reserve every page of the file ({}): its reads are copied",
+            io::Error::last_os_error()
+        );
+        return None;
+    }
+    let blocks = file.metadata().map(|m| m.blocks()).unwrap_or(0);
     let plain = OpenOptions::new()
         .read(true)
         .write(true)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    match plain
-        .map_err(Error::Io)
-        .and_then(|f| RamBackend::map_file(f, size, block_size))
-    {
+        .open(format!("/proc/self/fd/{fd}"));
+    let mapped = plain.map_err(Error::Io).and_then(|f| {
+        // SAFETY: `map_file`'s contract: nothing in this process writes the file but the
+        // store (every queue of a mapped file sends its requests through the store), and
+        // nothing reads the mapping in user space: the store copies through the file and
+        // the engine hands lent bytes to `writev` only. Another process truncating or
+        // writing the file is what no code can rule out; a truncation then fails those
+        // `writev`s with `EFAULT`, and the queues' checks take the namespace out within a
+        // second.
+        unsafe { RamBackend::map_file(f, size, block_size) }
+    });
+    match mapped {
         Ok(store) => {
             tracing::debug!("{name}: in memory and allocated in full: served from its pages");
-            Some(store)
+            Some((store, blocks))
         }
         Err(e) => {
             tracing::warn!("{name}: cannot map the file ({e}): its reads are copied");
@@ -374,10 +407,12 @@ impl FileBackend {
         let direct = direct_file.is_some();
         let file = direct_file.unwrap_or(file);
         let inline_rw = ft.is_file() && memory_backed(&file);
-        let store = if inline_rw {
-            memory_store(&file, &name, num_blocks * u64::from(block_size), block_size)
-        } else {
-            None
+        let (store, mapped_blocks) = match inline_rw
+            .then(|| memory_store(&file, &name, num_blocks * u64::from(block_size), block_size))
+            .flatten()
+        {
+            Some((store, blocks)) => (Some(store), blocks),
+            None => (None, 0),
         };
 
         Ok(Arc::new(FileBackend {
@@ -389,6 +424,7 @@ impl FileBackend {
             block_device: ft.is_block_device(),
             inline_rw,
             store,
+            mapped_blocks,
             punch_ok: AtomicBool::new(true),
             zero_range_ok: AtomicBool::new(true),
             writeback_failed: AtomicBool::new(false),
@@ -579,6 +615,8 @@ pub struct FileQueue {
     ready: VecDeque<Completion>,
     /// SQEs pushed to the SQ and not reaped yet: the kernel may use their buffers.
     in_kernel: usize,
+    /// Long zeroing requests of a mapped file, a step per poll.
+    zeroing: Zeroing,
     /// Zero source for the Write Zeroes fallback, allocated on first use and kept until
     /// the queue is dropped (after every SQE that points into it has completed).
     zeroes: Option<IoBuf>,
@@ -663,6 +701,7 @@ impl FileQueue {
             pending: VecDeque::with_capacity(depth),
             ready: VecDeque::with_capacity(depth),
             in_kernel: 0,
+            zeroing: Zeroing::default(),
             zeroes: None,
             _not_send: std::marker::PhantomData,
         })
@@ -954,31 +993,64 @@ impl FileQueue {
         if op != Op::Flush && now < self.next_gone_check {
             return false;
         }
+        self.look_for_gone(now)
+    }
+
+    /// The check behind [`FileQueue::gone`], now: a deleted file, and for a mapped file
+    /// one that shrank or lost pages.
+    fn look_for_gone(&mut self, now: std::time::Instant) -> bool {
         self.next_gone_check = now + std::time::Duration::from_secs(1);
         let size = self.backend.num_blocks * u64::from(self.backend.block_size);
+        let mapped = self.backend.store.is_some();
         match self.file.metadata() {
-            Ok(m) if std::os::unix::fs::MetadataExt::nlink(&m) == 0 => {
+            Ok(m) if m.nlink() == 0 => {
                 self.backend.set_gone("the backing file was deleted");
                 true
             }
             // Lent reads of a mapped file past its end would fail inside the send, and
-            // take their connection with them: the namespace goes instead.
-            Ok(m) if self.backend.store.is_some() && m.len() < size => {
+            // take their connection with them; reads of pages freed under it would have
+            // the kernel allocate them inside the send. The namespace goes instead. (A
+            // write can grow a truncated file back, but not bring back its pages.)
+            Ok(m) if mapped && (m.len() < size || m.blocks() < self.backend.mapped_blocks) => {
                 self.backend
-                    .set_gone("the backing file shrank below the namespace's size");
+                    .set_gone("the backing file was truncated or had pages freed under it");
                 true
             }
             _ => false,
         }
     }
 
-    /// A request other than Flush on a file served as a store: done at once, through
-    /// the store (FUA: then `fdatasync`, as the ring path does).
-    fn store_request(&mut self, mut req: Request) {
-        let mut status = match self.backend.store.as_ref() {
+    /// A request other than Flush on a file served as a store: done at once through the
+    /// store, or for zeroing longer than [`ZERO_STEP`], a step per poll.
+    fn store_request(&mut self, mut req: Request, off: u64, len: u64) {
+        if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) && len > ZERO_STEP as u64 {
+            // `validate` put the range inside the namespace, which fits in memory.
+            self.zeroing.push(req, off as usize, len as usize);
+            return;
+        }
+        let status = match self.backend.store.as_ref() {
             Some(store) => store.execute(&mut req),
             None => IoStatus::Unavailable,
         };
+        self.finish_store(req, status);
+    }
+
+    /// Steps the zeroing of a mapped file (see [`ZERO_STEP`]).
+    fn step_zeroing(&mut self) {
+        let Some(store) = self.backend.store.as_ref() else {
+            return;
+        };
+        let mut finished = Vec::new();
+        self.zeroing
+            .step(store, |req, status| finished.push((req, status)));
+        for (req, status) in finished {
+            self.finish_store(req, status);
+        }
+    }
+
+    /// Completes a request done through the store (FUA: `fdatasync` first, as the ring
+    /// path does).
+    fn finish_store(&mut self, req: Request, mut status: IoStatus) {
         let fua = matches!(
             req.op,
             Op::Write { fua: true } | Op::WriteZeroes { fua: true }
@@ -1038,7 +1110,7 @@ impl BackendQueue for FileQueue {
             }
         };
         if self.backend.store.is_some() && req.op != Op::Flush {
-            self.store_request(req);
+            self.store_request(req, off, len);
             return Ok(());
         }
         let Some(idx) = self.free.pop() else {
@@ -1066,6 +1138,9 @@ impl BackendQueue for FileQueue {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        if self.zeroing.len() > 0 {
+            self.step_zeroing();
+        }
         if !self.pending.is_empty() || self.in_kernel > 0 {
             self.drive();
             // Resubmit short transfers and fallbacks at once rather than a poll later.
@@ -1079,7 +1154,7 @@ impl BackendQueue for FileQueue {
     }
 
     fn in_flight(&self) -> usize {
-        (self.depth - self.free.len()) + self.ready.len()
+        (self.depth - self.free.len()) + self.ready.len() + self.zeroing.len()
     }
 
     fn ram_store(&self) -> Option<Arc<RamBackend>> {
@@ -1087,7 +1162,8 @@ impl BackendQueue for FileQueue {
     }
 
     fn check_gone(&mut self) -> bool {
-        self.gone(Op::Read)
+        // The caller paces these calls itself.
+        self.backend.is_gone() || self.look_for_gone(std::time::Instant::now())
     }
 }
 

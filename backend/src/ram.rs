@@ -27,7 +27,8 @@
 //! spanning stripes is not atomic as a whole (NVMe's AWUN of one block allows that).
 //!
 //! Completions are immediate: `submit` does the copy and queues the completion, and the
-//! next `poll` returns it. No volatile write cache.
+//! next `poll` returns it; only Deallocate and Write Zeroes of more than [`ZERO_STEP`]
+//! are done a step per poll. No volatile write cache.
 //!
 //! Lending: a transport that copies anyway (the kernel's `sendmsg` copies into socket
 //! buffers before it returns) can send a read's bytes straight from the mapping instead of
@@ -108,7 +109,8 @@ pub struct RamBackend {
 
 // SAFETY: the mapping is owned by `RamBackend` and freed only in `Drop`. Every read or
 // write of its bytes through `&RamBackend` holds the stripe lock covering those bytes
-// (see the module docs), so sharing `&RamBackend` between threads cannot race.
+// (see the module docs), so sharing `&RamBackend` between threads cannot race. (A mapped
+// file's other writers are outside this process: `map_file`'s contract.)
 unsafe impl Sync for RamBackend {}
 // SAFETY: the raw pointer refers to a process-wide mapping, not to thread-local state;
 // moving the owner to another thread is fine.
@@ -166,7 +168,16 @@ impl RamBackend {
     /// `block_size`, and no more than the file holds), for a file on a memory file
     /// system that is allocated in full (see the module docs: holes would be allocated
     /// by lent reads). The store keeps `file` for its own copies.
-    pub fn map_file(
+    ///
+    /// # Safety
+    ///
+    /// As for any shared mapping of a file: while the store lives, nobody but the store
+    /// may write the file's first `size_bytes` or truncate it below them, or the slices
+    /// [`Lent::bytes`] hands out change under their borrow, or fault (`SIGBUS`) when read
+    /// in user space. The caller answers for what it can: the store's own copies never read
+    /// the mapping (they use the file), and a caller that only ever hands lent bytes to
+    /// the kernel (`writev`) turns a truncation into `EFAULT` from that call instead.
+    pub unsafe fn map_file(
         file: File,
         size_bytes: u64,
         block_size: u32,
@@ -620,8 +631,8 @@ impl Lent<'_> {
         // `size <= map_len`), and the lock of every stripe it touches is read-locked by
         // the `lend` call that made this `Lent` and is held until that call returns,
         // which outlives the borrow of `self`: no writer of ours can change these bytes
-        // while the slice lives. (Another process writing a mapped file could; the slice
-        // only ever goes to the kernel, which copies whatever is there.)
+        // while the slice lives. (For a mapped file, nobody else either: the promise
+        // `map_file`'s caller made.)
         Some(unsafe { std::slice::from_raw_parts(self.backend.base.as_ptr().add(off), len) })
     }
 
@@ -665,11 +676,62 @@ impl Backend for RamBackend {
             backend: self,
             depth: depth as usize,
             done: VecDeque::with_capacity(depth as usize),
+            zeroing: Zeroing::default(),
         }))
     }
 
     fn flush_sync(&self) -> Result<(), Error> {
         Ok(())
+    }
+}
+
+/// Most bytes a queue zeroes per poll. A Deallocate or Write Zeroes of a large range (a
+/// whole namespace, as `mkfs` or `blkdiscard` send) is done this much per poll, so that
+/// the IO thread serves its other connections between the pieces instead of stalling
+/// for as long as the whole range takes.
+pub const ZERO_STEP: usize = 4 << 20;
+
+/// The Deallocate and Write Zeroes requests of one queue that are longer than
+/// [`ZERO_STEP`], worked off a step per poll, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Zeroing {
+    /// Each request with the next byte to zero and the end of its range.
+    reqs: VecDeque<(Request, usize, usize)>,
+}
+
+impl Zeroing {
+    pub(crate) fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Queues `req` to zero bytes `off..off+len` of the store (checked by the caller).
+    pub(crate) fn push(&mut self, req: Request, off: usize, len: usize) {
+        self.reqs.push_back((req, off, off + len));
+    }
+
+    /// Zeroes up to [`ZERO_STEP`] bytes of `store`, oldest request first, and hands each
+    /// request that finished (or failed) to `done` with its status.
+    pub(crate) fn step(&mut self, store: &RamBackend, mut done: impl FnMut(Request, IoStatus)) {
+        let mut budget = ZERO_STEP;
+        while budget > 0 {
+            let Some((req, next, end)) = self.reqs.front_mut() else {
+                return;
+            };
+            let n = (*end - *next).min(budget);
+            let result = store.zero(*next, n);
+            *next += n;
+            budget -= n;
+            let status = match result {
+                Err(e) => {
+                    crate::file::status_for_errno(req.op, e.raw_os_error().unwrap_or(libc::EIO))
+                }
+                Ok(()) if next == end => IoStatus::Ok,
+                Ok(()) => continue,
+            };
+            if let Some((req, _, _)) = self.reqs.pop_front() {
+                done(req, status);
+            }
+        }
     }
 }
 
@@ -679,12 +741,23 @@ pub struct RamQueue {
     backend: Arc<RamBackend>,
     depth: usize,
     done: VecDeque<Completion>,
+    zeroing: Zeroing,
 }
 
 impl BackendQueue for RamQueue {
     fn submit(&mut self, mut req: Request) -> Result<(), SubmitError> {
-        if self.done.len() >= self.depth {
+        if self.in_flight() >= self.depth {
             return Err(SubmitError::Full(req));
+        }
+        if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) {
+            if let Some((off, len)) = self
+                .backend
+                .range(req.lba, req.nblocks)
+                .filter(|&(_, len)| len > ZERO_STEP)
+            {
+                self.zeroing.push(req, off, len);
+                return Ok(());
+            }
         }
         let status = self.backend.execute(&mut req);
         self.done.push_back(Completion {
@@ -696,13 +769,21 @@ impl BackendQueue for RamQueue {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        let done = &mut self.done;
+        self.zeroing.step(&self.backend, |req, status| {
+            done.push_back(Completion {
+                tag: req.tag,
+                status,
+                buf: req.buf,
+            })
+        });
         let n = self.done.len();
         out.extend(self.done.drain(..));
         n
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.done.len() + self.zeroing.len()
     }
 
     fn ram_store(&self) -> Option<Arc<RamBackend>> {

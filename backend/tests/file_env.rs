@@ -105,6 +105,8 @@ fn mapped_on_tmpfs() {
         two_queues_two_threads(be.clone());
         fua_flush_zeroes_dealloc(be.clone());
         bad_requests(be.clone());
+        long_zeroing_is_done_a_step_per_poll(be.clone(), ((SIZE / 2) / 4096) as u32 + 1);
+        readers_never_see_a_torn_block(be.clone());
         assert!(allocated(&path, SIZE), "zeroing punched a hole in the file");
 
         // Written through a queue: in the file, and lent as the file's bytes.
@@ -156,6 +158,56 @@ fn mapped_on_tmpfs() {
         let mut q = be.clone().create_queue(8).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert!(q.check_gone(), "a deleted mapped file is not gone");
+
+        // Pages freed under the store (a hole punched from outside): gone.
+        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        let be = FileBackend::open(&path, opts.clone()).unwrap();
+        assert!(be.is_mapped());
+        let mut q = be.clone().create_queue(8).unwrap();
+        assert!(!q.check_gone());
+        sh(
+            "fallocate",
+            &[
+                "--punch-hole",
+                "-o",
+                "0",
+                "-l",
+                "65536",
+                path.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+        assert!(
+            q.check_gone(),
+            "a mapped file with a hole punched is not gone"
+        );
+        drop((q, be));
+
+        // A sparse file whose blocks were reserved past its end (its block count looks
+        // full): the namespace's pages are reserved at open, or it is not mapped.
+        let odd = dir.path().join(format!("reserved-past-end-{direct:?}.img"));
+        let odd_str = odd.to_str().unwrap();
+        sh("truncate", &["-s", &SIZE.to_string(), odd_str]).unwrap();
+        sh(
+            "fallocate",
+            &[
+                "-n",
+                "-o",
+                &SIZE.to_string(),
+                "-l",
+                &SIZE.to_string(),
+                odd_str,
+            ],
+        )
+        .unwrap();
+        let be = FileBackend::open(&odd, opts.clone()).unwrap();
+        if be.is_mapped() {
+            assert!(
+                allocated(&odd, 2 * SIZE),
+                "mapped with holes in the namespace"
+            );
+        }
+        drop(be);
 
         // Reserved with fallocate (never written): mapped too, and reads zeroes.
         let reserved = dir.path().join(format!("fallocated-{direct:?}.img"));

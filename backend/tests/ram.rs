@@ -245,3 +245,14 @@ fn the_longest_lendable_range_fits_an_empty_set_anywhere() {
         );
     }
 }
+
+#[test]
+fn long_zeroing_takes_a_step_per_poll() {
+    let be = RamBackend::new(32 << 20, 4096).unwrap();
+    long_zeroing_is_done_a_step_per_poll(be, (18 << 20) / 4096);
+}
+
+#[test]
+fn queue_readers_never_see_a_torn_block() {
+    readers_never_see_a_torn_block(RamBackend::new(4 << 20, 4096).unwrap());
+}

@@ -306,3 +306,89 @@ pub fn reads_past_a_shrunk_end(backend: Arc<dyn Backend>, path: &std::path::Path
     assert_eq!(c.status, IoStatus::ReadError);
     assert_eq!(q.in_flight(), 0);
 }
+
+/// A Deallocate of `nblocks` blocks (more than `backend::ram::ZERO_STEP` bytes) from LBA
+/// 0 on a written range, then a small read: the read completes at the first poll while
+/// the zeroing takes a poll per step, and the range then reads as zeroes.
+pub fn long_zeroing_is_done_a_step_per_poll(backend: Arc<dyn Backend>, nblocks: u32) {
+    let bs = backend.block_size() as usize;
+    let len = nblocks as usize * bs;
+    assert!(len > backend::ram::ZERO_STEP, "the range fits one step");
+    let mut q = backend.create_queue(8).unwrap();
+    let data = pattern(1, 9, len);
+    assert_eq!(write(&mut *q, bs, 0, &data, false), IoStatus::Ok);
+    let req = |tag, op, lba, nblocks, buf| Request {
+        tag,
+        op,
+        lba,
+        nblocks,
+        buf,
+    };
+    q.submit(req(1, Op::Deallocate, 0, nblocks, None)).unwrap();
+    q.submit(req(
+        2,
+        Op::Read,
+        u64::from(nblocks),
+        1,
+        Some(IoBuf::new(bs)),
+    ))
+    .unwrap();
+    let mut out = Vec::new();
+    q.poll(&mut out);
+    let tags: Vec<u64> = out.iter().map(|c| c.tag).collect();
+    assert_eq!(
+        tags,
+        [2],
+        "the read waited for the whole zeroing, or the zeroing did not wait"
+    );
+    let steps = len.div_ceil(backend::ram::ZERO_STEP);
+    for _ in 1..steps - 1 {
+        out.clear();
+        q.poll(&mut out);
+        assert!(out.is_empty(), "the zeroing finished early");
+    }
+    out.clear();
+    q.poll(&mut out);
+    assert_eq!(out.len(), 1, "the zeroing did not finish in {steps} polls");
+    assert_eq!((out[0].tag, out[0].status), (1, IoStatus::Ok));
+    assert_eq!(q.in_flight(), 0);
+    assert!(read(&mut *q, bs, 0, nblocks).iter().all(|&b| b == 0));
+}
+
+/// One thread writes 128 KiB ranges of one byte value (a new value each time) through its
+/// queue, another reads the same range through its own: every block it reads is wholly
+/// one version. (Ranges span stripes and may mix versions between blocks.)
+pub fn readers_never_see_a_torn_block(backend: Arc<dyn Backend>) {
+    let bs = backend.block_size() as usize;
+    let n = ((128 << 10) / bs) as u32;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (backend, stop) = (backend.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut q = backend.create_queue(4).unwrap();
+            let mut v = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                v = v.wrapping_add(1);
+                assert_eq!(
+                    write(&mut *q, bs, 0, &vec![v; 128 << 10], false),
+                    IoStatus::Ok
+                );
+            }
+        })
+    };
+    let mut q = backend.create_queue(4).unwrap();
+    let until = Instant::now() + Duration::from_millis(700);
+    let mut reads = 0;
+    while Instant::now() < until {
+        let data = read(&mut *q, bs, 0, n);
+        for (b, block) in data.chunks(bs).enumerate() {
+            assert!(
+                block.iter().all(|&x| x == block[0]),
+                "block {b} of read {reads} is torn"
+            );
+        }
+        reads += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+}

@@ -438,8 +438,12 @@ impl VerbsQp {
         if rc != 0 {
             // Work requests before `bad` were posted; `bad` and the rest were not, and
             // stay on the list for the next try rather than being lost.
-            let first_unposted = wrs.iter().position(|wr| std::ptr::eq(wr, bad)).unwrap_or(0);
-            self.repost.drain(..first_unposted);
+            // (A `bad` outside the chain says nothing of what was posted: the old way,
+            // forget them all, rather than post some twice.)
+            match wrs.iter().position(|wr| std::ptr::eq(wr, bad)) {
+                Some(first_unposted) => drop(self.repost.drain(..first_unposted)),
+                None => self.repost.clear(),
+            }
             return Err(std::io::Error::from_raw_os_error(rc).to_string());
         }
         self.repost.clear();

@@ -1511,7 +1511,7 @@ impl Core {
     /// An in-capsule Write to a RAM namespace: its data goes from where it arrived
     /// straight into the store and the command completes at once (no buffer, no second
     /// copy). False (nothing done) for a fused Write, one that must wait for a fused
-    /// pair's range, and other backends.
+    /// pair's range, a FUA write to a mapped file, and other backends.
     fn write_through(&mut self, st: &mut QpState, idx: u32, data: &[u8]) -> bool {
         let c = &self.cmds[idx as usize];
         if c.fused != Fused::None || self.blocked_by_lock(idx) {
@@ -1520,6 +1520,11 @@ impl Core {
         let Some(src) = self.ns[c.ns as usize].as_ref().and_then(|n| n.ram.as_ref()) else {
             return false;
         };
+        // FUA on a mapped file means a sync, and the file backend's queue does that (and
+        // remembers a failed one).
+        if c.sqe.fua() && src.is_file() {
+            return false;
+        }
         if !src.write_blocks(c.sqe.slba(), c.sqe.nlb(), data) {
             return false;
         }

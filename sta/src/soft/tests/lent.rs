@@ -18,13 +18,16 @@ use crate::soft::SoftConfig;
 
 /// A file of the pair's size, filled with zeroes (allocated), mapped as a store; the
 /// file stays open for checks of what reached it.
+#[allow(unsafe_code)]
 fn file_store() -> (Arc<backend::RamBackend>, tempfile::NamedTempFile) {
     let mut f = tempfile::NamedTempFile::new().expect("temp file");
     f.write_all(&vec![0; (BLOCKS * BLOCK as u64) as usize])
         .expect("fill");
+    let file = f.reopen().expect("reopen");
+    // SAFETY: the temporary file is this test's own; only the store writes it, and it is
+    // never truncated (the test reads it back through another descriptor, read-only).
     let store =
-        backend::RamBackend::map_file(f.reopen().expect("reopen"), BLOCKS * BLOCK as u64, BLOCK)
-            .expect("map");
+        unsafe { backend::RamBackend::map_file(file, BLOCKS * BLOCK as u64, BLOCK) }.expect("map");
     assert!(store.is_file());
     (store, f)
 }
