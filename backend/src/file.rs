@@ -42,8 +42,8 @@
 //! ([`RamBackend::map_file`]). Reads, writes and zeroing go through the store's stripe
 //! locks (each block one version), plain TCP queues send reads straight from the pages
 //! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated
-//! (a range over [`ZERO_STEP`] a step per poll, so the IO thread's other connections are
-//! served meanwhile). Such a file that shrinks below the namespace or loses pages from
+//! ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes per poll, so the IO thread's other connections are served
+//! meanwhile). Such a file that shrinks below the namespace or loses pages from
 //! outside is gone too (its lent reads would fail, or allocate, inside the send); the
 //! engine asks the queue about once a second ([`BackendQueue::check_gone`]), since its
 //! reads may never reach the queue.
@@ -70,7 +70,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::ram::{Zeroing, ZERO_STEP};
+use crate::ram::Zeroing;
 use crate::{
     Backend, BackendQueue, Completion, Error, IoBuf, IoStatus, Op, RamBackend, Request, SubmitError,
 };
@@ -1021,9 +1021,9 @@ impl FileQueue {
     }
 
     /// A request other than Flush on a file served as a store: done at once through the
-    /// store, or for zeroing longer than [`ZERO_STEP`], a step per poll.
+    /// store, or for zeroing, by the polls ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes each).
     fn store_request(&mut self, mut req: Request, off: u64, len: u64) {
-        if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) && len > ZERO_STEP as u64 {
+        if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) {
             // `validate` put the range inside the namespace, which fits in memory.
             self.zeroing.push(req, off as usize, len as usize);
             return;
@@ -1035,7 +1035,7 @@ impl FileQueue {
         self.finish_store(req, status);
     }
 
-    /// Steps the zeroing of a mapped file (see [`ZERO_STEP`]).
+    /// Steps the zeroing of a mapped file (see [`ZERO_STEP`](crate::ram::ZERO_STEP)).
     fn step_zeroing(&mut self) {
         let Some(store) = self.backend.store.as_ref() else {
             return;

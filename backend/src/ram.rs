@@ -27,8 +27,8 @@
 //! spanning stripes is not atomic as a whole (NVMe's AWUN of one block allows that).
 //!
 //! Completions are immediate: `submit` does the copy and queues the completion, and the
-//! next `poll` returns it; only Deallocate and Write Zeroes of more than [`ZERO_STEP`]
-//! are done a step per poll. No volatile write cache.
+//! next `poll` returns it; Deallocate and Write Zeroes are done by `poll`, at most
+//! [`ZERO_STEP`] bytes per call. No volatile write cache.
 //!
 //! Lending: a transport that copies anyway (the kernel's `sendmsg` copies into socket
 //! buffers before it returns) can send a read's bytes straight from the mapping instead of
@@ -685,14 +685,14 @@ impl Backend for RamBackend {
     }
 }
 
-/// Most bytes a queue zeroes per poll. A Deallocate or Write Zeroes of a large range (a
-/// whole namespace, as `mkfs` or `blkdiscard` send) is done this much per poll, so that
-/// the IO thread serves its other connections between the pieces instead of stalling
-/// for as long as the whole range takes.
+/// Most bytes a queue zeroes per poll. Deallocate and Write Zeroes are done this much per
+/// poll, all of a queue's together, so that a large range (a whole namespace, as `mkfs`
+/// or `blkdiscard` send) or many ranges at once (one Dataset Management command carries
+/// up to 256) do not stall the IO thread's other connections for as long as they take.
 pub const ZERO_STEP: usize = 4 << 20;
 
-/// The Deallocate and Write Zeroes requests of one queue that are longer than
-/// [`ZERO_STEP`], worked off a step per poll, in order.
+/// The Deallocate and Write Zeroes requests of one queue, worked off [`ZERO_STEP`] bytes
+/// per poll, in order.
 #[derive(Debug, Default)]
 pub(crate) struct Zeroing {
     /// Each request with the next byte to zero and the end of its range.
@@ -750,11 +750,7 @@ impl BackendQueue for RamQueue {
             return Err(SubmitError::Full(req));
         }
         if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) {
-            if let Some((off, len)) = self
-                .backend
-                .range(req.lba, req.nblocks)
-                .filter(|&(_, len)| len > ZERO_STEP)
-            {
+            if let Some((off, len)) = self.backend.range(req.lba, req.nblocks) {
                 self.zeroing.push(req, off, len);
                 return Ok(());
             }
