@@ -42,9 +42,9 @@
 //! ([`RamBackend::map_file`]). Reads, writes and zeroing go through the store's stripe
 //! locks (each block one version), plain TCP queues send reads straight from the pages
 //! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated
-//! ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes per poll, so the IO thread's other connections are served
-//! meanwhile). Such a file that shrinks below the namespace or loses pages from
-//! outside is gone too (its lent reads would fail, or allocate, inside the send); the
+//! ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes per poll, so the IO thread's other
+//! connections are served meanwhile). Such a file that shrinks below the namespace or
+//! loses pages from outside is gone too (its lent reads would fail, or allocate, inside the send); the
 //! engine asks the queue about once a second ([`BackendQueue::check_gone`]), since its
 //! reads may never reach the queue.
 //!
@@ -646,6 +646,12 @@ fn uring_error(e: io::Error) -> Error {
     Error::Uring(io::Error::new(e.kind(), format!("{e}{hint}")))
 }
 
+/// As [`status_for_errno`], for an `io::Error`; one without an errno (a short transfer:
+/// the file shrank) counts as `EIO`.
+pub(crate) fn status_for_error(op: Op, e: &io::Error) -> IoStatus {
+    status_for_errno(op, e.raw_os_error().unwrap_or(libc::EIO))
+}
+
 /// Maps an errno from a failed step to the request's status.
 pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
     let reading = matches!(op, Op::Read);
@@ -1021,7 +1027,8 @@ impl FileQueue {
     }
 
     /// A request other than Flush on a file served as a store: done at once through the
-    /// store, or for zeroing, by the polls ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes each).
+    /// store, or for zeroing, by the polls ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes
+    /// each).
     fn store_request(&mut self, mut req: Request, off: u64, len: u64) {
         if matches!(req.op, Op::WriteZeroes { .. } | Op::Deallocate) {
             // `validate` put the range inside the namespace, which fits in memory.

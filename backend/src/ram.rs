@@ -142,26 +142,39 @@ impl RamBackend {
                 0,
             )
         };
+        let mut ram = Self::adopt(raw, (size, page, map_len), block_size, Backing::Anon)?;
+        // SAFETY: advice on the whole of our fresh mapping; it changes no contents. It
+        // fails where THP is not built in, and the mapping then keeps small pages.
+        ram.huge = unsafe { libc::madvise(raw, map_len, libc::MADV_HUGEPAGE) } == 0;
+        ram.stream = size >= STREAM_MIN_SIZE;
+        Ok(Arc::new(ram))
+    }
+
+    /// The store over `raw`, what `mmap` returned for a mapping of `map_len` bytes
+    /// (`MAP_FAILED` is turned into the error here), with the geometry from [`geometry`];
+    /// non-temporal writes and huge pages off. From here on, `Drop` unmaps it.
+    fn adopt(
+        raw: *mut libc::c_void,
+        (size, page, map_len): (usize, usize, usize),
+        block_size: u32,
+        backing: Backing,
+    ) -> Result<RamBackend, Error> {
         if raw == libc::MAP_FAILED {
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
         let base = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| Error::Invalid("ram: mmap returned null".into()))?;
-        // SAFETY: advice on the whole of our fresh mapping; it changes no contents. It
-        // fails where THP is not built in, and the mapping then keeps small pages.
-        let huge = unsafe { libc::madvise(raw, map_len, libc::MADV_HUGEPAGE) } == 0;
-        let locks = (0..LOCKS).map(|_| StripeLock::default()).collect();
-        Ok(Arc::new(RamBackend {
+        Ok(RamBackend {
             base,
             map_len,
             size,
             block_size,
             page,
-            locks,
-            stream: size >= STREAM_MIN_SIZE,
-            huge,
-            backing: Backing::Anon,
-        }))
+            locks: (0..LOCKS).map(|_| StripeLock::default()).collect(),
+            stream: false,
+            huge: false,
+            backing,
+        })
     }
 
     /// A store over the first `size_bytes` of `file` (a non-zero multiple of
@@ -202,22 +215,7 @@ impl RamBackend {
                 0,
             )
         };
-        if raw == libc::MAP_FAILED {
-            return Err(Error::Io(std::io::Error::last_os_error()));
-        }
-        let base = NonNull::new(raw.cast::<u8>())
-            .ok_or_else(|| Error::Invalid("ram: mmap returned null".into()))?;
-        Ok(Arc::new(RamBackend {
-            base,
-            map_len,
-            size,
-            block_size,
-            page,
-            locks: (0..LOCKS).map(|_| StripeLock::default()).collect(),
-            stream: false,
-            huge: false,
-            backing: Backing::File(file),
-        }))
+        Self::adopt(raw, (size, page, map_len), block_size, Backing::File(file)).map(Arc::new)
     }
 
     /// Whether the store maps a file ([`RamBackend::map_file`]).
@@ -455,9 +453,8 @@ impl RamBackend {
         };
         match done {
             Ok(()) => IoStatus::Ok,
-            // Only a file-backed store fails; a short transfer (the file shrank) has no
-            // errno and counts as an I/O error.
-            Err(e) => crate::file::status_for_errno(req.op, e.raw_os_error().unwrap_or(libc::EIO)),
+            // Only a file-backed store fails.
+            Err(e) => crate::file::status_for_error(req.op, &e),
         }
     }
 }
@@ -722,9 +719,7 @@ impl Zeroing {
             *next += n;
             budget -= n;
             let status = match result {
-                Err(e) => {
-                    crate::file::status_for_errno(req.op, e.raw_os_error().unwrap_or(libc::EIO))
-                }
+                Err(e) => crate::file::status_for_error(req.op, &e),
                 Ok(()) if next == end => IoStatus::Ok,
                 Ok(()) => continue,
             };

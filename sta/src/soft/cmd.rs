@@ -441,6 +441,13 @@ pub(super) struct NsSlot {
 }
 
 impl NsSlot {
+    /// The backend is gone: from now on reads and writes go through the queue too (no
+    /// store), which fails them. The caller tells the main context (`ns_gone_news`).
+    pub fn set_gone(&mut self) {
+        self.gone = true;
+        self.ram = None;
+    }
+
     /// Whether `key` may run `op` here now: one atomic load, and the namespace's view
     /// reloaded only when it was republished since.
     #[inline]
@@ -1695,9 +1702,7 @@ impl Core {
     pub fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
             if comp.status == IoStatus::Unavailable && !ns.gone {
-                ns.gone = true;
-                // Reads and writes then go through the queue too, which fails them.
-                ns.ram = None;
+                ns.set_gone();
                 self.ns_gone_news = true;
             }
             ns.inflight = ns.inflight.saturating_sub(1);

@@ -571,8 +571,7 @@ impl StaIo {
     fn check_stores(&mut self) {
         for ns in self.core.ns.iter_mut().flatten() {
             if ns.ram.is_some() && !ns.gone && ns.q.check_gone() {
-                ns.gone = true;
-                ns.ram = None;
+                ns.set_gone();
                 self.core.ns_gone_news = true;
             }
         }
