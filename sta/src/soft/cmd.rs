@@ -115,9 +115,15 @@ pub(super) struct Cmd {
     pub lent: Option<LentRead>,
 }
 
+/// An IO thread's own handle on a RAM store. Lent reads (and each writev of them) take
+/// a reference to this, not to the store's `Arc`, which every IO thread serving the
+/// namespace shares: its count would be written by all of them at every read, and its
+/// cache line would move from core to core. This count is written by one thread only.
+pub(super) type ThreadStore = Arc<Arc<RamBackend>>;
+
 /// Where a lent Read's data lies (see [`Cmd::lent`]).
 pub(super) struct LentRead {
-    pub src: Arc<RamBackend>,
+    pub src: ThreadStore,
     pub off: usize,
 }
 
@@ -418,7 +424,7 @@ pub(super) struct NsSlot {
     pub q: Box<dyn BackendQueue>,
     /// The RAM store behind `q`: plain TCP queues send reads straight from it, and
     /// in-capsule writes go straight into it.
-    pub ram: Option<Arc<RamBackend>>,
+    pub ram: Option<ThreadStore>,
     pub pending: VecDeque<Request>,
     pub counters: Arc<NsCounters>,
     pub inflight: u32,

@@ -812,7 +812,7 @@ impl StaIo {
                                 acked: false,
                                 shift: bs.trailing_zeros(),
                                 nblocks,
-                                ram: q.ram_store(),
+                                ram: q.ram_store().map(Arc::new),
                                 q,
                                 pending: VecDeque::new(),
                                 counters: self.core.stats.register_ns(subsys, nsid),

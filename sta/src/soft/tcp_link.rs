@@ -14,7 +14,6 @@ use nvmf_tls::{Handshake, MidHandshakeSslStream, SslContext, SslStream};
 use nvmf::tcp::{ControllerEvent, ControllerLimits, ControllerQueue, FatalCause, TxSink};
 
 use backend::ram::{LendSet, Lent};
-use backend::RamBackend;
 
 use super::cmd::{Cmd, Core, QpState};
 use crate::{Event, Limit, QpHandle, TransportErrorKind};
@@ -581,7 +580,7 @@ pub(super) fn flush(
     loop {
         // Which segments go in this writev, and which store stripes they need.
         set.clear();
-        let mut src: Option<Arc<RamBackend>> = None;
+        let mut src: Option<super::cmd::ThreadStore> = None;
         let mut slices = 0;
         let mut segs = 0;
         let mut skip = link.tx.front_done;

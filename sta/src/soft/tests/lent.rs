@@ -189,6 +189,44 @@ fn cut_short_read_is_one_version(file: bool) {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
+/// A lent read waiting for the socket holds its store through its IO thread's own handle
+/// (`ThreadStore`), not through the store's `Arc`, whose count every IO thread serving
+/// the namespace would otherwise write at every read.
+#[test]
+fn a_waiting_lent_read_leaves_the_shared_count_alone() {
+    let (mut p, _file) = lending(false);
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let shared = Arc::strong_count(&p.backend);
+    p.conns[q].pipe.borrow_mut().host_window = Some(0);
+    let cids: Vec<u16> = (0..4u64)
+        .map(|k| {
+            p.submit(
+                q,
+                rw(io::READ, k * 8, 8),
+                Xfer::FromController,
+                vec![0; 8 * BLOCK as usize],
+            )
+        })
+        .collect();
+    for _ in 0..4 {
+        p.pass();
+    }
+    assert_eq!(p.io.commands_in_flight(), 4, "the reads are not waiting");
+    assert!(p.conns[q].rx.is_empty(), "the reads went out");
+    assert_eq!(
+        Arc::strong_count(&p.backend),
+        shared,
+        "a lent read counted itself on the store's shared Arc"
+    );
+    p.conns[q].pipe.borrow_mut().host_window = None;
+    for (k, cid) in cids.into_iter().enumerate() {
+        let (cqe, data) = p.wait(q, cid);
+        ok(&cqe, "read");
+        assert_eq!(data, disk(&p, k as u64 * 8, 8));
+    }
+    assert_eq!(Arc::strong_count(&p.backend), shared);
+}
+
 /// Real loopback sockets with small buffers, reads from the store while another thread
 /// keeps overwriting the same blocks with whole-block patterns: every block of every
 /// read is one of the versions written, never a mix (and everything completes).
