@@ -39,7 +39,9 @@
 //! Files in memory (tmpfs, ramfs) take no io_uring: their reads and writes are copied in
 //! the IO thread (see `memory_backed`). One that has no hole in the namespace's range
 //! when opened goes further: it is served as a store over a shared mapping of its pages
-//! ([`RamBackend::map_file`]). Reads, writes and zeroing go through the store's stripe
+//! ([`RamBackend::map_file`]), and its queues set up no io_uring at all (Flush is an
+//! inline `fdatasync`, which tmpfs answers at once), so such a file is served even where
+//! io_uring is blocked. Reads, writes and zeroing go through the store's stripe
 //! locks (each block one version), plain TCP queues send reads straight from the pages
 //! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated
 //! ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes per poll, so the IO thread's other
@@ -605,7 +607,10 @@ pub struct FileQueue {
     file: File,
     /// Next time a request looks whether the file was deleted.
     next_gone_check: std::time::Instant,
-    ring: IoUring,
+    /// `None` for a mapped file ([`FileBackend::is_mapped`]): its reads, writes and
+    /// zeroing go through the store, and its Flush is an inline `fdatasync` (nothing to
+    /// wait for on tmpfs), so it needs no ring, and works where io_uring is disabled.
+    ring: Option<IoUring>,
     depth: usize,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
@@ -677,24 +682,29 @@ impl FileQueue {
                 backend.path
             )));
         }
-        let ring = IoUring::builder()
-            .setup_coop_taskrun()
-            .setup_taskrun_flag()
-            .setup_single_issuer()
-            .build(depth)
-            .or_else(|e| match e.raw_os_error() {
-                // Older kernels reject the flags: plain ring.
-                Some(libc::EINVAL) => IoUring::new(depth),
-                _ => Err(e),
-            })
-            .map_err(uring_error)?;
         let file = backend.reopen().map_err(|source| Error::Open {
             path: backend.path.clone(),
             source,
         })?;
-        ring.submitter()
-            .register_files(&[file.as_raw_fd()])
-            .map_err(uring_error)?;
+        let ring = if backend.store.is_some() {
+            None
+        } else {
+            let ring = IoUring::builder()
+                .setup_coop_taskrun()
+                .setup_taskrun_flag()
+                .setup_single_issuer()
+                .build(depth)
+                .or_else(|e| match e.raw_os_error() {
+                    // Older kernels reject the flags: plain ring.
+                    Some(libc::EINVAL) => IoUring::new(depth),
+                    _ => Err(e),
+                })
+                .map_err(uring_error)?;
+            ring.submitter()
+                .register_files(&[file.as_raw_fd()])
+                .map_err(uring_error)?;
+            Some(ring)
+        };
         let depth = depth as usize;
         Ok(FileQueue {
             backend,
@@ -791,8 +801,9 @@ impl FileQueue {
     }
 
     /// On a memory-backed file: do slot `idx`'s read or write step now, returning what
-    /// its CQE would have said (bytes moved, or `-errno`). `None` for other steps (flush,
-    /// fallocate, zero writes go through the ring as usual).
+    /// its CQE would have said (bytes moved, or `-errno`); on a queue without a ring, its
+    /// flush too. `None` for other steps (flush, fallocate, zero writes go through the
+    /// ring as usual).
     fn inline_rw(&mut self, idx: u32) -> Option<i32> {
         let slot = self.slots[idx as usize].as_mut()?;
         let pos = slot.off + slot.done;
@@ -821,6 +832,7 @@ impl FileQueue {
                         }
                     })
             }
+            Step::Sync if self.ring.is_none() => self.file.sync_data().map(|()| 0),
             _ => return None,
         };
         Some(match res {
@@ -832,11 +844,11 @@ impl FileQueue {
     /// Moves pending slots into the SQ while it has room.
     fn push_pending(&mut self) {
         while let Some(&idx) = self.pending.front() {
-            if self.ring.submission().is_full() {
+            if self.ring.as_mut().is_some_and(|r| r.submission().is_full()) {
                 break;
             }
             self.pending.pop_front();
-            if self.backend.inline_rw {
+            if self.backend.inline_rw || self.ring.is_none() {
                 if let Some(res) = self.inline_rw(idx) {
                     // The same bookkeeping as a CQE: short transfers go round again,
                     // errors map to statuses, FUA failures are remembered.
@@ -844,8 +856,10 @@ impl FileQueue {
                     continue;
                 }
             }
-            let Some(entry) = self.sqe(idx) else {
-                // A slot whose step has no buffer cannot happen (validated); fail it safely.
+            let (Some(entry), true) = (self.sqe(idx), self.ring.is_some()) else {
+                // A slot whose step has no buffer cannot happen (validated), nor a step
+                // other than Flush on a queue without a ring (the store does the rest):
+                // fail it safely.
                 self.finish(idx, IoStatus::Unavailable);
                 continue;
             };
@@ -853,8 +867,11 @@ impl FileQueue {
             // zero buffer) is owned by this queue and stays allocated and untouched until
             // its CQE is reaped: slots are released only in `complete_cqe`, and `Drop`
             // waits for `in_kernel` to reach zero before freeing anything.
-            let pushed = unsafe { self.ring.submission().push(&entry) };
-            if pushed.is_ok() {
+            let pushed = self
+                .ring
+                .as_mut()
+                .is_some_and(|r| unsafe { r.submission().push(&entry) }.is_ok());
+            if pushed {
                 self.in_kernel += 1;
             } else {
                 self.pending.push_front(idx);
@@ -953,19 +970,25 @@ impl FileQueue {
     /// every available CQE.
     fn drive(&mut self) {
         self.push_pending();
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
         let need_enter = {
-            let sq = self.ring.submission();
+            let sq = ring.submission();
             !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
         };
         if need_enter {
             // EAGAIN/EBUSY/EINTR/ENOMEM: nothing was submitted; the SQEs stay in the SQ
             // and go with the next poll.
-            let _ = self.ring.submit();
+            let _ = ring.submit();
         }
         let mut batch = [(0u64, 0i32); 64];
         loop {
+            let Some(ring) = self.ring.as_mut() else {
+                return;
+            };
             let n = {
-                let mut cq = self.ring.completion();
+                let mut cq = ring.completion();
                 let mut n = 0;
                 for (slot, cqe) in batch.iter_mut().zip(&mut cq) {
                     *slot = (cqe.user_data(), cqe.result());
@@ -1179,8 +1202,11 @@ impl Drop for FileQueue {
         // The kernel may still read or write buffers of SQEs it has (or will take from
         // the SQ): wait for every one of them before the buffers are freed.
         self.pending.clear();
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
         while self.in_kernel > 0 {
-            match self.ring.submit_and_wait(1) {
+            match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e)
                     if matches!(
@@ -1197,7 +1223,7 @@ impl Drop for FileQueue {
                     return;
                 }
             }
-            let n = self.ring.completion().count();
+            let n = ring.completion().count();
             self.in_kernel = self.in_kernel.saturating_sub(n);
         }
     }

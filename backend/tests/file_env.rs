@@ -35,7 +35,16 @@ fn main() {
         .or_else(|| (!root).then(|| "mounting a tmpfs needs root".to_string()));
     skip::run(vec![
         skip::trial("on_tmpfs", tmpfs.clone(), on_tmpfs),
-        skip::trial("allocated_file_on_tmpfs_is_a_store", tmpfs, mapped_on_tmpfs),
+        skip::trial(
+            "allocated_file_on_tmpfs_is_a_store",
+            tmpfs.clone(),
+            mapped_on_tmpfs,
+        ),
+        skip::trial(
+            "a_mapped_file_is_served_where_io_uring_is_blocked",
+            tmpfs,
+            mapped_without_io_uring,
+        ),
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
         skip::trial(
             "writeback_error_fails_every_flush_on_every_queue",
@@ -74,6 +83,112 @@ fn on_tmpfs() {
         };
         reads_past_a_shrunk_end(FileBackend::open(&small, opts).unwrap(), &small);
     }
+}
+
+/// Blocks `io_uring_setup` for the calling thread (and threads it starts) with a seccomp
+/// filter that answers `EPERM`, as container runtimes' default profiles do.
+#[allow(unsafe_code)]
+fn block_io_uring_in_this_thread() {
+    use libc::{sock_filter, sock_fprog, BPF_ABS, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    let nr = libc::SYS_io_uring_setup as u32;
+    let filter = [
+        // A = seccomp_data.nr
+        sock_filter {
+            code: (BPF_LD | BPF_W | BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        sock_filter {
+            code: (BPF_JMP | BPF_JEQ | BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: nr,
+        },
+        sock_filter {
+            code: (BPF_RET | BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        sock_filter {
+            code: (BPF_RET | BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let prog = sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: plain prctl calls; `prog` points to a valid filter that outlives the call
+    // (the kernel copies it).
+    unsafe {
+        assert_eq!(
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+            0,
+            "no_new_privs"
+        );
+        let rc = libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const sock_fprog,
+        );
+        assert_eq!(rc, 0, "seccomp filter: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Where io_uring is blocked (seccomp in a container, kernel.io_uring_disabled), a file
+/// namespace in memory that is mapped still works: its queue needs no ring (Flush is an
+/// inline fdatasync). A sparse file's queue, which does need one, fails with the hint.
+fn mapped_without_io_uring() {
+    use backend::{IoBuf, IoStatus, Op};
+    const SIZE: u64 = 4 << 20;
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    let full = dir.path().join("full.img");
+    std::fs::write(&full, vec![0u8; SIZE as usize]).unwrap();
+    let sparse = dir.path().join("sparse.img");
+    // The filter stays with the thread: a thread of its own, so no other test gets it.
+    std::thread::spawn(move || {
+        block_io_uring_in_this_thread();
+        let opts = FileOptions {
+            create_size: Some(SIZE),
+            block_size: Some(4096),
+            direct: None,
+        };
+        let be = FileBackend::open(&sparse, opts).unwrap();
+        assert!(!be.is_mapped());
+        let e = be.create_queue(8).err().expect("io_uring is not blocked");
+        assert!(e.to_string().contains("io_uring"), "{e}");
+
+        let opts = FileOptions {
+            create_size: None,
+            block_size: Some(4096),
+            direct: None,
+        };
+        let be = FileBackend::open(&full, opts).unwrap();
+        assert!(be.is_mapped());
+        let mut q = be
+            .clone()
+            .create_queue(8)
+            .expect("a mapped file's queue needs io_uring");
+        let data = pattern(3, 1, 16384);
+        assert_eq!(write(&mut *q, 4096, 10, &data, false), IoStatus::Ok);
+        assert_eq!(write(&mut *q, 4096, 20, &data, true), IoStatus::Ok);
+        assert_eq!(run(&mut *q, Op::Flush, 0, 0, None).status, IoStatus::Ok);
+        assert_eq!(read(&mut *q, 4096, 10, 4), data);
+        assert_eq!(read(&mut *q, 4096, 20, 4), data);
+        let c = run(&mut *q, Op::WriteZeroes { fua: true }, 10, 4, None);
+        assert_eq!(c.status, IoStatus::Ok);
+        assert_eq!(read(&mut *q, 4096, 10, 4), vec![0; 16384]);
+        let c = run(&mut *q, Op::Read, 0, 1, Some(IoBuf::new(4096)));
+        assert_eq!(c.status, IoStatus::Ok);
+        drop(q);
+        fua_flush_zeroes_dealloc(be);
+    })
+    .join()
+    .expect("the test thread panicked");
 }
 
 /// Whether the file at `path` has every one of its `len` bytes allocated.
