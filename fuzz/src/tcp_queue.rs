@@ -21,7 +21,9 @@
 //! - output: everything the machine writes parses with a host-side framer (ICResp first,
 //!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
 //!   most 128 bytes, SQHD is FFFFh with flow control disabled and below SQSIZE + 1
-//!   otherwise, and no CapsuleResp follows a C2HData that had SUCCESS;
+//!   otherwise, and no command is completed twice: a CID gets no more completions
+//!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
+//!   a CID once its command completed);
 //! - chunking: feeding the stream in pieces gives the same events and output as whole;
 //! - streaming: a third pass feeds the pieces to a machine that streams H2CData
 //!   ([`ControllerQueue::set_stream_host_data`]); its payload is accounted piece by piece
@@ -72,6 +74,8 @@ struct Engine {
     /// ttag -> (next offset, end)
     xfers: HashMap<u16, (u32, u32)>,
     capsules: usize,
+    /// Capsules received per CID.
+    cids: HashMap<u16, u32>,
     events: Vec<String>,
     out: Wire,
 }
@@ -152,6 +156,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
     match ev {
         ControllerEvent::Command { sqe, data, .. } => {
             e.capsules += 1;
+            *e.cids.entry(sqe.cid()).or_default() += 1;
             if e.capsules == 1 {
                 q.set_params(QueueParams {
                     qid: 1,
@@ -238,21 +243,29 @@ fn term_req_start(out: &[u8], hpda: u8) -> Option<usize> {
 }
 
 /// Parse the machine's output as a host would.
-fn check_output(w: &Wire, s: &Setup, digests: Digests) {
+fn check_output(w: &Wire, s: &Setup, digests: Digests, cids: &HashMap<u16, u32>) {
     let mut f = RxFramer::new_host(HostLimits {
         hpda: s.hpda,
         max_c2h_data: 1 << 20,
     });
     let mut b = &w.bytes[..];
-    // The CID of a C2HData that carried SUCCESS just before.
-    let mut success_cid = None;
+    // Completions seen per CID.
+    let mut done: HashMap<u16, u32> = HashMap::new();
+    let mut complete = |cid: u16, what: &str| {
+        let n = done.entry(cid).or_default();
+        *n += 1;
+        let capsules = cids.get(&cid).copied().unwrap_or(0);
+        assert!(
+            *n <= capsules,
+            "{what}: completion {n} for CID {cid}, which came in {capsules} capsule(s)"
+        );
+    };
     while !b.is_empty() {
         let (pdu, n) = match f.parse(b) {
             Ok(Some(x)) => x,
             Ok(None) => panic!("output ends inside a PDU"),
             Err(e) => panic!("output does not parse: {e}"),
         };
-        let mut next_success = None;
         match pdu {
             Pdu::IcResp(r) => f.set_digests(r.digests),
             Pdu::C2HTermReq { .. } => {
@@ -260,11 +273,7 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests) {
                 assert_eq!(n, b.len(), "C2HTermReq is the last PDU");
             }
             Pdu::CapsuleResp { cqe } => {
-                assert_ne!(
-                    success_cid,
-                    Some(cqe.cid),
-                    "CapsuleResp after C2HData SUCCESS"
-                );
+                complete(cqe.cid, "CapsuleResp");
                 // Every completion goes out after the first capsule set the parameters.
                 if s.no_flow_control {
                     assert_eq!(cqe.sqhd, 0xffff);
@@ -289,13 +298,12 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests) {
                 );
                 if success {
                     assert!(s.no_flow_control, "SUCCESS with SQ flow control on");
-                    next_success = Some(cccid);
+                    complete(cccid, "C2HData with SUCCESS");
                 }
             }
             Pdu::R2T { .. } => {}
             other => panic!("controller sent {other:?}"),
         }
-        success_cid = next_success;
         b = &b[n..];
     }
 }
@@ -345,7 +353,7 @@ pub fn run(data: &[u8]) {
     streamed_q.set_stream_host_data(1);
     let mut streamed = Engine::default();
     pass_with(&mut streamed_q, &mut streamed, &stream, step, &s, true);
-    check_output(&streamed.out, &s, streamed_q.digests());
+    check_output(&streamed.out, &s, streamed_q.digests(), &streamed.cids);
     let mut whole_n = Engine::default();
     pass_with(
         &mut ControllerQueue::new(LIMITS),
@@ -392,7 +400,7 @@ pub fn run(data: &[u8]) {
         }
         None => assert_eq!(w, c, "chunking changed the output"),
     }
-    check_output(&whole.out, &s, whole_q.digests());
+    check_output(&whole.out, &s, whole_q.digests(), &whole.cids);
 }
 
 /// Valid streams: connection setup, capsules with and without data, writes answered by
