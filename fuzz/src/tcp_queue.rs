@@ -76,6 +76,9 @@ struct Engine {
     capsules: usize,
     /// Capsules received per CID.
     cids: HashMap<u16, u32>,
+    /// The HPDA of the ICReq the machine accepted (the harness's or the input's own),
+    /// which places the data of every C2HData it sends.
+    hpda: u8,
     events: Vec<String>,
     out: Wire,
 }
@@ -217,7 +220,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             assert!(q.stopped());
             e.xfers.clear();
         }
-        ControllerEvent::Connected(_) => {}
+        ControllerEvent::Connected(r) => e.hpda = r.hpda,
     }
 }
 
@@ -243,9 +246,10 @@ fn term_req_start(out: &[u8], hpda: u8) -> Option<usize> {
 }
 
 /// Parse the machine's output as a host would.
-fn check_output(w: &Wire, s: &Setup, digests: Digests, cids: &HashMap<u16, u32>) {
+fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
+    let cids = &e.cids;
     let mut f = RxFramer::new_host(HostLimits {
-        hpda: s.hpda,
+        hpda: e.hpda,
         max_c2h_data: 1 << 20,
     });
     let mut b = &w.bytes[..];
@@ -353,7 +357,7 @@ pub fn run(data: &[u8]) {
     streamed_q.set_stream_host_data(1);
     let mut streamed = Engine::default();
     pass_with(&mut streamed_q, &mut streamed, &stream, step, &s, true);
-    check_output(&streamed.out, &s, streamed_q.digests(), &streamed.cids);
+    check_output(&streamed.out, &s, streamed_q.digests(), &streamed);
     let mut whole_n = Engine::default();
     pass_with(
         &mut ControllerQueue::new(LIMITS),
@@ -365,8 +369,8 @@ pub fn run(data: &[u8]) {
     );
     // A PDU refused at its header is refused before its payload when streamed, so the
     // two may differ only when one of them ended the connection.
-    if term_req_start(&whole.out.bytes, s.hpda).is_none()
-        && term_req_start(&streamed.out.bytes, s.hpda).is_none()
+    if term_req_start(&whole.out.bytes, whole.hpda).is_none()
+        && term_req_start(&streamed.out.bytes, streamed.hpda).is_none()
     {
         assert_eq!(
             whole_n.events, streamed.events,
@@ -380,7 +384,7 @@ pub fn run(data: &[u8]) {
     // was found (a bad common header is refused as soon as its 8 bytes are in), so only
     // its data may be shorter when fed in pieces.
     let (w, c) = (&whole.out.bytes, &chunked.out.bytes);
-    match term_req_start(w, s.hpda) {
+    match term_req_start(w, whole.hpda) {
         Some(t) => {
             // Everything before it, its type/flags/HLEN, FES and FEI agree (PLEN differs
             // with the data length).
@@ -400,7 +404,7 @@ pub fn run(data: &[u8]) {
         }
         None => assert_eq!(w, c, "chunking changed the output"),
     }
-    check_output(&whole.out, &s, whole_q.digests(), &whole.cids);
+    check_output(&whole.out, &s, whole_q.digests(), &whole);
 }
 
 /// Valid streams: connection setup, capsules with and without data, writes answered by
@@ -437,5 +441,14 @@ pub fn seeds() -> Vec<Vec<u8>> {
     tcp::encode_ic_req(&mut raw, &IcReq::default());
     tcp::encode_term_req(&mut raw, false, 1, 0, &[]);
     v.push(raw);
+    // The input's own ICReq (HPDA 0) while `ctl` names HPDA 3, then a read: its C2HData
+    // is placed by the HPDA the machine accepted, not by `ctl`'s.
+    let mut own = vec![0x30u8, 5, 31];
+    tcp::encode_ic_req(&mut own, &IcReq::default());
+    let mut sqe = Sqe::default();
+    sqe.set_opcode_cid(0x02, 1);
+    sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x5, 0xa, 0, 512);
+    tcp::encode_capsule_cmd(&mut own, &sqe, &[], Digests::NONE, 0);
+    v.push(own);
     v
 }
