@@ -17,7 +17,9 @@
 //!
 //! Checks: `data_len <= data.len()`; CQE CID/SQID echo the command and queue; errors
 //! carry no data; only AERs and Aborts on the admin queue are held; every held completion
-//! answers a command that was held; Disconnect actions name queues that exist.
+//! answers a command that was held; Disconnect actions name queues that exist; a granted
+//! Connect to SUB1 names a host on its list as last set, and an I/O queue's Connect the
+//! host that created its controller.
 
 use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::features::{fid, FeatureCommand};
@@ -127,6 +129,10 @@ pub struct World {
     /// Held AER CIDs by CNTLID (they stay held across a reset).
     held: BTreeMap<u16, Vec<u16>>,
     pub counters: FixedCounters,
+    /// SUB1's host list as last set: any host, or these.
+    sub1_hosts: (bool, Vec<String>),
+    /// The host NQN each controller was created for (by its admin Connect).
+    ctrl_hosts: BTreeMap<u16, String>,
 }
 
 impl World {
@@ -140,6 +146,8 @@ impl World {
             queues: BTreeMap::new(),
             held: BTreeMap::new(),
             counters: FixedCounters(counters),
+            sub1_hosts: (false, vec![HOST1.to_string()]),
+            ctrl_hosts: BTreeMap::new(),
         };
         w.establish();
         w
@@ -216,6 +224,30 @@ impl World {
                     ok.queue()
                 );
                 assert_eq!(self.t.subsystem_of(ok.cntlid), Some(ok.subnqn.as_str()));
+                // Access control: SUB1 takes only the hosts on its list, and an I/O queue
+                // joins a controller only as the host that created it.
+                let d = ConnectData::from_bytes(data).expect("Connect granted without data");
+                let host = d
+                    .hostnqn()
+                    .expect("Connect granted to a HOSTNQN that is no string");
+                if ok.subnqn == SUB1 {
+                    let (any, hosts) = &self.sub1_hosts;
+                    assert!(
+                        *any || hosts.iter().any(|h| h == host),
+                        "Connect let {host} into {SUB1}, whose hosts are {hosts:?}"
+                    );
+                }
+                if ok.qid == 0 {
+                    self.ctrl_hosts.insert(ok.cntlid, host.to_string());
+                } else {
+                    assert_eq!(
+                        self.ctrl_hosts.get(&ok.cntlid).map(String::as_str),
+                        Some(host),
+                        "I/O queue {} joined controller {} as another host",
+                        ok.qid,
+                        ok.cntlid
+                    );
+                }
             }
             None => assert!(!cqe.status().is_success(), "success without ConnectOk"),
         }
@@ -456,6 +488,7 @@ pub fn run(data: &[u8]) {
                     } else {
                         vec![HOST1.to_string()]
                     };
+                    w.sub1_hosts = (any, hosts.clone());
                     let a = w.t.set_hosts(SUB1, any, hosts);
                     w.handle(a);
                 }
@@ -471,6 +504,7 @@ pub fn run(data: &[u8]) {
                 }
                 _ => {
                     if w.admin.is_none() {
+                        w.sub1_hosts = (false, vec![HOST1.to_string()]);
                         w.t.set_hosts(SUB1, false, vec![HOST1.to_string()]);
                         let a = w.t.take_actions();
                         w.handle(a);
