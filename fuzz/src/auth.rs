@@ -3,11 +3,14 @@
 //! Input: `[mode, then messages]`, each message `[len u16][bytes]`. Mode bit 0: the bytes
 //! go to a controller-side [`Transaction`] as Authentication Send payloads, each followed
 //! by an Authentication Receive with an allocation length from the input; otherwise they
-//! go to a host-side [`HostTransaction`] as Challenge / Success1 answers.
+//! go to a host-side [`HostTransaction`] as Challenge / Success1 answers, the host asking
+//! for bidirectional authentication (it holds a controller key) when mode bit 1 is set.
 //!
 //! Checks: nothing panics; every Receive answer decodes as a DH-HMAC-CHAP message and fits
 //! the allocation length; a transaction never reports success for a host that sent no
-//! valid Reply (the fuzzer does not know the secret, so Authenticated means a bug).
+//! valid Reply (the fuzzer does not know the secret, so Authenticated means a bug); a
+//! host that holds a controller key never accepts a Success1 (the fuzzer cannot compute
+//! the controller's response either).
 
 use nvmf::auth::ctrl::{CommandError, Event, Peer, Policy, Secrets, Transaction};
 use nvmf::auth::host::{HostConfig, HostTransaction};
@@ -79,7 +82,10 @@ pub fn run(input: &[u8]) {
             }
         }
     } else {
-        let mut h = HostTransaction::new(HostConfig::new(HOST, SUB, key, None), 1);
+        let bidirectional = mode & 2 != 0;
+        let ctrl_key =
+            bidirectional.then(|| DhchapKey::from_bytes(None, &[1; 32]).expect("32 bytes"));
+        let mut h = HostTransaction::new(HostConfig::new(HOST, SUB, key, ctrl_key), 1);
         let mut e = entropy();
         let _ = h.negotiate();
         let n = inp.u16() as usize % 2048;
@@ -88,7 +94,13 @@ pub fn run(input: &[u8]) {
             assert!(Message::decode(&reply).is_ok());
         }
         let rest = inp.rest();
-        let _ = h.on_success1(rest);
+        let verdict = h.on_success1(rest);
+        if bidirectional {
+            assert!(
+                verdict.is_err(),
+                "the host accepted a Success1 without the controller's secret: {verdict:?}"
+            );
+        }
     }
 }
 
@@ -125,16 +137,20 @@ pub fn seeds() -> Vec<Vec<u8>> {
         dh_value: vec![],
     }
     .encode();
-    let mut b = vec![0u8];
-    b.extend_from_slice(&(chal.len() as u16).to_le_bytes());
-    b.extend_from_slice(&chal);
-    b.extend_from_slice(
-        &Message::Success1 {
-            t_id: 1,
-            hl: 32,
-            response: None,
-        }
-        .encode(),
-    );
-    vec![a, b]
+    let mut seeds = vec![a];
+    for (mode, response) in [(0u8, None), (2, None), (2, Some(vec![0; 32]))] {
+        let mut b = vec![mode];
+        b.extend_from_slice(&(chal.len() as u16).to_le_bytes());
+        b.extend_from_slice(&chal);
+        b.extend_from_slice(
+            &Message::Success1 {
+                t_id: 1,
+                hl: 32,
+                response,
+            }
+            .encode(),
+        );
+        seeds.push(b);
+    }
+    seeds
 }
