@@ -3,7 +3,7 @@
 //! does: writes (opcode bit 0 set, no in-capsule data) get one R2T for their whole SGL
 //! length with the CID as TTAG, commands with in-capsule data or none are answered at
 //! once (reads with C2HData of their SGL length, capped), and some commands are answered
-//! without a slot.
+//! without a slot. Every answered command is released (`command_released`).
 //!
 //! Input: `[ctl, step, sqsize, stream...]`.
 //!
@@ -23,7 +23,11 @@
 //!   most 128 bytes, SQHD is FFFFh with flow control disabled and below SQSIZE + 1
 //!   otherwise, and no command is completed twice: a CID gets no more completions
 //!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
-//!   a CID once its command completed);
+//!   a CID once its command completed); SUCCESS only on completions with DW0 zero (the
+//!   engine sets DW0 for odd CIDs); C2HData carries the engine's bytes at DATAO; R2Ts
+//!   ask for what the engine asked (TTAG = CID, offset 0);
+//! - flow control: the engine releases each command once answered, and the machine
+//!   refuses a capsule for queue overflow only with all SQSIZE + 1 entries in use;
 //! - chunking: feeding the stream in pieces gives the same events and output as whole;
 //! - streaming: a third pass feeds the pieces to a machine that streams H2CData
 //!   ([`ControllerQueue::set_stream_host_data`]); its payload is accounted piece by piece
@@ -35,8 +39,8 @@ use std::collections::HashMap;
 use nvmf::queue::QueueParams;
 use nvmf::spec::{Cqe, Sqe, Status};
 use nvmf::tcp::{
-    self, ControllerEvent, ControllerLimits, ControllerQueue, Digests, HostLimits, IcReq, Pdu,
-    RxFramer, TxSink,
+    self, ControllerEvent, ControllerLimits, ControllerQueue, Digests, FatalCause, HostLimits,
+    IcReq, Pdu, RxFramer, TxSink,
 };
 
 const LIMITS: ControllerLimits = ControllerLimits {
@@ -76,6 +80,8 @@ struct Engine {
     capsules: usize,
     /// Capsules received per CID.
     cids: HashMap<u16, u32>,
+    /// Commands taken and not answered yet (the machine's count, kept independently).
+    outstanding: u32,
     /// The HPDA of the ICReq the machine accepted (the harness's or the input's own),
     /// which places the data of every C2HData it sends.
     hpda: u8,
@@ -159,6 +165,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
     match ev {
         ControllerEvent::Command { sqe, data, .. } => {
             e.capsules += 1;
+            e.outstanding += 1;
             *e.cids.entry(sqe.cid()).or_default() += 1;
             if e.capsules == 1 {
                 q.set_params(QueueParams {
@@ -175,11 +182,17 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 q.request_data(&mut e.out, cid, cid, 0, len);
             } else if cid % 7 == 3 {
                 q.respond_untracked(&mut e.out, Cqe::new(cid, Status::INVALID_FIELD));
+                e.outstanding -= 1;
             } else {
                 let n = if write { 0 } else { len.min(8192) as usize };
                 let mut cqe = Cqe::success(cid);
+                // Odd CIDs complete with DW0 set: their completion may not ride on
+                // C2HData's SUCCESS flag.
                 cqe.dw0 = (cid % 2) as u32;
                 q.respond(&mut e.out, cid as u32, cqe, &slot_data(cid as u32, n));
+                // The soft engine releases a command once its response is out.
+                q.command_released();
+                e.outstanding -= 1;
             }
         }
         ControllerEvent::HostData {
@@ -202,6 +215,8 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             if complete.is_some() {
                 e.xfers.remove(&ttag);
                 q.respond(&mut e.out, ttag as u32, Cqe::success(ttag), &[]);
+                q.command_released();
+                e.outstanding -= 1;
             } else {
                 e.xfers.insert(ttag, (new as u32, end));
             }
@@ -216,7 +231,19 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 "streamed PDU past the R2T"
             );
         }
-        ControllerEvent::Fatal { .. } | ControllerEvent::HostTerminated { .. } => {
+        ControllerEvent::Fatal { cause, .. } => {
+            assert!(q.stopped());
+            if cause == FatalCause::QueueOverflow {
+                assert!(
+                    e.outstanding > u32::from(s.sqsize),
+                    "queue overflow with {} of SQSIZE {} + 1 entries in use",
+                    e.outstanding,
+                    s.sqsize
+                );
+            }
+            e.xfers.clear();
+        }
+        ControllerEvent::HostTerminated { .. } => {
             assert!(q.stopped());
             e.xfers.clear();
         }
@@ -292,6 +319,8 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
             }
             Pdu::C2HData {
                 cccid,
+                datao,
+                data,
                 success,
                 data_digest_ok,
                 ..
@@ -300,12 +329,27 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
                     data_digest_ok || !digests.data,
                     "our own data digest is wrong"
                 );
+                // The engine's data is its slot's pattern (slot = CID), from DATAO on.
+                for (i, &b) in data.iter().enumerate() {
+                    let want = (datao as usize + i) as u8 ^ cccid as u8;
+                    assert_eq!(b, want, "C2HData byte {i} at DATAO {datao} for CID {cccid}");
+                }
                 if success {
                     assert!(s.no_flow_control, "SUCCESS with SQ flow control on");
+                    assert_eq!(cccid % 2, 0, "SUCCESS on a completion with DW0 set");
                     complete(cccid, "C2HData with SUCCESS");
                 }
             }
-            Pdu::R2T { .. } => {}
+            Pdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => {
+                // The engine asks for a write's whole SGL length at once, TTAG = CID.
+                assert_eq!((ttag, r2to), (cccid, 0), "R2T fields");
+                assert!((1..=1 << 16).contains(&r2tl), "R2TL {r2tl}");
+            }
             other => panic!("controller sent {other:?}"),
         }
         b = &b[n..];
@@ -450,5 +494,21 @@ pub fn seeds() -> Vec<Vec<u8>> {
     sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x5, 0xa, 0, 512);
     tcp::encode_capsule_cmd(&mut own, &sqe, &[], Digests::NONE, 0);
     v.push(own);
+    // SQSIZE 1 (two entries): a write waits for its data while a read comes and goes, the
+    // data completes it, then two writes fill the queue and a third capsule overflows it.
+    let mut full = vec![1u8, 5, 1];
+    let w = |c: &mut Vec<u8>, cid: u16| {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode_cid(0x01, cid);
+        sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(0x5, 0xa, 0, 512);
+        tcp::encode_capsule_cmd(c, &sqe, &[], Digests::NONE, 0);
+    };
+    w(&mut full, 2);
+    tcp::encode_capsule_cmd(&mut full, &sqe, &[], Digests::NONE, 0);
+    tcp::encode_h2c_data(&mut full, 2, 2, 0, &[7; 512], true, Digests::NONE, 0);
+    w(&mut full, 4);
+    w(&mut full, 6);
+    tcp::encode_capsule_cmd(&mut full, &sqe, &[], Digests::NONE, 0);
+    v.push(full);
     v
 }
