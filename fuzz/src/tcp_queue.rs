@@ -25,7 +25,9 @@
 //!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
 //!   a CID once its command completed); SUCCESS only on completions with DW0 zero (the
 //!   engine sets DW0 for odd CIDs); C2HData carries the engine's bytes at DATAO; R2Ts
-//!   ask for what the engine asked (TTAG = CID, offset 0);
+//!   ask for what the engine asked (TTAG = CID, offset 0); on a connection that did not
+//!   end, every command but a write still waiting for its data got exactly one
+//!   completion;
 //! - flow control: the engine releases each command once answered, and the machine
 //!   refuses a capsule for queue overflow only with all SQSIZE + 1 entries in use;
 //! - chunking: feeding the stream in pieces gives the same events and output as whole;
@@ -82,6 +84,8 @@ struct Engine {
     cids: HashMap<u16, u32>,
     /// Commands taken and not answered yet (the machine's count, kept independently).
     outstanding: u32,
+    /// The connection ended (a fatal error or the host's TermReq).
+    ended: bool,
     /// The HPDA of the ICReq the machine accepted (the harness's or the input's own),
     /// which places the data of every C2HData it sends.
     hpda: u8,
@@ -233,6 +237,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
         }
         ControllerEvent::Fatal { cause, .. } => {
             assert!(q.stopped());
+            e.ended = true;
             if cause == FatalCause::QueueOverflow {
                 assert!(
                     e.outstanding > u32::from(s.sqsize),
@@ -245,6 +250,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
         }
         ControllerEvent::HostTerminated { .. } => {
             assert!(q.stopped());
+            e.ended = true;
             e.xfers.clear();
         }
         ControllerEvent::Connected(r) => e.hpda = r.hpda,
@@ -353,6 +359,19 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
             other => panic!("controller sent {other:?}"),
         }
         b = &b[n..];
+    }
+    // On a connection that did not end, every command got its completion, except writes
+    // still waiting for their data.
+    if !e.ended {
+        for (&cid, &capsules) in cids {
+            let waiting = u32::from(e.xfers.contains_key(&cid));
+            let got = done.get(&cid).copied().unwrap_or(0);
+            assert_eq!(
+                got,
+                capsules - waiting,
+                "CID {cid}: {got} completion(s) for {capsules} capsule(s), {waiting} waiting"
+            );
+        }
     }
 }
 
