@@ -20,8 +20,8 @@
 //!   solicited range, contiguous, and the transfer completes exactly at its end;
 //! - output: everything the machine writes parses with a host-side framer (ICResp first,
 //!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
-//!   most 128 bytes, SQHD is FFFFh with flow control disabled and below SQSIZE + 1
-//!   otherwise, and no command is completed twice: a CID gets no more completions
+//!   most 128 bytes, SQHD is FFFFh with flow control disabled and otherwise the count of
+//!   capsules received when the completion was sent, modulo SQSIZE + 1, and no command is completed twice: a CID gets no more completions
 //!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
 //!   a CID once its command completed); SUCCESS only on completions with DW0 zero (the
 //!   engine sets DW0 for odd CIDs); C2HData carries the engine's bytes at DATAO; R2Ts
@@ -86,11 +86,25 @@ struct Engine {
     outstanding: u32,
     /// The connection ended (a fatal error or the host's TermReq).
     ended: bool,
+    /// With SQ flow control on: the SQHD each completion must carry, in the order they
+    /// were sent (capsules received by then, modulo SQSIZE + 1).
+    sqhds: Vec<u16>,
     /// The HPDA of the ICReq the machine accepted (the harness's or the input's own),
     /// which places the data of every C2HData it sends.
     hpda: u8,
     events: Vec<String>,
     out: Wire,
+}
+
+impl Engine {
+    /// Notes the SQHD of the completion about to be sent (none with flow control off:
+    /// SQHD is FFFFh then, and SUCCESS may stand in for the CapsuleResp).
+    fn expect_sqhd(&mut self, s: &Setup) {
+        if !s.no_flow_control {
+            let entries = u32::from(s.sqsize) + 1;
+            self.sqhds.push((self.capsules as u32 % entries) as u16);
+        }
+    }
 }
 
 fn pass(q: &mut ControllerQueue, e: &mut Engine, stream: &[u8], step: usize, setup: &Setup) {
@@ -185,6 +199,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 e.xfers.insert(cid, (0, len));
                 q.request_data(&mut e.out, cid, cid, 0, len);
             } else if cid % 7 == 3 {
+                e.expect_sqhd(s);
                 q.respond_untracked(&mut e.out, Cqe::new(cid, Status::INVALID_FIELD));
                 e.outstanding -= 1;
             } else {
@@ -193,6 +208,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 // Odd CIDs complete with DW0 set: their completion may not ride on
                 // C2HData's SUCCESS flag.
                 cqe.dw0 = (cid % 2) as u32;
+                e.expect_sqhd(s);
                 q.respond(&mut e.out, cid as u32, cqe, &slot_data(cid as u32, n));
                 // The soft engine releases a command once its response is out.
                 q.command_released();
@@ -218,6 +234,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             );
             if complete.is_some() {
                 e.xfers.remove(&ttag);
+                e.expect_sqhd(s);
                 q.respond(&mut e.out, ttag as u32, Cqe::success(ttag), &[]);
                 q.command_released();
                 e.outstanding -= 1;
@@ -286,6 +303,7 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
         max_c2h_data: 1 << 20,
     });
     let mut b = &w.bytes[..];
+    let mut sqhds = e.sqhds.iter().copied();
     // Completions seen per CID.
     let mut done: HashMap<u16, u32> = HashMap::new();
     let mut complete = |cid: u16, what: &str| {
@@ -315,12 +333,8 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
                 if s.no_flow_control {
                     assert_eq!(cqe.sqhd, 0xffff);
                 } else {
-                    assert!(
-                        cqe.sqhd <= s.sqsize,
-                        "SQHD {} past SQSIZE {}",
-                        cqe.sqhd,
-                        s.sqsize
-                    );
+                    let want = sqhds.next().expect("more CapsuleResps than responses");
+                    assert_eq!(cqe.sqhd, want, "SQHD of the completion for CID {}", cqe.cid);
                 }
             }
             Pdu::C2HData {
