@@ -54,7 +54,7 @@ impl CounterSource for FixedCounters {
 
 pub fn listener(port: u16) -> ListenerInfo {
     ListenerInfo {
-        transport: if port % 2 == 0 {
+        transport: if port.is_multiple_of(2) {
             Transport::Tcp
         } else {
             Transport::Rdma

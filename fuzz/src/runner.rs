@@ -27,7 +27,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -36,7 +36,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (`n > 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -88,7 +88,7 @@ pub fn mutate(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], max_len: usize) 
             }
             1 if len > 0 => {
                 let i = rng.below(len);
-                v[i] = rng.next() as u8;
+                v[i] = rng.next_u64() as u8;
             }
             2 if len > 0 => {
                 // An interesting value, 1/2/4/8 bytes, little or big endian.
@@ -129,10 +129,10 @@ pub fn mutate(rng: &mut Rng, v: &mut Vec<u8>, pool: &[Vec<u8>], max_len: usize) 
             5 => {
                 let at = rng.below(len + 1);
                 let n = 1 + rng.below(64);
-                let fill = rng.next() as u8;
+                let fill = rng.next_u64() as u8;
                 let random = rng.below(2) == 0;
                 let ins: Vec<u8> = (0..n)
-                    .map(|_| if random { rng.next() as u8 } else { fill })
+                    .map(|_| if random { rng.next_u64() as u8 } else { fill })
                     .collect();
                 v.splice(at..at, ins);
             }
