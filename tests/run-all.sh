@@ -77,6 +77,9 @@ grep -E '^test .* \.\.\. ignored, ' target/test-output.txt | sort -u | sed 's/^t
 stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
 (
     cd fuzz
+    # A crate of its own (outside the workspace): its format and lints are checked here.
+    cargo fmt --check
+    CARGO_TARGET_DIR=../target/fuzz cargo clippy --all-targets -- -D warnings
     CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
     for t in tcp_framer tcp_queue capsule connect_data config auth; do
         ../target/fuzz/release/"$t" --secs 15
