@@ -21,7 +21,8 @@
 //! - output: everything the machine writes parses with a host-side framer (ICResp first,
 //!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
 //!   most 128 bytes, SQHD is FFFFh with flow control disabled and otherwise the count of
-//!   capsules received when the completion was sent, modulo SQSIZE + 1, and no command is completed twice: a CID gets no more completions
+//!   capsules received when the completion was sent, modulo SQSIZE + 1, the completions
+//!   are the engine's answers in the order it gave them, and no command is completed twice: a CID gets no more completions
 //!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
 //!   a CID once its command completed); SUCCESS only on completions with DW0 zero (the
 //!   engine sets DW0 for odd CIDs); C2HData carries the engine's bytes at DATAO; R2Ts
@@ -86,9 +87,10 @@ struct Engine {
     outstanding: u32,
     /// The connection ended (a fatal error or the host's TermReq).
     ended: bool,
-    /// With SQ flow control on: the SQHD each completion must carry, in the order they
-    /// were sent (capsules received by then, modulo SQSIZE + 1).
-    sqhds: Vec<u16>,
+    /// The engine's answers in the order it gave them: the CID, and the SQHD the
+    /// completion must carry with SQ flow control on (capsules received by then, modulo
+    /// SQSIZE + 1).
+    answers: Vec<(u16, u16)>,
     /// The HPDA of the ICReq the machine accepted (the harness's or the input's own),
     /// which places the data of every C2HData it sends.
     hpda: u8,
@@ -97,13 +99,12 @@ struct Engine {
 }
 
 impl Engine {
-    /// Notes the SQHD of the completion about to be sent (none with flow control off:
-    /// SQHD is FFFFh then, and SUCCESS may stand in for the CapsuleResp).
-    fn expect_sqhd(&mut self, s: &Setup) {
-        if !s.no_flow_control {
-            let entries = u32::from(s.sqsize) + 1;
-            self.sqhds.push((self.capsules as u32 % entries) as u16);
-        }
+    /// Notes the answer about to be given to command `cid`: its completion is the next
+    /// one on the wire (a CapsuleResp, or C2HData with SUCCESS).
+    fn answer(&mut self, s: &Setup, cid: u16) {
+        let entries = u32::from(s.sqsize) + 1;
+        self.answers
+            .push((cid, (self.capsules as u32 % entries) as u16));
     }
 }
 
@@ -199,7 +200,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 e.xfers.insert(cid, (0, len));
                 q.request_data(&mut e.out, cid, cid, 0, len);
             } else if cid % 7 == 3 {
-                e.expect_sqhd(s);
+                e.answer(s, cid);
                 q.respond_untracked(&mut e.out, Cqe::new(cid, Status::INVALID_FIELD));
                 e.outstanding -= 1;
             } else {
@@ -208,7 +209,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 // Odd CIDs complete with DW0 set: their completion may not ride on
                 // C2HData's SUCCESS flag.
                 cqe.dw0 = (cid % 2) as u32;
-                e.expect_sqhd(s);
+                e.answer(s, cid);
                 q.respond(&mut e.out, cid as u32, cqe, &slot_data(cid as u32, n));
                 // The soft engine releases a command once its response is out.
                 q.command_released();
@@ -234,7 +235,7 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             );
             if complete.is_some() {
                 e.xfers.remove(&ttag);
-                e.expect_sqhd(s);
+                e.answer(s, ttag);
                 q.respond(&mut e.out, ttag as u32, Cqe::success(ttag), &[]);
                 q.command_released();
                 e.outstanding -= 1;
@@ -303,9 +304,10 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
         max_c2h_data: 1 << 20,
     });
     let mut b = &w.bytes[..];
-    let mut sqhds = e.sqhds.iter().copied();
+    let mut answers = e.answers.iter().copied();
     // Completions seen per CID.
     let mut done: HashMap<u16, u32> = HashMap::new();
+    // A completion on the wire: the engine's next answer, in order. Returns its SQHD.
     let mut complete = |cid: u16, what: &str| {
         let n = done.entry(cid).or_default();
         *n += 1;
@@ -314,6 +316,14 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
             *n <= capsules,
             "{what}: completion {n} for CID {cid}, which came in {capsules} capsule(s)"
         );
+        let Some((want, sqhd)) = answers.next() else {
+            panic!("{what} for CID {cid}: the engine gave no more answers");
+        };
+        assert_eq!(
+            cid, want,
+            "{what} for CID {cid}: the engine's next answer is for CID {want}"
+        );
+        sqhd
     };
     while !b.is_empty() {
         let (pdu, n) = match f.parse(b) {
@@ -328,12 +338,11 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
                 assert_eq!(n, b.len(), "C2HTermReq is the last PDU");
             }
             Pdu::CapsuleResp { cqe } => {
-                complete(cqe.cid, "CapsuleResp");
+                let want = complete(cqe.cid, "CapsuleResp");
                 // Every completion goes out after the first capsule set the parameters.
                 if s.no_flow_control {
                     assert_eq!(cqe.sqhd, 0xffff);
                 } else {
-                    let want = sqhds.next().expect("more CapsuleResps than responses");
                     assert_eq!(cqe.sqhd, want, "SQHD of the completion for CID {}", cqe.cid);
                 }
             }
@@ -374,8 +383,10 @@ fn check_output(w: &Wire, s: &Setup, digests: Digests, e: &Engine) {
         }
         b = &b[n..];
     }
-    // On a connection that did not end, every command got its completion, except writes
-    // still waiting for their data.
+    // Every answer went out (before any C2HTermReq); on a connection that did not end,
+    // every command got its completion, except writes still waiting for their data.
+    let left = answers.count();
+    assert_eq!(left, 0, "{left} answer(s) of the engine never went out");
     if !e.ended {
         for (&cid, &capsules) in cids {
             let waiting = u32::from(e.xfers.contains_key(&cid));
