@@ -46,9 +46,9 @@
 //! ([`BackendQueue::ram_store`]), and zeroing writes zeroes, so the file stays allocated
 //! ([`ZERO_STEP`](crate::ram::ZERO_STEP) bytes per poll, so the IO thread's other
 //! connections are served meanwhile). Such a file that shrinks below the namespace or
-//! loses pages from outside is gone too (its lent reads would fail, or allocate, inside the send); the
-//! engine asks the queue about once a second ([`BackendQueue::check_gone`]), since its
-//! reads may never reach the queue.
+//! loses pages from outside is gone too (its lent reads would fail, or allocate, inside
+//! the send); the engine asks the queue about once a second
+//! ([`BackendQueue::check_gone`]), since its reads may never reach the queue.
 //!
 //! `submit` never enters the kernel; `poll` pushes queued SQEs, calls `io_uring_enter`
 //! without waiting when there is something to submit or task work to run, and reaps
@@ -802,8 +802,8 @@ impl FileQueue {
 
     /// On a memory-backed file: do slot `idx`'s read or write step now, returning what
     /// its CQE would have said (bytes moved, or `-errno`); on a queue without a ring, its
-    /// flush too. `None` for other steps (flush, fallocate, zero writes go through the
-    /// ring as usual).
+    /// flush too. `None` for the steps that go through the ring (fallocate, zero writes,
+    /// and flush where there is a ring).
     fn inline_rw(&mut self, idx: u32) -> Option<i32> {
         let slot = self.slots[idx as usize].as_mut()?;
         let pos = slot.off + slot.done;
@@ -856,7 +856,7 @@ impl FileQueue {
                     continue;
                 }
             }
-            let (Some(entry), true) = (self.sqe(idx), self.ring.is_some()) else {
+            let (Some(entry), Some(ring)) = (self.sqe(idx), self.ring.as_mut()) else {
                 // A slot whose step has no buffer cannot happen (validated), nor a step
                 // other than Flush on a queue without a ring (the store does the rest):
                 // fail it safely.
@@ -867,11 +867,8 @@ impl FileQueue {
             // zero buffer) is owned by this queue and stays allocated and untouched until
             // its CQE is reaped: slots are released only in `complete_cqe`, and `Drop`
             // waits for `in_kernel` to reach zero before freeing anything.
-            let pushed = self
-                .ring
-                .as_mut()
-                .is_some_and(|r| unsafe { r.submission().push(&entry) }.is_ok());
-            if pushed {
+            let pushed = unsafe { ring.submission().push(&entry) };
+            if pushed.is_ok() {
                 self.in_kernel += 1;
             } else {
                 self.pending.push_front(idx);
