@@ -196,6 +196,14 @@ impl World {
         }
     }
 
+    /// Sets SUB1's host list (the target retires controllers it no longer allows), and
+    /// remembers it for the access checks of [`World::connect`].
+    fn set_sub1_hosts(&mut self, any: bool, hosts: Vec<String>) {
+        self.sub1_hosts = (any, hosts.clone());
+        let a = self.t.set_hosts(SUB1, any, hosts);
+        self.handle(a);
+    }
+
     /// Connect, with the checks that hold for any Connect.
     pub fn connect(
         &mut self,
@@ -488,9 +496,7 @@ pub fn run(data: &[u8]) {
                     } else {
                         vec![HOST1.to_string()]
                     };
-                    w.sub1_hosts = (any, hosts.clone());
-                    let a = w.t.set_hosts(SUB1, any, hosts);
-                    w.handle(a);
+                    w.set_sub1_hosts(any, hosts);
                 }
                 2 => {
                     let l = listener(4420 + (op >> 5) as u16);
@@ -504,10 +510,7 @@ pub fn run(data: &[u8]) {
                 }
                 _ => {
                     if w.admin.is_none() {
-                        w.sub1_hosts = (false, vec![HOST1.to_string()]);
-                        w.t.set_hosts(SUB1, false, vec![HOST1.to_string()]);
-                        let a = w.t.take_actions();
-                        w.handle(a);
+                        w.set_sub1_hosts(false, vec![HOST1.to_string()]);
                         w.establish();
                     }
                 }

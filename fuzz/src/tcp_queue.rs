@@ -22,9 +22,9 @@
 //!   then CapsuleResp/C2HData/R2T/C2HTermReq), every C2HTermReq is last and carries at
 //!   most 128 bytes, SQHD is FFFFh with flow control disabled and otherwise the count of
 //!   capsules received when the completion was sent, modulo SQSIZE + 1, the completions
-//!   are the engine's answers in the order it gave them, and no command is completed twice: a CID gets no more completions
-//!   (CapsuleResp, or C2HData with SUCCESS) than capsules came with it (a host may reuse
-//!   a CID once its command completed); SUCCESS only on completions with DW0 zero (the
+//!   are the engine's answers in the order it gave them, and no command is completed
+//!   twice: a CID gets no more completions (CapsuleResp, or C2HData with SUCCESS) than
+//!   capsules came with it (a host may reuse a CID once its command completed); SUCCESS only on completions with DW0 zero (the
 //!   engine sets DW0 for odd CIDs); C2HData carries the engine's bytes at DATAO; R2Ts
 //!   ask for what the engine asked (TTAG = CID, offset 0); on a connection that did not
 //!   end, every command but a write still waiting for its data got exactly one
@@ -100,8 +100,10 @@ struct Engine {
 
 impl Engine {
     /// Notes the answer about to be given to command `cid`: its completion is the next
-    /// one on the wire (a CapsuleResp, or C2HData with SUCCESS).
+    /// one on the wire (a CapsuleResp, or C2HData with SUCCESS), and the command is no
+    /// longer outstanding.
     fn answer(&mut self, s: &Setup, cid: u16) {
+        self.outstanding -= 1;
         let entries = u32::from(s.sqsize) + 1;
         self.answers
             .push((cid, (self.capsules as u32 % entries) as u16));
@@ -202,7 +204,6 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
             } else if cid % 7 == 3 {
                 e.answer(s, cid);
                 q.respond_untracked(&mut e.out, Cqe::new(cid, Status::INVALID_FIELD));
-                e.outstanding -= 1;
             } else {
                 let n = if write { 0 } else { len.min(8192) as usize };
                 let mut cqe = Cqe::success(cid);
@@ -213,7 +214,6 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 q.respond(&mut e.out, cid as u32, cqe, &slot_data(cid as u32, n));
                 // The soft engine releases a command once its response is out.
                 q.command_released();
-                e.outstanding -= 1;
             }
         }
         ControllerEvent::HostData {
@@ -238,7 +238,6 @@ fn handle(q: &mut ControllerQueue, e: &mut Engine, ev: ControllerEvent<'_>, s: &
                 e.answer(s, ttag);
                 q.respond(&mut e.out, ttag as u32, Cqe::success(ttag), &[]);
                 q.command_released();
-                e.outstanding -= 1;
             } else {
                 e.xfers.insert(ttag, (new as u32, end));
             }
