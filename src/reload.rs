@@ -70,6 +70,9 @@ use crate::config::{
     ReferralConfig, SubsystemConfig,
 };
 
+/// How [`ConfigDiff::summary`] starts the line of a change that waits for a restart.
+pub const RESTART_PREFIX: &str = "restart required: ";
+
 /// The changes from one config to the next; see the module docs for the application
 /// order and what each list contains.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -190,7 +193,7 @@ impl ConfigDiff {
             out.push(format!("referrals: {} entr(ies)", r.len()));
         }
         for line in &self.restart_required {
-            out.push(format!("restart required: {line}"));
+            out.push(format!("{RESTART_PREFIX}{line}"));
         }
         out
     }
@@ -406,6 +409,92 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     }
 
     d
+}
+
+/// What the daemon runs once the change from `old` to `new` is applied in full: `new`,
+/// except that what [`ConfigDiff::restart_required`] lists keeps `old`'s value until a
+/// restart. Recorded as the running config, it keeps those items pending: a later diff
+/// (a reload, `--check-config --diff`) still shows them, in the right direction.
+pub fn running_after(old: &Config, new: &Config) -> Config {
+    let d = diff(old, new);
+    let mut run = new.clone();
+    run.threads = old.threads.clone();
+    run.max_io_size = old.max_io_size;
+    run.engine = old.engine;
+    run.limits = old.limits;
+    run.doca = old.doca.clone();
+    run.metrics = old.metrics;
+    run.control = old.control.clone();
+    run.metrics_allow_remote = old.metrics_allow_remote;
+    run.reservations = old.reservations.clone();
+    // A changed backend that the diff neither removes nor adds is in use: it stays.
+    for b in &mut run.backends {
+        if d.backends_removed.contains(&b.name) {
+            continue;
+        }
+        if let Some(o) = old.backends.iter().find(|o| o.name == b.name) {
+            *b = o.clone();
+        }
+    }
+    for s in &mut run.subsystems {
+        if let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) {
+            s.serial = o.serial.clone();
+            s.model = o.model.clone();
+            s.listeners = o.listeners.clone();
+            s.all_listeners = o.all_listeners;
+        }
+    }
+    run
+}
+
+/// The parts of a change the daemon could not apply, by key (see [`running_after`] and
+/// [`Undone::remove_from`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Undone {
+    /// Listeners that could not be opened.
+    pub listeners: BTreeSet<String>,
+    /// Backends that could not be opened.
+    pub backends: BTreeSet<String>,
+    /// Subsystems that could not be added.
+    pub subsystems: BTreeSet<String>,
+    /// (subsystem NQN, nsid) of namespaces that could not be added.
+    pub namespaces: BTreeSet<(String, u32)>,
+    /// (subsystem NQN, nsid) of namespaces whose new host list could not be applied.
+    pub namespace_hosts: BTreeSet<(String, u32)>,
+    /// Subsystems whose new ANA groups could not be applied.
+    pub ana_groups: BTreeSet<String>,
+}
+
+impl Undone {
+    /// `run` (what the change was to give, [`running_after`]) without what failed: what
+    /// the daemon really runs. What could not be added is left out and what could not be
+    /// changed keeps `old`'s value, so the next reload of the same file tries it again and
+    /// `--check-config --diff` shows it as still to do.
+    pub fn remove_from(&self, mut run: Config, old: &Config) -> Config {
+        run.listeners.retain(|l| !self.listeners.contains(&l.name));
+        run.backends.retain(|b| !self.backends.contains(&b.name));
+        run.subsystems.retain(|s| !self.subsystems.contains(&s.nqn));
+        let backends: BTreeSet<String> = run.backends.iter().map(|b| b.name.clone()).collect();
+        for s in &mut run.subsystems {
+            let o = old.subsystems.iter().find(|o| o.nqn == s.nqn);
+            s.namespaces.retain(|ns| {
+                backends.contains(&ns.backend)
+                    && !self.namespaces.contains(&(s.nqn.clone(), ns.nsid))
+            });
+            for ns in &mut s.namespaces {
+                if self.namespace_hosts.contains(&(s.nqn.clone(), ns.nsid)) {
+                    let before = o.and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid));
+                    if let Some(before) = before {
+                        ns.hosts = before.hosts.clone();
+                    }
+                }
+            }
+            if self.ana_groups.contains(&s.nqn) {
+                s.ana_groups = o.map_or_else(Vec::new, |o| o.ana_groups.clone());
+            }
+        }
+        run
+    }
 }
 
 /// The values of `a` that `b` does not hold under the same key, in key order.

@@ -44,6 +44,11 @@ fn main() {
             diff_and_ctl_reload_print_each_kind_of_change,
         ),
         skip::trial(
+            "a_listener_a_reload_could_not_open_is_opened_by_the_next_reload",
+            None,
+            a_listener_a_reload_could_not_open_is_opened_by_the_next_reload,
+        ),
+        skip::trial(
             "subsystems_show_ana_states_and_namespace_visibility",
             None,
             subsystems_show_ana_states_and_namespace_visibility,
@@ -606,8 +611,29 @@ fn diff_and_ctl_reload_print_each_kind_of_change() {
             "reload lacks {line:?}:\n{reloaded}"
         );
     }
+    assert!(
+        reloaded.contains("; 2 more changes at the next restart"),
+        "{reloaded}"
+    );
+    // The file is what the daemon loaded, but two of its changes wait for a restart:
+    // --diff and ctl status say so, from the running value to the file's.
     let o = check_diff(&same);
-    assert!(text(&o).starts_with("no changes"), "{}", text(&o));
+    let pending = text(&o);
+    assert!(pending.starts_with("no changes"), "{pending}");
+    assert!(pending.contains("not running yet (2 items)"), "{pending}");
+    assert!(
+        pending.contains("restart required: io threads: 2 unpinned -> 3 unpinned"),
+        "{pending}"
+    );
+    let status = ctl_ok(&d, &["status"]);
+    assert!(
+        status.contains("restart required: io threads: 2 unpinned -> 3 unpinned"),
+        "{status}"
+    );
+    // `--json` after the subcommand works too.
+    let json = ctl_ok(&d, &["status", "--json"]);
+    let json: Value = serde_json::from_str(&json).expect("status --json");
+    assert_eq!(json["pending"].as_array().map(Vec::len), Some(2), "{json}");
     let subs = ctl_json(&d, &["subsystems"]);
     let nqns: Vec<&str> = subs
         .as_array()
@@ -627,6 +653,60 @@ fn diff_and_ctl_reload_print_each_kind_of_change() {
         text(&o)
     );
     assert_eq!(ctl_json(&d, &["subsystems"]), subs);
+}
+
+/// A reload whose listener cannot bind (the port is taken) applies the rest, and the
+/// daemon does not count the listener as running: --diff and ctl status show it as still
+/// to do, and a reload of the same file once the port is free opens it.
+fn a_listener_a_reload_could_not_open_is_opened_by_the_next_reload() {
+    let _w = watchdog("listener retry", Duration::from_secs(60));
+    let d = Daemon::start(&config_with_control("0600"));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to hold");
+    let port = taken.local_addr().unwrap().port();
+    let same = d.dir().join("nvmf-target.yaml");
+    let running = std::fs::read_to_string(&same).expect("the running config");
+    let with_listener = running.replace(
+        "listeners:\n",
+        &format!(
+            "listeners:\n  - {{name: tcp9, transport: tcp, address: 127.0.0.1, port: {port}}}\n"
+        ),
+    );
+    assert_ne!(with_listener, running);
+    std::fs::write(&same, &with_listener).unwrap();
+
+    let o = ctl(&d, &["reload"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("listener tcp9: add"), "{out}");
+    assert!(out.contains("1 error"), "{out}");
+    let o = check_diff(&same);
+    let pending = text(&o);
+    assert!(pending.starts_with("no changes"), "{pending}");
+    assert!(
+        pending.contains("not running yet (1 item)")
+            && pending.contains(&format!("listener tcp9: add (tcp 127.0.0.1:{port})")),
+        "{pending}"
+    );
+    let status = ctl_json(&d, &["status"]);
+    assert!(
+        !status["listeners"].to_string().contains("tcp9"),
+        "{status}"
+    );
+
+    drop(taken);
+    let o = ctl(&d, &["reload"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("applied 1 change\n") && out.contains("listener tcp9: add"),
+        "{out}"
+    );
+    let status = ctl_json(&d, &["status"]);
+    assert!(status["listeners"].to_string().contains("tcp9"), "{status}");
+    assert_eq!(status["pending"], serde_json::json!([]), "{status}");
+    let o = check_diff(&same);
+    assert!(!text(&o).contains("not running yet"), "{}", text(&o));
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("tcp9 listens");
 }
 
 /// Why the client cannot be run as another user here, if it cannot.

@@ -22,17 +22,18 @@ use super::protocol::{
     SubsystemInfo,
 };
 use crate::config::{Config, EMBEDDED_DEFAULT_NAME};
+use crate::reload::RESTART_PREFIX;
 
 /// `nvmf-target ctl`: ask a running daemon over its control socket.
 #[derive(Debug, Args)]
 pub struct CtlArgs {
     /// The daemon's control socket (default: /run/nvmf-target/control.sock as root,
     /// $XDG_RUNTIME_DIR/nvmf-target/control.sock otherwise).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub socket: Option<PathBuf>,
 
     /// Print the daemon's reply as JSON (for scripts) instead of tables.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
 
     #[command(subcommand)]
@@ -242,7 +243,7 @@ pub fn diff_against_running(
     let mut out = String::new();
     if d.is_empty() {
         out += &format!(
-            "no changes: {} is what the daemon runs (from {from})\n",
+            "no changes: {} is the file the daemon last loaded (from {from})\n",
             file.display()
         );
     } else {
@@ -256,6 +257,7 @@ pub fn diff_against_running(
             out += &format!("  {l}\n");
         }
     }
+    out += &render_pending(&running.pending);
     Ok(out)
 }
 
@@ -371,7 +373,34 @@ pub fn render_status(s: &Status) -> String {
         })
         .collect();
     out += &table(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT"], &rows);
+    out += &render_pending(&s.pending);
     out
+}
+
+/// What the config file asks for that does not run, or nothing when it all runs.
+fn render_pending(pending: &[String]) -> String {
+    if pending.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "
+not running yet ({}): what failed is tried again by a reload of the same file; \
+         \"restart required\" waits for a restart\n",
+        count(pending.len(), "item")
+    );
+    for l in pending {
+        out += &format!("  {l}\n");
+    }
+    out
+}
+
+/// "1 item", "2 items".
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 pub fn render_subsystems(list: &[SubsystemInfo]) -> String {
@@ -516,15 +545,27 @@ pub fn render_controllers(list: &[ControllerInfo]) -> String {
 }
 
 pub fn render_reload(r: &ReloadResult) -> String {
-    let mut out = if r.changed {
-        format!(
-            "reload of {}: applied {} change(s)\n",
-            r.config,
-            r.changes.len()
-        )
-    } else {
-        format!("reload of {}: no changes\n", r.config)
+    let restart = r
+        .changes
+        .iter()
+        .filter(|l| l.starts_with(RESTART_PREFIX))
+        .count();
+    let live = r.changes.len() - restart;
+    let mut out = format!("reload of {}: ", r.config);
+    out += &match (r.changed, r.errors.len()) {
+        (false, _) => "no changes".to_string(),
+        (true, 0) => format!("applied {}", count(live, "change")),
+        (true, e) => format!(
+            "{} to apply, {} (what failed was not applied; a reload of the same file \
+             tries it again)",
+            count(live, "change"),
+            count(e, "error")
+        ),
     };
+    if restart > 0 {
+        out += &format!("; {} at the next restart", count(restart, "more change"));
+    }
+    out += "\n";
     for l in &r.changes {
         out += &format!("  {l}\n");
     }
@@ -537,6 +578,55 @@ pub fn render_reload(r: &ReloadResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_summary_counts_live_changes_restarts_and_errors_apart() {
+        let r = |changes: &[&str], errors: &[&str]| ReloadResult {
+            config: "t.yaml".into(),
+            changed: !changes.is_empty(),
+            changes: changes.iter().map(|s| s.to_string()).collect(),
+            errors: errors.iter().map(|s| s.to_string()).collect(),
+        };
+        let head = |r: &ReloadResult| render_reload(r).lines().next().unwrap().to_string();
+        assert_eq!(head(&r(&[], &[])), "reload of t.yaml: no changes");
+        assert_eq!(
+            head(&r(&["listener tcp1: add (tcp 127.0.0.1:1)"], &[])),
+            "reload of t.yaml: applied 1 change"
+        );
+        assert_eq!(
+            head(&r(
+                &[
+                    "backend b: add (ram)",
+                    "subsystem s namespace 2: add on backend b",
+                    "restart required: io threads: 1 unpinned -> 2 unpinned",
+                ],
+                &[
+                    "backend b: no memory",
+                    "subsystem s namespace 2: backend b unavailable"
+                ],
+            )),
+            "reload of t.yaml: 2 changes to apply, 2 errors (what failed was not applied; a \
+             reload of the same file tries it again); 1 more change at the next restart"
+        );
+    }
+
+    #[test]
+    fn ctl_takes_json_and_socket_before_or_after_the_subcommand() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            ctl: CtlArgs,
+        }
+        for args in [
+            ["x", "--json", "--socket", "/s", "status"],
+            ["x", "status", "--json", "--socket", "/s"],
+        ] {
+            let c = Cli::try_parse_from(args).unwrap().ctl;
+            assert!(c.json && c.socket.as_deref() == Some(Path::new("/s")));
+            assert!(matches!(c.command, CtlCommand::Status));
+        }
+    }
 
     #[test]
     fn controller_argument_splits_at_the_last_colon() {

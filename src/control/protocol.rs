@@ -187,6 +187,9 @@ pub struct Status {
     pub listeners: Vec<ListenerStatus>,
     pub subsystems: usize,
     pub controllers: usize,
+    /// What the config file asks for that does not run ([`RunningConfig::pending`]).
+    #[serde(default)]
+    pub pending: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -336,6 +339,11 @@ pub struct RunningConfig {
     /// The file it was read from (None: the embedded default).
     pub path: Option<String>,
     pub text: String,
+    /// What that file asks for that the daemon does not run, as change lines (the
+    /// change from what runs to the file): items that wait for a restart, and parts a
+    /// reload could not apply (the next reload tries them again). Empty: it runs the file.
+    #[serde(default)]
+    pub pending: Vec<String>,
 }
 
 #[cfg(test)]

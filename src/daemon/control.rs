@@ -27,8 +27,10 @@ pub(super) struct ControlHook {
     started: SystemTime,
     config_path: Option<PathBuf>,
     engine: &'static str,
-    /// The text of the config now running (for `--check-config --diff`).
+    /// The text of the config file last loaded (for `--check-config --diff`).
     pub text: String,
+    /// That file as loaded; [`Runtime::cfg`] is what runs of it.
+    file: crate::config::Config,
     /// Held to keep serving; dropping it closes the socket.
     _server: Option<ControlServer>,
 }
@@ -56,6 +58,7 @@ impl ControlHook {
             config_path: config_path.map(Path::to_path_buf),
             engine,
             text,
+            file: cfg.clone(),
             _server: server,
         })
     }
@@ -91,6 +94,7 @@ impl ControlHook {
             Command::Config => json(serde_json::to_value(RunningConfig {
                 path: self.config_path.as_ref().map(|p| p.display().to_string()),
                 text: self.text.clone(),
+                pending: self.pending(rt),
             })),
         }
     }
@@ -103,12 +107,19 @@ impl ControlHook {
         crate::notify::ready();
         let r = r?;
         self.text = r.text;
+        self.file = r.file;
         Ok(ReloadResult {
             config: rt.cfg.source.clone(),
             changed: !r.changes.is_empty(),
             changes: r.changes,
             errors: r.errors,
         })
+    }
+
+    /// The change from what runs to the file last loaded: empty when the daemon runs it
+    /// all.
+    fn pending<E: Engine>(&self, rt: &Runtime<E>) -> Vec<String> {
+        crate::reload::diff(&rt.cfg, &self.file).summary()
     }
 
     fn status<E: Engine>(&self, rt: &Runtime<E>) -> Status {
@@ -158,6 +169,7 @@ impl ControlHook {
                 .collect(),
             subsystems: report.subsystems.iter().filter(|s| !s.is_discovery).count(),
             controllers: report.controllers.iter().filter(|c| !c.retired).count(),
+            pending: self.pending(rt),
         }
     }
 }

@@ -127,7 +127,7 @@ pub fn run<E: Engine>(
     // Start-up is the change from nothing to the configuration; at start-up any error
     // is fatal.
     let mut rt = Runtime::new(&cfg, engine, shared.clone(), persisted);
-    let errors = rt.apply(&diff(&rt.cfg, &cfg), &cfg);
+    let errors = rt.apply(&diff(&rt.cfg, &cfg), &cfg).errors;
     if let Some(first) = errors.first() {
         for t in 0..count {
             shared.send(t, ThreadMsg::Stop);

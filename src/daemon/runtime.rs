@@ -20,7 +20,7 @@ use super::policy;
 use super::shared::Shared;
 use super::subsystems::RegisterError;
 use crate::config::{BackendKind, Config};
-use crate::reload::{diff, ConfigDiff};
+use crate::reload::{diff, running_after, ConfigDiff, Undone};
 
 /// One part of a configuration change that could not be applied (the rest was).
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +98,8 @@ struct Retiring {
 }
 
 pub(super) struct Runtime<E: Engine> {
+    /// What the daemon runs: the file last loaded, except what waits for a restart (the
+    /// running value stays) and what a reload could not apply (left out).
     pub cfg: Config,
     pub engine: E,
     pub shared: Arc<Shared>,
@@ -178,7 +180,7 @@ impl<E: Engine> Runtime<E> {
     /// answer and the host requeues them and reconnects (what it sees when Linux nvmet
     /// removes a subsystem). Errors are collected (and logged), not fatal: the rest of
     /// the change is still applied, and the caller decides what an error means.
-    pub fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Vec<ApplyError> {
+    pub fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Applied {
         let mut errors = Errors::default();
         self.retire_subsystems(d);
         self.remove_namespaces(d, &mut errors);
@@ -194,6 +196,7 @@ impl<E: Engine> Runtime<E> {
         let depth = self.engine.caps().max_queue_depth;
         for l in &d.listeners_added {
             if let Err(source) = self.listeners.open(&self.shared, l, depth) {
+                errors.undone.listeners.insert(l.name.clone());
                 errors.push(ApplyError::Listener {
                     name: l.name.clone(),
                     source,
@@ -220,7 +223,10 @@ impl<E: Engine> Runtime<E> {
         for line in &d.restart_required {
             tracing::warn!("needs a restart to take effect: {line}");
         }
-        errors.0
+        Applied {
+            errors: errors.list,
+            undone: errors.undone,
+        }
     }
 
     /// Removed subsystems first: Connects to them are refused from now on, and their
@@ -380,7 +386,10 @@ impl<E: Engine> Runtime<E> {
                     );
                     self.backends.insert(b.name.clone(), be);
                 }
-                Err(e) => errors.push(e.into()),
+                Err(e) => {
+                    errors.undone.backends.insert(b.name.clone());
+                    errors.push(e.into());
+                }
             }
         }
     }
@@ -409,10 +418,13 @@ impl<E: Engine> Runtime<E> {
             };
             match self.shared.add_subsystem(&mut self.engine, cfg) {
                 Ok(_) => tracing::info!("subsystem {} added", s.nqn),
-                Err(source) => errors.push(ApplyError::Subsystem {
-                    nqn: s.nqn.clone(),
-                    source,
-                }),
+                Err(source) => {
+                    errors.undone.subsystems.insert(s.nqn.clone());
+                    errors.push(ApplyError::Subsystem {
+                        nqn: s.nqn.clone(),
+                        source,
+                    });
+                }
             }
         }
     }
@@ -421,6 +433,7 @@ impl<E: Engine> Runtime<E> {
         for (nqn, ns) in &d.namespaces_added {
             let be = self.backends.get(&ns.backend).cloned();
             let (Some(be), Some(id)) = (be, self.shared.subsystems.id(nqn)) else {
+                errors.undone.namespaces.insert((nqn.clone(), ns.nsid));
                 errors.push(ApplyError::Unavailable {
                     nqn: nqn.clone(),
                     nsid: ns.nsid,
@@ -430,6 +443,7 @@ impl<E: Engine> Runtime<E> {
             };
             // The engine serves it before any host can learn of it.
             if let Err(source) = self.engine.ns_add(id, ns.nsid, be.clone()) {
+                errors.undone.namespaces.insert((nqn.clone(), ns.nsid));
                 errors.push(ApplyError::Engine {
                     nqn: nqn.clone(),
                     what: format!("adding namespace {}", ns.nsid),
@@ -461,6 +475,7 @@ impl<E: Engine> Runtime<E> {
                     self.restore_reservation(nqn, ns.nsid, errors);
                 }
                 Err(source) => {
+                    errors.undone.namespaces.insert((nqn.clone(), ns.nsid));
                     errors.push(ApplyError::AddNamespace {
                         nqn: nqn.clone(),
                         nsid: ns.nsid,
@@ -521,11 +536,14 @@ impl<E: Engine> Runtime<E> {
                     self.shared.route(actions);
                     tracing::info!("subsystem {nqn}: namespace {nsid}: visibility updated");
                 }
-                Err(source) => errors.push(ApplyError::NamespaceHosts {
-                    nqn: nqn.clone(),
-                    nsid: *nsid,
-                    source,
-                }),
+                Err(source) => {
+                    errors.undone.namespace_hosts.insert((nqn.clone(), *nsid));
+                    errors.push(ApplyError::NamespaceHosts {
+                        nqn: nqn.clone(),
+                        nsid: *nsid,
+                        source,
+                    });
+                }
             }
         }
         let ana_changes = d
@@ -542,7 +560,10 @@ impl<E: Engine> Runtime<E> {
                     self.shared.route(actions);
                     tracing::info!("subsystem {nqn}: ANA states applied");
                 }
-                Err(source) => errors.push(ApplyError::AnaGroups { nqn, source }),
+                Err(source) => {
+                    errors.undone.ana_groups.insert(nqn.clone());
+                    errors.push(ApplyError::AnaGroups { nqn, source });
+                }
             }
         }
         if let Some(refs) = &d.referrals_changed {
@@ -579,10 +600,12 @@ impl<E: Engine> Runtime<E> {
         for line in &changes {
             tracing::info!("reload: {line}");
         }
-        let errors: Vec<String> = if d.is_empty() {
-            Vec::new()
+        let (errors, undone) = if d.is_empty() {
+            (Vec::new(), Undone::default())
         } else {
-            self.apply(&d, &new).iter().map(|e| e.to_string()).collect()
+            let applied = self.apply(&d, &new);
+            let errors = applied.errors.iter().map(|e| e.to_string()).collect();
+            (errors, applied.undone)
         };
         if errors.is_empty() {
             if !d.is_empty() {
@@ -591,11 +614,14 @@ impl<E: Engine> Runtime<E> {
         } else {
             tracing::error!("reload applied with {} error(s); see above", errors.len());
         }
-        self.cfg = new;
+        // What runs now: the file, but for what waits for a restart and what failed (a
+        // reload of the same file tries that again).
+        self.cfg = undone.remove_from(running_after(&self.cfg, &new), &self.cfg);
         Ok(Reloaded {
             changes,
             errors,
             text,
+            file: new,
         })
     }
 
@@ -692,15 +718,29 @@ pub(super) struct Reloaded {
     pub errors: Vec<String>,
     /// The text of the file now running.
     pub text: String,
+    /// That file as loaded (what [`Runtime::cfg`] runs of it may be less).
+    pub file: Config,
 }
 
 /// Errors of one apply, logged as they happen.
 #[derive(Default)]
-struct Errors(Vec<ApplyError>);
+struct Errors {
+    list: Vec<ApplyError>,
+    /// What the errors left undone, by key: the running config leaves it out.
+    undone: Undone,
+}
 
 impl Errors {
     fn push(&mut self, e: ApplyError) {
         tracing::error!("{e}");
-        self.0.push(e);
+        self.list.push(e);
     }
+}
+
+/// What [`Runtime::apply`] did not do.
+pub(super) struct Applied {
+    /// Each failure, logged as it happened.
+    pub errors: Vec<ApplyError>,
+    /// The parts of the change those failures left undone.
+    pub undone: Undone,
 }

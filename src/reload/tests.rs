@@ -671,3 +671,177 @@ fn visibility_ana_and_referrals_change_live() {
     assert_eq!(d.restart_required.len(), 1);
     assert!(d.restart_required[0].starts_with("reservations:"));
 }
+
+/// Every restart-only setting changed at once, with live changes beside them.
+const EVERYTHING_CHANGED: &str = "\
+io_threads: 3
+max_io_size: 262144
+limits: {max_connections: 77}
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: 4420}
+  - {name: tcp1, transport: tcp, address: 127.0.0.1, port: 4421}
+  - {name: tcp2, transport: tcp, address: 127.0.0.1, port: 4422}
+backends:
+  - {name: ram0, type: ram, size: 128MiB}
+  - {name: ram1, type: ram, size: 64MiB}
+  - {name: ram2, type: ram, size: 64MiB}
+  - {name: ram3, type: ram, size: 64MiB}
+subsystems:
+  - nqn: nqn.2026-11.dev.test:a
+    serial: CHANGED01
+    model: another
+    listeners: [tcp0]
+    hosts: [nqn.2026-11.dev.test:h1]
+    namespaces:
+      - {nsid: 1, backend: ram0}
+      - {nsid: 2, backend: ram1}
+      - {nsid: 3, backend: ram3}
+  - nqn: nqn.2026-11.dev.test:b
+    allow_any_host: true
+    listeners: [tcp0]
+    namespaces:
+      - {nsid: 1, backend: ram2}
+metrics:
+  address: 127.0.0.1:9101
+  allow_remote: true
+";
+
+#[test]
+fn what_runs_after_a_reload_keeps_restart_only_settings_pending() {
+    let old = parse(BASE);
+    let new = parse(EVERYTHING_CHANGED);
+    let d = diff(&old, &new);
+    // ram0 is redefined while namespace 1 uses it: a restart item too.
+    assert!(d.restart_required.len() >= 9, "{:?}", d.restart_required);
+    assert!(!d.listeners_added.is_empty() && !d.namespaces_added.is_empty());
+
+    let run = running_after(&old, &new);
+    // From what ran before, only the live changes are left to do...
+    let done = diff(&old, &run);
+    assert!(done.restart_required.is_empty(), "{done:?}");
+    assert_eq!(
+        done,
+        ConfigDiff {
+            restart_required: Vec::new(),
+            ..d.clone()
+        }
+    );
+    // ...and from what runs now to the file, only what waits for a restart, the same
+    // lines as the reload printed (so the next diff still shows them, the right way
+    // round).
+    let pending = diff(&run, &new);
+    assert_eq!(
+        pending,
+        ConfigDiff {
+            restart_required: d.restart_required.clone(),
+            ..ConfigDiff::default()
+        }
+    );
+    // Putting the old values back in the file is then no change at all.
+    assert!(diff(&run, &old).restart_required.is_empty());
+    // A reload that changes nothing keeps what runs.
+    assert_eq!(running_after(&old, &old), old);
+}
+
+#[test]
+fn what_a_reload_could_not_apply_stays_to_do() {
+    let old = parse(BASE);
+    let new = edit(
+        "  - {name: spare, type: ram, size: 1MiB}\n",
+        "  - {name: spare, type: ram, size: 1MiB}\n  - {name: new0, type: ram, size: 1MiB}\n  - {name: new1, type: ram, size: 1MiB}\n",
+    );
+    let new = Config {
+        listeners: {
+            let mut l = new.listeners.clone();
+            let mut extra = l[0].clone();
+            extra.name = "tcp9".into();
+            extra.port = 4429;
+            l.push(extra);
+            l
+        },
+        subsystems: {
+            let mut s = new.subsystems.clone();
+            let a = s.iter_mut().find(|s| s.nqn == A).unwrap();
+            let mut n3 = a.namespaces[0].clone();
+            n3.nsid = 3;
+            n3.backend = "new0".into();
+            let mut n4 = n3.clone();
+            n4.nsid = 4;
+            n4.backend = "new1".into();
+            a.namespaces.push(n3);
+            a.namespaces.push(n4);
+            a.namespaces[1].hosts = Some(vec!["nqn.2026-11.dev.test:h1".into()]);
+            s
+        },
+        ..new
+    };
+    let d = diff(&old, &new);
+    assert_eq!(d.listeners_added.len(), 1);
+    assert_eq!(d.namespaces_added.len(), 2);
+    assert_eq!(d.namespace_hosts_changed.len(), 1);
+
+    // The listener did not open, backend new0 did not open (so its namespace 3 could
+    // not be added) and namespace 2's new host list was refused.
+    let undone = Undone {
+        listeners: ["tcp9".to_string()].into(),
+        backends: ["new0".to_string()].into(),
+        namespaces: [(A.to_string(), 3)].into(),
+        namespace_hosts: [(A.to_string(), 2)].into(),
+        ..Undone::default()
+    };
+    let run = undone.remove_from(running_after(&old, &new), &old);
+    // What runs has the rest: backend new1 and namespace 4...
+    assert!(run.backends.iter().any(|b| b.name == "new1"));
+    assert_eq!(ns(&run, A, 4), ns(&new, A, 4));
+    // ...and the next diff of the same file does exactly what failed, nothing else.
+    let retry = diff(&run, &new);
+    assert_eq!(
+        retry
+            .listeners_added
+            .iter()
+            .map(|l| &l.name)
+            .collect::<Vec<_>>(),
+        ["tcp9"]
+    );
+    assert_eq!(
+        retry
+            .backends_added
+            .iter()
+            .map(|b| &b.name)
+            .collect::<Vec<_>>(),
+        ["new0"]
+    );
+    assert_eq!(
+        retry
+            .namespaces_added
+            .iter()
+            .map(|(nqn, ns)| (nqn.as_str(), ns.nsid))
+            .collect::<Vec<_>>(),
+        [(A, 3)]
+    );
+    assert_eq!(
+        retry.namespace_hosts_changed,
+        [(
+            A.to_string(),
+            2,
+            Some(vec!["nqn.2026-11.dev.test:h1".to_string()])
+        )]
+    );
+    assert!(retry.namespaces_removed.is_empty() && retry.backends_removed.is_empty());
+    assert!(retry.listeners_removed.is_empty() && retry.restart_required.is_empty());
+
+    // A subsystem that could not be added is left out with its namespaces.
+    let added = edit(
+        "  - nqn: nqn.2026-11.dev.test:b\n",
+        "  - nqn: nqn.2026-11.dev.test:c\n    allow_any_host: true\n    namespaces:\n      - {nsid: 1, backend: spare}\n  - nqn: nqn.2026-11.dev.test:b\n",
+    );
+    let undone = Undone {
+        subsystems: ["nqn.2026-11.dev.test:c".to_string()].into(),
+        ..Undone::default()
+    };
+    let run = undone.remove_from(running_after(&old, &added), &old);
+    assert_eq!(run, old);
+    let retry = diff(&run, &added);
+    assert_eq!(retry.subsystems_added.len(), 1);
+    assert_eq!(retry.namespaces_added.len(), 1);
+}
