@@ -179,3 +179,40 @@ fn invalid_reload_changes_nothing() {
     wait_log(&d, "reload: no changes");
     d.stop();
 }
+
+#[test]
+fn a_host_taken_off_the_list_by_reload_is_disconnected_and_named_in_the_log() {
+    let _w = watchdog("host_taken_off_the_list", Duration::from_secs(60));
+    let opts = host_opts();
+    let allowed = ONE_NS.replace(
+        "    allow_any_host: true\n",
+        &format!("    allow_any_host: false\n    hosts: [{}]\n", opts.hostnqn),
+    );
+    let mut d = Daemon::start(&allowed);
+    let mut c = controller(&d, 1, &opts);
+    let mut back = vec![0u8; 4096];
+    assert_ok(
+        c.io[0].read(1, 0, 8, &mut back).expect("read"),
+        "read while allowed",
+    );
+
+    write_config(
+        &d,
+        &ONE_NS.replace(
+            "    allow_any_host: true\n",
+            "    allow_any_host: false\n    hosts: [nqn.2026-11.dev.test:someone-else]\n",
+        ),
+    );
+    d.signal(Signal::SIGHUP);
+    let line = format!(
+        "controller {} of host \"{}\" disconnected: the host is no longer allowed",
+        c.cntlid, opts.hostnqn
+    );
+    wait_log(&d, &line);
+    // The host's queues are closed: its next command gets no answer.
+    assert!(
+        c.io[0].read(1, 0, 8, &mut back).is_err(),
+        "the removed host's queue still serves"
+    );
+    d.stop();
+}

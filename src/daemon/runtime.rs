@@ -213,9 +213,28 @@ impl<E: Engine> Runtime<E> {
         self.add_subsystems(d, new, &mut errors);
         self.add_namespaces(d, &mut errors);
         for (nqn, any, hosts) in &d.hosts_changed {
-            let actions = self.shared.target().set_hosts(nqn, *any, hosts.clone());
+            let live = |t: &nvmf::target::Target| -> Vec<(u16, String)> {
+                t.report()
+                    .controllers
+                    .into_iter()
+                    .filter(|c| c.subnqn == *nqn && !c.retired)
+                    .map(|c| (c.cntlid, c.hostnqn))
+                    .collect()
+            };
+            let (before, actions, after) = {
+                let mut t = self.shared.target();
+                let before = live(&t);
+                let actions = t.set_hosts(nqn, *any, hosts.clone());
+                (before, actions, live(&t))
+            };
             self.shared.route(actions);
             tracing::info!("subsystem {nqn}: host access updated");
+            for (cntlid, host) in before.iter().filter(|c| !after.contains(c)) {
+                tracing::info!(
+                    "subsystem {nqn}: controller {cntlid} of host {host:?} disconnected: the \
+                     host is no longer allowed"
+                );
+            }
         }
         self.apply_visibility_ana_referrals(d, new, &mut errors);
         self.poll_drives(new);
