@@ -51,9 +51,11 @@
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
 //!
-//! Namespace counters live as long as the engine keeps them: a namespace removed by a
-//! reload keeps its series (and counts on if it comes back); counters of a subsystem that
-//! no longer exists are not reported, as nothing names them any more.
+//! Per-namespace series are reported for the namespaces attached now, as the target's
+//! report lists them: the engine keeps a removed namespace's counters (they count on if it
+//! comes back), but its series leave the scrape with the reload that removed it.
+//! `subsystems` counts the configured subsystems, as `ctl status` does; the discovery
+//! subsystem is not one of them.
 //!
 //! Not reported, because nothing counts them (yet): errors of the non-offloaded path per
 //! namespace (the target answers those, not the engine), bytes of "other" commands (DSM,
@@ -465,8 +467,17 @@ impl Snapshot {
         let mut s = Snapshot::default();
         let names: std::collections::HashMap<SubsysId, String> =
             (src.subsystems)().into_iter().collect();
+        let report = (src.report)();
+        let attached: std::collections::HashSet<(&str, u32)> = report
+            .subsystems
+            .iter()
+            .flat_map(|sub| sub.namespaces.iter().map(|ns| (sub.nqn.as_str(), ns.nsid)))
+            .collect();
         for (id, nsid) in src.stats.namespaces() {
             let Some(nqn) = names.get(&id) else { continue };
+            if !attached.contains(&(nqn.as_str(), nsid)) {
+                continue;
+            }
             let t = src.stats.namespace(id, nsid);
             let base =
                 || -> Labels { vec![("subsystem", nqn.clone()), ("nsid", nsid.to_string())] };
@@ -493,7 +504,6 @@ impl Snapshot {
             s.ns_latency.push((with("other"), t.other_latency));
         }
 
-        let report = (src.report)();
         for sub in &report.subsystems {
             s.subsystem_namespaces.push((
                 vec![("subsystem", sub.nqn.clone())],
@@ -509,7 +519,11 @@ impl Snapshot {
                 ));
             }
         }
-        s.subsystems = report.subsystems.len() as u64;
+        s.subsystems = report
+            .subsystems
+            .iter()
+            .filter(|sub| !sub.is_discovery)
+            .count() as u64;
         // (subsystem, host, transport) -> (controllers, queues)
         let mut by_host: std::collections::BTreeMap<(String, String, &'static str), (u64, u64)> =
             Default::default();
@@ -708,7 +722,7 @@ impl Collector for Snapshot {
         gauge(
             e,
             "subsystems",
-            "Subsystems, the discovery subsystem included.",
+            "Configured subsystems (the discovery subsystem is not one).",
             None,
             self.subsystems as i64,
         )?;

@@ -106,6 +106,71 @@ fn scrape_of_an_idle_engine_is_well_formed() {
     assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
 }
 
+/// Counters for namespaces 1 and 2 of subsystem 7, as an engine keeps them after
+/// namespace 2 was removed.
+struct KeptCounters;
+
+impl sta::StatsSource for KeptCounters {
+    fn namespace(&self, _: SubsysId, nsid: u32) -> sta::NsTotals {
+        sta::NsTotals {
+            read_cmds: u64::from(nsid),
+            queue_depth: 1,
+            ..Default::default()
+        }
+    }
+    fn namespaces(&self) -> Vec<(SubsysId, u32)> {
+        vec![(SubsysId(7), 1), (SubsysId(7), 2)]
+    }
+    fn threads(&self) -> Vec<sta::ThreadTotals> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn only_attached_namespaces_and_configured_subsystems_are_reported() {
+    use nvmf::target::report::{NamespaceReport, SubsystemReport};
+    const NQN: &str = "nqn.2026-11.dev.nvmf-target:m";
+    let mut src = source(sta::Stats::new(Arc::new(KeptCounters)));
+    src.subsystems = Box::new(|| vec![(SubsysId(7), NQN.into())]);
+    src.report = Box::new(|| TargetReport {
+        subsystems: vec![
+            SubsystemReport {
+                nqn: NQN.into(),
+                is_discovery: false,
+                allow_any_host: true,
+                allowed_hosts: 0,
+                namespaces: vec![NamespaceReport {
+                    nsid: 1,
+                    block_size: 512,
+                    num_blocks: 8,
+                }],
+            },
+            SubsystemReport {
+                nqn: "nqn.2014-08.org.nvmexpress.discovery".into(),
+                is_discovery: true,
+                allow_any_host: true,
+                allowed_hosts: 0,
+                namespaces: Vec::new(),
+            },
+        ],
+        ..TargetReport::default()
+    });
+    let text = openmetrics_to_text(&scrape(&src));
+    for line in [
+        "nvmft_subsystems 1",
+        "nvmft_namespace_commands_total{subsystem=\"nqn.2026-11.dev.nvmf-target:m\",nsid=\"1\",op=\"read\"} 1",
+        "nvmft_namespace_backend_queue_depth{subsystem=\"nqn.2026-11.dev.nvmf-target:m\",nsid=\"1\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+    }
+    let removed: Vec<&str> = text.lines().filter(|l| l.contains("nsid=\"2\"")).collect();
+    assert!(removed.is_empty(), "namespace 2 is gone: {removed:#?}");
+    assert!(
+        text.contains("# HELP nvmft_subsystems Configured subsystems"),
+        "{text}"
+    );
+}
+
 #[test]
 fn histogram_buckets_are_seconds_and_cumulative() {
     let mut t = LatencyTotals::default();
