@@ -48,7 +48,14 @@ struct Cli {
     diff: bool,
 
     /// With --diff: the running daemon's control socket.
-    #[arg(long, value_name = "PATH", requires = "diff")]
+    // An id of its own: clap hands a global argument's value (ctl's --socket) to every
+    // argument of the same id up the command line.
+    #[arg(
+        id = "diff_socket",
+        long = "socket",
+        value_name = "PATH",
+        requires = "diff"
+    )]
     socket: Option<PathBuf>,
 
     /// More logging: -v debug, -vv trace (RUST_LOG, when set, takes precedence).
@@ -129,11 +136,14 @@ fn main() -> ExitCode {
     }
 
     if cli.check_config {
+        for w in startup_checks::config_warnings(&cfg) {
+            eprintln!("warning: {w}");
+        }
         println!(
-            "config OK: {} subsystems, {} namespaces, {} listeners",
-            cfg.subsystems.len(),
-            cfg.namespace_count(),
-            cfg.listeners.len()
+            "config OK: {}, {}, {}",
+            counted(cfg.subsystems.len(), "subsystem"),
+            counted(cfg.namespace_count(), "namespace"),
+            counted(cfg.listeners.len(), "listener")
         );
         return ExitCode::SUCCESS;
     }
@@ -144,6 +154,9 @@ fn main() -> ExitCode {
         .as_deref()
         .and_then(startup_checks::config_permissions)
     {
+        tracing::warn!("{w}");
+    }
+    for w in startup_checks::config_warnings(&cfg) {
         tracing::warn!("{w}");
     }
     match engine::run(cfg, text, cli.config) {
@@ -239,6 +252,15 @@ fn log_config(cfg: &Config) {
     }
     if let Some(addr) = cfg.metrics {
         tracing::debug!("metrics on {addr}");
+    }
+}
+
+/// `n` and the noun, which is plural unless `n` is 1.
+pub(crate) fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 
@@ -342,5 +364,32 @@ mod logging {
             Ok(st) => st.st_dev == dev && st.st_ino == ino,
             Err(_) => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::Parser as _;
+
+    use super::{Cli, Cmd};
+
+    /// `ctl`'s global `--socket` (which its own tests check) and the daemon's `--socket`
+    /// for `--diff` live side by side in the whole command line.
+    #[test]
+    fn ctl_socket_and_the_diff_socket_are_apart() {
+        let argv = ["nvmf-target", "ctl", "status", "--json", "--socket", "/s"];
+        let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+        let Some(Cmd::Ctl(args)) = cli.command else {
+            panic!("not ctl: {cli:?}");
+        };
+        assert!(args.json);
+        assert_eq!(args.socket.as_deref(), Some(Path::new("/s")));
+        assert_eq!(cli.socket, None);
+        let argv = ["nvmf-target", "--check-config", "--diff", "--socket", "/s"];
+        let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.socket.as_deref(), Some(Path::new("/s")));
+        assert!(cli.command.is_none());
     }
 }

@@ -3,16 +3,18 @@
 //! config, or cannot be checked without something that already failed); the exit status
 //! is 1 when any check failed.
 //!
-//! Checks: the DOCA library and its version, DOCA's STA-capable devices (the configured
-//! STA and network devices), a BlueField-3 (whose DPA STA runs on), RDMA devices and their
-//! link state, the IOMMU, the VFIO binding of configured NVMe drives, whether the kernel
-//! can export a VFIO BAR as a dma-buf (P2P doorbells), hugepages, the memlock limit.
-//! Which ones a config needs follows from its engine, listeners and backends.
+//! Checks: whether each TCP listener's address is one of this host's, the DOCA library
+//! and its version, DOCA's STA-capable devices (the configured STA and network devices), a
+//! BlueField-3 (whose DPA STA runs on), RDMA devices and their link state, the IOMMU, the
+//! VFIO binding of configured NVMe drives, whether the kernel can export a VFIO BAR as a
+//! dma-buf (P2P doorbells), hugepages, the memlock limit. Which ones a config needs
+//! follows from its engine, listeners and backends.
 //!
 //! The system is read under a root directory (`/` for real; a test tree in the tests), so
 //! every check's text is tested here without the hardware.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::config::{BackendKind, Config, EngineKind, TransportKind};
@@ -89,6 +91,9 @@ pub struct System {
     pub doca_devices: Result<Vec<(String, bool)>, String>,
     /// rdma-core's verbs libraries, as `sta::verbs::available` reports them.
     pub verbs: Result<usize, String>,
+    /// Binds a TCP socket to the address (port 0) and closes it again: whether the address
+    /// is one of this host's.
+    pub bind_probe: fn(SocketAddr) -> std::io::Result<()>,
 }
 
 impl System {
@@ -107,6 +112,7 @@ impl System {
             doca,
             doca_devices,
             verbs: sta::verbs::available().map_err(|e| e.to_string()),
+            bind_probe: bind_here,
         }
     }
 
@@ -129,6 +135,11 @@ impl System {
         v.sort();
         v
     }
+}
+
+/// [`System::bind_probe`] on this machine.
+fn bind_here(addr: SocketAddr) -> std::io::Result<()> {
+    std::net::TcpListener::bind(addr).map(drop)
 }
 
 type DocaProbe = (
@@ -188,6 +199,7 @@ pub fn run(cfg: &Config, sys: &System) -> Vec<Check> {
             nvme.len()
         ),
     )];
+    out.extend(listener_addresses(cfg, sys));
     out.push(doca_library(doca, sys));
     out.extend(doca_devices(cfg, doca, sys));
     out.push(bluefield(doca, sys));
@@ -198,6 +210,53 @@ pub fn run(cfg: &Config, sys: &System) -> Vec<Check> {
     out.push(hugepages(doca, sys));
     out.push(memlock(doca || rdma, sys));
     out
+}
+
+/// Whether each TCP listener's address is one of this host's, by binding port 0 on it:
+/// the configured port is not tried, as the daemon may be running and hold it.
+fn listener_addresses(cfg: &Config, sys: &System) -> Vec<Check> {
+    const N: &str = "listener-address";
+    let tcp: Vec<(usize, &crate::config::ListenerConfig)> = cfg
+        .listeners
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.transport == TransportKind::Tcp)
+        .collect();
+    if tcp.is_empty() {
+        return vec![skip(N, "no TCP listener")];
+    }
+    tcp.into_iter()
+        .map(|(i, l)| {
+            let (name, ip) = (&l.name, l.address);
+            if ip.is_unspecified() {
+                return ok(
+                    N,
+                    format!("listener {name}: {ip} (every address of this host)"),
+                );
+            }
+            let mut addr = l.socket_addr();
+            addr.set_port(0);
+            match (sys.bind_probe)(addr) {
+                Ok(()) => ok(
+                    N,
+                    format!("listener {name}: {ip} is an address of this host"),
+                ),
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => fail(
+                    N,
+                    format!("listener {name}: {ip} is not an address of this host ({e})"),
+                    format!(
+                        "set listeners[{i}].address to one of this host's addresses \
+                         (`ip -brief address`), or 0.0.0.0 / :: for all of them"
+                    ),
+                ),
+                Err(e) => fail(
+                    N,
+                    format!("listener {name}: cannot bind {ip}: {e}"),
+                    format!("check listeners[{i}].address against `ip -brief address`"),
+                ),
+            }
+        })
+        .collect()
 }
 
 fn doca_library(needed: bool, sys: &System) -> Check {
@@ -553,6 +612,15 @@ mod tests {
             doca: Err("DOCA STA library (libdoca_sta.so) not found; searched /opt/mellanox/doca/lib/x86_64-linux-gnu".into()),
             doca_devices: Err("no DOCA library".into()),
             verbs: Ok(1),
+            bind_probe: only_some_addresses,
+        }
+    }
+
+    /// This test machine has 127.0.0.1 and 10.0.0.1, nothing else.
+    fn only_some_addresses(addr: SocketAddr) -> std::io::Result<()> {
+        match addr.ip().to_string().as_str() {
+            "127.0.0.1" | "10.0.0.1" => Ok(()),
+            _ => Err(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL)),
         }
     }
 
@@ -683,7 +751,9 @@ subsystems:
         ));
         s.doca_devices = Ok(vec![("mlx5_0".into(), true), ("mlx5_2".into(), false)]);
         let v = run(&cfg(DOCA), &s);
-        for c in &v {
+        // Its one listener is RDMA: no TCP address to try.
+        assert_eq!(find(&v, "listener-address").outcome, Outcome::Skip);
+        for c in v.iter().filter(|c| c.name != "listener-address") {
             assert_eq!(c.outcome, Outcome::Ok, "{c}");
         }
         assert!(report(&v));
@@ -700,9 +770,56 @@ subsystems:
     fn a_soft_tcp_config_needs_none_of_it() {
         let t = tempfile::tempdir().unwrap();
         let v = run(&Config::embedded_default(), &sys(t.path()));
-        for c in &v[1..] {
+        assert_eq!(
+            find(&v, "listener-address").to_string(),
+            "OK   listener-address: listener tcp0: 127.0.0.1 is an address of this host"
+        );
+        for c in v[1..].iter().filter(|c| c.name != "listener-address") {
             assert_eq!(c.outcome, Outcome::Skip, "{c}");
         }
         assert!(report(&v));
+    }
+
+    #[test]
+    fn a_listener_address_this_host_lacks_fails() {
+        let t = tempfile::tempdir().unwrap();
+        let yaml = "\
+listeners:
+  - {name: here, transport: tcp, address: 127.0.0.1, port: 4420}
+  - {name: away, transport: tcp, address: 10.99.99.99, port: 4420}
+  - {name: all, transport: tcp, address: '::', port: 4421}
+subsystems:
+  - nqn: nqn.2026-11.dev.example:s
+    allow_any_host: true
+";
+        let v = run(&cfg(yaml), &sys(t.path()));
+        let lines: Vec<String> = v
+            .iter()
+            .filter(|c| c.name == "listener-address")
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "OK   listener-address: listener here: 127.0.0.1 is an address of this host",
+                "FAIL listener-address: listener away: 10.99.99.99 is not an address of this \
+                 host (Cannot assign requested address (os error 99)); fix: set \
+                 listeners[1].address to one of this host's addresses (`ip -brief address`), \
+                 or 0.0.0.0 / :: for all of them",
+                "OK   listener-address: listener all: :: (every address of this host)",
+            ]
+        );
+        assert!(!report(&v));
+        // An RDMA-only config has nothing to bind here.
+        let v = run(&cfg(DOCA), &sys(t.path()));
+        assert_eq!(find(&v, "listener-address").outcome, Outcome::Skip);
+    }
+
+    #[test]
+    fn the_real_probe_tells_a_local_address_from_a_foreign_one() {
+        bind_here("127.0.0.1:0".parse().unwrap()).expect("loopback is on every host");
+        // 192.0.2.0/24 is TEST-NET-1 (RFC 5737), on no real host.
+        let e = bind_here("192.0.2.1:0".parse().unwrap()).expect_err("not on this host");
+        assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL), "{e}");
     }
 }

@@ -1,10 +1,13 @@
 //! Warnings about how the daemon is set up that are not config errors (it still starts):
 //! a config file others may write, a metrics endpoint reachable from other hosts that
-//! nobody asked for, too few file descriptors for `limits.max_connections`. Also raises
-//! the soft RLIMIT_NOFILE to the hard one (every connection is a descriptor).
+//! nobody asked for, too few file descriptors for `limits.max_connections`, a subsystem
+//! no host may connect to. Also raises the soft RLIMIT_NOFILE to the hard one (every
+//! connection is a descriptor).
 
 use std::net::SocketAddr;
 use std::path::Path;
+
+use crate::config::Config;
 
 /// Mode bits that let someone other than the file's owner change it (group or others
 /// write).
@@ -31,6 +34,24 @@ pub fn config_permissions(path: &Path) -> Option<String> {
 
 fn writable_by_others(mode: u32) -> bool {
     mode & WRITABLE_BY_OTHERS != 0
+}
+
+/// What in a valid config is probably not what was meant, one warning each: a subsystem
+/// that allows no host at all (`allow_any_host: false` and no `hosts:`). That one is not
+/// an error, as a subsystem may be kept this way on purpose until its hosts are known.
+/// `--check-config` prints these, the daemon logs them at start-up and reload.
+pub fn config_warnings(cfg: &Config) -> Vec<String> {
+    cfg.subsystems
+        .iter()
+        .filter(|s| !s.allow_any_host && s.hosts.is_empty())
+        .map(|s| {
+            format!(
+                "subsystem {}: no host may connect (allow_any_host is false and hosts lists \
+                 none); add its hosts, or set allow_any_host: true",
+                s.nqn
+            )
+        })
+        .collect()
 }
 
 /// The warning for a metrics endpoint on `addr` (it has no authentication), unless it is
@@ -99,6 +120,39 @@ mod tests {
         let w = config_permissions(&f).expect("a warning");
         assert!(w.contains("writable by others (mode 666)"), "{w}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_subsystem_no_host_may_connect_to_is_a_warning() {
+        let yaml = |access: &str| {
+            format!(
+                "listeners:
+  - {{name: l, transport: tcp, address: 127.0.0.1, port: 4420}}
+subsystems:
+  - nqn: nqn.2026-11.dev.example:parked
+{access}  - nqn: nqn.2026-11.dev.example:open
+    allow_any_host: true
+"
+            )
+        };
+        let warnings = |access: &str| {
+            let cfg = Config::parse(&yaml(access), "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+            config_warnings(&cfg)
+        };
+        assert_eq!(
+            warnings(""),
+            [
+                "subsystem nqn.2026-11.dev.example:parked: no host may connect (allow_any_host \
+              is false and hosts lists none); add its hosts, or set allow_any_host: true"
+            ]
+        );
+        assert_eq!(
+            warnings("    allow_any_host: false\n"),
+            warnings(""),
+            "the default is false"
+        );
+        assert!(warnings("    hosts: [nqn.2026-11.dev.example:h1]\n").is_empty());
+        assert!(warnings("    allow_any_host: true\n").is_empty());
     }
 
     #[test]

@@ -85,7 +85,22 @@ fn valid_config_prints_summary() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "config OK: 1 subsystems, 2 namespaces, 1 listeners\n"
+        "config OK: 1 subsystem, 2 namespaces, 1 listener\n"
+    );
+}
+
+#[test]
+fn subsystem_no_host_may_connect_is_a_warning() {
+    let (output, _) = check_config(&edit(17, "allow_any_host: true", "allow_any_host: false"));
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "warning: subsystem nqn.2026-11.dev.nvmf-target:a: no host may connect (allow_any_host \
+         is false and hosts lists none); add its hosts, or set allow_any_host: true\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "config OK: 1 subsystem, 2 namespaces, 1 listener\n"
     );
 }
 
@@ -98,15 +113,23 @@ fn embedded_default_checks() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "config OK: 1 subsystems, 1 namespaces, 1 listeners\n"
+        "config OK: 1 subsystem, 1 namespace, 1 listener\n"
     );
 }
 
 #[test]
 fn example_checks() {
+    // Its state directory (/var/lib/nvmf-target) is the systemd unit's to create; here
+    // it is a temporary one.
+    let state = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml"))
+        .expect("read example")
+        .replace("/var/lib/nvmf-target", &state.path().display().to_string());
+    let config = state.path().join("example.yaml");
+    std::fs::write(&config, text).expect("write config");
     let output = Command::new(env!("CARGO_BIN_EXE_nvmf-target"))
         .args(["--check-config", "--config"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml"))
+        .arg(&config)
         .output()
         .expect("run nvmf-target");
     assert_eq!(output.status.code(), Some(0), "{output:?}");
@@ -451,6 +474,43 @@ fn file_backend_created_with_size() {
     let (output, _) = check_config(&yaml);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert!(!missing.exists(), "--check-config must not create files");
+}
+
+#[test]
+fn file_backend_directory_missing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nodir");
+    let yaml = edit(
+        10,
+        "size: 1GiB",
+        &format!("path: {}\n    size: 1GiB", missing.join("x.img").display()),
+    )
+    .replace("type: ram\n    path", "type: file\n    path");
+    assert_error(
+        &yaml,
+        &format!(
+            "10:11: backends[0].path: directory {} does not exist (create it: the daemon \
+             creates only the file)",
+            missing.display()
+        ),
+    );
+}
+
+#[test]
+fn file_backend_smaller_than_one_block() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tiny = dir.path().join("tiny.img");
+    std::fs::write(&tiny, [0u8; 100]).expect("write file");
+    let yaml = edit(10, "size: 1GiB", &format!("path: {}", tiny.display()))
+        .replace("type: ram\n    path", "type: file\n    path");
+    assert_error(
+        &yaml,
+        &format!(
+            "10:11: backends[0].path: {} is 100 bytes, less than one 512-byte block; set size \
+             to extend it",
+            tiny.display()
+        ),
+    );
 }
 
 #[test]

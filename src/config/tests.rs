@@ -65,18 +65,29 @@ fn embedded_default() {
     assert_eq!(cfg.metrics, None);
 }
 
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml");
+
+/// `etc/example.yaml` with its state directory (`/var/lib/nvmf-target`, which the systemd
+/// unit creates and a build machine usually lacks) moved to `state`.
+fn example_in(state: &Path) -> Config {
+    let text = std::fs::read_to_string(EXAMPLE)
+        .unwrap()
+        .replace("/var/lib/nvmf-target", &state.display().to_string());
+    Config::parse_as_file(&text, Path::new(EXAMPLE)).unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn example_parses() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml");
-    let cfg = Config::load(path).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(cfg.source, path);
+    let state = tempfile::tempdir().unwrap();
+    let cfg = example_in(state.path());
+    assert_eq!(cfg.source, EXAMPLE);
     assert_eq!(cfg.threads, IoThreads::Count(2));
     assert_eq!(cfg.listeners.len(), 2);
     assert_eq!(cfg.listeners[1].address, "::1".parse::<IpAddr>().unwrap());
     assert_eq!(
         cfg.backends[1].kind,
         BackendKind::File {
-            path: "/var/lib/nvmf-target/disk0.img".into(),
+            path: state.path().join("disk0.img"),
             size: Some(10 << 30),
             block_size: Some(4096),
             direct: Some(true),
@@ -97,6 +108,15 @@ fn example_parses() {
     assert_eq!(cfg.subsystems[1].listeners, ["tcp0", "tcp6"]);
     assert_eq!(cfg.metrics, Some(SocketAddr::from(([127, 0, 0, 1], 9100))));
     assert_eq!(cfg.namespace_count(), 2);
+    // As it is, outside the systemd unit, the missing state directory is named.
+    if !Path::new("/var/lib/nvmf-target").exists() {
+        let err = Config::load(EXAMPLE).expect_err("no /var/lib/nvmf-target here");
+        assert!(
+            err.to_string()
+                .contains("backends[1].path: directory /var/lib/nvmf-target does not exist"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -222,6 +242,79 @@ fn existing_file_checks() {
             "t.yaml:4:{}: backends[0].size: {} is already 8192 bytes, larger than size; files are never shrunk",
             41 + empty.display().to_string().len(),
             empty.display()
+        )]
+    );
+}
+
+#[test]
+fn file_to_create_needs_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nodir");
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        &format!(
+            "{{name: b, type: file, path: {}, size: 1M}}",
+            missing.join("x.img").display()
+        ),
+    );
+    let expected = format!(
+        "t.yaml:4:33: backends[0].path: directory {} does not exist (create it: the daemon \
+         creates only the file)",
+        missing.display()
+    );
+    assert_eq!(errors(&yaml), std::slice::from_ref(&expected));
+    // Without size, setting size would not help either: the directory is named first.
+    let yaml = yaml.replace(", size: 1M}", "}");
+    assert_eq!(errors(&yaml), [expected]);
+    std::fs::create_dir(&missing).unwrap();
+    Config::parse(&yaml.replace("x.img}", "x.img, size: 1M}"), "t.yaml")
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // A relative path's directory is looked for beside the config file.
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        "{name: b, type: file, path: sub/x.img, size: 1M}",
+    );
+    let config_path = dir.path().join("nvmf.yaml");
+    std::fs::write(&config_path, &yaml).unwrap();
+    let err = Config::load(&config_path).expect_err("no sub/ beside the config");
+    let shown = dir.path().join("sub").display().to_string();
+    assert!(
+        err.to_string()
+            .contains(&format!("directory {shown} does not exist")),
+        "{err}"
+    );
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    Config::load(&config_path).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn existing_file_smaller_than_one_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny.img");
+    std::fs::write(&tiny, vec![0u8; 100]).unwrap();
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        &format!("{{name: b, type: file, path: {}}}", tiny.display()),
+    );
+    assert_eq!(
+        errors(&yaml),
+        [format!(
+            "t.yaml:4:33: backends[0].path: {} is 100 bytes, less than one 512-byte block; \
+             set size to extend it",
+            tiny.display()
+        )]
+    );
+    // The configured block size is the one that counts.
+    std::fs::write(&tiny, vec![0u8; 1024]).unwrap();
+    Config::parse(&yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let yaml = yaml.replace("tiny.img}", "tiny.img, block_size: 4096}");
+    assert_eq!(
+        errors(&yaml),
+        [format!(
+            "t.yaml:4:33: backends[0].path: {} is 1024 bytes, less than one 4096-byte block; \
+             set size to extend it",
+            tiny.display()
         )]
     );
 }
@@ -406,7 +499,8 @@ fn max_io_size_default_units_and_range() {
         );
         assert!(e[0].contains(why) || why == "unit", "{text}: {}", e[0]);
     }
-    let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let example = example_in(state.path());
     assert_eq!(example.max_io_size, 1 << 20);
 }
 
@@ -644,7 +738,8 @@ fn engine_defaults_to_soft_and_doca_needs_devices_and_rdma() {
     );
     let e = errors(&format!("engine: spdk\n{MINIMAL}"));
     assert!(e[0].starts_with("t.yaml:1:"), "{e:?}");
-    let example = Config::load(concat!(env!("CARGO_MANIFEST_DIR"), "/etc/example.yaml")).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let example = example_in(state.path());
     assert_eq!(example.engine, EngineKind::Soft);
 }
 

@@ -762,7 +762,7 @@ impl Checker<'_> {
                         self.error(backend, format!("{p}.path"), "required for file backends");
                         PathBuf::new()
                     }
-                    Some(path) => self.file_path(path, b, size, p),
+                    Some(path) => self.file_path(path, b, size, block_size, p),
                 };
                 BackendKind::File {
                     path,
@@ -839,6 +839,7 @@ impl Checker<'_> {
         path: &Spanned<String>,
         b: &RawBackend,
         size: Option<u64>,
+        block_size: Option<u32>,
         p: &str,
     ) -> PathBuf {
         let field = format!("{p}.path");
@@ -848,6 +849,9 @@ impl Checker<'_> {
         }
         let resolved = self.resolve(&path.value);
         let shown = resolved.display();
+        // 512 unless set; the backend may pick the file system's larger direct I/O
+        // alignment instead, which only opening the file shows.
+        let block = block_size.unwrap_or(512);
         match std::fs::metadata(&resolved) {
             Ok(meta) if meta.file_type().is_block_device() => {
                 if let Some(at) = &b.size {
@@ -859,6 +863,13 @@ impl Checker<'_> {
             Ok(meta) if meta.is_file() => match size {
                 None if meta.len() == 0 => {
                     let msg = format!("{shown} is empty; set size to extend it");
+                    self.error(path, field, msg);
+                }
+                None if meta.len() < u64::from(block) => {
+                    let msg = format!(
+                        "{shown} is {} bytes, less than one {block}-byte block; set size to extend it",
+                        meta.len()
+                    );
                     self.error(path, field, msg);
                 }
                 Some(size) if size < meta.len() => {
@@ -880,9 +891,24 @@ impl Checker<'_> {
                 self.error(path, field, msg);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if b.size.is_none() {
-                    let msg = format!("{shown} does not exist (set size to create it)");
-                    self.error(path, field, msg);
+                // The daemon creates the file, never the directories above it.
+                let dir = match resolved.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d,
+                    _ => Path::new("."),
+                };
+                match std::fs::metadata(dir) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        let msg = format!(
+                            "directory {} does not exist (create it: the daemon creates only the file)",
+                            dir.display()
+                        );
+                        self.error(path, field, msg);
+                    }
+                    _ if b.size.is_none() => {
+                        let msg = format!("{shown} does not exist (set size to create it)");
+                        self.error(path, field, msg);
+                    }
+                    _ => {}
                 }
             }
             Err(e) => {

@@ -22,6 +22,7 @@ use super::protocol::{
     SubsystemInfo,
 };
 use crate::config::{Config, EMBEDDED_DEFAULT_NAME};
+use crate::counted as count;
 use crate::reload::RESTART_PREFIX;
 
 /// `nvmf-target ctl`: ask a running daemon over its control socket.
@@ -392,15 +393,6 @@ not running yet ({}): what failed is tried again by a reload of the same file; \
         out += &format!("  {l}\n");
     }
     out
-}
-
-/// "1 item", "2 items".
-fn count(n: usize, what: &str) -> String {
-    if n == 1 {
-        format!("1 {what}")
-    } else {
-        format!("{n} {what}s")
-    }
 }
 
 pub fn render_subsystems(list: &[SubsystemInfo]) -> String {

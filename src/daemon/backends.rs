@@ -7,24 +7,34 @@ use backend::Backend;
 
 use crate::config::{BackendConfig, BackendKind};
 
-/// A backend that could not be opened: which one, what it is, why.
+/// A backend that could not be opened: which one, what it is (unless the backend's own
+/// error already says it), why.
 #[derive(Debug, thiserror::Error)]
-#[error("backend {name}: {what}: {source}")]
 pub(super) struct OpenError {
     name: String,
-    what: String,
+    what: Option<String>,
     #[source]
     source: backend::Error,
 }
 
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "backend {}: ", self.name)?;
+        if let Some(what) = &self.what {
+            write!(f, "{what}: ")?;
+        }
+        write!(f, "{}", self.source)
+    }
+}
+
 pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenError> {
-    let err = |what: String| {
+    let err = |what: Option<String>| {
         let name = b.name.clone();
         move |source| OpenError { name, what, source }
     };
     Ok(match &b.kind {
         BackendKind::Ram { size, block_size } => {
-            backend::ram::RamBackend::new(*size, *block_size).map_err(err("RAM".into()))?
+            backend::ram::RamBackend::new(*size, *block_size).map_err(err(Some("RAM".into())))?
         }
         BackendKind::File {
             path,
@@ -39,7 +49,8 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
                 direct: *direct,
             },
         )
-        .map_err(err(path.display().to_string()))?,
+        // Every error of the file backend starts with the path already.
+        .map_err(err(None))?,
         BackendKind::Nvme {
             pci,
             nsid,
@@ -57,7 +68,31 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
             }
             // Its SMART / Health log is read by the runtime's drive-health poller.
             backend::NvmeBackend::open_pci(pci, opts)
-                .map_err(err(format!("nvme {pci} namespace {nsid}")))?
+                .map_err(err(Some(format!("nvme {pci} namespace {nsid}"))))?
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_cannot_be_opened_is_named_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing").join("x.img");
+        let b = BackendConfig {
+            name: "f0".into(),
+            kind: BackendKind::File {
+                path: path.clone(),
+                size: Some(1 << 20),
+                block_size: None,
+                direct: None,
+            },
+        };
+        let msg = open_backend(&b).expect_err("no such directory").to_string();
+        let shown = path.display().to_string();
+        assert_eq!(msg.matches(&shown).count(), 1, "{msg}");
+        assert!(msg.starts_with(&format!("backend f0: {shown}: ")), "{msg}");
+    }
 }

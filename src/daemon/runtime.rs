@@ -72,12 +72,9 @@ pub(super) enum ApplyError {
         #[source]
         source: TargetError,
     },
-    #[error("subsystem {nqn} namespace {nsid}: backend {backend} or subsystem unavailable")]
-    Unavailable {
-        nqn: String,
-        nsid: u32,
-        backend: String,
-    },
+    /// What it needs failed earlier in the same change (logged above it).
+    #[error("subsystem {nqn} namespace {nsid}: not added: {why}")]
+    Unavailable { nqn: String, nsid: u32, why: String },
     #[error("listener {name}: {source}")]
     Listener {
         name: String,
@@ -451,12 +448,18 @@ impl<E: Engine> Runtime<E> {
     fn add_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
         for (nqn, ns) in &d.namespaces_added {
             let be = self.backends.get(&ns.backend).cloned();
-            let (Some(be), Some(id)) = (be, self.shared.subsystems.id(nqn)) else {
+            let id = self.shared.subsystems.id(nqn);
+            let (Some(be), Some(id)) = (be, id) else {
+                let why = if id.is_none() {
+                    "its subsystem could not be added (see above)".to_string()
+                } else {
+                    format!("its backend {} did not open (see above)", ns.backend)
+                };
                 errors.undone.namespaces.insert((nqn.clone(), ns.nsid));
                 errors.push(ApplyError::Unavailable {
                     nqn: nqn.clone(),
                     nsid: ns.nsid,
-                    backend: ns.backend.clone(),
+                    why,
                 });
                 continue;
             };
@@ -611,6 +614,9 @@ impl<E: Engine> Runtime<E> {
                 return Err(format!("reload rejected, configuration unchanged:\n{e}"));
             }
         };
+        for w in crate::startup_checks::config_warnings(&new) {
+            tracing::warn!("{w}");
+        }
         let d = diff(&self.cfg, &new);
         let changes = d.summary();
         if d.is_empty() {

@@ -64,6 +64,7 @@ note "$(systemctl --version | head -1)"
 install -m 0755 "$SHARE/nvmf-target" /usr/local/bin/nvmf-target &&
     install -m 0644 "$SHARE/nvmf-target.service" /etc/systemd/system/nvmf-target.service &&
     install -d -m 0755 /etc/nvmf-target &&
+    install -d -m 0700 /var/lib/nvmf-target &&
     config_with_ns3 no
 check install-unit-and-config test -x /usr/local/bin/nvmf-target -a -f /etc/systemd/system/nvmf-target.service -a -f "$CFG" || exit 1
 check systemd-analyze-verify sh -c 'out=$(systemd-analyze verify /etc/systemd/system/nvmf-target.service 2>&1); echo "$out"; [ -z "$out" ]'
