@@ -194,7 +194,15 @@ fn missing_field() {
 fn wrong_type() {
     assert_error(
         &edit(19, "nsid: 1", "nsid: one"),
-        "19:15: subsystems[0].namespaces[0].nsid: expected a non-negative integer",
+        "19:15: subsystems[0].namespaces[0].nsid: expected a non-negative integer, not `one`",
+    );
+}
+
+#[test]
+fn misspelt_boolean() {
+    assert_error(
+        &edit(17, "allow_any_host: true", "allow_any_host: ture"),
+        "17:21: subsystems[0].allow_any_host: expected true or false, not `ture`",
     );
 }
 

@@ -96,7 +96,13 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
             };
             (path, "required field is missing".into())
         }
-        E::InvalidScalar { ty, .. } => (index.node_at(line, column), expected_scalar(ty)),
+        E::InvalidScalar { ty, .. } => (
+            index.node_at(line, column),
+            match value_at(text, line, column) {
+                Some(v) => format!("{}, not `{v}`", expected_scalar(ty)),
+                None => expected_scalar(ty),
+            },
+        ),
         // Said of numbers too, when a sequence or mapping stands where a value should be.
         E::Unexpected {
             expected: "string scalar",
@@ -123,9 +129,29 @@ fn expected_scalar(ty: &str) -> String {
     match ty {
         "u8" | "u16" | "u32" | "u64" | "usize" => "expected a non-negative integer".to_owned(),
         "i8" | "i16" | "i32" | "i64" | "isize" => "expected an integer".to_owned(),
-        "bool" => "expected true or false".to_owned(),
+        // serde-saphyr names it "boolean".
+        "bool" | "boolean" => "expected true or false".to_owned(),
         other => format!("invalid value for type {other}"),
     }
+}
+
+/// The plain scalar that starts at `line`:`column` (1-based), up to the end of the line, a
+/// comment or the end of a flow item, for "expected X, not `Y`"; None when there is none.
+fn value_at(text: &str, line: u64, column: u64) -> Option<String> {
+    let l = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let rest: String = l
+        .chars()
+        .skip(usize::try_from(column).ok()?.checked_sub(1)?)
+        .collect();
+    let end = [" #", ",", "}", "]"]
+        .iter()
+        .filter_map(|stop| rest.find(stop))
+        .min()
+        .unwrap_or(rest.len());
+    let v = rest[..end].trim();
+    (!v.is_empty() && v.chars().count() <= 64).then(|| v.to_owned())
 }
 
 /// Keeps control characters from the file out of the one-line message.
