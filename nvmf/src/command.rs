@@ -203,8 +203,11 @@ pub fn dsm_deallocate(sqe: &Sqe) -> bool {
 
 /// The (SLBA, NLB) ranges of a Dataset Management range list (`data`, NR + 1 entries of
 /// Figure 40: context attributes, length in blocks, starting LBA) to deallocate on a
-/// namespace of `nblocks` blocks, into `out`; ranges of length 0 are skipped. Returns how
-/// many were written, or LBA Out of Range for a range past the end.
+/// namespace of `nblocks` blocks, into `out`, in LBA order with overlapping and adjacent
+/// ranges merged (deallocation is the same however the list is cut up, and a host must not
+/// get to ask for more work than the blocks it names: 256 copies of the whole namespace
+/// become one); ranges of length 0 are skipped. Returns how many were written, or LBA Out
+/// of Range for a range past the end.
 pub fn dsm_ranges(
     sqe: &Sqe,
     data: &[u8],
@@ -224,7 +227,24 @@ pub fn dsm_ranges(
         out[n] = (slba, len);
         n += 1;
     }
-    Ok(n)
+    out[..n].sort_unstable();
+    let mut merged = 0;
+    for i in 0..n {
+        let (slba, len) = out[i];
+        if merged > 0 {
+            let (last, last_len) = &mut out[merged - 1];
+            let end = *last + u64::from(*last_len);
+            let new_end = (slba + u64::from(len)).max(end);
+            // One range's length is a u32; a longer union stays two ranges.
+            if slba <= end && new_end - *last <= u64::from(u32::MAX) {
+                *last_len = (new_end - *last) as u32;
+                continue;
+            }
+        }
+        out[merged] = (slba, len);
+        merged += 1;
+    }
+    Ok(merged)
 }
 
 #[cfg(test)]
@@ -392,6 +412,38 @@ mod tests {
             dsm_ranges(&s, &data, 1023, &mut out),
             Err(Status::LBA_OUT_OF_RANGE)
         );
+    }
+
+    fn dsm_list(ranges: &[(u32, u64)]) -> (Sqe, Vec<u8>) {
+        let mut s = Sqe::default();
+        s.set_opcode_cid(opcodes::io::DATASET_MANAGEMENT, 1);
+        s.cdw10 = ranges.len() as u32 - 1;
+        s.cdw11 = 1 << 2;
+        let mut data = Vec::new();
+        for &(len, slba) in ranges {
+            data.extend_from_slice(&0u32.to_le_bytes());
+            data.extend_from_slice(&len.to_le_bytes());
+            data.extend_from_slice(&slba.to_le_bytes());
+        }
+        (s, data)
+    }
+
+    #[test]
+    fn dsm_ranges_are_merged_so_a_list_asks_no_more_work_than_its_blocks() {
+        let mut out = [(0, 0); DSM_MAX_RANGES];
+        // 256 copies of the whole namespace: one range.
+        let (s, data) = dsm_list(&[(1 << 20, 0); DSM_MAX_RANGES]);
+        assert_eq!(dsm_ranges(&s, &data, 1 << 20, &mut out), Ok(1));
+        assert_eq!(out[0], (0, 1 << 20));
+        // Unordered, overlapping, adjacent and apart.
+        let (s, data) = dsm_list(&[(10, 100), (5, 0), (10, 105), (1, 5), (3, 50), (0, 7)]);
+        assert_eq!(dsm_ranges(&s, &data, 1000, &mut out), Ok(3));
+        assert_eq!(&out[..3], &[(0, 6), (50, 3), (100, 15)]);
+        // A union longer than a u32 of blocks stays two ranges.
+        let big = u32::MAX;
+        let (s, data) = dsm_list(&[(big, 0), (big, 1)]);
+        assert_eq!(dsm_ranges(&s, &data, 1 << 40, &mut out), Ok(2));
+        assert_eq!(&out[..2], &[(0, big), (1, big)]);
     }
 
     proptest! {

@@ -342,7 +342,10 @@ pub enum MainEvent {
     },
     /// Backend commands of a namespace have been outstanding longer than `limit` (DOCA:
     /// the backend-timeout event, delivered on the main context). Reported once per
-    /// command; `commands` is how many newly crossed the limit on one IO context.
+    /// command; `commands` is how many newly crossed the limit on one IO context. The
+    /// soft engine reports a command only when the namespace's backend also completed
+    /// nothing on that context for `limit` (a slow backend working off a long queue is not
+    /// hung), or once it is outstanding ten times `limit`.
     BackendTimeout {
         subsys: SubsysId,
         nsid: u32,

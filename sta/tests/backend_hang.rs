@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use backend::{Backend, BackendQueue, Completion, Error, IoStatus, Request, SubmitError};
 use nvmf::spec::{opcodes, Cqe, DataDirection, Status};
 use nvmf_initiator::{HostOptions, TcpHost};
-use sta::soft::{SoftConfig, Sta};
-use sta::{Engine, Event, IoContext, MainEvent, TaskKind};
+use sta::soft::{SoftConfig, Sta, StaIo};
+use sta::{Engine, Event, IoContext, MainEvent, SubsysId, TaskKind};
 
 const NQN: &str = "nqn.2026-11.dev.nvmf-target:hang";
 
@@ -112,16 +112,81 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
             .unwrap();
     });
 
-    let deadline = Instant::now() + Duration::from_secs(20);
     let mut timeouts = 0;
     let mut destroyed = false;
     let mut statuses: Vec<Status> = Vec::new();
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |sta, ev| match ev {
+            MainEvent::BackendTimeout {
+                subsys: s,
+                nsid,
+                commands,
+                ..
+            } => {
+                assert_eq!((s, nsid, commands), (subsys, 1, 1));
+                timeouts += 1;
+                sta.be_queue_destroy(subsys, 1, 77).unwrap();
+            }
+            MainEvent::BeQueueDestroyed {
+                subsys: s,
+                nsid,
+                user,
+            } => {
+                assert_eq!((s, nsid, user), (subsys, 1, 77));
+                destroyed = true;
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+        || {
+            while let Ok(s) = rx.try_recv() {
+                statuses.push(s);
+            }
+            statuses.len() >= 2
+        },
+    );
+    host.join().unwrap();
+    assert_eq!(
+        timeouts, 1,
+        "the backend timeout is reported once per command"
+    );
+    assert!(destroyed, "be_queue_destroy reported its end");
+    assert_eq!(statuses[0], Status::ABORTED_SQ_DELETION.with_dnr(false));
+    assert_eq!(statuses[1], Status::NAMESPACE_NOT_READY);
+    // Errors are counted by status.
+    let t = sta.stats().namespace(subsys, 1);
+    assert_eq!(t.errors, 1);
+    assert_eq!(
+        t.errors_by_status[sta::error_status_index(Status::ABORTED_SQ_DELETION)],
+        1
+    );
+    // The backend finally answers: the abandoned request is discarded, nothing breaks.
+    release.store(true, Ordering::Relaxed);
+    for _ in 0..50 {
+        io.progress(Duration::from_millis(1));
+    }
+    assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
+}
+
+/// Plays the application on this thread until `done`: accepts connections, answers
+/// Connects (I/O queue 1 of controller 1) and the I/O the engine hands over
+/// (Namespace Not Ready, as for a namespace it no longer serves), and gives every main
+/// event to `main`.
+fn serve(
+    sta: &mut Sta,
+    io: &mut StaIo,
+    listener: &TcpListener,
+    subsys: SubsysId,
+    mut main: impl FnMut(&mut Sta, MainEvent),
+    mut done: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut waiting_read = None;
-    while statuses.len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "timed out; statuses so far {statuses:?}"
-        );
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out");
         if let Ok((sock, _)) = listener.accept() {
             io.qp_accept_tcp(sock, 0).unwrap();
         }
@@ -171,51 +236,213 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
             }
         }
         while let Some(ev) = sta.progress() {
-            match ev {
-                MainEvent::BackendTimeout {
-                    subsys: s,
-                    nsid,
-                    commands,
-                    ..
-                } => {
-                    assert_eq!((s, nsid, commands), (subsys, 1, 1));
-                    timeouts += 1;
-                    sta.be_queue_destroy(subsys, 1, 77).unwrap();
-                }
-                MainEvent::BeQueueDestroyed {
-                    subsys: s,
-                    nsid,
-                    user,
-                } => {
-                    assert_eq!((s, nsid, user), (subsys, 1, 77));
-                    destroyed = true;
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        while let Ok(s) = rx.try_recv() {
-            statuses.push(s);
+            main(sta, ev);
         }
     }
-    host.join().unwrap();
-    assert_eq!(
-        timeouts, 1,
-        "the backend timeout is reported once per command"
-    );
-    assert!(destroyed, "be_queue_destroy reported its end");
-    assert_eq!(statuses[0], Status::ABORTED_SQ_DELETION.with_dnr(false));
-    assert_eq!(statuses[1], Status::NAMESPACE_NOT_READY);
-    // Errors are counted by status.
-    let t = sta.stats().namespace(subsys, 1);
-    assert_eq!(t.errors, 1);
-    assert_eq!(
-        t.errors_by_status[sta::error_status_index(Status::ABORTED_SQ_DELETION)],
+}
+
+/// Answers the oldest request it holds every `every`, in order, except that with
+/// `lose_first` the first request it gets is never answered (a lost command).
+#[derive(Debug)]
+struct Slow {
+    every: Duration,
+    lose_first: bool,
+}
+
+struct SlowQueue {
+    held: std::collections::VecDeque<Request>,
+    lost: Vec<Request>,
+    lose_next: bool,
+    every: Duration,
+    last: Instant,
+}
+
+impl Backend for Slow {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        1 << 20
+    }
+    fn volatile_write_cache(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        "slow".into()
+    }
+    fn create_queue(self: Arc<Self>, _depth: u32) -> Result<Box<dyn BackendQueue>, Error> {
+        Ok(Box::new(SlowQueue {
+            held: Default::default(),
+            lost: Vec::new(),
+            lose_next: self.lose_first,
+            every: self.every,
+            last: Instant::now(),
+        }))
+    }
+    fn flush_sync(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+impl BackendQueue for SlowQueue {
+    fn submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        if std::mem::take(&mut self.lose_next) {
+            self.lost.push(req);
+        } else {
+            self.held.push_back(req);
+        }
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        if self.last.elapsed() < self.every {
+            return 0;
+        }
+        let Some(r) = self.held.pop_front() else {
+            return 0;
+        };
+        self.last = Instant::now();
+        out.push(Completion {
+            tag: r.tag,
+            status: IoStatus::Ok,
+            buf: r.buf,
+        });
         1
-    );
-    // The backend finally answers: the abandoned request is discarded, nothing breaks.
-    release.store(true, Ordering::Relaxed);
-    for _ in 0..50 {
-        io.progress(Duration::from_millis(1));
     }
-    assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
+    fn in_flight(&self) -> usize {
+        self.held.len() + self.lost.len()
+    }
+}
+
+/// Starts an engine with `backend` as namespace 1 and a host on another thread that runs
+/// `host` on its I/O queue, sending each status it gets; serves until `until` says the
+/// statuses are all in. Returns what the main context reported and the statuses.
+fn run_host_on(
+    backend: Slow,
+    limit: Duration,
+    host: impl FnOnce(&mut TcpHost, mpsc::Sender<Status>) + Send + 'static,
+    until: impl Fn(&[Status]) -> bool,
+) -> (Vec<MainEvent>, Vec<Status>) {
+    let cfg = SoftConfig {
+        backend_timeout: limit,
+        ..SoftConfig::default()
+    };
+    let mut sta = Sta::new(cfg);
+    let subsys = sta.subsystem_create(NQN).unwrap();
+    sta.ns_add(subsys, 1, Arc::new(backend)).unwrap();
+    let mut io = sta.io_create().unwrap().start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let host = std::thread::spawn(move || {
+        let opts = HostOptions {
+            timeout: Duration::from_secs(15),
+            ..HostOptions::default()
+        };
+        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
+        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        host(&mut h, tx);
+    });
+    let mut events = Vec::new();
+    let mut statuses = Vec::new();
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |sta, ev| {
+            if let MainEvent::BackendTimeout { subsys, nsid, .. } = ev {
+                sta.be_queue_destroy(subsys, nsid, 1).unwrap();
+            }
+            events.push(ev);
+        },
+        || {
+            while let Ok(s) = rx.try_recv() {
+                statuses.push(s);
+            }
+            until(&statuses)
+        },
+    );
+    host.join().unwrap();
+    (events, statuses)
+}
+
+fn read_4k() -> nvmf_initiator::Request {
+    nvmf_initiator::Request::read(1, 0, 8, vec![0; 4096])
+}
+
+/// A backend that works off a long queue slowly but steadily is not hung: the last of 16
+/// reads waits 800 ms with a 200 ms limit, yet every 50 ms a read completes, so no
+/// timeout is reported and every read succeeds (a host that queues much work must not
+/// get the namespace taken from every host).
+#[test]
+fn a_slow_backend_that_keeps_completing_is_not_hung() {
+    let (events, statuses) = run_host_on(
+        Slow {
+            every: Duration::from_millis(50),
+            lose_first: false,
+        },
+        Duration::from_millis(200),
+        |h, tx| {
+            for _ in 0..16 {
+                h.submit(read_4k()).expect("submit a read");
+            }
+            for _ in 0..16 {
+                let c = h.poll_completion().expect("a read's completion");
+                tx.send(c.cqe.status()).unwrap();
+            }
+        },
+        |s| s.len() == 16,
+    );
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(statuses, vec![Status::SUCCESS; 16]);
+}
+
+/// One command the backend never answers, while it keeps answering the others, is
+/// reported once it is outstanding ten times the limit, and the queue's destroy answers
+/// it; a backend that stops answering altogether is reported after the limit.
+#[test]
+fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
+    let limit = Duration::from_millis(100);
+    let lost = Status::ABORTED_SQ_DELETION.with_dnr(false);
+    let t0 = Instant::now();
+    let (events, statuses) = run_host_on(
+        Slow {
+            every: Duration::from_millis(10),
+            lose_first: true,
+        },
+        limit,
+        move |h, tx| {
+            let first = h.submit(read_4k()).expect("submit the lost read");
+            // One read at a time after it, until the lost one is answered; only the
+            // reads that succeed and the lost one's answer are sent on.
+            loop {
+                h.submit(read_4k()).expect("submit a read");
+                let c = h.poll_completion().expect("a completion");
+                if c.cid == first {
+                    tx.send(c.cqe.status()).unwrap();
+                    return;
+                }
+                if c.cqe.status().is_success() {
+                    tx.send(c.cqe.status()).unwrap();
+                }
+            }
+        },
+        move |s| s.last().is_some_and(|l| !l.is_success()),
+    );
+    let took = t0.elapsed();
+    assert!(took >= limit * 10, "reported after {took:?}: {events:?}");
+    assert!(
+        matches!(
+            events.first(),
+            Some(MainEvent::BackendTimeout {
+                nsid: 1,
+                commands: 1,
+                ..
+            })
+        ),
+        "{events:?}"
+    );
+    assert_eq!(statuses.last(), Some(&lost));
+    assert!(statuses.len() > 20, "{} reads done", statuses.len());
 }

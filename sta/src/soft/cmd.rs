@@ -428,6 +428,9 @@ pub(super) struct NsSlot {
     pub pending: VecDeque<Request>,
     pub counters: Arc<NsCounters>,
     pub inflight: u32,
+    /// When the backend last completed a command of this namespace on this thread: a
+    /// backend that completes is slow, not hung (`check_backend_timeouts`).
+    pub progress: Option<Instant>,
     pub removing: Option<u64>,
     /// The backend said it is gone (`IoStatus::Unavailable`); reported to the main
     /// context once.
@@ -1707,6 +1710,7 @@ impl Core {
     /// command whose QP is gone is only recycled).
     pub fn on_backend_completion(&mut self, qps: &mut [QpSlot], ns_idx: u32, comp: Completion) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.progress = Some(self.batch_time.unwrap_or(self.now));
             if comp.status == IoStatus::Unavailable && !ns.gone {
                 ns.set_gone();
                 self.ns_gone_news = true;

@@ -32,6 +32,10 @@ use crate::{Limit, TransportErrorKind as Tek};
 /// use their slot index.
 const COMP_TAG: u64 = 1 << 63;
 
+/// A backend command outstanding this many times `backend_timeout` is reported as hung
+/// even while its namespace's backend completes others (one lost command).
+pub(super) const STUCK_FACTOR: u32 = 10;
+
 pub(super) struct Qp {
     /// Received bytes not parsed yet (TCP only; empty for RDMA).
     pub rx: RxBuf,
@@ -754,14 +758,29 @@ impl StaIo {
         }
     }
 
+    /// Backend commands outstanding longer than the limit while their namespace's backend
+    /// completed nothing on this thread for as long: the backend hangs. A backend that
+    /// still completes is only slow (a host that queued a lot of work, such as
+    /// deallocating much of the namespace many times over, makes the commands behind it
+    /// wait), and its namespace is not to be taken from every host for it; a command
+    /// outstanding [`STUCK_FACTOR`] times the limit is reported all the same.
     fn check_backend_timeouts(&mut self, now: Instant) {
         let limit = self.core.cfg.backend_timeout;
         let mut late: Vec<(u32, u32)> = Vec::new();
         for c in self.core.cmds.iter_mut() {
-            if c.st == St::Backend
-                && !c.timeout_reported
-                && now.saturating_duration_since(c.start) > limit
-            {
+            if c.st != St::Backend || c.timeout_reported {
+                continue;
+            }
+            let age = now.saturating_duration_since(c.start);
+            let progress = self
+                .core
+                .ns
+                .get(c.ns as usize)
+                .and_then(|s| s.as_ref())
+                .and_then(|s| s.progress)
+                .filter(|&p| p > c.start);
+            let quiet = progress.map_or(age, |p| now.saturating_duration_since(p));
+            if (age > limit && quiet > limit) || age > limit * STUCK_FACTOR {
                 c.timeout_reported = true;
                 match late.iter_mut().find(|(n, _)| *n == c.ns) {
                     Some(e) => e.1 += 1,
@@ -817,6 +836,7 @@ impl StaIo {
                                 pending: VecDeque::new(),
                                 counters: self.core.stats.register_ns(subsys, nsid),
                                 inflight: 0,
+                                progress: None,
                                 removing: None,
                                 gone: false,
                                 gone_reported: false,

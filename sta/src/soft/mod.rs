@@ -104,8 +104,9 @@ pub struct SoftConfig {
     pub buffer_pool_bytes: usize,
     /// Backend queue depth created per (thread, namespace).
     pub backend_queue_depth: u32,
-    /// A backend command outstanding longer than this raises
-    /// [`MainEvent::BackendTimeout`](crate::MainEvent::BackendTimeout).
+    /// A backend command outstanding longer than this, while its namespace's backend
+    /// completed nothing on the thread for as long (or outstanding ten times this, in any
+    /// case), raises [`MainEvent::BackendTimeout`](crate::MainEvent::BackendTimeout).
     pub backend_timeout: std::time::Duration,
     /// Bounds and deadlines on peers.
     pub limits: crate::EngineLimits,
