@@ -216,6 +216,11 @@ pub struct Limits {
     /// Connections not yet past their Fabrics Connect (opened and silent, or half-way
     /// through ICReq/Connect). Protects against connection floods from many addresses.
     pub max_unconnected: u32,
+    /// Connections from one peer address not yet past their Fabrics Connect. Keeps one
+    /// address from taking all of `max_unconnected` and locking every other host out.
+    /// A host needs one per queue it sets up at once (the Linux host opens every I/O
+    /// queue of a controller, up to the 64 this target grants, before it connects any).
+    pub max_unconnected_per_peer: u32,
     /// An NVMe/TCP connection must send its ICReq within this.
     pub icreq_timeout: Duration,
     /// A connection must have its Fabrics Connect answered within this of being
@@ -237,6 +242,19 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 16_384;
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 2_048;
 /// Default `limits.max_unconnected`.
 pub const DEFAULT_MAX_UNCONNECTED: u32 = 1_024;
+/// Default `limits.max_unconnected_per_peer` (lowered to half of `max_unconnected`, see
+/// [`default_max_unconnected_per_peer`]): two controllers with the most I/O queues this
+/// target grants (64) setting up at once from one address, with room to spare, and an
+/// eighth of the default `max_unconnected`.
+pub const DEFAULT_MAX_UNCONNECTED_PER_PEER: u32 = 128;
+
+/// `limits.max_unconnected_per_peer` when the config does not say: at most
+/// [`DEFAULT_MAX_UNCONNECTED_PER_PEER`] and at most half of `max_unconnected` (at least
+/// 1), so that by default one address never holds the whole pre-Connect budget.
+pub fn default_max_unconnected_per_peer(max_unconnected: u32) -> u32 {
+    DEFAULT_MAX_UNCONNECTED_PER_PEER.min((max_unconnected / 2).max(1))
+}
+
 /// Default `limits.connection_buffer`: 16 MiB.
 pub const DEFAULT_CONNECTION_BUFFER: u64 = 16 << 20;
 
@@ -246,6 +264,7 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_unconnected: DEFAULT_MAX_UNCONNECTED,
+            max_unconnected_per_peer: default_max_unconnected_per_peer(DEFAULT_MAX_UNCONNECTED),
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             host_data_timeout: Duration::from_secs(30),

@@ -193,6 +193,17 @@ impl RefusalLog {
     /// Logs `line` at warn unless `peer` is over its rate for `label`, counting nothing
     /// here (limit hits are counted where the limit is, `nvmft_limit_hits_total`).
     pub fn log(&self, label: &'static str, peer: Option<SocketAddr>, line: &str) {
+        self.log_with(label, peer, || line.to_string());
+    }
+
+    /// [`RefusalLog::log`] with the line made only if it is logged (for a line that
+    /// costs something to make).
+    pub fn log_with(
+        &self,
+        label: &'static str,
+        peer: Option<SocketAddr>,
+        line: impl FnOnce() -> String,
+    ) {
         let ip = peer.map(|p| p.ip().to_canonical());
         let mut over = Vec::new();
         let admit = self
@@ -202,7 +213,7 @@ impl RefusalLog {
             .admit(Instant::now(), (ip, label), &mut over);
         log_suppressed(&over);
         if admit == Admit::Log {
-            tracing::warn!(reason = label, "{line}");
+            tracing::warn!(reason = label, "{}", line());
         }
     }
 

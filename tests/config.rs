@@ -674,3 +674,24 @@ fn all_semantic_errors_are_reported() {
         ],
     );
 }
+
+#[test]
+fn max_unconnected_per_peer_over_max_unconnected() {
+    let yaml = format!("{BASE}limits:\n  max_unconnected: 64\n  max_unconnected_per_peer: 65\n");
+    assert_error(
+        &yaml,
+        "25:29: limits.max_unconnected_per_peer: 65 is more than limits.max_unconnected (64), \
+         the budget of all addresses together (keep it well below, so that one address cannot \
+         lock every other host out)",
+    );
+    let yaml = format!("{BASE}limits:\n  max_unconnected_per_peer: 0\n");
+    assert_error(
+        &yaml,
+        "24:29: limits.max_unconnected_per_peer: must be from 1 to 1000000, got 0",
+    );
+    // At most max_unconnected is fine (one address may have it all if the operator says so).
+    let (output, _) = check_config(&format!(
+        "{BASE}limits:\n  max_unconnected: 64\n  max_unconnected_per_peer: 64\n"
+    ));
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+}

@@ -258,6 +258,66 @@ fn connection_limits() {
     assert!(log.contains("127.2.0.1"), "the peer is named in the log");
 }
 
+/// One address holding silent connections (never an ICReq) gets its share of the
+/// pre-Connect budget and no more (`limits.max_unconnected_per_peer`, by default the
+/// smaller of 128 and half of `max_unconnected`), so a host from another address still
+/// connects and does I/O; the extra connections are closed at once, logged with the
+/// offender and counted. Many addresses together can still fill the budget: then the
+/// refusal names the address holding the most.
+fn unconnected_per_peer() {
+    let _w = common::watchdog("unconnected_per_peer", Duration::from_secs(60));
+    // The default share: 32 of 64.
+    let t = Target::start("max_unconnected: 64");
+    let attacker = from([127, 3, 0, 1]);
+    let one: Vec<TcpStream> = (0..64)
+        .map(|_| nvmf_initiator::connect_from(attacker, t.addr()).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // A host from another address: a controller with 4 I/O queues, then I/O.
+    let opts = HostOptions {
+        source: Some(from([127, 0, 0, 2])),
+        timeout: Duration::from_secs(20),
+        ..HostOptions::default()
+    };
+    let (admin, mut ios) = hostile::controller(t.addr(), SUBNQN, 4, 63, opts).unwrap_or_else(|e| {
+        panic!("a host from 127.0.0.2 connects while 127.3.0.1 holds silent connections: {e}")
+    });
+    let mut v = Victim {
+        _admin: admin,
+        io: ios.pop().expect("I/O queue"),
+    };
+    v.io(0.3, "while another address holds silent connections");
+
+    let open = one.iter().filter(|s| hostile::is_open(s)).count();
+    assert_eq!(open, 32, "limits.max_unconnected_per_peer");
+    assert_eq!(t.limit_hits("unconnected_connections_per_peer"), 32.0);
+    assert_eq!(t.limit_hits("unconnected_connections"), 0.0);
+    assert_eq!(t.metric("nvmft_peer_connections", "unconnected"), 32.0);
+
+    // Forty more, each from its own address: 32 fill the budget, 8 are refused, and
+    // their refusals point at the address holding the most.
+    let (many, failed) = hostile::silent(t.addr(), 40, &mut Peers::many());
+    assert_eq!(failed, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let open = many.iter().filter(|s| hostile::is_open(s)).count();
+    assert_eq!(open, 32, "limits.max_unconnected");
+    assert_eq!(t.limit_hits("unconnected_connections"), 8.0);
+    v.io(0.3, "with the pre-Connect budget full");
+
+    let log = t.d.log();
+    assert!(
+        log.lines().any(|l| l.contains("127.3.0.1")
+            && l.contains("limits.max_unconnected_per_peer (32)")
+            && l.contains("unconnected_connections_per_peer")),
+        "a warn line naming the offender and the per-peer limit:\n{log}"
+    );
+    assert!(
+        log.contains("(the most, 32, from 127.3.0.1)"),
+        "the max_unconnected refusal names the address holding the most:\n{log}"
+    );
+}
+
 /// Peers that stop half-way or misbehave lose their own connections by the deadlines
 /// and bounds; controllers, queue pairs and connections come back; the victim is served
 /// throughout.
@@ -445,6 +505,7 @@ fn main() {
     hostile::raise_nofile();
     skip::run(vec![
         skip::trial("connection_limits", None, connection_limits),
+        skip::trial("unconnected_per_peer", None, unconnected_per_peer),
         skip::trial("deadlines_and_floods", None, deadlines_and_floods),
         skip::trial("idle_hosts_cost_little", None, idle_hosts_cost_little),
         skip::trial("emfile_backs_off", prlimit_missing(), emfile_backs_off),

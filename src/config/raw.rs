@@ -98,6 +98,7 @@ pub(super) struct RawLimits {
     pub max_connections: Option<Spanned<u64>>,
     pub max_connections_per_peer: Option<Spanned<u64>>,
     pub max_unconnected: Option<Spanned<u64>>,
+    pub max_unconnected_per_peer: Option<Spanned<u64>>,
     pub icreq_timeout_ms: Option<Spanned<u64>>,
     pub connect_timeout_ms: Option<Spanned<u64>>,
     pub host_data_timeout_ms: Option<Spanned<u64>>,

@@ -920,6 +920,9 @@ fn limits_default_and_configured() {
     assert_eq!(cfg.limits.max_connections_per_peer, 10);
     // A default larger than the configured total is lowered to it.
     assert_eq!(cfg.limits.max_unconnected, 100);
+    // Its per-peer share by default: half of it (under the default 128), and no more
+    // than the peer may hold at all.
+    assert_eq!(cfg.limits.max_unconnected_per_peer, 10);
     assert_eq!(cfg.limits.icreq_timeout, Duration::from_millis(500));
     assert_eq!(
         cfg.limits.connect_timeout,
@@ -927,6 +930,56 @@ fn limits_default_and_configured() {
     );
     assert_eq!(cfg.limits.connection_buffer, 4 << 20);
     assert!(cfg.metrics_allow_remote);
+}
+
+#[test]
+fn max_unconnected_per_peer_default_and_bounds() {
+    assert_eq!(Limits::default().max_unconnected_per_peer, 128);
+    let limits = |body: &str| {
+        Config::parse(&format!("{MINIMAL}limits: {{{body}}}\n"), "t.yaml")
+            .expect("valid")
+            .limits
+    };
+    // Half of a smaller max_unconnected, so that one address never holds all of it.
+    assert_eq!(limits("max_unconnected: 16").max_unconnected_per_peer, 8);
+    assert_eq!(limits("max_unconnected: 1").max_unconnected_per_peer, 1);
+    assert_eq!(
+        limits("max_unconnected: 4096").max_unconnected_per_peer,
+        128
+    );
+    let l = limits("max_unconnected: 64, max_unconnected_per_peer: 64");
+    assert_eq!(l.max_unconnected_per_peer, 64);
+    let l = limits("max_unconnected_per_peer: 1");
+    assert_eq!(l.max_unconnected_per_peer, 1);
+
+    let e = errors(&format!(
+        "{MINIMAL}limits: {{max_unconnected: 64, max_unconnected_per_peer: 65}}\n"
+    ));
+    assert_eq!(e.len(), 1, "{e:#?}");
+    assert!(
+        e[0].contains(
+            "limits.max_unconnected_per_peer: 65 is more than limits.max_unconnected (64), \
+             the budget of all addresses together"
+        ),
+        "{e:#?}"
+    );
+    let e = errors(&format!(
+        "{MINIMAL}limits: {{max_connections_per_peer: 8, max_unconnected_per_peer: 9}}\n"
+    ));
+    assert!(
+        e[0].contains(
+            "limits.max_unconnected_per_peer: 9 is more than limits.max_connections_per_peer \
+             (8), so it could never be reached"
+        ),
+        "{e:#?}"
+    );
+    let e = errors(&format!(
+        "{MINIMAL}limits: {{max_unconnected_per_peer: 0}}\n"
+    ));
+    assert!(
+        e[0].contains("limits.max_unconnected_per_peer: must be from 1 to 1000000, got 0"),
+        "{e:#?}"
+    );
 }
 
 #[test]

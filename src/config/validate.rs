@@ -25,11 +25,12 @@ use super::yaml_path::{PathIndex, ROOT};
 
 mod access;
 use super::{
-    derive_eui64, derive_namespace_uuid, derive_serial, parse_size, AnaGroupConfig, BackendConfig,
-    BackendKind, Config, ConfigError, DhchapConfig, Diagnostic, DocaSettings, EngineKind,
-    HostConfig, IoThreads, Limits, ListenerConfig, NamespaceConfig, ReferralConfig,
-    ReservationsConfig, SubsystemConfig, TlsMode, TransportKind, DEFAULT_BE_QUEUE_ENTRIES,
-    DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE, MIN_MAX_IO_SIZE,
+    default_max_unconnected_per_peer, derive_eui64, derive_namespace_uuid, derive_serial,
+    parse_size, AnaGroupConfig, BackendConfig, BackendKind, Config, ConfigError, DhchapConfig,
+    Diagnostic, DocaSettings, EngineKind, HostConfig, IoThreads, Limits, ListenerConfig,
+    NamespaceConfig, ReferralConfig, ReservationsConfig, SubsystemConfig, TlsMode, TransportKind,
+    DEFAULT_BE_QUEUE_ENTRIES, DEFAULT_MAX_IO_SIZE, DEFAULT_MODEL, MAX_IO_THREADS, MAX_MAX_IO_SIZE,
+    MIN_MAX_IO_SIZE,
 };
 
 /// Longest NQN the NVMe base specification allows, in bytes.
@@ -279,8 +280,9 @@ impl Checker<'_> {
     }
 
     /// `limits:`: counts from 1 to a million, the per-peer and unconnected limits no
-    /// larger than the total, timeouts from 100 ms to an hour, the connection buffer from
-    /// `max_io_size` (one command must fit) to 4 GiB.
+    /// larger than the total, the per-peer unconnected limit no larger than either of
+    /// them, timeouts from 100 ms to an hour, the connection buffer from `max_io_size`
+    /// (one command must fit) to 4 GiB.
     fn limits(&mut self, raw: &RawLimits, max_io_size: u32) -> Limits {
         let d = Limits::default();
         let mut count = |v: &Option<Spanned<u64>>, name: &str, default: u32| -> u32 {
@@ -325,6 +327,41 @@ impl Checker<'_> {
                 *value = max_connections;
             }
         }
+        // One address's share of the pre-Connect budget: by default a part of it (see
+        // `default_max_unconnected_per_peer`), never more than the budget itself or than
+        // the address may hold at all.
+        let default_share =
+            default_max_unconnected_per_peer(max_unconnected).min(max_connections_per_peer);
+        let max_unconnected_per_peer = match &raw.max_unconnected_per_peer {
+            None => default_share,
+            Some(v) => {
+                let field = "limits.max_unconnected_per_peer";
+                if !(1..=1_000_000).contains(&v.value) {
+                    let msg = format!("must be from 1 to 1000000, got {}", v.value);
+                    self.error(v, field, msg);
+                    default_share
+                } else if v.value > u64::from(max_unconnected) {
+                    let msg = format!(
+                        "{} is more than limits.max_unconnected ({max_unconnected}), the budget \
+                         of all addresses together (keep it well below, so that one address \
+                         cannot lock every other host out)",
+                        v.value
+                    );
+                    self.error(v, field, msg);
+                    max_unconnected
+                } else if v.value > u64::from(max_connections_per_peer) {
+                    let msg = format!(
+                        "{} is more than limits.max_connections_per_peer \
+                         ({max_connections_per_peer}), so it could never be reached",
+                        v.value
+                    );
+                    self.error(v, field, msg);
+                    max_connections_per_peer
+                } else {
+                    v.value as u32
+                }
+            }
+        };
         let mut ms = |v: &Option<Spanned<u64>>, name: &str, default: Duration| -> Duration {
             let Some(v) = v else { return default };
             if !(100..=3_600_000).contains(&v.value) {
@@ -378,6 +415,7 @@ impl Checker<'_> {
             max_connections,
             max_connections_per_peer,
             max_unconnected,
+            max_unconnected_per_peer,
             icreq_timeout,
             connect_timeout,
             host_data_timeout,

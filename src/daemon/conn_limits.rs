@@ -1,8 +1,13 @@
 //! Connection limits (`limits:` in the YAML): how many connections the daemon holds in
-//! total, from one peer address, and before their Fabrics Connect. A connection over a
-//! limit is closed at once (TCP) or rejected (an RDMA connect request), logged at warn
-//! with the peer (rate-limited like refusals) and counted in
-//! `nvmft_limit_hits_total{limit="..."}`; nobody else's connection is touched.
+//! total, from one peer address, and before their Fabrics Connect, in all and from one
+//! peer address. A connection over a limit is closed at once (TCP) or rejected (an RDMA
+//! connect request), logged at warn with the peer (rate-limited like refusals) and counted
+//! in `nvmft_limit_hits_total{limit="..."}`; nobody else's connection is touched.
+//!
+//! The per-peer limit on connections before Connect is what keeps one address from
+//! holding the whole pre-Connect budget (silent connections, re-opened as the ICReq
+//! deadline closes them) and so locking every other host out. Many addresses together
+//! can still fill the budget; then the refusal names the address holding the most.
 //!
 //! Each admitted connection holds a [`ConnSlot`] from accept until its queue pair is
 //! gone; dropping the slot gives its place back, whichever thread drops it (the main
@@ -24,10 +29,18 @@ pub(crate) enum ConnLimit {
     PerPeer,
     /// `limits.max_unconnected`: connections not yet past their Fabrics Connect.
     Unconnected,
+    /// `limits.max_unconnected_per_peer`: connections from one peer address not yet past
+    /// their Fabrics Connect.
+    UnconnectedPerPeer,
 }
 
 impl ConnLimit {
-    pub const ALL: [ConnLimit; 3] = [ConnLimit::Total, ConnLimit::PerPeer, ConnLimit::Unconnected];
+    pub const ALL: [ConnLimit; 4] = [
+        ConnLimit::Total,
+        ConnLimit::PerPeer,
+        ConnLimit::Unconnected,
+        ConnLimit::UnconnectedPerPeer,
+    ];
 
     /// Metric label and log reason.
     pub fn label(self) -> &'static str {
@@ -35,6 +48,7 @@ impl ConnLimit {
             ConnLimit::Total => "connections",
             ConnLimit::PerPeer => "connections_per_peer",
             ConnLimit::Unconnected => "unconnected_connections",
+            ConnLimit::UnconnectedPerPeer => "unconnected_connections_per_peer",
         }
     }
 
@@ -43,15 +57,24 @@ impl ConnLimit {
             ConnLimit::Total => 0,
             ConnLimit::PerPeer => 1,
             ConnLimit::Unconnected => 2,
+            ConnLimit::UnconnectedPerPeer => 3,
         }
     }
+}
+
+/// What one peer address holds.
+#[derive(Clone, Copy, Default)]
+struct PeerCount {
+    total: u32,
+    unconnected: u32,
 }
 
 #[derive(Default)]
 struct State {
     total: u32,
     unconnected: u32,
-    per_peer: HashMap<IpAddr, u32>,
+    /// Peers holding at least one connection.
+    per_peer: HashMap<IpAddr, PeerCount>,
 }
 
 /// The daemon's connection accounting, shared by every thread.
@@ -59,8 +82,9 @@ pub(crate) struct ConnLimits {
     max_total: u32,
     max_per_peer: u32,
     max_unconnected: u32,
+    max_unconnected_per_peer: u32,
     state: Mutex<State>,
-    hits: [AtomicU64; 3],
+    hits: [AtomicU64; 4],
 }
 
 impl ConnLimits {
@@ -69,6 +93,7 @@ impl ConnLimits {
             max_total: l.max_connections,
             max_per_peer: l.max_connections_per_peer,
             max_unconnected: l.max_unconnected,
+            max_unconnected_per_peer: l.max_unconnected_per_peer,
             state: Mutex::new(State::default()),
             hits: Default::default(),
         }
@@ -81,17 +106,22 @@ impl ConnLimits {
 
     /// A place for one more connection from `peer` (`None`: the address is not known,
     /// only the total and unconnected limits apply), or the limit it ran into (counted).
+    /// A peer over one of its own limits is told so before a daemon-wide limit, so that
+    /// the refusal names the limit that peer ran into.
     pub fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<ConnSlot, ConnLimit> {
         let peer = peer.map(|p| p.to_canonical());
         let mut s = self.state();
+        let mine = peer
+            .and_then(|p| s.per_peer.get(&p).copied())
+            .unwrap_or_default();
         let refused = if s.total >= self.max_total {
             Some(ConnLimit::Total)
+        } else if mine.total >= self.max_per_peer {
+            Some(ConnLimit::PerPeer)
+        } else if mine.unconnected >= self.max_unconnected_per_peer {
+            Some(ConnLimit::UnconnectedPerPeer)
         } else if s.unconnected >= self.max_unconnected {
             Some(ConnLimit::Unconnected)
-        } else if peer
-            .is_some_and(|p| s.per_peer.get(&p).copied().unwrap_or(0) >= self.max_per_peer)
-        {
-            Some(ConnLimit::PerPeer)
         } else {
             None
         };
@@ -103,7 +133,9 @@ impl ConnLimits {
         s.total += 1;
         s.unconnected += 1;
         if let Some(p) = peer {
-            *s.per_peer.entry(p).or_default() += 1;
+            let c = s.per_peer.entry(p).or_default();
+            c.total += 1;
+            c.unconnected += 1;
         }
         Ok(ConnSlot {
             limits: self.clone(),
@@ -125,6 +157,25 @@ impl ConnLimits {
         let s = self.state();
         (s.total, s.unconnected, s.per_peer.len())
     }
+
+    /// `limits.max_unconnected_per_peer`.
+    pub fn max_unconnected_per_peer(&self) -> u32 {
+        self.max_unconnected_per_peer
+    }
+
+    /// The peer address holding the most connections not yet past Connect, and how
+    /// many (for the line that refuses a connection over `max_unconnected`: it names the
+    /// likely culprit, not only the peer refused). One pass over the peers, only when a
+    /// refusal is logged.
+    pub fn most_unconnected(&self) -> Option<(IpAddr, u32)> {
+        let s = self.state();
+        s.per_peer
+            .iter()
+            .filter(|(_, c)| c.unconnected > 0)
+            // Ties go to the lower address, so the answer does not depend on hash order.
+            .max_by(|a, b| a.1.unconnected.cmp(&b.1.unconnected).then(b.0.cmp(a.0)))
+            .map(|(p, c)| (*p, c.unconnected))
+    }
 }
 
 /// One admitted connection's place (see the module docs).
@@ -141,6 +192,9 @@ impl ConnSlot {
             self.connected = true;
             let mut s = self.limits.state();
             s.unconnected = s.unconnected.saturating_sub(1);
+            if let Some(c) = self.peer.and_then(|p| s.per_peer.get_mut(&p)) {
+                c.unconnected = c.unconnected.saturating_sub(1);
+            }
         }
     }
 }
@@ -162,9 +216,12 @@ impl Drop for ConnSlot {
             s.unconnected = s.unconnected.saturating_sub(1);
         }
         if let Some(p) = self.peer {
-            if let Some(n) = s.per_peer.get_mut(&p) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(c) = s.per_peer.get_mut(&p) {
+                c.total = c.total.saturating_sub(1);
+                if !self.connected {
+                    c.unconnected = c.unconnected.saturating_sub(1);
+                }
+                if c.total == 0 {
                     s.per_peer.remove(&p);
                 }
             }
@@ -177,10 +234,20 @@ mod tests {
     use super::*;
 
     fn limits(total: u32, per_peer: u32, unconnected: u32) -> Arc<ConnLimits> {
+        limits_with(total, per_peer, unconnected, unconnected)
+    }
+
+    fn limits_with(
+        total: u32,
+        per_peer: u32,
+        unconnected: u32,
+        unconnected_per_peer: u32,
+    ) -> Arc<ConnLimits> {
         Arc::new(ConnLimits::new(&Limits {
             max_connections: total,
             max_connections_per_peer: per_peer,
             max_unconnected: unconnected,
+            max_unconnected_per_peer: unconnected_per_peer,
             ..Limits::default()
         }))
     }
@@ -233,8 +300,60 @@ mod tests {
             vec![
                 ("connections", 1),
                 ("connections_per_peer", 0),
-                ("unconnected_connections", 0)
+                ("unconnected_connections", 0),
+                ("unconnected_connections_per_peer", 0)
             ]
         );
+    }
+
+    #[test]
+    fn one_peer_cannot_take_the_whole_unconnected_budget() {
+        let l = limits_with(100, 50, 8, 3);
+        let mut a: Vec<_> = (0..3)
+            .map(|_| l.admit(ip("10.0.0.1")).expect("a"))
+            .collect();
+        assert_eq!(
+            l.admit(ip("10.0.0.1")).unwrap_err(),
+            ConnLimit::UnconnectedPerPeer
+        );
+        // The same peer as an IPv4-mapped IPv6 address is the same peer.
+        assert_eq!(
+            l.admit(ip("::ffff:10.0.0.1")).unwrap_err(),
+            ConnLimit::UnconnectedPerPeer
+        );
+        // Another peer still gets in, up to its own share.
+        let b: Vec<_> = (0..3)
+            .map(|_| l.admit(ip("10.0.0.2")).expect("b"))
+            .collect();
+        // Past Connect, a connection no longer counts against the peer's share.
+        a[0].connected();
+        let _a4 = l.admit(ip("10.0.0.1")).expect("a's first is past Connect");
+        // A connection whose peer is not known is held only to the global limits.
+        let _n = l.admit(None).expect("unknown peer");
+        assert_eq!(l.held(), (8, 7, 2));
+        // The global budget (8) is full: the refusal names the peer holding the most.
+        let _c = l.admit(ip("10.0.0.3")).expect("c");
+        assert_eq!(l.admit(ip("10.0.0.4")).unwrap_err(), ConnLimit::Unconnected);
+        assert_eq!(l.most_unconnected(), Some((ip("10.0.0.1").unwrap(), 3)));
+        drop(a);
+        assert_eq!(l.most_unconnected(), Some((ip("10.0.0.2").unwrap(), 3)));
+        drop(b);
+        assert_eq!(l.hits()[3], ("unconnected_connections_per_peer", 2));
+        assert_eq!(l.hits()[2], ("unconnected_connections", 1));
+    }
+
+    #[test]
+    fn dropping_a_connected_slot_leaves_the_peers_unconnected_count() {
+        let l = limits_with(10, 10, 10, 2);
+        let mut a = l.admit(ip("10.0.0.1")).expect("a");
+        let _b = l.admit(ip("10.0.0.1")).expect("b");
+        a.connected();
+        drop(a);
+        let _c = l.admit(ip("10.0.0.1")).expect("a place came back");
+        assert_eq!(
+            l.admit(ip("10.0.0.1")).unwrap_err(),
+            ConnLimit::UnconnectedPerPeer
+        );
+        assert_eq!(l.held(), (2, 2, 1));
     }
 }

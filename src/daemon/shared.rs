@@ -234,24 +234,44 @@ impl Shared {
     }
 
     /// A connection refused by one of the connection limits (it is closed or rejected):
-    /// logged at warn, rate-limited per peer (the limit counted the hit).
+    /// logged at warn, rate-limited per peer (the limit counted the hit). A refusal by the
+    /// daemon-wide pre-Connect limit also names the address holding the most such
+    /// connections: the peer refused is more likely the victim than the culprit.
     pub fn limit_refused(&self, limit: ConnLimit, conn: &ConnInfo) {
-        let (held, unconnected, _) = self.conn_limits.held();
-        let why = match limit {
-            ConnLimit::Total => format!("the daemon holds limits.max_connections ({held}) already"),
+        let why = || match limit {
+            ConnLimit::Total => {
+                let (held, _, _) = self.conn_limits.held();
+                format!("the daemon holds limits.max_connections ({held}) already")
+            }
             ConnLimit::PerPeer => {
                 "this address holds limits.max_connections_per_peer already".to_string()
             }
-            ConnLimit::Unconnected => format!(
-                "limits.max_unconnected ({unconnected}) connections are not past their Fabrics \
-                 Connect yet (a connection flood?)"
+            ConnLimit::UnconnectedPerPeer => format!(
+                "this address holds limits.max_unconnected_per_peer ({}) connections that are \
+                 not past their Fabrics Connect yet (silent or stalled connections?)",
+                self.conn_limits.max_unconnected_per_peer()
             ),
+            ConnLimit::Unconnected => {
+                let (_, unconnected, _) = self.conn_limits.held();
+                let most = self
+                    .conn_limits
+                    .most_unconnected()
+                    .map_or_else(String::new, |(ip, n)| {
+                        format!(" (the most, {n}, from {ip})")
+                    });
+                format!(
+                    "limits.max_unconnected ({unconnected}) connections are not past their \
+                     Fabrics Connect yet{most} (a connection flood?)"
+                )
+            }
         };
-        let line = format!(
-            "{}: connection refused and closed: {why}",
-            crate::refusals::where_from(Some(conn))
-        );
-        self.refusals.log(limit.label(), conn.peer, &line);
+        self.refusals.log_with(limit.label(), conn.peer, || {
+            format!(
+                "{}: connection refused and closed: {}",
+                crate::refusals::where_from(Some(conn)),
+                why()
+            )
+        });
     }
 
     /// `rdma` or `tcp`, for metrics labels.
