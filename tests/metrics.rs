@@ -283,6 +283,7 @@ fn exposition_parses_and_counters_move_after_io() {
         "connection_buffers",
         "buffer_pool",
         "command_slots",
+        "peer_buffers",
         "connections",
         "connections_per_peer",
         "unconnected_connections",

@@ -157,6 +157,10 @@ pub enum Limit {
     /// A command waited because its connection already held
     /// [`EngineLimits::connection_buffer_bytes`] of data buffers (not fatal).
     ConnectionBuffers,
+    /// A command waited because the connections from its peer's address already held
+    /// that address's share of the IO context's buffer pool (not fatal): one host cannot
+    /// take the whole pool and leave the others Command Interrupted.
+    PeerBuffers,
     /// The IO context's buffer pool was exhausted: the command was answered Command
     /// Interrupted (the host retries it).
     BufferPool,
@@ -166,7 +170,7 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub const ALL: [Limit; 9] = [
+    pub const ALL: [Limit; 10] = [
         Limit::IcReqTimeout,
         Limit::ConnectTimeout,
         Limit::HostDataTimeout,
@@ -176,6 +180,7 @@ impl Limit {
         Limit::ConnectionBuffers,
         Limit::BufferPool,
         Limit::CommandSlots,
+        Limit::PeerBuffers,
     ];
 
     /// Metric label (`nvmft_limit_hits_total{limit="..."}`) and log reason.
@@ -190,6 +195,7 @@ impl Limit {
             Limit::ConnectionBuffers => "connection_buffers",
             Limit::BufferPool => "buffer_pool",
             Limit::CommandSlots => "command_slots",
+            Limit::PeerBuffers => "peer_buffers",
         }
     }
 
@@ -205,6 +211,7 @@ impl Limit {
             Limit::ConnectionBuffers => "used its whole buffer budget (commands wait)",
             Limit::BufferPool => "found the IO thread's buffer pool exhausted",
             Limit::CommandSlots => "found the IO thread's command slots exhausted",
+            Limit::PeerBuffers => "used its address's share of the buffer pool (commands wait)",
         }
     }
 

@@ -21,11 +21,15 @@
 //! Buffers: a connection holds at most its budget of data buffers
 //! ([`crate::EngineLimits::connection_buffer_bytes`], reserved per command, `QpState::buf_bytes`);
 //! a command that would exceed it waits (`WaitBuf`) until one of the connection's
-//! commands finishes. On NVMe/TCP a command's buffer for host data is taken when the
+//! commands finishes. The connections from one peer address hold at most a
+//! [`PEER_POOL_SHARE`]th of the thread's pool together (`Core::peers`); a command past
+//! that waits too, until the address gives some back on any of its connections, so one
+//! host opening many connections cannot take the whole pool. On NVMe/TCP a command's buffer for host data is taken when the
 //! first H2CData PDU arrives, not when the R2T goes out, so a host that never sends its
 //! data holds no buffer (the host-data deadline then ends the connection).
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -103,6 +107,8 @@ pub(super) struct Cmd {
     pub timeout_reported: bool,
     /// Bytes of the connection's buffer budget this command holds.
     pub reserved: u32,
+    /// The peer share ([`PeerShares`]) those bytes are counted in too, if any.
+    pub peer: Option<u32>,
     /// When the host-data fetch started (R2T sent), for the host-data deadline.
     pub since: Instant,
     /// Host data is received but dropped (no buffer could be had); the command fails
@@ -159,6 +165,7 @@ impl Cmd {
             start: now,
             timeout_reported: false,
             reserved: 0,
+            peer: None,
             since: now,
             discard: false,
             lent: None,
@@ -209,7 +216,10 @@ pub(super) struct CopyPlan {
     pub writing: bool,
 }
 
-pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool) {
+pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool, peers: &mut PeerShares) {
+    if let Some(p) = c.peer.take() {
+        peers.give_back(p, c.reserved as usize);
+    }
     if let Some(b) = c.buf.take() {
         pool.put(b);
     }
@@ -339,6 +349,9 @@ pub(super) struct QpState {
     pub accepted: Instant,
     /// Bytes of data buffers this QP's commands hold (its budget's use).
     pub buf_bytes: usize,
+    /// The pool share of the peer's address (TCP: the socket's, RDMA: the CM's), in
+    /// [`PeerShares`].
+    pub peer: Option<u32>,
     /// Commands waiting for the budget, oldest first.
     pub waiting: VecDeque<u32>,
     /// TCP: the socket took no more output; waiting for EPOLLOUT, not polling.
@@ -376,6 +389,7 @@ impl QpState {
             qid: None,
             accepted: now,
             buf_bytes: 0,
+            peer: None,
             waiting: VecDeque::new(),
             tx_blocked: false,
             tx_stalled_since: None,
@@ -483,8 +497,127 @@ impl NsSlot {
 
 /// Everything of an IO context but its QPs, so a QP and the core can be borrowed side by
 /// side.
+/// One peer address may hold at most this fraction (1/n) of a thread's buffer pool, and
+/// always one largest transfer.
+pub(super) const PEER_POOL_SHARE: usize = 4;
+
+/// What the connections from one peer address hold of a thread's pool.
+struct PeerShare {
+    addr: IpAddr,
+    /// QPs of the address on this thread.
+    qps: u32,
+    /// Buffer bytes its commands hold (each command knows its share: `Cmd::peer`).
+    bytes: usize,
+    /// Its QPs with commands waiting for the share.
+    waiters: Vec<QpHandle>,
+}
+
+/// The peer shares of one IO thread, by slot: a QP and each command that holds bytes
+/// know their slot, so the data path counts without a lookup. A slot lives while a QP or
+/// a command of its address does.
+#[derive(Default)]
+pub(super) struct PeerShares {
+    slots: Vec<Option<PeerShare>>,
+    by_addr: HashMap<IpAddr, u32>,
+    free: Vec<u32>,
+    /// QPs whose address gave bytes back while they waited: the pass starts their
+    /// commands (`StaIo::resume_peers`).
+    pub resume: Vec<QpHandle>,
+}
+
+impl PeerShares {
+    /// The slot of `addr` for one more of its QPs.
+    pub fn attach(&mut self, addr: IpAddr) -> u32 {
+        if let Some(&s) = self.by_addr.get(&addr) {
+            if let Some(share) = self.slots[s as usize].as_mut() {
+                share.qps += 1;
+            }
+            return s;
+        }
+        let share = PeerShare {
+            addr,
+            qps: 1,
+            bytes: 0,
+            waiters: Vec::new(),
+        };
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(share);
+                s
+            }
+            None => {
+                self.slots.push(Some(share));
+                self.slots.len() as u32 - 1
+            }
+        };
+        self.by_addr.insert(addr, s);
+        s
+    }
+
+    /// One QP of slot `s` is gone.
+    pub fn detach(&mut self, s: u32) {
+        if let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) {
+            share.qps = share.qps.saturating_sub(1);
+        }
+        self.maybe_free(s);
+    }
+
+    fn charge(&mut self, s: u32, len: usize) {
+        if let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) {
+            share.bytes += len;
+        }
+    }
+
+    /// A command of slot `s` gives its `len` bytes back; QPs that waited for them are
+    /// resumed by the pass.
+    fn give_back(&mut self, s: u32, len: usize) {
+        if let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) {
+            share.bytes = share.bytes.saturating_sub(len);
+            if len > 0 && !share.waiters.is_empty() {
+                self.resume.append(&mut share.waiters);
+            }
+        }
+        self.maybe_free(s);
+    }
+
+    /// Whether `len` more bytes take slot `s` past `budget` (an address holding nothing
+    /// always gets one command's worth); if so, `qp` waits on the slot.
+    fn full(&mut self, s: u32, len: usize, budget: usize, qp: QpHandle) -> bool {
+        let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        let full = share.bytes > 0 && share.bytes + len > budget;
+        if full && !share.waiters.contains(&qp) {
+            share.waiters.push(qp);
+        }
+        full
+    }
+
+    fn maybe_free(&mut self, s: u32) {
+        let unused = self
+            .slots
+            .get(s as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|share| share.qps == 0 && share.bytes == 0);
+        if unused {
+            if let Some(share) = self.slots[s as usize].take() {
+                self.by_addr.remove(&share.addr);
+            }
+            self.free.push(s);
+        }
+    }
+
+    /// Slots in use (tests: none is left behind).
+    #[cfg(test)]
+    pub fn in_use(&self) -> usize {
+        self.by_addr.len()
+    }
+}
+
 pub(super) struct Core {
     pub cfg: SoftConfig,
+    /// Buffer bytes held per peer address, over all its connections on this thread.
+    pub peers: PeerShares,
     pub cmds: Vec<Cmd>,
     pub free_cmds: Vec<u32>,
     pub pool: BufPool,
@@ -549,6 +682,7 @@ impl Core {
         );
         Core {
             cfg,
+            peers: PeerShares::default(),
             cmds: Vec::new(),
             free_cmds: Vec::new(),
             pool,
@@ -637,6 +771,7 @@ impl Core {
         c.user = 0;
         c.timeout_reported = false;
         c.reserved = 0;
+        c.peer = None;
         c.discard = false;
         c.aborted = false;
         c.copy = None;
@@ -667,7 +802,7 @@ impl Core {
             _ => {}
         }
         st.buf_bytes = st.buf_bytes.saturating_sub(c.reserved as usize);
-        free_cmd(c, &mut self.pool);
+        free_cmd(c, &mut self.pool, &mut self.peers);
         self.free_cmds.push(idx);
         st.inflight = st.inflight.saturating_sub(1);
         st.link.command_released();
@@ -686,8 +821,34 @@ impl Core {
             .max(self.cfg.max_io_size as usize)
     }
 
+    /// What one peer address may hold of the pool: its [`PEER_POOL_SHARE`]th, and at least
+    /// one largest transfer.
+    fn peer_budget(&self) -> usize {
+        (self.cfg.buffer_pool_bytes / PEER_POOL_SHARE).max(self.cfg.max_io_size as usize)
+    }
+
+    /// Whether `len` more bytes would take `st`'s address past its share (one holding
+    /// nothing always gets one command's worth). If so, `st` waits on the share, to be
+    /// resumed when the address gives bytes back on any of its QPs.
+    fn peer_full(&mut self, st: &QpState, len: usize) -> bool {
+        let budget = self.peer_budget();
+        st.peer
+            .is_some_and(|s| self.peers.full(s, len, budget, st.handle))
+    }
+
+    /// Command `idx` of `st` takes `len` bytes of its budgets (its QP's and its
+    /// address's); `free_cmd` gives the address's part back.
+    fn charge(&mut self, st: &mut QpState, idx: u32, len: usize) {
+        st.buf_bytes += len;
+        self.cmds[idx as usize].reserved = len as u32;
+        if let Some(s) = st.peer {
+            self.peers.charge(s, len);
+            self.cmds[idx as usize].peer = Some(s);
+        }
+    }
+
     /// Start the commands that waited for `st`'s budget, oldest first, while it lasts.
-    fn resume_waiting(&mut self, st: &mut QpState) {
+    pub fn resume_waiting(&mut self, st: &mut QpState) {
         if st.disconnect.is_some() || st.rx_stopped {
             return;
         }
@@ -695,6 +856,9 @@ impl Core {
         while let Some(&idx) = st.waiting.front() {
             let len = self.cmds[idx as usize].len as usize;
             if st.buf_bytes > 0 && st.buf_bytes + len > budget {
+                break;
+            }
+            if self.peer_full(st, len) {
                 break;
             }
             st.waiting.pop_front();
@@ -706,7 +870,7 @@ impl Core {
     pub fn release_orphan(&mut self, idx: u32) {
         if let Some(c) = self.cmds.get_mut(idx as usize) {
             if c.st != St::Free {
-                free_cmd(c, &mut self.pool);
+                free_cmd(c, &mut self.pool, &mut self.peers);
                 self.free_cmds.push(idx);
             }
         }
@@ -1135,10 +1299,8 @@ impl Core {
             } else {
                 s.fill(0);
             }
-            let c = &mut self.cmds[idx as usize];
-            c.buf = Some(b);
-            c.reserved = len;
-            st.buf_bytes += len as usize;
+            self.cmds[idx as usize].buf = Some(b);
+            self.charge(st, idx, len as usize);
         }
         let c = &mut self.cmds[idx as usize];
         c.len = len;
@@ -1206,8 +1368,7 @@ impl Core {
             let c = &mut self.cmds[idx as usize];
             c.buf = Some(b);
             c.got = len;
-            c.reserved = len;
-            st.buf_bytes += len as usize;
+            self.charge(st, idx, len as usize);
             return self.submit_offload(st, idx);
         }
         self.reserve_and_start(st, idx)
@@ -1217,19 +1378,26 @@ impl Core {
     /// data, or read from the backend), or wait for the budget.
     fn reserve_and_start(&mut self, st: &mut QpState, idx: u32) {
         let budget = self.budget();
+        let len = self.cmds[idx as usize].len;
+        let limit = if st.buf_bytes > 0 && st.buf_bytes + len as usize > budget {
+            Some(Limit::ConnectionBuffers)
+        } else if self.peer_full(st, len as usize) {
+            Some(Limit::PeerBuffers)
+        } else {
+            None
+        };
         let c = &mut self.cmds[idx as usize];
-        let len = c.len;
-        if st.buf_bytes > 0 && st.buf_bytes + len as usize > budget {
+        if let Some(limit) = limit {
             if c.st != St::WaitBuf {
                 c.st = St::WaitBuf;
-                self.counters.hit(Limit::ConnectionBuffers);
+                self.counters.hit(limit);
             }
             st.waiting.push_back(idx);
             return;
         }
-        c.reserved = len;
-        st.buf_bytes += len as usize;
-        let Some(op) = c.op else {
+        let op = c.op;
+        self.charge(st, idx, len as usize);
+        let Some(op) = op else {
             return self.fail(st, idx, Status::INTERNAL_ERROR);
         };
         let h2c = op.direction() == DataDirection::HostToController;

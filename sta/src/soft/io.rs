@@ -183,7 +183,7 @@ impl StaIo {
         let idx = self.register_tcp(&sock)?;
         let (limits, rx_cap) = self.tcp_limits();
         let link = Link::Tcp(TcpLink::new(Wire::Socket(sock), limits));
-        let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user);
+        let h = self.install_qp(idx, RxBuf::new(rx_cap), link, user, None);
         if let Some(q) = self.qps[idx as usize].qp.as_mut() {
             q.interest = EpollFlags::EPOLLIN.bits() as u32;
         }
@@ -229,7 +229,7 @@ impl StaIo {
         let deadline = Instant::now() + tls.handshake_timeout;
         let wire = Wire::tls(sock, tls.ctx.clone(), tls.required, deadline);
         let link = Link::Tcp(TcpLink::new(wire, limits));
-        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user))
+        Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user, None))
     }
 
     /// How a TLS QP's handshake ended: the PSK's owner, or why it failed (`None` for plain
@@ -252,29 +252,70 @@ impl StaIo {
         let idx = self.alloc_qp_slot();
         let (limits, rx_cap) = self.tcp_limits();
         let link = Link::Tcp(TcpLink::new(Wire::Memory(pipe), limits));
-        self.install_qp(idx, RxBuf::new(rx_cap), link, user)
+        self.install_qp(idx, RxBuf::new(rx_cap), link, user, None)
     }
 
     /// Put a new QP (TCP or RDMA) in slot `idx` with a fresh generation. An RDMA QP
     /// starts with output to post (its receives).
-    fn install_qp(&mut self, idx: u32, rx: RxBuf, link: Link, user: u64) -> QpHandle {
+    /// `rdma_peer`: an RDMA QP's host address (a TCP QP's is its socket's).
+    fn install_qp(
+        &mut self,
+        idx: u32,
+        rx: RxBuf,
+        link: Link,
+        user: u64,
+        rdma_peer: Option<std::net::SocketAddr>,
+    ) -> QpHandle {
         let now = self.accept_time();
         let slot = &mut self.qps[idx as usize];
         slot.gen = slot.gen.wrapping_add(1) & 0x00ff_ffff;
         let handle = QpHandle { idx, gen: slot.gen };
         let counters = self.core.counters.add_queue(handle.as_u64());
         let rdma = matches!(link, Link::Rdma(_));
+        let peer = match &link {
+            Link::Tcp(t) => t.wire.socket().and_then(|s| s.peer_addr().ok()),
+            Link::Rdma(_) => rdma_peer,
+        }
+        .map(|a| self.core.peers.attach(a.ip().to_canonical()));
         let qp = slot.qp.insert(Qp {
             rx,
             st: QpState::new(link, user, now, handle, counters),
             interest: 0,
         });
+        qp.st.peer = peer;
         if rdma {
             self.core.mark_tx(&mut qp.st);
             self.rdma_slots.push(idx);
         }
         bump(&self.core.counters.qps, 1);
         handle
+    }
+
+    /// Gives a QP's peer address (unit tests: memory pipes have none).
+    #[cfg(test)]
+    pub(super) fn set_qp_peer(&mut self, qp: QpHandle, peer: std::net::IpAddr) {
+        if let Some(q) = qp_ref(&mut self.qps, qp) {
+            if let Some(old) = q.st.peer.take() {
+                self.core.peers.detach(old);
+            }
+            q.st.peer = Some(self.core.peers.attach(peer));
+        }
+    }
+
+    /// Peer shares in use (tests: none is left behind).
+    #[cfg(test)]
+    pub(super) fn peer_shares(&self) -> usize {
+        self.core.peers.in_use()
+    }
+
+    /// Starts the commands of QPs whose peer gave buffer bytes back while they waited for
+    /// its share of the pool (`Core::uncharge`).
+    fn resume_peers(&mut self) {
+        for h in std::mem::take(&mut self.core.peers.resume) {
+            if let Some(q) = qp_ref(&mut self.qps, h) {
+                self.core.resume_waiting(&mut q.st);
+            }
+        }
     }
 
     /// DOCA `qp_alloc` + `qp_accept` for an RDMA connect request (the CM thread has
@@ -319,7 +360,8 @@ impl StaIo {
                 tracing::warn!("epoll add of an RDMA completion channel: {e}");
             }
         }
-        Ok(self.install_qp(idx, RxBuf::new(0), Link::Rdma(Box::new(rq)), user))
+        let peer = req.peer;
+        Ok(self.install_qp(idx, RxBuf::new(0), Link::Rdma(Box::new(rq)), user, peer))
     }
 
     /// An RDMA CM event for a QP of this context. ESTABLISHED is DOCA's
@@ -509,6 +551,10 @@ impl StaIo {
         }
         did |= self.poll_rdma();
         did |= self.poll_backends();
+        if !self.core.peers.resume.is_empty() {
+            self.resume_peers();
+            did = true;
+        }
         if self.core.ns_gone_news {
             self.report_gone_backends();
         }
@@ -1090,14 +1136,16 @@ impl StaIo {
                 } {
                     rdma_link::unwatch_channel(&self.epoll, fd);
                 }
-                drop(self.qps[i].qp.take());
+                if let Some(s) = self.qps[i].qp.take().and_then(|q| q.st.peer) {
+                    self.core.peers.detach(s);
+                }
                 if let Some(p) = self.rdma_slots.iter().position(|&s| s as usize == i) {
                     self.rdma_slots.swap_remove(p);
                 }
                 for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                     if c.st != St::Free && c.qp == h {
                         self.core.free_cmds.push(ci as u32);
-                        free_cmd(c, &mut self.core.pool);
+                        free_cmd(c, &mut self.core.pool, &mut self.core.peers);
                     }
                 }
                 self.disconnecting.swap_remove(k);
@@ -1108,7 +1156,7 @@ impl StaIo {
             for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                 if c.st != St::Free && c.st != St::Backend && c.qp == h {
                     self.core.free_cmds.push(ci as u32);
-                    free_cmd(c, &mut self.core.pool);
+                    free_cmd(c, &mut self.core.pool, &mut self.core.peers);
                     qp.st.inflight -= 1;
                 }
             }
@@ -1123,7 +1171,9 @@ impl StaIo {
                 }
                 t.wire.shutdown();
             }
-            self.qps[i].qp = None;
+            if let Some(s) = self.qps[i].qp.take().and_then(|q| q.st.peer) {
+                self.core.peers.detach(s);
+            }
             self.disconnecting.swap_remove(k);
             self.finish_qp_free(i, h, user);
         }

@@ -614,6 +614,92 @@ fn a_connection_past_its_buffer_budget_waits_and_completes() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
+/// One peer address cannot take the thread's pool from the others: its connections
+/// together hold at most their share (here 1 MiB of a 2 MiB pool, one largest
+/// transfer). A second 1 MiB write on another of its queues waits (no R2T, no buffer)
+/// instead of taking the rest of the pool, so another host's write gets a buffer; once
+/// the first write completes, the waiting one is started on its own queue.
+#[test]
+fn one_peer_holds_at_most_its_share_of_the_pool() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        buffer_pool_bytes: 2 << 20,
+        ..Default::default()
+    });
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
+    let hog2 = raw_io_queue(&mut p, cntlid, 3, 31);
+    let attacker: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    for c in [hog, hog2] {
+        let h = p.conns[c].qp;
+        p.io.set_qp_peer(h, attacker);
+    }
+    let h = p.conns[q].qp;
+    p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+
+    // The first 1 MiB write gets its R2T and its first 64 KiB: 1 MiB of the pool taken.
+    let len = 1 << 20;
+    forge(
+        &mut p,
+        hog,
+        &by_transport(io_rw(io::WRITE, len / 512), 0, len),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(&mut p, hog);
+    let Some(&Out::R2T { ttag, .. }) = w.first() else {
+        panic!("{w:?}")
+    };
+    let mut pdu = Vec::new();
+    tcp::encode_h2c_data(&mut pdu, 0, ttag, 0, &[1u8; 65536], false, Digests::NONE, 0);
+    p.conns[hog].send_raw(&pdu);
+    p.pump();
+    // The second, on another queue of the same address: it waits for the address's share.
+    let mut second = io_rw(io::WRITE, len / 512);
+    second.set_opcode_cid(io::WRITE, 1);
+    forge(&mut p, hog2, &by_transport(second, 1, len), &[]);
+    p.pump();
+    assert!(take_wire(&mut p, hog2).is_empty(), "no R2T past the share");
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::PeerBuffers.label() && n == 1),
+        "{hits:?}"
+    );
+
+    // Another host's write finds a buffer.
+    p.conns[q].host.set_max_incapsule(0);
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(disk(&p, 0, 8), pattern(1, 4096));
+
+    // The first write's data ends: it completes, and the second gets its R2T.
+    for k in 1..16u32 {
+        let mut pdu = Vec::new();
+        let chunk = [2u8; 65536];
+        tcp::encode_h2c_data(
+            &mut pdu,
+            0,
+            ttag,
+            k * 65536,
+            &chunk,
+            k == 15,
+            Digests::NONE,
+            0,
+        );
+        p.conns[hog].send_raw(&pdu);
+        p.pump();
+    }
+    let w = take_wire(&mut p, hog);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { status, .. }] if status.is_success()),
+        "{w:?}"
+    );
+    p.pump();
+    let w = take_wire(&mut p, hog2);
+    assert!(matches!(w.first(), Some(Out::R2T { cid: 1, .. })), "{w:?}");
+}
+
 /// The thread's pool is exhausted by a host that sent half of a large write: another
 /// host's write whose data arrives then gets Command Interrupted (retryable, no DNR),
 /// its data is taken off the wire, and its connection keeps working.
@@ -659,4 +745,39 @@ fn pool_exhaustion_fails_the_write_not_the_connection() {
     let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
     assert!(cqe.status().is_success(), "{}", cqe.status());
     assert_eq!(disk(&p, 0, 8), pattern(1, 4096));
+}
+
+/// A peer's share lives while a QP or a command of its address does: after the host's
+/// connections close (with a command holding buffer bytes, a write whose data never
+/// came), nothing of it is left.
+#[test]
+fn a_peer_share_is_gone_with_its_connections() {
+    let mut p = Pair::new();
+    p.sockets = true;
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    assert!(p.conns[q].sock.is_some(), "a socket connection");
+    assert_eq!(p.io.peer_shares(), 1, "127.0.0.1's share");
+    p.conns[q].host.set_max_incapsule(0);
+    let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(3, 4096));
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    // A 64 KiB write answered by its R2T and never given its data: it holds bytes.
+    forge(
+        &mut p,
+        q,
+        &by_transport(io_rw(io::WRITE, 128), 9, 65536),
+        &[],
+    );
+    p.pump();
+    p.pump();
+    assert!(p.io.buffer_bytes() > 0 || p.io.commands_in_flight() > 0);
+    p.conns[q].close();
+    p.conns[a].close();
+    for _ in 0..100 {
+        p.pump();
+        if p.io.peer_shares() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(p.io.peer_shares(), 0, "the share outlived its connections");
 }
