@@ -327,10 +327,14 @@ impl<I: IoContext> IoThread<I> {
         app.closed = true;
         self.held.retain(|_, (h, _)| *h != qp);
         if let Some(q) = app.queue {
-            let actions = self
-                .shared
-                .target()
-                .queue_closed(q, queue_key(self.index, qp));
+            let (actions, notices) = {
+                let mut t = self.shared.target();
+                let actions = t.queue_closed(q, queue_key(self.index, qp));
+                (actions, t.take_notices())
+            };
+            // Now, while the connection's record (peer, listener) is still there: an
+            // authentication abandoned with the close is logged with whom it came from.
+            self.shared.report_notices(notices);
             self.route_or_apply(actions);
         }
     }
