@@ -8,8 +8,11 @@
 //! [`LINES_PER_WINDOW`] lines per [`WINDOW`], then one "suppressed K similar" line when
 //! the window is over, so a host retrying in a tight loop cannot flood the journal (and
 //! one kind of refusal flooding does not hide another). The table is bounded
-//! ([`MAX_PEERS`] entries). Counting never stops. None of this is on the I/O path: only
-//! refusals reach it.
+//! ([`MAX_PEERS`] entries). All peers together get at most [`GLOBAL_LINES_PER_WINDOW`]
+//! lines per reason and window, so many addresses (cheap with IPv6) cannot flood the
+//! journal either, nor one reason hide another; what that suppresses is reported in one
+//! line per reason, and at most [`SUMMARY_LINES`] per-peer summaries are written at once. Counting never stops. None of this is on the I/O path:
+//! only refusals reach it.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -25,6 +28,10 @@ pub const LINES_PER_WINDOW: u32 = 5;
 pub const WINDOW: Duration = Duration::from_secs(10);
 /// (Peer, reason) pairs tracked at once; the oldest window makes room for a new one.
 pub const MAX_PEERS: usize = 1024;
+/// Log lines of one reason from all peers together per [`WINDOW`].
+pub const GLOBAL_LINES_PER_WINDOW: u32 = 100;
+/// Per-peer "suppressed" summaries written at once; the rest go in one line.
+pub const SUMMARY_LINES: usize = 20;
 
 /// Reasons the engine reports (NVMe/TCP connection termination), next to the target's
 /// [`RefusalReason::LABELS`].
@@ -68,16 +75,66 @@ struct Window {
 /// Who a rate-limit window is for: a peer (if known) and a reason label.
 pub type Source = (Option<IpAddr>, &'static str);
 
-/// The per-(peer, reason) rate limit, with explicit time (tested without a clock).
+/// Lines a window that is over suppressed: one peer's, or all peers' of one reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Summary {
+    Peer(Source, u64),
+    AllPeers(&'static str, u64),
+}
+
+/// The per-(peer, reason) rate limit and the daemon-wide one, with explicit time (tested
+/// without a clock).
 #[derive(Debug, Default)]
 pub struct Limiter {
     peers: HashMap<Source, Window>,
+    /// The daemon-wide window of each reason.
+    global: HashMap<&'static str, Window>,
 }
 
 impl Limiter {
-    /// One more event from `peer` at `now`. `over` collects (peer, suppressed count) of
-    /// windows that ended with lines suppressed, to be reported.
-    pub fn admit(&mut self, now: Instant, peer: Source, over: &mut Vec<(Source, u64)>) -> Admit {
+    /// One more event from `peer` at `now`. `over` collects what windows that ended had
+    /// suppressed, to be reported.
+    pub fn admit(&mut self, now: Instant, peer: Source, over: &mut Vec<Summary>) -> Admit {
+        match self.admit_peer(now, peer, over) {
+            Admit::Log => self.admit_global(now, peer.1, over),
+            Admit::Suppress => Admit::Suppress,
+        }
+    }
+
+    /// A line the peer's window lets through, against the daemon-wide budget of its
+    /// reason.
+    fn admit_global(
+        &mut self,
+        now: Instant,
+        label: &'static str,
+        over: &mut Vec<Summary>,
+    ) -> Admit {
+        self.expire_global(now, over);
+        let w = self.global.entry(label).or_insert(Window {
+            start: now,
+            lines: 0,
+            suppressed: 0,
+        });
+        if w.lines < GLOBAL_LINES_PER_WINDOW {
+            w.lines += 1;
+            Admit::Log
+        } else {
+            w.suppressed += 1;
+            Admit::Suppress
+        }
+    }
+
+    fn expire_global(&mut self, now: Instant, over: &mut Vec<Summary>) {
+        self.global.retain(|label, w| {
+            let live = now.saturating_duration_since(w.start) < WINDOW;
+            if !live && w.suppressed > 0 {
+                over.push(Summary::AllPeers(label, w.suppressed));
+            }
+            live
+        });
+    }
+
+    fn admit_peer(&mut self, now: Instant, peer: Source, over: &mut Vec<Summary>) -> Admit {
         if let Some(w) = self.peers.get_mut(&peer) {
             if now.saturating_duration_since(w.start) < WINDOW {
                 if w.lines < LINES_PER_WINDOW {
@@ -88,7 +145,7 @@ impl Limiter {
                 return Admit::Suppress;
             }
             if w.suppressed > 0 {
-                over.push((peer, w.suppressed));
+                over.push(Summary::Peer(peer, w.suppressed));
             }
             *w = Window {
                 start: now,
@@ -105,7 +162,7 @@ impl Limiter {
             // reported now rather than lost).
             if let Some((&oldest, w)) = self.peers.iter().min_by_key(|(_, w)| w.start) {
                 if w.suppressed > 0 {
-                    over.push((oldest, w.suppressed));
+                    over.push(Summary::Peer(oldest, w.suppressed));
                 }
                 self.peers.remove(&oldest);
             }
@@ -122,11 +179,12 @@ impl Limiter {
     }
 
     /// Drops windows that are over at `now`, reporting those that suppressed lines.
-    pub fn expire(&mut self, now: Instant, over: &mut Vec<(Source, u64)>) {
+    pub fn expire(&mut self, now: Instant, over: &mut Vec<Summary>) {
+        self.expire_global(now, over);
         self.peers.retain(|peer, w| {
             let live = now.saturating_duration_since(w.start) < WINDOW;
             if !live && w.suppressed > 0 {
-                over.push((*peer, w.suppressed));
+                over.push(Summary::Peer(*peer, w.suppressed));
             }
             live
         });
@@ -228,11 +286,32 @@ impl RefusalLog {
     }
 }
 
-fn log_suppressed(over: &[(Source, u64)]) {
-    for ((peer, label), n) in over {
+fn log_suppressed(over: &[Summary]) {
+    let mut peers = Vec::new();
+    for s in over {
+        match *s {
+            Summary::AllPeers(label, n) => tracing::warn!(
+                reason = label,
+                "suppressed {n} refusal line(s) of this reason from all peers together (at \
+                 most {GLOBAL_LINES_PER_WINDOW} per {}s; all are counted in \
+                 nvmft_refusals_total or nvmft_limit_hits_total)",
+                WINDOW.as_secs()
+            ),
+            Summary::Peer(src, n) => peers.push((src, n)),
+        }
+    }
+    if peers.len() > SUMMARY_LINES {
+        let rest = &peers[SUMMARY_LINES..];
+        let lines: u64 = rest.iter().map(|(_, n)| n).sum();
+        tracing::warn!(
+            "suppressed {lines} more refusal line(s) from {} more peer(s) and reason(s)",
+            rest.len()
+        );
+    }
+    for ((peer, label), n) in peers.into_iter().take(SUMMARY_LINES) {
         let who = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
         tracing::warn!(
-            reason = *label,
+            reason = label,
             "suppressed {n} similar refusal line(s) from {who} (at most {LINES_PER_WINDOW} per {}s per peer and reason; all are counted in nvmft_refusals_total or nvmft_limit_hits_total)",
             WINDOW.as_secs()
         );
@@ -300,7 +379,7 @@ mod tests {
         assert!(over.is_empty());
         // The window ends: the next event logs and reports what was suppressed.
         assert_eq!(l.admit(t0 + WINDOW, a, &mut over), Admit::Log);
-        assert_eq!(over, vec![(a, 20 - LINES_PER_WINDOW as u64)]);
+        assert_eq!(over, vec![Summary::Peer(a, 20 - LINES_PER_WINDOW as u64)]);
         // Expiry reports nothing for windows that suppressed nothing.
         over.clear();
         l.expire(t0 + 3 * WINDOW, &mut over);
@@ -315,16 +394,46 @@ mod tests {
         let mut over = Vec::new();
         for i in 0..(MAX_PEERS as u32 + 100) {
             let ip = IpAddr::from(i.to_be_bytes());
-            assert_eq!(
-                l.admit(
-                    t0 + Duration::from_micros(i as u64),
-                    (Some(ip), "x"),
-                    &mut over
-                ),
-                Admit::Log
+            l.admit(
+                t0 + Duration::from_micros(i as u64),
+                (Some(ip), "x"),
+                &mut over,
             );
             assert!(l.peers() <= MAX_PEERS);
         }
+    }
+
+    /// 2,000 peers with one refusal each in one window (the hostile-peer audit's flood of
+    /// bad ICReqs from 2,000 addresses): the daemon-wide budget lets through its lines,
+    /// and the rest is reported once the window is over.
+    #[test]
+    fn many_peers_together_get_the_daemon_wide_budget() {
+        let mut l = Limiter::default();
+        let t0 = Instant::now();
+        let mut over = Vec::new();
+        let admitted = (0..2000u32)
+            .filter(|&i| {
+                let src = (Some(IpAddr::from((0x0a00_0000 + i).to_be_bytes())), "x");
+                l.admit(t0 + Duration::from_micros(i.into()), src, &mut over) == Admit::Log
+            })
+            .count();
+        assert_eq!(admitted, GLOBAL_LINES_PER_WINDOW as usize);
+        assert!(over.is_empty());
+        // Another reason has its own daemon-wide budget: one kind of flood does not hide
+        // another.
+        let other = (Some("10.9.9.8".parse().unwrap()), "y");
+        assert_eq!(l.admit(t0, other, &mut over), Admit::Log);
+        l.expire(t0 + WINDOW + Duration::from_millis(10), &mut over);
+        assert!(
+            over.contains(&Summary::AllPeers(
+                "x",
+                2000 - u64::from(GLOBAL_LINES_PER_WINDOW)
+            )),
+            "{over:?}"
+        );
+        // A new window has the whole budget again.
+        let src = (Some("10.9.9.9".parse().unwrap()), "x");
+        assert_eq!(l.admit(t0 + 2 * WINDOW, src, &mut over), Admit::Log);
     }
 
     #[test]
