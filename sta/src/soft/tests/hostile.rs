@@ -614,6 +614,36 @@ fn a_connection_past_its_buffer_budget_waits_and_completes() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
+/// Sends a write of `len` bytes by R2T as CID `cid` on connection `c`, then only the first
+/// 64 KiB of its data; returns the R2T's TTAG.
+fn half_a_write(p: &mut Pair, c: usize, cid: u16, len: u32) -> u16 {
+    forge(
+        p,
+        c,
+        &by_transport(io_rw(io::WRITE, len / 512), cid, len),
+        &[],
+    );
+    p.pump();
+    let w = take_wire(p, c);
+    let Some(&Out::R2T { ttag, .. }) = w.first() else {
+        panic!("{w:?}")
+    };
+    let mut pdu = Vec::new();
+    tcp::encode_h2c_data(
+        &mut pdu,
+        cid,
+        ttag,
+        0,
+        &[1u8; 65536],
+        false,
+        Digests::NONE,
+        0,
+    );
+    p.conns[c].send_raw(&pdu);
+    p.pump();
+    ttag
+}
+
 /// One peer address cannot take the thread's pool from the others: its connections
 /// together hold at most their share (here 1 MiB of a 2 MiB pool, one largest
 /// transfer). A second 1 MiB write on another of its queues waits (no R2T, no buffer)
@@ -639,21 +669,7 @@ fn one_peer_holds_at_most_its_share_of_the_pool() {
 
     // The first 1 MiB write gets its R2T and its first 64 KiB: 1 MiB of the pool taken.
     let len = 1 << 20;
-    forge(
-        &mut p,
-        hog,
-        &by_transport(io_rw(io::WRITE, len / 512), 0, len),
-        &[],
-    );
-    p.pump();
-    let w = take_wire(&mut p, hog);
-    let Some(&Out::R2T { ttag, .. }) = w.first() else {
-        panic!("{w:?}")
-    };
-    let mut pdu = Vec::new();
-    tcp::encode_h2c_data(&mut pdu, 0, ttag, 0, &[1u8; 65536], false, Digests::NONE, 0);
-    p.conns[hog].send_raw(&pdu);
-    p.pump();
+    let ttag = half_a_write(&mut p, hog, 0, len);
     // The second, on another queue of the same address: it waits for the address's share.
     let mut second = io_rw(io::WRITE, len / 512);
     second.set_opcode_cid(io::WRITE, 1);
@@ -713,22 +729,7 @@ fn pool_exhaustion_fails_the_write_not_the_connection() {
     let cntlid = p.conns[a].cntlid;
     let hog = raw_io_queue(&mut p, cntlid, 2, 31);
     // A 1 MiB write whose first 64 KiB arrive: its buffer takes the whole pool.
-    let len = 1 << 20;
-    forge(
-        &mut p,
-        hog,
-        &by_transport(io_rw(io::WRITE, len / 512), 0, len),
-        &[],
-    );
-    p.pump();
-    let w = take_wire(&mut p, hog);
-    let Some(&Out::R2T { ttag, .. }) = w.first() else {
-        panic!("{w:?}")
-    };
-    let mut pdu = Vec::new();
-    tcp::encode_h2c_data(&mut pdu, 0, ttag, 0, &[1u8; 65536], false, Digests::NONE, 0);
-    p.conns[hog].send_raw(&pdu);
-    p.pump();
+    half_a_write(&mut p, hog, 0, 1 << 20);
     assert!(p.io.buffer_bytes() >= 1 << 20, "the pool is taken");
     p.conns[q].host.set_max_incapsule(0);
     let (cqe, _) = p.exec(q, rw(io::WRITE, 0, 8), Xfer::ToController, pattern(1, 4096));
