@@ -43,12 +43,16 @@ pub const H2C_TERM_REQ_RECEIVED: &str = "h2c_term_req_received";
 pub const RDMA_CONNECT_REJECTED: &str = "rdma_connect_rejected";
 /// A TLS handshake failed or timed out, or a plain host came to a TLS-required listener.
 pub const TLS_HANDSHAKE_FAILED: &str = "tls_handshake_failed";
-const ENGINE_LABELS: [&str; 5] = [
+/// The engine answered a command with an error before the queue's Connect was answered
+/// (a malformed Connect: its SGL and its data disagree).
+pub const REFUSED_BEFORE_CONNECT: &str = "refused_before_connect";
+const ENGINE_LABELS: [&str; 6] = [
     ICREQ_REJECTED,
     C2H_TERM_REQ_SENT,
     H2C_TERM_REQ_RECEIVED,
     RDMA_CONNECT_REJECTED,
     TLS_HANDSHAKE_FAILED,
+    REFUSED_BEFORE_CONNECT,
 ];
 
 /// What is known of a connection, for log lines: who it came from and on which listener.

@@ -410,6 +410,36 @@ fn refusals_are_logged_with_who_and_why() {
     .expect("ICReq");
     h.connect_admin(SUBNQN, 0).expect("Connect");
     assert!(h.enable_controller().is_err(), "CSTS.CFS");
+    // A Connect whose SGL says 1024 bytes of in-capsule data but 512 come: the engine
+    // answers Data SGL Length Invalid before the application sees it, and the refusal is
+    // logged with the peer all the same.
+    let mut h = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+    let mut sqe = nvmf::spec::fabrics::ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+    }
+    .to_sqe(0);
+    sqe.dptr = nvmf::spec::SglDescriptor::unkeyed(
+        nvmf::spec::sgl::TYPE_DATA_BLOCK,
+        nvmf::spec::sgl::SUBTYPE_OFFSET,
+        0,
+        1024,
+    );
+    let mut capsule = Vec::new();
+    tcp::encode_capsule_cmd(&mut capsule, &sqe, &[0u8; 512], Digests::NONE, 0);
+    h.send_raw(&capsule).expect("send the short Connect");
+    match h.recv_pdu() {
+        Ok(OwnedPdu::CapsuleResp(cqe)) => assert_status(
+            cqe.status(),
+            Status::DATA_SGL_LENGTH_INVALID,
+            "short Connect",
+        ),
+        other => panic!("short Connect answered {other:?}"),
+    }
+    wait_log(&d, "refused_before_connect");
     let log = wait_log(&d, "controller_fatal_status");
     let lines = |label: &str| -> Vec<&str> {
         log.lines()
@@ -444,6 +474,15 @@ fn refusals_are_logged_with_who_and_why() {
         ic[0].contains("listener tcp0") && ic[0].contains("FES 0x6"),
         "{}",
         ic[0]
+    );
+    let short = lines("refused_before_connect");
+    assert_eq!(short.len(), 1, "{log}");
+    assert!(
+        short[0].contains("peer 127.0.0.1:")
+            && short[0].contains("listener tcp0")
+            && short[0].contains("Fabrics Connect (qid 0)"),
+        "{}",
+        short[0]
     );
     let cfs = lines("controller_fatal_status");
     assert!(

@@ -221,6 +221,35 @@ impl<I: IoContext> IoThread<I> {
 
     /// Logs and counts an NVMe/TCP termination (a rejected ICReq, a C2HTermReq we sent, an
     /// H2CTermReq the host sent).
+    /// A command the engine answered with an error before the queue's Connect was
+    /// answered: logged and counted as a refusal, with who it came from.
+    pub(super) fn report_refused_before_connect(
+        &mut self,
+        qp: QpHandle,
+        sqe: &nvmf::spec::Sqe,
+        status: nvmf::spec::Status,
+    ) {
+        use crate::refusals as r;
+        let key = queue_key(self.index, qp);
+        let c = self.shared.conn(key);
+        let what = if sqe.is_fabrics() && sqe.fctype() == nvmf::spec::opcodes::fabrics::CONNECT {
+            let qid = nvmf::spec::fabrics::ConnectCommand::from_sqe(sqe).qid;
+            format!("a Fabrics Connect (qid {qid})")
+        } else {
+            format!(
+                "a command (opcode {:#04x}) before the queue's Fabrics Connect",
+                sqe.opcode()
+            )
+        };
+        let line = format!(
+            "refused {}: host -, subsystem -, cntlid -, qid -: {what} (answered {status})",
+            r::where_from(c.as_ref())
+        );
+        self.shared
+            .refusals
+            .report(r::REFUSED_BEFORE_CONNECT, c.and_then(|c| c.peer), &line);
+    }
+
     pub(super) fn report_termination(
         &mut self,
         qp: QpHandle,

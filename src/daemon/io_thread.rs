@@ -435,6 +435,9 @@ impl<I: IoContext> IoThread<I> {
                 }
             }
             Event::Tls { qp, ok, .. } => self.on_tls(qp, ok),
+            Event::RefusedBeforeConnect {
+                qp, sqe, status, ..
+            } => self.report_refused_before_connect(qp, &sqe, status),
             Event::TransportError { qp, kind, .. } => {
                 tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
                 if let sta::TransportErrorKind::Limit(l) = kind {

@@ -297,6 +297,17 @@ pub enum Event {
         /// deadline (a full queue, host data that never came), not over a bad PDU.
         limit: Option<Limit>,
     },
+    /// The engine answered a command with an error itself on a queue that has no
+    /// controller yet (before its Fabrics Connect was answered): a malformed Connect (its
+    /// SGL and its data disagree), a command no slot could be had for. Reported so that
+    /// the application logs the refusal with who it came from; the command is answered
+    /// already.
+    RefusedBeforeConnect {
+        qp: QpHandle,
+        qp_user: u64,
+        sqe: Sqe,
+        status: nvmf::spec::Status,
+    },
     /// A connection accepted with [`IoContext::qp_accept_tcp_tls`] finished its TLS
     /// handshake (`ok`, before any of its capsules is reported), or failed it (then its
     /// [`Event::TransportError`] follows). [`IoContext::qp_tls`] says who the PSK belongs

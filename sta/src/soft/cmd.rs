@@ -918,8 +918,22 @@ impl Core {
                 ns.counters.count_error(status);
             }
         }
-        let cid = c.sqe.cid();
+        if st.qid.is_none() {
+            self.refused_before_connect(st, c.sqe, status);
+        }
+        let cid = self.cmds[idx as usize].sqe.cid();
         self.respond(st, idx, Cqe::new(cid, status), 0);
+    }
+
+    /// Tells the application of a command the engine answered with an error on a queue
+    /// without a controller ([`Event::RefusedBeforeConnect`]).
+    fn refused_before_connect(&mut self, st: &QpState, sqe: Sqe, status: Status) {
+        self.events.push_back(Event::RefusedBeforeConnect {
+            qp: st.handle,
+            qp_user: st.user,
+            sqe,
+            status,
+        });
     }
 
     /// A capsule arrived on `qp` (either transport): offload it, or hand it up.
@@ -940,6 +954,9 @@ impl Core {
             // many queues together can still get here): answer without a slot, and the
             // host retries.
             self.counters.hit(Limit::CommandSlots);
+            if st.qid.is_none() {
+                self.refused_before_connect(st, *sqe, Status::COMMAND_INTERRUPTED);
+            }
             let cqe = Cqe::new(sqe.cid(), Status::COMMAND_INTERRUPTED);
             st.link.respond_untracked(cqe);
             self.mark_tx(st);

@@ -418,7 +418,8 @@ impl<F: Fabric> World<F> {
                 self.close_queue(qp);
                 self.disconnect(qp);
             }
-            Event::Terminated { .. } => {}
+            // Logged by an application; the command is answered already.
+            Event::Terminated { .. } | Event::RefusedBeforeConnect { .. } => {}
             // The suite accepts no TLS connections.
             Event::Tls { qp, .. } => panic!("TLS event for plain QP {qp:?}"),
         }

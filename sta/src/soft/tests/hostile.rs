@@ -782,3 +782,39 @@ fn a_peer_share_is_gone_with_its_connections() {
     }
     assert_eq!(p.io.peer_shares(), 0, "the share outlived its connections");
 }
+
+/// A Connect whose SGL says 1024 bytes of in-capsule data while 512 came is answered by
+/// the engine (Data SGL Length Invalid) before the application sees it, and reported to
+/// the application, which logs it as a refusal; a well-formed Connect is not reported.
+#[test]
+fn a_malformed_connect_is_reported_to_the_application() {
+    let mut p = Pair::new();
+    let q = raw_conn(&mut p);
+    let cmd = ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+    };
+    let data = ConnectData::new([9; 16], 0xffff, NQN, HOSTNQN);
+    forge(
+        &mut p,
+        q,
+        &in_capsule(cmd.to_sqe(0), 0, 1024),
+        &data.as_bytes()[..512],
+    );
+    p.pump();
+    let w = take_wire(&mut p, q);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { status, .. }] if *status == Status::DATA_SGL_LENGTH_INVALID),
+        "{w:?}"
+    );
+    assert_eq!(
+        p.refused_before_connect,
+        [(p.conns[q].qp, Status::DATA_SGL_LENGTH_INVALID)]
+    );
+    // A Connect that is whole reaches the application, which answers it: nothing more.
+    let (_, _) = p.controller(Digests::NONE, 31, 0);
+    assert_eq!(p.refused_before_connect.len(), 1);
+}

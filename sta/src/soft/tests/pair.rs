@@ -218,6 +218,9 @@ pub struct Pair {
     pub transport_errors: Vec<(QpHandle, crate::TransportErrorKind)>,
     /// NVMe/TCP terminations the engine reported ([`Event::Terminated`]), in order.
     pub terminations: Vec<Termination>,
+    /// Commands the engine answered with an error before their queue's Connect
+    /// ([`Event::RefusedBeforeConnect`]), in order.
+    pub refused_before_connect: Vec<(QpHandle, Status)>,
     pub disconnected: Vec<QpHandle>,
 }
 
@@ -316,6 +319,7 @@ impl Pair {
             next_wait: 1,
             transport_errors: Vec::new(),
             terminations: Vec::new(),
+            refused_before_connect: Vec::new(),
             disconnected: Vec::new(),
         }
     }
@@ -611,6 +615,9 @@ impl Pair {
                 self.transport_errors.push((qp, kind));
                 self.close_queue(qp);
                 let _ = self.io.qp_disconnect(qp, 0);
+            }
+            Event::RefusedBeforeConnect { qp, status, .. } => {
+                self.refused_before_connect.push((qp, status))
             }
         }
     }
