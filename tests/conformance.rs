@@ -439,7 +439,22 @@ fn refusals_are_logged_with_who_and_why() {
         ),
         other => panic!("short Connect answered {other:?}"),
     }
-    wait_log(&d, "refused_before_connect");
+    // An Identify before any Connect: Command Sequence Error, logged the same way.
+    let mut h = TcpHost::connect(d.addr(), host_opts()).expect("ICReq");
+    let mut identify = Sqe {
+        cdw10: 1,
+        ..Default::default()
+    };
+    identify.set_opcode_cid(opcodes::admin::IDENTIFY, 0);
+    let (cqe, _) = h
+        .submit_admin_raw(identify, &[], 4096)
+        .expect("Identify before Connect");
+    assert_status(
+        cqe.status(),
+        Status::COMMAND_SEQUENCE_ERROR,
+        "Identify before Connect",
+    );
+    wait_log(&d, "opcode 0x06");
     let log = wait_log(&d, "controller_fatal_status");
     let lines = |label: &str| -> Vec<&str> {
         log.lines()
@@ -476,7 +491,12 @@ fn refusals_are_logged_with_who_and_why() {
         ic[0]
     );
     let short = lines("refused_before_connect");
-    assert_eq!(short.len(), 1, "{log}");
+    assert_eq!(short.len(), 2, "{log}");
+    assert!(
+        short[1].contains("a command (opcode 0x06) before the queue's Fabrics Connect"),
+        "{}",
+        short[1]
+    );
     assert!(
         short[0].contains("peer 127.0.0.1:")
             && short[0].contains("listener tcp0")

@@ -21,6 +21,7 @@ impl<I: IoContext> IoThread<I> {
         }
         let Some(queue) = self.qps.get(&qp).and_then(|a| a.queue) else {
             let cqe = Cqe::new(sqe.cid(), Status::COMMAND_SEQUENCE_ERROR);
+            self.report_refused_before_connect(qp, sqe, cqe.status());
             return self.answer(qp, token, &cqe, 0);
         };
         let now = Instant::now();
@@ -55,7 +56,21 @@ impl<I: IoContext> IoThread<I> {
         // before the host hears the command completed.
         shared.sync_target_state();
         match outcome {
-            Outcome::Complete { cqe, data_len } => self.answer(qp, token, &cqe, data_len),
+            Outcome::Complete { cqe, data_len } => {
+                if queue.qid == 0 && !cqe.status().is_success() {
+                    // Hosts probe optional features; the answer is theirs to read, and
+                    // this line says which command and field it was.
+                    tracing::debug!(
+                        cntlid = queue.cntlid,
+                        "admin command {:#04x} (cdw10 {:#x}, cdw11 {:#x}) answered {}",
+                        sqe.opcode(),
+                        sqe.cdw10,
+                        sqe.cdw11,
+                        cqe.status()
+                    );
+                }
+                self.answer(qp, token, &cqe, data_len)
+            }
             Outcome::Deferred => {
                 // A held command with this CID is one the host sent again (an AER after a
                 // controller reset: Linux reuses its one AER CID): the old one will never
