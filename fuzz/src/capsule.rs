@@ -214,6 +214,7 @@ impl World {
         let origin = QueueOrigin {
             listener: Some(listener(4420)),
             local: Some(listener(4420).addr),
+            peer: None,
         };
         let (cqe, ok) = self.t.connect(self.now, key, &origin, sqe, data);
         assert_eq!(cqe.cid, sqe.cid());

@@ -160,6 +160,7 @@ impl<I: IoContext> IoThread<I> {
                         let origin = QueueOrigin {
                             listener: Some(info),
                             local,
+                            peer: Some(peer.ip().to_canonical()),
                         };
                         self.add_qp(qp, conn, origin, false, slot);
                     }
@@ -204,6 +205,7 @@ impl<I: IoContext> IoThread<I> {
                         let origin = QueueOrigin {
                             listener: listener.map(|(_, l)| l),
                             local: local.map(|a| a.ip().to_canonical()),
+                            peer: peer.map(|a| a.ip().to_canonical()),
                         };
                         self.add_qp(qp, conn, origin, true, slot);
                         self.rdma_ids.insert(id, qp);

@@ -21,6 +21,8 @@ use crate::auth::ctrl::{CommandError, Event, Peer, Policy, Secrets, Transaction}
 use crate::auth::msg::AuthCommand;
 use crate::auth::{DhGroup, Entropy, HashId, SECP_NVME_AUTH, SPSP_DHCHAP};
 use crate::spec::{opcodes, Sqe, Status};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,60 @@ use std::time::{Duration, Instant};
 /// Connect; nvmet allows KATO or 120 s per step. 30 s leaves room for a slow host
 /// (FFDHE-8192 in an emulated guest) while bounding what an unauthenticated peer holds.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Authentications one address may fail or abandon within [`STRIKE_WINDOW`] before its
+/// new ones are refused at their first message, with no DH work. A host with the secret
+/// authenticates every queue; a peer that knows an allowed host NQN but not its secret
+/// must not make the target compute a DH key pair for every connection it opens and
+/// drops (each FFDHE-8192 key costs tens of milliseconds, under the target's lock).
+pub const AUTH_STRIKES: usize = 16;
+/// How long a failed or abandoned authentication counts against its address.
+pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
+/// Addresses tracked at once; the one struck longest ago makes room.
+const STRIKE_ADDRESSES: usize = 4096;
+
+/// Failed and abandoned authentications per host address, within [`STRIKE_WINDOW`].
+#[derive(Default)]
+pub(super) struct AuthStrikes(HashMap<IpAddr, VecDeque<Instant>>);
+
+impl AuthStrikes {
+    /// One more failed or abandoned authentication from `addr` at `at`.
+    pub(super) fn strike(&mut self, addr: Option<IpAddr>, at: Instant) {
+        let Some(addr) = addr else { return };
+        if !self.0.contains_key(&addr) && self.0.len() >= STRIKE_ADDRESSES {
+            let oldest = self
+                .0
+                .iter()
+                .min_by_key(|(_, t)| t.back().copied())
+                .map(|(a, _)| *a);
+            if let Some(a) = oldest {
+                self.0.remove(&a);
+            }
+        }
+        let times = self.0.entry(addr).or_default();
+        times.push_back(at);
+        while times.len() > AUTH_STRIKES {
+            times.pop_front();
+        }
+    }
+
+    /// How many strikes `addr` has at `now`, when they are enough to refuse it.
+    pub(super) fn throttled(&mut self, addr: Option<IpAddr>, now: Instant) -> Option<usize> {
+        let addr = addr?;
+        let times = self.0.get_mut(&addr)?;
+        while times
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) >= STRIKE_WINDOW)
+        {
+            times.pop_front();
+        }
+        let n = times.len();
+        if n == 0 {
+            self.0.remove(&addr);
+        }
+        (n >= AUTH_STRIKES).then_some(n)
+    }
+}
 
 /// A host's DH-HMAC-CHAP credentials and what it may negotiate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,10 +265,33 @@ impl Target {
             policy: &creds.policy,
             concat,
         };
+        let peer_addr = ctrl.origin.peer;
         let qa = ctrl
             .queue_auth
             .entry(queue.qid)
             .or_insert_with(|| QueueAuth::new(now));
+        // A new transaction (its AUTH_Negotiate) from an address that keeps failing or
+        // abandoning them: refused before any DH work.
+        if send && !qa.tx.in_progress() {
+            if let Some(strikes) = self.auth_strikes.throttled(peer_addr, now) {
+                let (hostnqn, subnqn, key) =
+                    (ctrl.hostnqn.clone(), ctrl.subnqn.clone(), ctrl.admin_key);
+                self.notice(Notice::Refused(Refusal {
+                    reason: RefusalReason::AuthenticationThrottled {
+                        strikes,
+                        secs: STRIKE_WINDOW.as_secs(),
+                    },
+                    key,
+                    hostnqn: Some(hostnqn),
+                    subnqn: Some(subnqn),
+                    cntlid: Some(queue.cntlid),
+                    qid: Some(queue.qid),
+                    status: None,
+                }));
+                self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
+                return Err(Status::COMMAND_INTERRUPTED);
+            }
+        }
         let (event, reply) = if send {
             let tl = cmd.len as usize;
             let payload = data.get(..tl).ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
@@ -258,6 +337,7 @@ impl Target {
                 }
             }
             Event::Failed { reason, by_host } => {
+                self.auth_strikes.strike(peer_addr, now);
                 self.notice(Notice::Refused(Refusal {
                     reason: RefusalReason::AuthenticationFailed { reason, by_host },
                     key,
@@ -291,12 +371,14 @@ impl Target {
                         c.admin_key,
                         c.hostnqn.clone(),
                         c.subnqn.clone(),
+                        c.origin.peer,
                     ));
                     break;
                 }
             }
         }
-        for (cntlid, qid, key, hostnqn, subnqn) in late {
+        for (cntlid, qid, key, hostnqn, subnqn, peer) in late {
+            self.auth_strikes.strike(peer, now);
             self.notice(Notice::Refused(Refusal {
                 reason: RefusalReason::AuthenticationTimeout {
                     secs: AUTH_TIMEOUT.as_secs(),

@@ -260,6 +260,8 @@ pub struct QueueOrigin {
     pub listener: Option<ListenerInfo>,
     /// The connection's local address: the address the host reached.
     pub local: Option<IpAddr>,
+    /// The host's address (failed authentications are counted per address).
+    pub peer: Option<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -842,6 +844,8 @@ pub struct Target {
     entropy: Option<Box<dyn crate::auth::Entropy + Send>>,
     /// TLS PSK owners of queues that came over TLS, by transport key.
     queue_tls: BTreeMap<QueueKey, TlsPeer>,
+    /// Failed and abandoned authentications per host address.
+    auth_strikes: authn::AuthStrikes,
     /// Host NQNs interned for access keys (visibility checks compare these numbers).
     host_slots: BTreeMap<String, u32>,
     /// Access views built since the last [`Target::take_access_updates`], by namespace.
@@ -892,6 +896,7 @@ impl Target {
             auth_required_subsystems: BTreeSet::new(),
             entropy: None,
             queue_tls: BTreeMap::new(),
+            auth_strikes: Default::default(),
             host_slots: BTreeMap::new(),
             access_updates: BTreeMap::new(),
             ptpl_version: 0,
@@ -1744,6 +1749,13 @@ impl Target {
                 c.admin_closed = true;
                 if !c.retired && !c.queue_may_run(0) {
                     abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
+                    // A transaction begun and dropped counts against the address (as of
+                    // when the queue connected: this call has no clock); a host that
+                    // never began one (it has no secret) cost nothing.
+                    if let Some(qa) = c.queue_auth.get(&0).filter(|qa| qa.tx.in_progress()) {
+                        let began = qa.deadline - authn::AUTH_TIMEOUT;
+                        self.auth_strikes.strike(c.origin.peer, began);
+                    }
                 }
                 if !c.retired {
                     c.retired = true;

@@ -75,6 +75,9 @@ pub enum RefusalReason {
     AuthenticationAbandoned,
     /// A command other than Authentication Send/Receive before the queue authenticated.
     AuthenticationRequired { opcode: u8 },
+    /// The host's address failed or abandoned `strikes` authentications within the last
+    /// `secs`: no new transaction (and no DH work) for it until they age out.
+    AuthenticationThrottled { strikes: usize, secs: u64 },
     /// The queue came over TLS with a PSK for another host or subsystem than the Connect
     /// names (a PSK is bound to one host NQN and one subsystem NQN).
     TlsIdentityMismatch { identity: String },
@@ -110,6 +113,7 @@ impl RefusalReason {
         "authentication_abandoned",
         "authentication_required",
         "tls_identity_mismatch",
+        "authentication_throttled",
     ];
 
     /// A stable snake_case name for metrics labels.
@@ -141,6 +145,7 @@ impl RefusalReason {
             R::AuthenticationFailed { .. } => "authentication_failed",
             R::AuthenticationTimeout { .. } => "authentication_timeout",
             R::AuthenticationAbandoned => "authentication_abandoned",
+            R::AuthenticationThrottled { .. } => "authentication_throttled",
             R::AuthenticationRequired { .. } => "authentication_required",
             R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
         }
@@ -224,6 +229,11 @@ impl fmt::Display for RefusalReason {
             R::AuthenticationRequired { opcode } => write!(
                 f,
                 "command (opcode {opcode:#04x}) before the queue authenticated: answered Authentication Required"
+            ),
+            R::AuthenticationThrottled { strikes, secs } => write!(
+                f,
+                "this address failed or abandoned {strikes} DH-HMAC-CHAP authentications in the last {secs} s: \
+                 no new one until they age out (AUTH_Send answered Command Interrupted): controller destroyed"
             ),
             R::TlsIdentityMismatch { identity } => write!(
                 f,
@@ -310,6 +320,10 @@ mod tests {
             RefusalReason::AuthenticationTimeout { secs: 30 },
             RefusalReason::AuthenticationAbandoned,
             RefusalReason::AuthenticationRequired { opcode: 6 },
+            RefusalReason::AuthenticationThrottled {
+                strikes: 16,
+                secs: 60,
+            },
             RefusalReason::TlsIdentityMismatch {
                 identity: "NVMe0R01 a b".into(),
             },

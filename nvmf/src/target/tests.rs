@@ -42,6 +42,7 @@ fn origin() -> QueueOrigin {
     QueueOrigin {
         listener: Some(tcp()),
         local: Some(tcp().addr),
+        peer: None,
     }
 }
 
@@ -1554,6 +1555,7 @@ fn a_listener_restricted_subsystem_refuses_connects_on_other_listeners() {
     let on = |l: ListenerInfo| QueueOrigin {
         local: Some(l.addr),
         listener: Some(l),
+        peer: None,
     };
     let (cqe, ok) = t.connect(
         now,
@@ -1853,6 +1855,7 @@ fn identify_controller_attributes_by_transport_and_kind() {
     let rdma_origin = QueueOrigin {
         listener: Some(rdma()),
         local: Some(rdma().addr),
+        peer: None,
     };
     let (_, ok) = t.connect(
         c.now,
@@ -1899,6 +1902,7 @@ fn discovery_over_a_wildcard_listener_publishes_the_address_the_host_reached() {
     let origin = QueueOrigin {
         listener: Some(wild4.clone()),
         local: Some("192.0.2.7".parse().unwrap()),
+        peer: None,
     };
     let (_, ok) = t.connect(
         Instant::now(),
@@ -1924,6 +1928,7 @@ fn discovery_over_a_wildcard_listener_publishes_the_address_the_host_reached() {
     let origin6 = QueueOrigin {
         listener: Some(wild6),
         local: Some("2001:db8::5".parse().unwrap()),
+        peer: None,
     };
     let Conv { mut t, .. } = c;
     let (_, ok) = t.connect(

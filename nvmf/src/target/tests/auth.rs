@@ -642,3 +642,86 @@ fn tiny_allocation_length() {
     assert!(cqe.status().is_success());
     assert_eq!(m[1], 0xf1);
 }
+
+/// Admin Connect to SUB1 as HOST1 from host address `peer`, on queue `key`.
+fn connect_from(t: Target, peer: &str, key: QueueKey, now: Instant) -> Conv {
+    let mut c = Conv {
+        t,
+        now,
+        admin: QueueRef { cntlid: 0, qid: 0 },
+        cid: 0,
+    };
+    let from = QueueOrigin {
+        peer: Some(peer.parse().unwrap()),
+        ..origin()
+    };
+    let (cqe, ok) = c.t.connect(
+        c.now,
+        key,
+        &from,
+        &connect_sqe(0, 31, 5000),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    c.admin = ok.unwrap().queue();
+    c
+}
+
+/// An address that begins and drops [`authn::AUTH_STRIKES`] authentications (a peer that
+/// knows an allowed host NQN but not its secret, making the target work at each) gets
+/// its next one refused at its first message, with no DH work, while another address
+/// authenticates; the strikes age out after [`authn::STRIKE_WINDOW`].
+#[test]
+fn an_address_that_keeps_abandoning_authentication_is_throttled() {
+    let bad = "10.0.0.66";
+    let negotiate = || {
+        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
+        HostTransaction::new(cfg, 1).negotiate()
+    };
+    let mut t = auth_target();
+    let now = Instant::now();
+    for k in 0..authn::AUTH_STRIKES as u64 {
+        let mut c = connect_from(t, bad, 1000 + k, now);
+        let admin = c.admin;
+        assert!(send(&mut c, admin, &negotiate()).status().is_success());
+        c.t.queue_closed(admin, 1000 + k);
+        assert_eq!(
+            refusals(&mut c.t)[0].reason,
+            RefusalReason::AuthenticationAbandoned
+        );
+        t = c.t;
+    }
+    // The next transaction from that address: refused at its Negotiate.
+    let mut c = connect_from(t, bad, 2000, now);
+    let admin = c.admin;
+    let cqe = send(&mut c, admin, &negotiate());
+    assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
+    let r = refusals(&mut c.t);
+    assert_eq!(
+        r[0].reason,
+        RefusalReason::AuthenticationThrottled {
+            strikes: authn::AUTH_STRIKES,
+            secs: authn::STRIKE_WINDOW.as_secs()
+        }
+    );
+    // Another address is not held back.
+    let mut c = connect_from(c.t, "10.0.0.77", 2001, now);
+    let admin = c.admin;
+    authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
+    // Closing before any Negotiate (a host without a secret gives up so) is no strike.
+    let mut t = c.t;
+    for k in 0..authn::AUTH_STRIKES as u64 + 4 {
+        let mut c = connect_from(t, "10.0.0.88", 3000 + k, now);
+        let admin = c.admin;
+        c.t.queue_closed(admin, 3000 + k);
+        t = c.t;
+    }
+    let mut c = connect_from(t, "10.0.0.88", 3100, now);
+    let admin = c.admin;
+    authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
+    // The strikes age out: a minute later the address may try again.
+    let later = now + authn::STRIKE_WINDOW;
+    let mut c = connect_from(c.t, bad, 2002, later);
+    let admin = c.admin;
+    authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
+}

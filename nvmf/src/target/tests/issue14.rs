@@ -42,6 +42,7 @@ fn join(
     let o = QueueOrigin {
         listener: Some(on.clone()),
         local: Some(on.addr),
+        peer: None,
     };
     let data = ConnectData::new(hostid, 0xffff, SUB2, hostnqn);
     let (_, ok) = t.connect(now, key, &o, &connect_sqe(0, 31, 0), data.as_bytes());

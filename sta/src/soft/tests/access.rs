@@ -175,6 +175,7 @@ fn ana_path_states_and_visibility_on_the_offloaded_path() {
     let on = |l: &ListenerInfo| QueueOrigin {
         listener: Some(l.clone()),
         local: Some(l.addr),
+        peer: None,
     };
     let (_, a) = host(&mut p, HOST_A, 0xa, on(&l0));
     let (_, b) = host(&mut p, HOST_B, 0xb, on(&l1));
