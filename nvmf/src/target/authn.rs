@@ -274,21 +274,10 @@ impl Target {
         // abandoning them: refused before any DH work.
         if send && !qa.tx.in_progress() {
             if let Some(strikes) = self.auth_strikes.throttled(peer_addr, now) {
-                let (hostnqn, subnqn, key) =
-                    (ctrl.hostnqn.clone(), ctrl.subnqn.clone(), ctrl.admin_key);
-                self.notice(Notice::Refused(Refusal {
-                    reason: RefusalReason::AuthenticationThrottled {
-                        strikes,
-                        secs: STRIKE_WINDOW.as_secs(),
-                    },
-                    key,
-                    hostnqn: Some(hostnqn),
-                    subnqn: Some(subnqn),
-                    cntlid: Some(queue.cntlid),
-                    qid: Some(queue.qid),
-                    status: None,
-                }));
-                self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
+                let who = (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+                let secs = STRIKE_WINDOW.as_secs();
+                let reason = RefusalReason::AuthenticationThrottled { strikes, secs };
+                self.refuse_and_retire(reason, who, queue);
                 return Err(Status::COMMAND_INTERRUPTED);
             }
         }
@@ -338,19 +327,11 @@ impl Target {
             }
             Event::Failed { reason, by_host } => {
                 self.auth_strikes.strike(peer_addr, now);
-                self.notice(Notice::Refused(Refusal {
-                    reason: RefusalReason::AuthenticationFailed { reason, by_host },
-                    key,
-                    hostnqn: Some(hostnqn),
-                    subnqn: Some(subnqn),
-                    cntlid: Some(queue.cntlid),
-                    qid: Some(queue.qid),
-                    status: None,
-                }));
                 // The answer still goes out (the transport sends completions before it
                 // tears the queue down): the host reads Failure1 and then sees the
                 // connection close.
-                self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
+                let reason = RefusalReason::AuthenticationFailed { reason, by_host };
+                self.refuse_and_retire(reason, (key, hostnqn, subnqn), queue);
             }
         }
         Ok(reply)
@@ -379,19 +360,31 @@ impl Target {
         }
         for (cntlid, qid, key, hostnqn, subnqn, peer) in late {
             self.auth_strikes.strike(peer, now);
-            self.notice(Notice::Refused(Refusal {
-                reason: RefusalReason::AuthenticationTimeout {
-                    secs: AUTH_TIMEOUT.as_secs(),
-                },
-                key,
-                hostnqn: Some(hostnqn),
-                subnqn: Some(subnqn),
-                cntlid: Some(cntlid),
-                qid: Some(qid),
-                status: None,
-            }));
-            self.retire_controllers_where(|c| c.cntlid == cntlid);
+            let reason = RefusalReason::AuthenticationTimeout {
+                secs: AUTH_TIMEOUT.as_secs(),
+            };
+            self.refuse_and_retire(reason, (key, hostnqn, subnqn), QueueRef { cntlid, qid });
         }
+    }
+
+    /// An authentication refused on `queue` of the controller whose admin queue, host and
+    /// subsystem `who` names: said so, and the controller retired (nvmet's fatal error).
+    fn refuse_and_retire(
+        &mut self,
+        reason: RefusalReason,
+        (key, hostnqn, subnqn): (super::QueueKey, String, String),
+        queue: QueueRef,
+    ) {
+        self.notice(Notice::Refused(Refusal {
+            reason,
+            key,
+            hostnqn: Some(hostnqn),
+            subnqn: Some(subnqn),
+            cntlid: Some(queue.cntlid),
+            qid: Some(queue.qid),
+            status: None,
+        }));
+        self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
     }
 
     /// The earliest authentication deadline of live controllers.
