@@ -24,9 +24,10 @@
 //! commands finishes. The connections from one peer address hold at most a
 //! [`PEER_POOL_SHARE`]th of the thread's pool together (`Core::peers`); a command past
 //! that waits too, until the address gives some back on any of its connections, so one
-//! host opening many connections cannot take the whole pool. On NVMe/TCP a command's buffer for host data is taken when the
-//! first H2CData PDU arrives, not when the R2T goes out, so a host that never sends its
-//! data holds no buffer (the host-data deadline then ends the connection).
+//! host opening many connections cannot take the whole pool. On NVMe/TCP a command's
+//! buffer for host data is taken when the first H2CData PDU arrives, not when the R2T
+//! goes out, so a host that never sends its data holds no buffer (the host-data deadline
+//! then ends the connection).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -495,8 +496,6 @@ impl NsSlot {
     }
 }
 
-/// Everything of an IO context but its QPs, so a QP and the core can be borrowed side by
-/// side.
 /// One peer address may hold at most this fraction (1/n) of a thread's buffer pool, and
 /// always one largest transfer.
 pub(super) const PEER_POOL_SHARE: usize = 4;
@@ -614,6 +613,8 @@ impl PeerShares {
     }
 }
 
+/// Everything of an IO context but its QPs, so a QP and the core can be borrowed side by
+/// side.
 pub(super) struct Core {
     pub cfg: SoftConfig,
     /// Buffer bytes held per peer address, over all its connections on this thread.

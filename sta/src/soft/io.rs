@@ -309,7 +309,7 @@ impl StaIo {
     }
 
     /// Starts the commands of QPs whose peer gave buffer bytes back while they waited for
-    /// its share of the pool (`Core::uncharge`).
+    /// its share of the pool (`PeerShares::give_back`).
     fn resume_peers(&mut self) {
         for h in std::mem::take(&mut self.core.peers.resume) {
             if let Some(q) = qp_ref(&mut self.qps, h) {
