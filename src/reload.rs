@@ -411,12 +411,11 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     d
 }
 
-/// What the daemon runs once the change from `old` to `new` is applied in full: `new`,
-/// except that what [`ConfigDiff::restart_required`] lists keeps `old`'s value until a
-/// restart. Recorded as the running config, it keeps those items pending: a later diff
-/// (a reload, `--check-config --diff`) still shows them, in the right direction.
-pub fn running_after(old: &Config, new: &Config) -> Config {
-    let d = diff(old, new);
+/// What the daemon runs once `d`, the change from `old` to `new` ([`diff`]), is applied in
+/// full: `new`, except that what [`ConfigDiff::restart_required`] lists keeps `old`'s value
+/// until a restart. Recorded as the running config, it keeps those items pending: a later
+/// diff (a reload, `--check-config --diff`) still shows them, in the right direction.
+pub fn running_after(old: &Config, new: &Config, d: &ConfigDiff) -> Config {
     let mut run = new.clone();
     run.threads = old.threads.clone();
     run.max_io_size = old.max_io_size;

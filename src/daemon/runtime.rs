@@ -641,7 +641,7 @@ impl<E: Engine> Runtime<E> {
         }
         // What runs now: the file, but for what waits for a restart and what failed (a
         // reload of the same file tries that again).
-        self.cfg = undone.remove_from(running_after(&self.cfg, &new), &self.cfg);
+        self.cfg = undone.remove_from(running_after(&self.cfg, &new, &d), &self.cfg);
         Ok(Reloaded {
             changes,
             errors,

@@ -715,7 +715,7 @@ fn what_runs_after_a_reload_keeps_restart_only_settings_pending() {
     assert!(d.restart_required.len() >= 9, "{:?}", d.restart_required);
     assert!(!d.listeners_added.is_empty() && !d.namespaces_added.is_empty());
 
-    let run = running_after(&old, &new);
+    let run = running_after(&old, &new, &d);
     // From what ran before, only the live changes are left to do...
     let done = diff(&old, &run);
     assert!(done.restart_required.is_empty(), "{done:?}");
@@ -740,7 +740,7 @@ fn what_runs_after_a_reload_keeps_restart_only_settings_pending() {
     // Putting the old values back in the file is then no change at all.
     assert!(diff(&run, &old).restart_required.is_empty());
     // A reload that changes nothing keeps what runs.
-    assert_eq!(running_after(&old, &old), old);
+    assert_eq!(running_after(&old, &old, &diff(&old, &old)), old);
 }
 
 #[test]
@@ -789,7 +789,7 @@ fn what_a_reload_could_not_apply_stays_to_do() {
         namespace_hosts: [(A.to_string(), 2)].into(),
         ..Undone::default()
     };
-    let run = undone.remove_from(running_after(&old, &new), &old);
+    let run = undone.remove_from(running_after(&old, &new, &d), &old);
     // What runs has the rest: backend new1 and namespace 4...
     assert!(run.backends.iter().any(|b| b.name == "new1"));
     assert_eq!(ns(&run, A, 4), ns(&new, A, 4));
@@ -839,7 +839,7 @@ fn what_a_reload_could_not_apply_stays_to_do() {
         subsystems: ["nqn.2026-11.dev.test:c".to_string()].into(),
         ..Undone::default()
     };
-    let run = undone.remove_from(running_after(&old, &added), &old);
+    let run = undone.remove_from(running_after(&old, &added, &diff(&old, &added)), &old);
     assert_eq!(run, old);
     let retry = diff(&run, &added);
     assert_eq!(retry.subsystems_added.len(), 1);
