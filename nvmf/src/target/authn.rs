@@ -405,3 +405,31 @@ impl Target {
             .min()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The strike table holds at most [`STRIKE_ADDRESSES`] addresses and [`AUTH_STRIKES`]
+    /// strikes each, however many a flood from many addresses brings: the address struck
+    /// longest ago makes room, and the newest keep their strikes.
+    #[test]
+    fn the_strike_table_is_bounded() {
+        let mut s = AuthStrikes::default();
+        let t0 = Instant::now();
+        let addr = |i: u32| Some(IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+        for i in 0..(STRIKE_ADDRESSES as u32 + 100) {
+            for _ in 0..AUTH_STRIKES + 3 {
+                s.strike(addr(i), t0 + Duration::from_millis(i.into()));
+            }
+            assert!(s.0.len() <= STRIKE_ADDRESSES);
+            assert!(s.0.values().all(|t| t.len() <= AUTH_STRIKES));
+        }
+        let now = t0 + Duration::from_secs(1);
+        assert_eq!(s.throttled(addr(0), now), None, "the oldest made room");
+        let last = STRIKE_ADDRESSES as u32 + 99;
+        assert_eq!(s.throttled(addr(last), now), Some(AUTH_STRIKES));
+        // An unknown address is never throttled.
+        assert_eq!(s.throttled(None, now), None);
+    }
+}
