@@ -47,6 +47,8 @@
 //! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots; the daemon's: connections, connections_per_peer, unconnected_connections, unconnected_connections_per_peer, accept_open_files) |
 //! | `rdma_late_completion_events_total` | counter | (completion events the kernel queued for a CQ already destroyed, discarded unread: `sta::verbs::CqChannel`) |
 //! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
+//! | `auth_dh_jobs_waiting` | gauge | (DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads) |
+//! | `auth_dh_jobs_total` | counter | state=run/skipped (skipped: the queue went or its transaction started over before its turn) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
@@ -113,6 +115,8 @@ pub struct MetricsSource {
     pub limit_hits: Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>,
     /// Connections held: (past their Fabrics Connect, not yet).
     pub peer_connections: Box<dyn Fn() -> (u64, u64) + Send + Sync>,
+    /// DH-HMAC-CHAP jobs: (waiting, run, skipped).
+    pub dh_jobs: Box<dyn Fn() -> (u64, u64, u64) + Send + Sync>,
     /// When the daemon started.
     pub started: SystemTime,
 }
@@ -457,6 +461,8 @@ struct Snapshot {
     refusals: Vec<(Labels, u64)>,
     limit_hits: Vec<(Labels, u64)>,
     peer_connections: Vec<(Labels, u64)>,
+    dh_waiting: u64,
+    dh_jobs: Vec<(Labels, u64)>,
     rdma_late_events: u64,
     start_time: f64,
     uptime: f64,
@@ -589,6 +595,12 @@ impl Snapshot {
         s.peer_connections = vec![
             (vec![("state", "connected".to_string())], connected),
             (vec![("state", "unconnected".to_string())], unconnected),
+        ];
+        let (waiting, run, skipped) = (src.dh_jobs)();
+        s.dh_waiting = waiting;
+        s.dh_jobs = vec![
+            (vec![("state", "run".to_string())], run),
+            (vec![("state", "skipped".to_string())], skipped),
         ];
 
         let start = src.started.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -796,6 +808,20 @@ impl Collector for Snapshot {
             "Connections held under limits:, past their Fabrics Connect (connected) or not yet (unconnected).",
             None,
             &self.peer_connections,
+        )?;
+        gauge(
+            e,
+            "auth_dh_jobs_waiting",
+            "DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads.",
+            None,
+            self.dh_waiting as i64,
+        )?;
+        counters(
+            e,
+            "auth_dh_jobs",
+            "DH-HMAC-CHAP key pairs and shared secrets the DH threads ran, or skipped because their queue went or started over first.",
+            None,
+            &self.dh_jobs,
         )?;
         counters(
             e,

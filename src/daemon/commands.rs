@@ -35,6 +35,8 @@ impl<I: IoContext> IoThread<I> {
             let mut t = shared.target();
             let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
             let authenticated = pending.is_some() && t.queue_authenticated(queue);
+            // An Authentication Send held for DH arithmetic: the DH threads do it.
+            shared.dh.push(t.take_dh_jobs());
             (o, t.take_actions(), t.take_notices(), authenticated)
         };
         if let (true, Some((id, access))) = (authenticated, pending) {
@@ -75,7 +77,7 @@ impl<I: IoContext> IoThread<I> {
                 // A held command with this CID is one the host sent again (an AER after a
                 // controller reset: Linux reuses its one AER CID): the old one will never
                 // be answered, so its queue entry and command slot are freed.
-                if let Some((oq, ot)) = self.held.insert((queue.cntlid, sqe.cid()), (qp, token)) {
+                if let Some((oq, ot)) = self.held.insert((queue, sqe.cid()), (qp, token)) {
                     if ot != token {
                         if let Err(e) = self.io.cmd_drop(oq, ot) {
                             // Its QP is gone already (and the command with it).

@@ -55,8 +55,9 @@ pub(super) struct IoThread<I: IoContext> {
     pub shared: Arc<Shared>,
     rx: Receiver<ThreadMsg>,
     pub qps: HashMap<QpHandle, QpApp>,
-    /// Asynchronous Event Requests held by the target, by (cntlid, cid).
-    pub held: HashMap<(u16, u16), (QpHandle, CmdToken)>,
+    /// Commands the target holds (Asynchronous Event Requests, Authentication Sends
+    /// waiting for DH work), by queue and CID.
+    pub held: HashMap<(QueueRef, u16), (QpHandle, CmdToken)>,
     waiting: HashMap<u64, Waiting>,
     next_wait: u64,
     stopping: bool,
@@ -278,7 +279,7 @@ impl<I: IoContext> IoThread<I> {
     pub fn on_action(&mut self, a: Action) {
         match a {
             Action::CompleteHeld { queue, key: _, cqe } => {
-                if let Some((qp, token)) = self.held.remove(&(queue.cntlid, cqe.cid)) {
+                if let Some((qp, token)) = self.held.remove(&(queue, cqe.cid)) {
                     self.answer(qp, token, &cqe, 0);
                 }
             }

@@ -20,6 +20,7 @@ mod backends;
 mod commands;
 mod conn_limits;
 mod control;
+mod dh_jobs;
 mod health;
 mod io_thread;
 mod listeners;
@@ -123,6 +124,7 @@ pub fn run<E: Engine>(
     // start-up here (the default path only warns).
     let mut ctl = ControlHook::start(&cfg, config_path.as_deref(), text, engine.name(), started)?;
     let threads = start_io_threads(&mut engine, &shared, &cfg.threads, receivers)?;
+    dh_jobs::spawn(&shared).context("spawning the DH-HMAC-CHAP threads")?;
 
     // Start-up is the change from nothing to the configuration; at start-up any error
     // is fatal.
@@ -330,7 +332,7 @@ fn metrics_source(
 ) -> crate::metrics::MetricsSource {
     let (for_report, for_ids, for_transport) = (shared.clone(), shared.clone(), shared.clone());
     let for_refusals = shared.clone();
-    let (for_limits, for_conns) = (shared.clone(), shared.clone());
+    let (for_limits, for_conns, for_dh) = (shared.clone(), shared.clone(), shared.clone());
     crate::metrics::MetricsSource {
         stats: shared.stats.clone(),
         report: Box::new(move || for_report.target().report()),
@@ -347,6 +349,7 @@ fn metrics_source(
             let (total, unconnected, _) = for_conns.conn_limits.held();
             (u64::from(total - unconnected), u64::from(unconnected))
         }),
+        dh_jobs: Box::new(move || for_dh.dh.counts()),
         started,
     }
 }

@@ -87,6 +87,8 @@ pub(super) struct Shared {
     pub conn_limits: Arc<ConnLimits>,
     /// Times accept found the process (or system) out of file descriptors.
     accept_backoffs: AtomicU64,
+    /// DH-HMAC-CHAP arithmetic waiting for the DH threads (`dh_jobs.rs`).
+    pub dh: super::dh_jobs::DhQueue,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,6 +123,7 @@ impl Shared {
             access,
             conn_limits: Arc::new(ConnLimits::new(limits)),
             accept_backoffs: AtomicU64::new(0),
+            dh: Default::default(),
         }
     }
 

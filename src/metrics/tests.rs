@@ -75,6 +75,7 @@ fn source(stats: sta::Stats) -> MetricsSource {
         refusals: Box::new(|| vec![("host_not_allowed", 2)]),
         limit_hits: Box::new(|| vec![("icreq_timeout", 3), ("connections_per_peer", 0)]),
         peer_connections: Box::new(|| (5, 1)),
+        dh_jobs: Box::new(|| (3, 40, 2)),
         started: SystemTime::now(),
     }
 }
@@ -99,6 +100,9 @@ fn scrape_of_an_idle_engine_is_well_formed() {
         "nvmft_limit_hits_total{limit=\"connections_per_peer\"} 0",
         "nvmft_peer_connections{state=\"connected\"} 5",
         "nvmft_peer_connections{state=\"unconnected\"} 1",
+        "nvmft_auth_dh_jobs_waiting 3",
+        "nvmft_auth_dh_jobs_total{state=\"run\"} 40",
+        "nvmft_auth_dh_jobs_total{state=\"skipped\"} 2",
     ] {
         assert!(om.contains(name), "{name} missing from\n{om}");
     }

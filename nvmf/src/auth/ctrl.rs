@@ -14,6 +14,12 @@
 //! expects); the host may answer our R2 with AUTH_Failure2. Either ends the transaction as
 //! failed: the caller tears the controller down (nvmet raises a fatal error).
 //!
+//! The two modular exponentiations of a DH exchange (our key pair after a Negotiate, the
+//! shared secret after a Reply) cost up to tens of milliseconds each with FFDHE-8192, so
+//! the Send that needs one leaves it as [`DhWork`] ([`Transaction::take_work`]) for the
+//! caller to run where it likes, and waits for [`Transaction::dh_done`]. The target runs
+//! them off the threads that serve other hosts.
+//!
 //! The responses (section 8.13.5.6), with Ca = C1 for the NULL group, else
 //! HMAC(H(g^xy mod p), C1), and Kh' / Kc' the transformed secrets ([`super::key`]):
 //!
@@ -23,7 +29,7 @@
 //! ```
 //! (S1, S2 little-endian 32 bits, T_ID little-endian 16 bits, SC_C one byte.)
 
-use super::dh::KeyPair;
+use super::dh::{DhError, KeyPair};
 use super::key::DhchapKey;
 use super::msg::{self, Message};
 use super::{ct_eq, sc_c, DhGroup, Entropy, FailureReason, HashId};
@@ -96,10 +102,14 @@ pub enum Event {
 enum Step {
     /// Waiting for AUTH_Negotiate.
     Negotiate,
+    /// Negotiated a DH group; waiting for our key pair ([`DhWork::KeyPair`]).
+    AwaitKeyPair,
     /// The next Auth Receive returns the Challenge.
     Challenge,
     /// Waiting for the Reply.
     Reply,
+    /// Got the Reply; waiting for the shared secret ([`DhWork::SharedSecret`]).
+    AwaitShared,
     /// The next Auth Receive returns Success1.
     Success1,
     /// Waiting for Success2 (bidirectional).
@@ -113,6 +123,64 @@ enum Step {
 pub enum CommandError {
     /// AL too small for the message due (the host may retry with a larger one).
     AllocationLength { need: usize },
+}
+
+/// A modular exponentiation a step waits for (see the module docs).
+pub enum DhWork {
+    /// Our ephemeral key pair in the negotiated group.
+    KeyPair(DhGroup),
+    /// The shared secret from our key pair and the host's public value.
+    SharedSecret {
+        keypair: KeyPair,
+        host_value: Vec<u8>,
+    },
+}
+
+impl std::fmt::Debug for DhWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DhWork::KeyPair(g) => write!(f, "KeyPair({g:?})"),
+            DhWork::SharedSecret { keypair, .. } => {
+                write!(f, "SharedSecret({:?})", keypair.group())
+            }
+        }
+    }
+}
+
+/// What [`DhWork::run`] computed.
+pub enum DhDone {
+    KeyPair(Result<KeyPair, DhError>),
+    SharedSecret(Result<Zeroizing<Vec<u8>>, DhError>),
+}
+
+impl DhWork {
+    /// Do the work (the slow part: call it where a wait of tens of milliseconds hurts
+    /// no one).
+    pub fn run(self, entropy: &mut dyn Entropy) -> DhDone {
+        match self {
+            DhWork::KeyPair(g) => DhDone::KeyPair(KeyPair::generate(g, entropy)),
+            DhWork::SharedSecret {
+                keypair,
+                host_value,
+            } => DhDone::SharedSecret(keypair.shared_secret(&host_value)),
+        }
+    }
+
+    /// The group whose arithmetic it is.
+    pub fn group(&self) -> DhGroup {
+        match self {
+            DhWork::KeyPair(g) => *g,
+            DhWork::SharedSecret { keypair, .. } => keypair.group(),
+        }
+    }
+}
+
+/// The parts of a Reply that are checked once the shared secret is known.
+struct PendingReply {
+    cvalid: bool,
+    seqnum: u32,
+    response: Vec<u8>,
+    challenge: Zeroizing<Vec<u8>>,
 }
 
 /// One queue's DH-HMAC-CHAP state on the controller.
@@ -132,6 +200,10 @@ pub struct Transaction {
     /// Deadline of the step in progress (`None` when idle).
     deadline: Option<Instant>,
     generated_psk: Option<Zeroizing<Vec<u8>>>,
+    /// The work the last Send left for the caller.
+    work: Option<DhWork>,
+    /// A Reply waiting for its shared secret.
+    pending_reply: Option<PendingReply>,
 }
 
 impl Default for Transaction {
@@ -169,6 +241,8 @@ impl Transaction {
             authenticated: false,
             deadline: None,
             generated_psk: None,
+            work: None,
+            pending_reply: None,
         }
     }
 
@@ -180,6 +254,14 @@ impl Transaction {
     /// A transaction is under way.
     pub fn in_progress(&self) -> bool {
         self.step != Step::Negotiate
+    }
+    /// The last Send left DH work and waits for its result ([`Transaction::dh_done`]).
+    pub fn awaiting_dh(&self) -> bool {
+        matches!(self.step, Step::AwaitKeyPair | Step::AwaitShared)
+    }
+    /// The DH work the last Send left, if any (once).
+    pub fn take_work(&mut self) -> Option<DhWork> {
+        self.work.take()
     }
     /// The hash and DH group the last Negotiate settled on.
     pub fn selected(&self) -> (HashId, DhGroup) {
@@ -217,6 +299,8 @@ impl Transaction {
         self.shared = None;
         self.c2 = None;
         self.c1 = Zeroizing::new(Vec::new());
+        self.work = None;
+        self.pending_reply = None;
     }
 
     fn fail(&mut self, reason: FailureReason) {
@@ -253,8 +337,11 @@ impl Transaction {
                 self.generated_psk = None;
                 if let Err(r) = self.negotiate(peer, sc_c, &hashes, &dhgroups) {
                     self.fail(r);
-                } else {
+                } else if self.group == DhGroup::Null {
                     self.step = Step::Challenge;
+                } else {
+                    self.work = Some(DhWork::KeyPair(self.group));
+                    self.step = Step::AwaitKeyPair;
                 }
                 Event::None
             }
@@ -283,11 +370,30 @@ impl Transaction {
                 dh_value,
                 ..
             } if self.step == Step::Reply => {
-                match self.check_reply(peer, cvalid, seqnum, &response, &challenge, &dh_value) {
-                    Ok(()) => {
-                        self.step = Step::Success1;
+                let reply = PendingReply {
+                    cvalid,
+                    seqnum,
+                    response,
+                    challenge: Zeroizing::new(challenge),
+                };
+                if self.group == DhGroup::Null {
+                    if dh_value.is_empty() {
+                        self.finish_reply(peer, reply);
+                    } else {
+                        self.fail(FailureReason::IncorrectPayload);
                     }
-                    Err(r) => self.fail(r),
+                } else if reply.response.len() != self.hash.output_len() {
+                    // Checked before any DH work is spent on it.
+                    self.fail(FailureReason::IncorrectPayload);
+                } else if let Some(keypair) = self.keypair.take() {
+                    self.work = Some(DhWork::SharedSecret {
+                        keypair,
+                        host_value: dh_value,
+                    });
+                    self.pending_reply = Some(reply);
+                    self.step = Step::AwaitShared;
+                } else {
+                    self.fail(FailureReason::Failed);
                 }
                 Event::None
             }
@@ -339,28 +445,67 @@ impl Transaction {
         Ok(())
     }
 
-    fn check_reply(
-        &mut self,
-        peer: Peer<'_>,
-        cvalid: bool,
-        seqnum: u32,
-        response: &[u8],
-        challenge: &[u8],
-        dh_value: &[u8],
-    ) -> Result<(), FailureReason> {
+    /// The result of the work the last Send left. Ignored when the transaction no longer
+    /// waits for it (its deadline passed, or the host started over).
+    pub fn dh_done(&mut self, peer: Peer<'_>, done: DhDone) {
+        match (self.step, done) {
+            (Step::AwaitKeyPair, DhDone::KeyPair(Ok(kp))) => {
+                self.keypair = Some(kp);
+                self.step = Step::Challenge;
+            }
+            (Step::AwaitKeyPair, DhDone::KeyPair(Err(_))) => {
+                self.fail(FailureReason::DhGroupUnusable)
+            }
+            (Step::AwaitShared, DhDone::SharedSecret(r)) => {
+                let reply = self.pending_reply.take();
+                match (r, reply) {
+                    (Ok(s), Some(reply)) => {
+                        self.shared = Some(s);
+                        self.finish_reply(peer, reply);
+                    }
+                    (Err(_), _) => self.fail(FailureReason::DhGroupUnusable),
+                    (Ok(_), None) => self.fail(FailureReason::Failed),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The work the last Send left cannot be finished (the host's credentials went):
+    /// the next Receive answers Failure1.
+    pub fn dh_failed(&mut self) {
+        if self.awaiting_dh() {
+            self.work = None;
+            self.pending_reply = None;
+            self.fail(FailureReason::Failed);
+        }
+    }
+
+    /// Run the work the last Send left in place (for callers with no other thread).
+    pub fn run_work(&mut self, peer: Peer<'_>, entropy: &mut dyn Entropy) {
+        if let Some(w) = self.take_work() {
+            let done = w.run(entropy);
+            self.dh_done(peer, done);
+        }
+    }
+
+    /// Check a Reply (the shared secret, if any, known): Success1 is due, or Failure1.
+    fn finish_reply(&mut self, peer: Peer<'_>, reply: PendingReply) {
+        match self.check_reply(peer, reply) {
+            Ok(()) => self.step = Step::Success1,
+            Err(r) => self.fail(r),
+        }
+    }
+
+    fn check_reply(&mut self, peer: Peer<'_>, reply: PendingReply) -> Result<(), FailureReason> {
+        let PendingReply {
+            cvalid,
+            seqnum,
+            response,
+            challenge,
+        } = reply;
         if response.len() != self.hash.output_len() {
             return Err(FailureReason::IncorrectPayload);
-        }
-        if self.group == DhGroup::Null {
-            if !dh_value.is_empty() {
-                return Err(FailureReason::IncorrectPayload);
-            }
-        } else {
-            let kp = self.keypair.as_ref().ok_or(FailureReason::Failed)?;
-            let s = kp
-                .shared_secret(dh_value)
-                .map_err(|_| FailureReason::DhGroupUnusable)?;
-            self.shared = Some(s);
         }
         let expected = host_response(
             self.hash,
@@ -372,7 +517,7 @@ impl Transaction {
             peer.hostnqn,
             peer.subnqn,
         );
-        if !ct_eq(&expected, response) {
+        if !ct_eq(&expected, &response) {
             return Err(FailureReason::Failed);
         }
         // Secure channel concatenation needs C2 (section 8.13.5.5; nvmet checks it too).
@@ -380,7 +525,7 @@ impl Transaction {
             return Err(FailureReason::Failed);
         }
         self.s2 = seqnum;
-        self.c2 = cvalid.then(|| Zeroizing::new(challenge.to_vec()));
+        self.c2 = cvalid.then_some(challenge);
         // S2 = 0 with a valid C2: no bidirectional authentication, C2 only feeds the
         // generated PSK (NVMe Base 2.1 section 8.3.4.5.4).
         if self.c2.is_some() && self.s2 != 0 && peer.secrets.ctrl.is_none() {
@@ -443,13 +588,10 @@ impl Transaction {
                 let dh_value = if self.group == DhGroup::Null {
                     Vec::new()
                 } else {
-                    let kp = match KeyPair::generate(self.group, entropy) {
-                        Ok(kp) => kp,
-                        Err(_) => return Ok(self.failure1(FailureReason::DhGroupUnusable)),
-                    };
-                    let v = kp.public().to_vec();
-                    self.keypair = Some(kp);
-                    v
+                    match &self.keypair {
+                        Some(kp) => kp.public().to_vec(),
+                        None => return Ok(self.failure1(FailureReason::Failed)),
+                    }
                 };
                 self.step = Step::Reply;
                 self.deadline = Some(now + timeout);
@@ -514,10 +656,12 @@ impl Transaction {
                 }
             }
             Step::Failure1(r) => Ok(self.failure1(r)),
-            // A Receive where a Send is due.
-            Step::Negotiate | Step::Reply | Step::Success2 => {
-                Ok(self.failure1(FailureReason::IncorrectProtocolMessage))
-            }
+            // A Receive where a Send is due, or before the last Send's work is done.
+            Step::Negotiate
+            | Step::AwaitKeyPair
+            | Step::Reply
+            | Step::AwaitShared
+            | Step::Success2 => Ok(self.failure1(FailureReason::IncorrectProtocolMessage)),
         }
     }
 

@@ -289,6 +289,13 @@ mod tests {
         DhchapKey::from_bytes(t, &vec![fill; len]).unwrap()
     }
 
+    /// An Authentication Send to the controller, its DH work (if any) run at once.
+    fn send(c: &mut Transaction, now: Instant, peer: Peer<'_>, m: &[u8]) -> Event {
+        let ev = c.send(now, T, peer, m);
+        c.run_work(peer, &mut entropy(3));
+        ev
+    }
+
     /// Runs a whole transaction between the two machines; returns the controller's final
     /// event and the host's error, if any.
     fn run(
@@ -308,7 +315,7 @@ mod tests {
         let mut h = HostTransaction::new(host, 0x42);
         let mut ec = entropy(1);
         let mut eh = entropy(2);
-        assert_eq!(c.send(now, T, peer, &h.negotiate()), Event::None);
+        assert_eq!(send(&mut c, now, peer, &h.negotiate()), Event::None);
         let (chal, ev) = c.receive(now, T, peer, &mut ec, 4096).unwrap();
         if ev != Event::None {
             let err = h.on_challenge(&chal, &mut eh).unwrap_err();
@@ -317,21 +324,21 @@ mod tests {
         let reply = match h.on_challenge(&chal, &mut eh) {
             Ok(r) => r,
             Err(e) => {
-                let ev = c.send(now, T, peer, &h.failure2(e.failure2_reason().unwrap()));
+                let ev = send(&mut c, now, peer, &h.failure2(e.failure2_reason().unwrap()));
                 return (ev, Some(e), c, h);
             }
         };
-        assert_eq!(c.send(now, T, peer, &reply), Event::None);
+        assert_eq!(send(&mut c, now, peer, &reply), Event::None);
         let (s1, ev) = c.receive(now, T, peer, &mut ec, 4096).unwrap();
         match h.on_success1(&s1) {
             Ok(Some(s2)) => {
                 assert_eq!(ev, Event::None);
-                (c.send(now, T, peer, &s2), None, c, h)
+                (send(&mut c, now, peer, &s2), None, c, h)
             }
             Ok(None) => (ev, None, c, h),
             Err(e) => {
                 let ev2 = match e.failure2_reason() {
-                    Some(r) => c.send(now, T, peer, &h.failure2(r)),
+                    Some(r) => send(&mut c, now, peer, &h.failure2(r)),
                     None => ev,
                 };
                 (ev2, Some(e), c, h)
@@ -548,18 +555,18 @@ mod tests {
             challenge: vec![],
             dh_value: vec![],
         };
-        c.send(now, T, peer, &reply.encode());
+        send(&mut c, now, peer, &reply.encode());
         let (m, _) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         assert_eq!(m[7], FailureReason::IncorrectProtocolMessage.code());
         // Garbage payload.
         let mut c = Transaction::new();
-        c.send(now, T, peer, &[0xff; 3]);
+        send(&mut c, now, peer, &[0xff; 3]);
         let (m, _) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         assert_eq!(m[7], FailureReason::IncorrectPayload.code());
         // AL too small for the Challenge: an NVMe error, state kept.
         let mut c = Transaction::new();
         let h = HostTransaction::new(HostConfig::new(HOST, SUB, key(None, 1, 32), None), 1);
-        c.send(now, T, peer, &h.negotiate());
+        send(&mut c, now, peer, &h.negotiate());
         assert!(c.receive(now, T, peer, &mut e, 16).is_err());
         let (m, ev) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         assert_eq!((m[1], ev), (msg::auth_id::CHALLENGE, Event::None));
@@ -572,7 +579,7 @@ mod tests {
             challenge: vec![],
             dh_value: vec![0; 256],
         };
-        c.send(now, T, peer, &reply.encode());
+        send(&mut c, now, peer, &reply.encode());
         let (m, _) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         assert_eq!(m[7], FailureReason::IncorrectProtocolMessage.code());
     }
@@ -594,7 +601,7 @@ mod tests {
         };
         let mut c = Transaction::new();
         let h = HostTransaction::new(HostConfig::new(HOST, SUB, key(None, 1, 32), None), 1);
-        c.send(now, T, peer, &h.negotiate());
+        send(&mut c, now, peer, &h.negotiate());
         assert!(c.in_progress());
         assert!(!c.poll_timeout(now + T - Duration::from_millis(1)));
         assert!(c.poll_timeout(now + T));
@@ -627,11 +634,11 @@ mod tests {
         };
         let mut h = HostTransaction::new(HostConfig::new(HOST, SUB, hk, None), 7);
         let mut e = entropy(9);
-        c.send(now, T, peer, &h.negotiate());
+        send(&mut c, now, peer, &h.negotiate());
         assert!(c.authenticated() && c.in_progress());
         let (chal, _) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         let reply = h.on_challenge(&chal, &mut entropy(10)).unwrap();
-        c.send(now, T, peer, &reply);
+        send(&mut c, now, peer, &reply);
         let (s1, ev) = c.receive(now, T, peer, &mut e, 4096).unwrap();
         assert_eq!(h.on_success1(&s1).unwrap(), None);
         assert_eq!(

@@ -15,13 +15,19 @@
 //!   transaction is dropped and the queue stays authenticated (nvmet does the same).
 //! - Credentials are looked up when a transaction starts, so a reload that rotates a
 //!   secret applies from the next (re-)authentication; connected controllers stay.
+//! - The DH arithmetic of a transaction (tens of milliseconds with FFDHE-8192) is not done
+//!   where the command arrives: the Authentication Send that needs it is held, its
+//!   [`DhJob`] waits in [`Target::take_dh_jobs`] for the caller to run on a thread of its
+//!   own, and [`Target::dh_done`] completes the Send. One job per queue at a time: an
+//!   authentication command on a queue whose job is out is answered Command Sequence
+//!   Error.
 
 use super::{Controller, Notice, QueueRef, Refusal, RefusalReason, Reply, Target};
-use crate::auth::ctrl::{CommandError, Event, Peer, Policy, Secrets, Transaction};
+use crate::auth::ctrl::{CommandError, DhDone, DhWork, Event, Peer, Policy, Secrets, Transaction};
 use crate::auth::msg::AuthCommand;
 use crate::auth::{DhGroup, Entropy, HashId, SECP_NVME_AUTH, SPSP_DHCHAP};
-use crate::spec::{opcodes, Sqe, Status};
-use std::collections::{HashMap, VecDeque};
+use crate::spec::{opcodes, Cqe, Sqe, Status};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,11 +99,40 @@ pub struct HostCredentials {
     pub policy: Policy,
 }
 
+/// The secure channel concatenation a queue may ask for: a new PSK on an admin queue over
+/// plain TCP, a replacement over TLS, none on I/O queues (TP 8018; nvmet's rules).
+fn concat_for(queue_tls: &BTreeMap<super::QueueKey, TlsPeer>, ctrl: &Controller, qid: u16) -> u8 {
+    match (qid, queue_tls.contains_key(&ctrl.admin_key)) {
+        (0, false) => crate::auth::sc_c::NEWTLSPSK,
+        (0, true) => crate::auth::sc_c::REPLACETLSPSK,
+        _ => crate::auth::sc_c::NOSC,
+    }
+}
+
 /// One queue's authentication state.
 pub(super) struct QueueAuth {
     pub(super) tx: Transaction,
     /// Until when the queue may stay unauthenticated.
     pub(super) deadline: Instant,
+    /// The DH job out for this queue: its number and the CID of the Send it holds.
+    dh: Option<(u64, u16)>,
+}
+
+/// DH arithmetic an authentication waits for (see the module docs).
+#[derive(Debug)]
+pub struct DhJob {
+    pub id: DhJobId,
+    /// The host's address, when known (a caller can serve addresses in turn).
+    pub peer: Option<IpAddr>,
+    pub work: DhWork,
+}
+
+/// Which queue's transaction a [`DhJob`] belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DhJobId {
+    queue: QueueRef,
+    key: super::QueueKey,
+    seq: u64,
 }
 
 impl QueueAuth {
@@ -105,6 +140,7 @@ impl QueueAuth {
         QueueAuth {
             tx: Transaction::new(),
             deadline: now + AUTH_TIMEOUT,
+            dh: None,
         }
     }
 }
@@ -250,13 +286,14 @@ impl Target {
             .get(&ctrl.hostnqn)
             .cloned()
             .ok_or(Status::INVALID_FIELD)?;
-        // Concatenation only on admin queues: a new PSK over plain TCP, a replacement
-        // over TLS (TP 8018; nvmet's rules).
-        let on_tls = self.queue_tls.contains_key(&ctrl.admin_key);
-        let concat = match (queue.qid, on_tls) {
-            (0, false) => crate::auth::sc_c::NEWTLSPSK,
-            (0, true) => crate::auth::sc_c::REPLACETLSPSK,
-            _ => crate::auth::sc_c::NOSC,
+        let concat = concat_for(&self.queue_tls, ctrl, queue.qid);
+        let qkey = if queue.qid == 0 {
+            ctrl.admin_key
+        } else {
+            *ctrl
+                .io_queues
+                .get(&queue.qid)
+                .ok_or(Status::COMMAND_SEQUENCE_ERROR)?
         };
         let peer = Peer {
             hostnqn: &ctrl.hostnqn,
@@ -270,6 +307,10 @@ impl Target {
             .queue_auth
             .entry(queue.qid)
             .or_insert_with(|| QueueAuth::new(now));
+        // The host sent another authentication command before the last Send completed.
+        if qa.dh.is_some() {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
         // A new transaction (its AUTH_Negotiate) from an address that keeps failing or
         // abandoning them: refused before any DH work.
         if send && !qa.tx.in_progress() {
@@ -284,7 +325,25 @@ impl Target {
         let (event, reply) = if send {
             let tl = cmd.len as usize;
             let payload = data.get(..tl).ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
-            (qa.tx.send(now, AUTH_TIMEOUT, peer, payload), Reply::ok()?)
+            let event = qa.tx.send(now, AUTH_TIMEOUT, peer, payload);
+            if let Some(work) = qa.tx.take_work() {
+                // Held until the DH work is done (`dh_done`); nothing final happened yet.
+                debug_assert_eq!(event, Event::None);
+                self.next_dh_seq += 1;
+                let seq = self.next_dh_seq;
+                qa.dh = Some((seq, sqe.cid()));
+                self.dh_jobs.push(DhJob {
+                    id: DhJobId {
+                        queue,
+                        key: qkey,
+                        seq,
+                    },
+                    peer: peer_addr,
+                    work,
+                });
+                return Ok(Reply::Held);
+            }
+            (event, Reply::ok()?)
         } else {
             let entropy = self.entropy.as_mut().ok_or(Status::INTERNAL_ERROR)?;
             let al = (cmd.len as usize).min(data.len());
@@ -335,6 +394,66 @@ impl Target {
             }
         }
         Ok(reply)
+    }
+
+    /// The DH work authentication Sends left since the last call, to run off the threads
+    /// that serve hosts (see the module docs).
+    pub fn take_dh_jobs(&mut self) -> Vec<DhJob> {
+        std::mem::take(&mut self.dh_jobs)
+    }
+
+    /// Whether a job's queue still waits for it (a job whose controller or queue went,
+    /// or whose transaction started over, need not run).
+    pub fn dh_wanted(&self, id: &DhJobId) -> bool {
+        self.controllers
+            .get(&id.queue.cntlid)
+            .filter(|c| !c.retired)
+            .and_then(|c| c.queue_auth.get(&id.queue.qid))
+            .is_some_and(|qa| qa.dh.is_some_and(|(seq, _)| seq == id.seq))
+    }
+
+    /// A job's result: the transaction goes on, and the Send it held completes (the
+    /// returned [`Action::CompleteHeld`](super::Action::CompleteHeld)); a problem the
+    /// work found is the Failure1 of the next Receive. Nothing happens for a job no
+    /// longer wanted.
+    pub fn dh_done(&mut self, id: DhJobId, done: DhDone) -> Vec<super::Action> {
+        if !self.dh_wanted(&id) {
+            return Vec::new();
+        }
+        let Some(ctrl) = self.controllers.get_mut(&id.queue.cntlid) else {
+            return Vec::new();
+        };
+        let concat = concat_for(&self.queue_tls, ctrl, id.queue.qid);
+        let creds = self.credentials.get(&ctrl.hostnqn).cloned();
+        let Some(qa) = ctrl.queue_auth.get_mut(&id.queue.qid) else {
+            return Vec::new();
+        };
+        let Some((_, cid)) = qa.dh.take() else {
+            return Vec::new();
+        };
+        match creds {
+            Some(creds) => qa.tx.dh_done(
+                Peer {
+                    hostnqn: &ctrl.hostnqn,
+                    subnqn: &ctrl.subnqn,
+                    secrets: &creds.secrets,
+                    policy: &creds.policy,
+                    concat,
+                },
+                done,
+            ),
+            // A reload took the host's credentials away meanwhile.
+            None => qa.tx.dh_failed(),
+        }
+        self.actions.push(super::Action::CompleteHeld {
+            queue: id.queue,
+            key: id.key,
+            cqe: Cqe {
+                sqid: id.queue.qid,
+                ..Cqe::success(cid)
+            },
+        });
+        self.take_actions()
     }
 
     /// Authentication deadlines at `now`: controllers with a queue that did not

@@ -94,7 +94,9 @@ use crate::spec::log::{ErrorInformationEntry, SmartLog};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
 pub use access::{AccessKey, NamespaceAccess};
 pub use ana::{AnaGroup, AnaState};
-pub use authn::{Authenticated, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT};
+pub use authn::{
+    Authenticated, DhJob, DhJobId, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT,
+};
 pub use refusal::{Notice, Refusal, RefusalReason};
 use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -846,6 +848,9 @@ pub struct Target {
     queue_tls: BTreeMap<QueueKey, TlsPeer>,
     /// Failed and abandoned authentications per host address.
     auth_strikes: authn::AuthStrikes,
+    /// DH work not yet taken by [`Target::take_dh_jobs`], and the last job's number.
+    dh_jobs: Vec<authn::DhJob>,
+    next_dh_seq: u64,
     /// Host NQNs interned for access keys (visibility checks compare these numbers).
     host_slots: BTreeMap<String, u32>,
     /// Access views built since the last [`Target::take_access_updates`], by namespace.
@@ -897,6 +902,8 @@ impl Target {
             entropy: None,
             queue_tls: BTreeMap::new(),
             auth_strikes: Default::default(),
+            dh_jobs: Vec::new(),
+            next_dh_seq: 0,
             host_slots: BTreeMap::new(),
             access_updates: BTreeMap::new(),
             ptpl_version: 0,

@@ -3,7 +3,7 @@
 //! every queue) against [`Target`] with simulated time.
 
 use super::*;
-use crate::auth::ctrl::{Policy, Secrets};
+use crate::auth::ctrl::{DhWork, Policy, Secrets};
 use crate::auth::host::{HostConfig, HostTransaction};
 use crate::auth::key::DhchapKey;
 use crate::auth::msg::AuthCommand;
@@ -69,13 +69,36 @@ fn connect_kato(t: Target, subnqn: &str, hostnqn: &str, kato: u32) -> (Conv, u32
     (c, cqe.dw0)
 }
 
+/// An Authentication Send; one the target holds for DH work gets its work run (as the
+/// daemon's DH thread would) and returns the completion that work released.
 fn send(c: &mut Conv, q: QueueRef, payload: &[u8]) -> Cqe {
     let sqe = AuthCommand::dhchap(payload.len() as u32).to_sqe(0, true);
     let mut buf = payload.to_vec();
     match c.exec_on(q, sqe, &mut buf) {
         Outcome::Complete { cqe, data_len } => {
             assert_eq!(data_len, 0);
+            assert!(
+                c.t.take_dh_jobs().is_empty(),
+                "work left for a completed Send"
+            );
             cqe
+        }
+        Outcome::Deferred => {
+            let jobs = c.t.take_dh_jobs();
+            assert_eq!(jobs.len(), 1, "a held Send leaves one DH job");
+            let job = jobs.into_iter().next().unwrap();
+            assert!(c.t.dh_wanted(&job.id));
+            let done = job.work.run(&mut *seeded(11));
+            let actions = c.t.dh_done(job.id, done);
+            // (Actions left from before this Send may come along.)
+            let held = actions.iter().filter_map(|a| match a {
+                Action::CompleteHeld { queue, cqe, .. } if *queue == q => Some(*cqe),
+                _ => None,
+            });
+            match held.collect::<Vec<_>>()[..] {
+                [cqe] => cqe,
+                _ => panic!("{actions:?}"),
+            }
         }
         o => panic!("{o:?}"),
     }
@@ -724,4 +747,94 @@ fn an_address_that_keeps_abandoning_authentication_is_throttled() {
     let mut c = connect_from(c.t, bad, 2002, later);
     let admin = c.admin;
     authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
+}
+
+/// The DH arithmetic of an authentication is left as a job for another thread: the Send
+/// that needs it is held, the queue refuses a second authentication command meanwhile,
+/// other controllers are served, and the job's result completes the Send and shapes the
+/// Challenge. A job whose queue went, or whose transaction timed out, is not wanted.
+#[test]
+fn dh_work_is_a_job_and_holds_only_its_own_send() {
+    let negotiate = |t_id| {
+        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
+        HostTransaction::new(cfg, t_id).negotiate()
+    };
+    let mut c = connect_from(auth_target(), "10.0.0.1", 500, Instant::now());
+    let admin = c.admin;
+    let sqe = AuthCommand::dhchap(negotiate(1).len() as u32).to_sqe(0, true);
+    assert_eq!(c.exec_on(admin, sqe, &mut negotiate(1)), Outcome::Deferred);
+    let jobs = c.t.take_dh_jobs();
+    assert_eq!(jobs.len(), 1);
+    let job = jobs.into_iter().next().unwrap();
+    assert_eq!(job.peer, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(
+        job.work.group(),
+        DhGroup::Ffdhe2048,
+        "the policy's first group"
+    );
+    // Meanwhile: this queue refuses another authentication command ...
+    let rsqe = AuthCommand::dhchap(4096).to_sqe(0, false);
+    match c.exec_on(admin, rsqe, &mut [0u8; 4096]) {
+        Outcome::Complete { cqe, .. } => assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR),
+        o => panic!("{o:?}"),
+    }
+    // ... and another controller is served (discovery never authenticates).
+    let mut other = Conv::connect(c.t, DISCOVERY_NQN, HOST1);
+    assert!(other.property_get(0, true).status().is_success());
+    c.t = other.t;
+    // The result completes the held Send, and the Challenge carries the new public value.
+    let done = job.work.run(&mut *seeded(5));
+    let id = job.id;
+    let actions = c.t.dh_done(id, done);
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { queue, key: 500, cqe }] if *queue == admin && cqe.status().is_success() && cqe.cid == 1),
+        "{actions:?}"
+    );
+    assert!(!c.t.dh_wanted(&id), "a job is done once");
+    assert!(c
+        .t
+        .dh_done(id, DhWork::KeyPair(DhGroup::Ffdhe2048).run(&mut *seeded(5)))
+        .is_empty());
+    let (cqe, chal) = receive(&mut c, admin);
+    assert!(cqe.status().is_success());
+    assert_eq!(chal[1], crate::auth::msg::auth_id::CHALLENGE);
+    assert!(
+        chal.len() > 256,
+        "the Challenge carries a 2048-bit DH value"
+    );
+
+    // A job whose queue closed before it ran is not wanted, and its result does nothing.
+    let mut c = connect_from(c.t, "10.0.0.2", 600, Instant::now());
+    let admin = c.admin;
+    assert_eq!(c.exec_on(admin, sqe, &mut negotiate(2)), Outcome::Deferred);
+    let job = c.t.take_dh_jobs().pop().unwrap();
+    c.t.queue_closed(admin, 600);
+    assert!(!c.t.dh_wanted(&job.id));
+    assert!(c
+        .t
+        .dh_done(job.id, job.work.run(&mut *seeded(6)))
+        .is_empty());
+
+    // A transaction whose step timed out while its job waited: the Send completes, and
+    // the next Receive says the transaction is over (Failure1).
+    let now = Instant::now();
+    let mut c = connect_from(c.t, "10.0.0.3", 700, now);
+    let admin = c.admin;
+    assert_eq!(c.exec_on(admin, sqe, &mut negotiate(3)), Outcome::Deferred);
+    let job = c.t.take_dh_jobs().pop().unwrap();
+    for qa in
+        c.t.controllers
+            .get_mut(&admin.cntlid)
+            .unwrap()
+            .queue_auth
+            .values_mut()
+    {
+        qa.tx.poll_timeout(now + AUTH_TIMEOUT);
+    }
+    let actions = c.t.dh_done(job.id, job.work.run(&mut *seeded(7)));
+    assert!(
+        matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.status().is_success())
+    );
+    let (_, m) = receive(&mut c, admin);
+    assert_eq!(m[1], crate::auth::msg::auth_id::FAILURE1);
 }
