@@ -18,9 +18,14 @@
 //! HTTP: `GET`/`HEAD /metrics` (a query string is ignored) → 200, any other path → 404,
 //! another method on `/metrics` → 405, a malformed request → 400, a request head over
 //! [`MAX_REQUEST_HEAD`] → 431. Every response closes the connection. Each connection gets
-//! its own short-lived thread, at most [`MAX_CONNECTIONS`] at once (more are answered 503
-//! and closed), and must deliver its request head within [`REQUEST_DEADLINE`] in total, so
-//! a slow or silent client costs one thread for a bounded time and never blocks others.
+//! its own short-lived thread, at most [`MAX_CONNECTIONS`] at once, and must deliver its
+//! request head within [`REQUEST_DEADLINE`] in total, so a slow or silent client costs one
+//! thread for a bounded time. When all are taken, a new connection takes the place of
+//! one still waiting for its request head: the oldest of the client address holding the
+//! most connections (closed unanswered). So one client holding idle connections cannot
+//! keep a scraper out, which sends its request as soon as it connects. Only when every
+//! connection is past its request head is the new one answered 503 and closed. Both are
+//! counted in `metrics_connections_cut_total{reason=evicted/busy}`.
 //!
 //! Metrics (all prefixed `nvmft_`):
 //!
@@ -49,6 +54,7 @@
 //! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
 //! | `auth_dh_jobs_waiting` | gauge | (DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads) |
 //! | `auth_dh_jobs_total` | counter | state=run/skipped (skipped: the queue went or its transaction started over before its turn) |
+//! | `metrics_connections_cut_total` | counter | reason=evicted/busy (this endpoint's own connections, see above) |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
@@ -67,9 +73,9 @@
 
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -127,7 +133,7 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     let source = Arc::new(source);
-    let active = Arc::new(AtomicUsize::new(0));
+    let live = Arc::new(Mutex::new(Live::default()));
     let h = std::thread::Builder::new()
         .name("nvmft-metrics".into())
         .spawn(move || {
@@ -142,24 +148,30 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                         continue;
                     }
                 };
-                if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                    active.fetch_sub(1, Ordering::SeqCst);
-                    let mut s = stream;
-                    // A scraper that cannot be told "busy" gets the close instead.
-                    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
+                let Ok(peer) = stream.peer_addr() else {
                     continue;
-                }
+                };
+                let id = match lock(&live).admit(&stream, peer.ip()) {
+                    Some(id) => id,
+                    None => {
+                        CUT_BUSY.fetch_add(1, Ordering::Relaxed);
+                        let mut s = stream;
+                        // A scraper that cannot be told "busy" gets the close instead.
+                        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
+                        continue;
+                    }
+                };
                 let source = source.clone();
-                let active2 = active.clone();
+                let live2 = live.clone();
                 let spawned = std::thread::Builder::new()
                     .name("nvmft-metrics-conn".into())
                     .spawn(move || {
-                        handle(stream, &source);
-                        active2.fetch_sub(1, Ordering::SeqCst);
+                        handle(stream, &source, || lock(&live2).head_read(id));
+                        lock(&live2).gone(id);
                     });
                 if let Err(e) = spawned {
-                    active.fetch_sub(1, Ordering::SeqCst);
+                    lock(&live).gone(id);
                     tracing::warn!("metrics: cannot spawn a connection thread: {e}");
                 }
             }
@@ -167,8 +179,81 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
     Ok(h)
 }
 
-/// Serves one request on `stream`, then closes it.
-fn handle(mut stream: TcpStream, source: &MetricsSource) {
+/// Connections cut: answered 503 (every one was past its request head), or evicted.
+static CUT_BUSY: AtomicU64 = AtomicU64::new(0);
+static CUT_EVICTED: AtomicU64 = AtomicU64::new(0);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The connections being served.
+#[derive(Default)]
+struct Live {
+    next: u64,
+    conns: Vec<LiveConn>,
+}
+
+struct LiveConn {
+    id: u64,
+    ip: IpAddr,
+    /// A handle to shut the connection down with (its thread holds the other).
+    stream: Option<TcpStream>,
+    /// Its request head is not in yet.
+    waiting: bool,
+}
+
+impl Live {
+    /// A place for a new connection from `ip` (see the module docs), or `None`: answer
+    /// 503.
+    fn admit(&mut self, stream: &TcpStream, ip: IpAddr) -> Option<u64> {
+        if self.conns.len() >= MAX_CONNECTIONS {
+            let i = self.eviction_candidate()?;
+            let c = self.conns.remove(i);
+            if let Some(s) = c.stream {
+                // Its thread's read returns at once and the thread ends.
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            CUT_EVICTED.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("metrics: connection from {} closed for a new one", c.ip);
+        }
+        self.next += 1;
+        self.conns.push(LiveConn {
+            id: self.next,
+            ip,
+            stream: stream.try_clone().ok(),
+            waiting: true,
+        });
+        Some(self.next)
+    }
+
+    /// The connection a new one replaces: of those still waiting for their request
+    /// head, the oldest of the address with the most connections.
+    fn eviction_candidate(&self) -> Option<usize> {
+        let held = |ip: IpAddr| self.conns.iter().filter(|c| c.ip == ip).count();
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.waiting)
+            // Most connections first, then the oldest (lowest id).
+            .max_by_key(|(_, c)| (held(c.ip), std::cmp::Reverse(c.id)))
+            .map(|(i, _)| i)
+    }
+
+    fn head_read(&mut self, id: u64) {
+        if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+            c.waiting = false;
+        }
+    }
+
+    fn gone(&mut self, id: u64) {
+        self.conns.retain(|c| c.id != id);
+    }
+}
+
+/// Serves one request on `stream`, then closes it. `head_read` is called once the
+/// request head is in.
+fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce()) {
     // Results on this socket are the scraper's problem: a failed timeout setting or reply
     // ends in the close, and the next scrape starts over.
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
@@ -186,6 +271,7 @@ fn handle(mut stream: TcpStream, source: &MetricsSource) {
         }
         Err(HeadError::Closed) => return,
     };
+    head_read();
     let (status, ctype, body, head_only) = match parse_request(&head) {
         Err(()) => (400, "text/plain", b"bad request\n".to_vec(), false),
         Ok(req) if req.path != "/metrics" => (404, "text/plain", b"not found\n".to_vec(), false),
@@ -464,6 +550,7 @@ struct Snapshot {
     dh_waiting: u64,
     dh_jobs: Vec<(Labels, u64)>,
     rdma_late_events: u64,
+    metrics_cut: Vec<(Labels, u64)>,
     start_time: f64,
     uptime: f64,
 }
@@ -591,6 +678,16 @@ impl Snapshot {
             .map(|(limit, n)| (vec![("limit", limit.to_string())], n))
             .collect();
         s.rdma_late_events = sta::verbs::late_cq_events();
+        s.metrics_cut = vec![
+            (
+                vec![("reason", "evicted".to_string())],
+                CUT_EVICTED.load(Ordering::Relaxed),
+            ),
+            (
+                vec![("reason", "busy".to_string())],
+                CUT_BUSY.load(Ordering::Relaxed),
+            ),
+        ];
         let (connected, unconnected) = (src.peer_connections)();
         s.peer_connections = vec![
             (vec![("state", "connected".to_string())], connected),
@@ -829,6 +926,13 @@ impl Collector for Snapshot {
             "RDMA completion events the kernel queued for a completion queue already destroyed (Soft-RoCE before Linux 6.4 does), discarded without being read.",
             None,
             &[(Vec::new(), self.rdma_late_events)],
+        )?;
+        counters(
+            e,
+            "metrics_connections_cut",
+            "Connections to this endpoint closed unanswered for a new one while all were taken (evicted: it had not sent its request yet), or answered 503 (busy: every connection was past its request).",
+            None,
+            &self.metrics_cut,
         )?;
         gauge(
             e,

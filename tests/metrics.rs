@@ -536,6 +536,36 @@ fn http_answers_and_content_negotiation() {
     d.stop();
 }
 
+/// A client holding every connection of the endpoint idle cannot keep a scraper out: the
+/// scrape takes the place of the oldest idle connection, and the cut is counted. (Before,
+/// the scrape got 503 until the idle ones' request deadline freed them.)
+#[test]
+fn idle_connections_do_not_keep_a_scraper_out() {
+    let _w = watchdog("metrics_idle_hog", Duration::from_secs(60));
+    let (mut d, maddr) = start();
+    parse(&scrape(maddr));
+    // Three times the cap, each sending nothing, held open.
+    let idle: Vec<TcpStream> = (0..24)
+        .map(|_| TcpStream::connect(maddr).expect("connect"))
+        .collect();
+    // Let the endpoint accept them all.
+    std::thread::sleep(Duration::from_millis(300));
+    let body = scrape(maddr);
+    let (_, samples) = parse(&body);
+    let evicted = value(
+        &samples,
+        "nvmft_metrics_connections_cut_total",
+        &[("reason", "evicted")],
+    );
+    assert!(
+        evicted >= 17.0,
+        "24 idle + 1 scrape over a cap of 8: {evicted}"
+    );
+    drop(idle);
+    assert_serves(&mut d);
+    d.stop();
+}
+
 #[test]
 fn promtool_check_metrics_accepts_the_exposition() {
     let _w = watchdog("metrics_promtool", Duration::from_secs(60));

@@ -281,3 +281,42 @@ fn http_status_codes_and_bounds() {
     assert_eq!(n, 0, "closed without an answer");
     assert!(t0.elapsed() <= REQUEST_DEADLINE + Duration::from_secs(1));
 }
+
+/// When every place is taken, a new connection replaces one still waiting for its
+/// request: the oldest of the address holding the most; connections past their request
+/// are never cut, and with none waiting the answer is 503 (`None`).
+#[test]
+fn a_new_connection_replaces_the_oldest_idle_one_of_the_busiest_address() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stream = || std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.3".parse().unwrap(),
+    );
+    let mut live = Live::default();
+    // a: 5 connections, b: 3 (one past its request head).
+    let mut ids = Vec::new();
+    for ip in [b, a, a, b, a, a, b, a] {
+        ids.push((ip, live.admit(&stream(), ip).unwrap()));
+    }
+    live.head_read(ids[0].1);
+    let ip_of = |live: &Live| -> Vec<IpAddr> { live.conns.iter().map(|c| c.ip).collect() };
+    // c comes: a's oldest (ids[1]) goes.
+    live.admit(&stream(), c).unwrap();
+    assert!(live.conns.iter().all(|x| x.id != ids[1].1));
+    assert_eq!(ip_of(&live).iter().filter(|&&ip| ip == a).count(), 4);
+    // Until a and b are level, a loses; then the oldest waiting of either.
+    live.admit(&stream(), c).unwrap();
+    assert_eq!(ip_of(&live).iter().filter(|&&ip| ip == a).count(), 3);
+    // Now a 3, b 3 (b's oldest is past its head), c 2: a's oldest waiting is ids[4]
+    // (id 5), b's is ids[3] (id 4): b's is older and goes.
+    live.admit(&stream(), c).unwrap();
+    assert!(live.conns.iter().all(|x| x.id != ids[3].1));
+    // Every connection past its head: no place.
+    for x in live.conns.iter_mut() {
+        x.waiting = false;
+    }
+    assert_eq!(live.admit(&stream(), c), None);
+    assert_eq!(live.conns.len(), MAX_CONNECTIONS);
+}
