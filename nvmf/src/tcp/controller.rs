@@ -10,7 +10,10 @@
 //! - host data transfers keyed by TTAG (the engine's command slot): an R2T registers the
 //!   range it solicits; each H2CData must name a solicited TTAG (FES Invalid PDU Header
 //!   Field, FEI 10 otherwise), that command's CCCID (FEI 8), the next offset (FES Data
-//!   Transfer Out of Range) and stay inside the range; data digests are checked per PDU
+//!   Transfer Out of Range) and stay inside the range, and LAST_PDU may only mark the PDU
+//!   that completes the range (FES Invalid PDU Header Field, FEI 1: a host that says it is
+//!   done early would otherwise hold the buffer until the host-data deadline; a last PDU
+//!   without the flag is accepted, as nvmet and SPDK do); data digests are checked per PDU
 //!   and reported once the transfer is complete; large H2CData PDUs may be streamed
 //!   (checked at their header, payload moved by the engine straight into its buffer,
 //!   digest checked at the end: [`ControllerQueue::set_stream_host_data`]);
@@ -65,6 +68,8 @@ pub enum FatalCause {
     WrongCccid,
     /// H2CData at the wrong offset or past the solicited range.
     DataOutOfRange,
+    /// H2CData flagged LAST_PDU that does not complete its R2T's range.
+    EarlyLastPdu,
     /// A capsule arrived while the queue's SQSIZE + 1 entries were all outstanding.
     QueueOverflow,
     /// The engine gave up waiting for the host (see [`ControllerQueue::abort`]).
@@ -151,6 +156,7 @@ struct Stream {
 }
 
 /// Byte offsets of H2CData header fields (NVMe/TCP 1.0 Figure 30), reported as FEI.
+const FEI_FLAGS: u32 = 1;
 const FEI_CCCID: u32 = 8;
 const FEI_TTAG: u32 = 10;
 const FEI_DATAO: u32 = 12;
@@ -355,8 +361,8 @@ impl ControllerQueue {
                 datao,
                 data,
                 data_digest_ok,
-                ..
-            } => match self.claim(cccid, ttag, datao, data.len() as u32) {
+                last,
+            } => match self.claim(cccid, ttag, datao, data.len() as u32, last) {
                 Ok(()) => ControllerEvent::HostData {
                     ttag,
                     offset: datao,
@@ -373,8 +379,8 @@ impl ControllerQueue {
                 ttag,
                 datao,
                 len,
-                ..
-            } => match self.claim(cccid, ttag, datao, len) {
+                last,
+            } => match self.claim(cccid, ttag, datao, len, last) {
                 Ok(()) => {
                     self.stream = Some(Stream {
                         ttag,
@@ -437,6 +443,7 @@ impl ControllerQueue {
         ttag: u16,
         datao: u32,
         len: u32,
+        last: bool,
     ) -> Result<(), (u32, FatalCause)> {
         let Some(t) = self.transfers.iter_mut().find(|t| t.ttag == ttag) else {
             return Err((FEI_TTAG, FatalCause::UnknownTtag));
@@ -447,6 +454,9 @@ impl ControllerQueue {
         let end = datao as u64 + len as u64;
         if datao != t.next || end > t.end as u64 {
             return Err((FEI_DATAO, FatalCause::DataOutOfRange));
+        }
+        if last && end < t.end as u64 {
+            return Err((FEI_FLAGS, FatalCause::EarlyLastPdu));
         }
         t.next = end as u32;
         Ok(())

@@ -288,6 +288,16 @@ fn bad_h2cdata_gets_term_req_with_its_header() {
             12,
             FatalCause::DataOutOfRange,
         ),
+        (
+            "LAST_PDU before the R2T's range is complete",
+            1,
+            5,
+            0,
+            512,
+            fes::INVALID_HEADER_FIELD,
+            1,
+            FatalCause::EarlyLastPdu,
+        ),
     ] {
         let (mut q, _) = connected(Digests::NONE, 0);
         let mut w = Wire::default();
@@ -642,7 +652,7 @@ fn streamed_host_data_header_errors_and_cancel() {
     assert_eq!(q.inflow_received(&h2c[pdo + 48..]), 2000);
     // The orphan's end is reported to nobody; the next PDU is parsed in the same call.
     let mut next = Vec::new();
-    encode_h2c_data(&mut next, 1, 9, 0, &[2u8; 8], true, Digests::NONE, 0);
+    encode_h2c_data(&mut next, 1, 9, 0, &[2u8; 8], false, Digests::NONE, 0);
     let (used, ev) = q.receive(&next, &mut sink);
     assert_eq!(used, next.len());
     assert_eq!(
