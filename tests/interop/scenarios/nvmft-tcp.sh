@@ -377,7 +377,7 @@ elif connect_main --reconnect-delay=1 --ctrl-loss-tmo=120; then
     D1=$(ns_dev "$NQN" 1)
     dmesg_mark=$(dmesg | wc -l)
     fio --name=reload --filename="$D1" --ioengine=libaio --direct=1 --bs=4k --iodepth=16 \
-        --rw=randrw --size=64M --time_based --runtime=90 --output=/tmp/fio-reload.txt >/dev/null 2>&1 &
+        --rw=randrw --size=64M --time_based --runtime=90 --output=/tmp/fio-reload.txt >/dev/null 2>/tmp/fio-reload.err &
     fpid=$!
     sed '/- nqn: nqn.2026-11.dev.nvmf-target:interop$/,+2d' "$CFG0" >/tmp/nvmft-tcp-without.yaml
     removed0=$(grep -c "subsystem $NQN removed" "$TGT_LOG"); added0=$(grep -c "subsystem $NQN added" "$TGT_LOG")
@@ -400,7 +400,12 @@ elif connect_main --reconnect-delay=1 --ctrl-loss-tmo=120; then
     note "reload cycles completed: $cycles_ok, fio rc=$frc, kernel I/O error lines: $kerr"
     expect reload-cycles-completed "$cycles_ok" 3
     if [ $frc -eq 0 ] && grep -q "err= 0" /tmp/fio-reload.txt && [ "$kerr" -eq 0 ]; then pass reload-remove-readd-under-fio-no-io-errors
-    else fail reload-remove-readd-under-fio-no-io-errors "fio rc=$frc, $(grep -o 'err=[ 0-9]*' /tmp/fio-reload.txt | head -1), kernel I/O error lines $kerr"; fi
+    else
+        # fio's own complaints (once it exited 134, SIGABRT, with err=0 and no kernel
+        # I/O error: its stderr says what it asserted).
+        note "fio stderr (last lines): $(tail -n 5 /tmp/fio-reload.err 2>/dev/null | tr '\n' '|')"
+        fail reload-remove-readd-under-fio-no-io-errors "fio rc=$frc, $(grep -o 'err=[ 0-9]*' /tmp/fio-reload.txt | head -1), kernel I/O error lines $kerr"
+    fi
     nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 else
     fail reload-connect "connect with --reconnect-delay=1 failed"
