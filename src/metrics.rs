@@ -598,6 +598,10 @@ impl Snapshot {
         }
 
         for sub in &report.subsystems {
+            if sub.is_discovery {
+                // Not a configured subsystem (see `subsystems`); it has no namespaces.
+                continue;
+            }
             s.subsystem_namespaces.push((
                 vec![("subsystem", sub.nqn.clone())],
                 sub.namespaces.len() as u64,

@@ -36,22 +36,50 @@ fn writable_by_others(mode: u32) -> bool {
     mode & WRITABLE_BY_OTHERS != 0
 }
 
-/// What in a valid config is probably not what was meant, one warning each: a subsystem
-/// that allows no host at all (`allow_any_host: false` and no `hosts:`). That one is not
-/// an error, as a subsystem may be kept this way on purpose until its hosts are known.
+/// What in a valid config is probably not what was meant, one warning each:
+/// - a subsystem that allows no host at all (`allow_any_host: false` and no `hosts:`),
+///   which may be kept so on purpose until its hosts are known;
+/// - a subsystem with `allow_any_host: true` and a `hosts:` list, which then restricts
+///   nothing;
+/// - more IO threads than CPUs this process may run on (`cpus` available), each of
+///   which polls.
+///
 /// `--check-config` prints these, the daemon logs them at start-up and reload.
 pub fn config_warnings(cfg: &Config) -> Vec<String> {
-    cfg.subsystems
-        .iter()
-        .filter(|s| !s.allow_any_host && s.hosts.is_empty())
-        .map(|s| {
-            format!(
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    warnings_for(cfg, cpus)
+}
+
+fn warnings_for(cfg: &Config, cpus: usize) -> Vec<String> {
+    let mut w = Vec::new();
+    for s in &cfg.subsystems {
+        if !s.allow_any_host && s.hosts.is_empty() {
+            w.push(format!(
                 "subsystem {}: no host may connect (allow_any_host is false and hosts lists \
                  none); add its hosts, or set allow_any_host: true",
                 s.nqn
-            )
-        })
-        .collect()
+            ));
+        }
+        if s.allow_any_host && !s.hosts.is_empty() {
+            w.push(format!(
+                "subsystem {}: allow_any_host is true, so any host may connect and its hosts \
+                 list ({} host{}) restricts nothing; set allow_any_host: false to allow only \
+                 those",
+                s.nqn,
+                s.hosts.len(),
+                if s.hosts.len() == 1 { "" } else { "s" }
+            ));
+        }
+    }
+    let n = cfg.threads.count();
+    if cpus > 0 && n > cpus {
+        w.push(format!(
+            "io_threads: {n} IO threads on {cpus} CPU{} this process may use: each thread \
+             polls, so the ones past the CPUs add wake-ups and CPU time, not I/O",
+            if cpus == 1 { "" } else { "s" }
+        ));
+    }
+    w
 }
 
 /// The warning for a metrics endpoint on `addr` (it has no authentication), unless it is
@@ -153,6 +181,36 @@ subsystems:
         );
         assert!(warnings("    hosts: [nqn.2026-11.dev.example:h1]\n").is_empty());
         assert!(warnings("    allow_any_host: true\n").is_empty());
+        assert_eq!(
+            warnings("    allow_any_host: true\n    hosts: [nqn.2026-11.dev.example:h1]\n"),
+            [
+                "subsystem nqn.2026-11.dev.example:parked: allow_any_host is true, so any \
+                 host may connect and its hosts list (1 host) restricts nothing; set \
+                 allow_any_host: false to allow only those"
+            ]
+        );
+    }
+
+    #[test]
+    fn more_io_threads_than_cpus_is_a_warning() {
+        let cfg = |n: usize| {
+            let y = format!(
+                "io_threads: {n}\nlisteners: [{{name: l, transport: tcp, address: 127.0.0.1, port: 4420}}]\n"
+            );
+            Config::parse(&y, "t.yaml").unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert!(warnings_for(&cfg(2), 2).is_empty());
+        assert_eq!(
+            warnings_for(&cfg(64), 2),
+            [
+                "io_threads: 64 IO threads on 2 CPUs this process may use: each thread polls, \
+              so the ones past the CPUs add wake-ups and CPU time, not I/O"
+            ]
+        );
+        assert!(
+            warnings_for(&cfg(64), 0).is_empty(),
+            "CPUs unknown: no guess"
+        );
     }
 
     #[test]

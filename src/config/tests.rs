@@ -381,15 +381,38 @@ subsystems:
     );
 }
 
+/// New users' mistakes get plain words: a single value where a list belongs, and the
+/// top-level `hosts:` shape inside a subsystem.
+#[test]
+fn shape_errors_say_what_was_expected() {
+    let e = errors(
+        "backends: [{name: b, type: ram, size: 1MiB}]\nsubsystems:\n  - nqn: nqn.2026-01.io.x:a\n    hosts: nqn.2026-01.io.x:h\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("subsystems[0].hosts: expected a list"),
+        "{e:?}"
+    );
+    let e = errors(
+        "backends: [{name: b, type: ram, size: 1MiB}]\nsubsystems:\n  - nqn: nqn.2026-01.io.x:a\n    hosts: [{nqn: nqn.2026-01.io.x:h}]\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("subsystems[0].hosts[0]: expected a single value")
+            && e[0].contains("top-level hosts:"),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn syntax_errors_have_a_field() {
     assert_eq!(
         errors("listeners: 5\n"),
-        ["t.yaml:1:12: listeners: expected sequence start"]
+        ["t.yaml:1:12: listeners: expected a list (lines starting with `- `, or `[a, b]`)"]
     );
     assert_eq!(
         errors("- 1\n"),
-        ["t.yaml:1:1: <root>: expected mapping start"]
+        ["t.yaml:1:1: <root>: expected a mapping (`key: value` lines, or `{key: value}`)"]
     );
 }
 

@@ -104,14 +104,38 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
                 None => expected_scalar(ty),
             },
         ),
+        // A single value or a mapping where a list belongs (`hosts: nqn...`, `backends:`
+        // entries without `-`).
+        E::Unexpected {
+            expected: "sequence start",
+            ..
+        } => (
+            index.node_at(line, column),
+            "expected a list (lines starting with `- `, or `[a, b]`)".into(),
+        ),
+        E::Unexpected {
+            expected: "mapping start",
+            ..
+        } => (
+            index.node_at(line, column),
+            "expected a mapping (`key: value` lines, or `{key: value}`)".into(),
+        ),
         // Said of numbers too, when a sequence or mapping stands where a value should be.
         E::Unexpected {
             expected: "string scalar",
             ..
-        } => (
-            index.node_at(line, column),
-            "expected a single value, found a sequence or mapping".into(),
-        ),
+        } => {
+            let field = index.node_at(line, column);
+            let mut m = String::from("expected a single value, found a sequence or mapping");
+            // The top-level `hosts:` shape copied into a subsystem.
+            if field.starts_with("subsystems[") && field.contains("].hosts[") {
+                m.push_str(
+                    " (a subsystem's hosts are host NQN strings; a host's secrets go in the \
+                     top-level hosts:)",
+                );
+            }
+            (field, m)
+        }
         other => (
             index.node_at(line, column),
             UserMessageFormatter.format_message(other).into_owned(),

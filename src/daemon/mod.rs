@@ -118,7 +118,12 @@ pub fn run<E: Engine>(
             crate::metrics::serve(addr, metrics_source(&shared, started))
                 .with_context(|| format!("metrics: cannot listen on {addr}"))?,
         ),
-        None => None,
+        None => {
+            tracing::info!(
+                "metrics: off (metrics: {{address: 127.0.0.1:9100}} in the config serves /metrics)"
+            );
+            None
+        }
     };
     // The control socket too: an explicitly configured path that cannot be bound fails
     // start-up here (the default path only warns).
