@@ -219,7 +219,8 @@ pub struct Limits {
     /// Connections from one peer address not yet past their Fabrics Connect. Keeps one
     /// address from taking all of `max_unconnected` and locking every other host out.
     /// A host needs one per queue it sets up at once (the Linux host opens every I/O
-    /// queue of a controller, up to the 64 this target grants, before it connects any).
+    /// queue of a controller, up to the 64 this target grants, before it connects any,
+    /// and its controllers reconnect together): see [`default_max_unconnected_per_peer`].
     pub max_unconnected_per_peer: u32,
     /// An NVMe/TCP connection must send its ICReq within this.
     pub icreq_timeout: Duration,
@@ -242,17 +243,16 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 16_384;
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 2_048;
 /// Default `limits.max_unconnected`.
 pub const DEFAULT_MAX_UNCONNECTED: u32 = 1_024;
-/// Default `limits.max_unconnected_per_peer` (lowered to half of `max_unconnected`, see
-/// [`default_max_unconnected_per_peer`]): two controllers with the most I/O queues this
-/// target grants (64) setting up at once from one address, with room to spare, and an
-/// eighth of the default `max_unconnected`.
-pub const DEFAULT_MAX_UNCONNECTED_PER_PEER: u32 = 128;
-
-/// `limits.max_unconnected_per_peer` when the config does not say: at most
-/// [`DEFAULT_MAX_UNCONNECTED_PER_PEER`] and at most half of `max_unconnected` (at least
-/// 1), so that by default one address never holds the whole pre-Connect budget.
+/// `limits.max_unconnected_per_peer` when the config does not say: half of
+/// `max_unconnected` (at least 1; 512 by default), so that one address never holds the
+/// whole pre-Connect budget, and no less. A host needs one place per queue it sets up at
+/// once, and the Linux host opens every I/O queue of a controller (up to the 64 this
+/// target grants) before it sends any of their Connects, for all its controllers at once
+/// when they reconnect together (after a target restart): 8 subsystems make 512. A cap
+/// below that would refuse a queue of each controller, and every controller would fail
+/// and retry together, again and again.
 pub fn default_max_unconnected_per_peer(max_unconnected: u32) -> u32 {
-    DEFAULT_MAX_UNCONNECTED_PER_PEER.min((max_unconnected / 2).max(1))
+    (max_unconnected / 2).max(1)
 }
 
 /// Default `limits.connection_buffer`: 16 MiB.

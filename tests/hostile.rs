@@ -259,8 +259,8 @@ fn connection_limits() {
 }
 
 /// One address holding silent connections (never an ICReq) gets its share of the
-/// pre-Connect budget and no more (`limits.max_unconnected_per_peer`, by default the
-/// smaller of 128 and half of `max_unconnected`), so a host from another address still
+/// pre-Connect budget and no more (`limits.max_unconnected_per_peer`, by default half of
+/// `max_unconnected`), so a host from another address still
 /// connects and does I/O; the extra connections are closed at once, logged with the
 /// offender and counted. Many addresses together can still fill the budget: then the
 /// refusal names the address holding the most.

@@ -943,7 +943,7 @@ fn limits_default_and_configured() {
     assert_eq!(cfg.limits.max_connections_per_peer, 10);
     // A default larger than the configured total is lowered to it.
     assert_eq!(cfg.limits.max_unconnected, 100);
-    // Its per-peer share by default: half of it (under the default 128), and no more
+    // Its per-peer share by default: half of it, and no more
     // than the peer may hold at all.
     assert_eq!(cfg.limits.max_unconnected_per_peer, 10);
     assert_eq!(cfg.limits.icreq_timeout, Duration::from_millis(500));
@@ -957,7 +957,7 @@ fn limits_default_and_configured() {
 
 #[test]
 fn max_unconnected_per_peer_default_and_bounds() {
-    assert_eq!(Limits::default().max_unconnected_per_peer, 128);
+    assert_eq!(Limits::default().max_unconnected_per_peer, 512);
     let limits = |body: &str| {
         Config::parse(&format!("{MINIMAL}limits: {{{body}}}\n"), "t.yaml")
             .expect("valid")
@@ -968,7 +968,7 @@ fn max_unconnected_per_peer_default_and_bounds() {
     assert_eq!(limits("max_unconnected: 1").max_unconnected_per_peer, 1);
     assert_eq!(
         limits("max_unconnected: 4096").max_unconnected_per_peer,
-        128
+        2048
     );
     let l = limits("max_unconnected: 64, max_unconnected_per_peer: 64");
     assert_eq!(l.max_unconnected_per_peer, 64);
