@@ -21,11 +21,14 @@
 //! its own short-lived thread, at most [`MAX_CONNECTIONS`] at once, and must deliver its
 //! request head within [`REQUEST_DEADLINE`] in total, so a slow or silent client costs one
 //! thread for a bounded time. When all are taken, a new connection takes the place of
-//! one still waiting for its request head: the oldest of the client address holding the
-//! most connections (closed unanswered). So one client holding idle connections cannot
-//! keep a scraper out, which sends its request as soon as it connects. Only when every
-//! connection is past its request head is the new one answered 503 and closed. Both are
-//! counted in `metrics_connections_cut_total{reason=evicted/busy}`.
+//! one still waiting for its request head, or one whose response has taken more than
+//! [`SLOW_RESPONSE`] so far: the oldest of the client address holding the most
+//! connections (closed unanswered or cut). So one client holding idle connections, or
+//! reading its responses slowly, cannot keep a scraper out, which sends its request as
+//! soon as it connects and reads the answer at once. Only when no connection may be cut
+//! is the new one answered 503 and closed. Both are counted in
+//! `metrics_connections_cut_total{reason=evicted/busy}`. A response must be written
+//! within [`WRITE_TIMEOUT`] in all.
 //!
 //! Metrics (all prefixed `nvmft_`):
 //!
@@ -93,8 +96,11 @@ use sta::{LatencyTotals, SubsysId, LATENCY_BOUNDS_US};
 pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// Time a client has to deliver its whole request head.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-/// Time allowed for writing a response.
+/// Time allowed for writing a whole response (a client that reads it slowly is cut off).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A response still being written after this long may lose its place to a new
+/// connection when all are taken (see the module docs).
+pub const SLOW_RESPONSE: Duration = Duration::from_secs(2);
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
 
@@ -151,14 +157,14 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                 let Ok(peer) = stream.peer_addr() else {
                     continue;
                 };
-                let id = match lock(&live).admit(&stream, peer.ip()) {
+                let id = match lock(&live).admit(&stream, peer.ip(), Instant::now()) {
                     Some(id) => id,
                     None => {
                         CUT_BUSY.fetch_add(1, Ordering::Relaxed);
                         let mut s = stream;
                         // A scraper that cannot be told "busy" gets the close instead.
-                        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-                        let _ = respond(&mut s, 503, "text/plain", b"busy\n", false);
+                        let by = Instant::now() + Duration::from_secs(1);
+                        let _ = respond(&mut s, by, 503, "text/plain", b"busy\n", false);
                         continue;
                     }
                 };
@@ -167,7 +173,9 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                 let spawned = std::thread::Builder::new()
                     .name("nvmft-metrics-conn".into())
                     .spawn(move || {
-                        handle(stream, &source, || lock(&live2).head_read(id));
+                        handle(stream, &source, || {
+                            lock(&live2).head_read(id, Instant::now())
+                        });
                         lock(&live2).gone(id);
                     });
                 if let Err(e) = spawned {
@@ -198,22 +206,23 @@ struct LiveConn {
     id: u64,
     ip: IpAddr,
     /// A handle to shut the connection down with (its thread holds the other).
-    stream: Option<TcpStream>,
-    /// Its request head is not in yet.
-    waiting: bool,
+    stream: TcpStream,
+    /// When its request head was in (`None`: not yet).
+    head_at: Option<Instant>,
 }
 
 impl Live {
     /// A place for a new connection from `ip` (see the module docs), or `None`: answer
     /// 503.
-    fn admit(&mut self, stream: &TcpStream, ip: IpAddr) -> Option<u64> {
+    fn admit(&mut self, stream: &TcpStream, ip: IpAddr, now: Instant) -> Option<u64> {
+        // Without a second handle the connection could not be cut: no place for it.
+        let handle = stream.try_clone().ok()?;
         if self.conns.len() >= MAX_CONNECTIONS {
-            let i = self.eviction_candidate()?;
+            let i = self.eviction_candidate(now)?;
             let c = self.conns.remove(i);
-            if let Some(s) = c.stream {
-                // Its thread's read returns at once and the thread ends.
-                let _ = s.shutdown(Shutdown::Both);
-            }
+            // Its thread's read or write returns at once and the thread ends (it may have
+            // been about to end anyway: counted as cut all the same).
+            let _ = c.stream.shutdown(Shutdown::Both);
             CUT_EVICTED.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("metrics: connection from {} closed for a new one", c.ip);
         }
@@ -221,28 +230,32 @@ impl Live {
         self.conns.push(LiveConn {
             id: self.next,
             ip,
-            stream: stream.try_clone().ok(),
-            waiting: true,
+            stream: handle,
+            head_at: None,
         });
         Some(self.next)
     }
 
-    /// The connection a new one replaces: of those still waiting for their request
-    /// head, the oldest of the address with the most connections.
-    fn eviction_candidate(&self) -> Option<usize> {
+    /// The connection a new one replaces: of those still waiting for their request head
+    /// or still being answered after [`SLOW_RESPONSE`], the oldest of the address with the
+    /// most connections.
+    fn eviction_candidate(&self, now: Instant) -> Option<usize> {
         let held = |ip: IpAddr| self.conns.iter().filter(|c| c.ip == ip).count();
         self.conns
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.waiting)
+            .filter(|(_, c)| {
+                c.head_at
+                    .is_none_or(|t| now.duration_since(t) >= SLOW_RESPONSE)
+            })
             // Most connections first, then the oldest (lowest id).
             .max_by_key(|(_, c)| (held(c.ip), std::cmp::Reverse(c.id)))
             .map(|(i, _)| i)
     }
 
-    fn head_read(&mut self, id: u64) {
+    fn head_read(&mut self, id: u64, now: Instant) {
         if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
-            c.waiting = false;
+            c.head_at = Some(now);
         }
     }
 
@@ -256,12 +269,12 @@ impl Live {
 fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce()) {
     // Results on this socket are the scraper's problem: a failed timeout setting or reply
     // ends in the close, and the next scrape starts over.
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let head = match read_head(&mut stream) {
         Ok(h) => h,
         Err(HeadError::TooLarge) => {
             let _ = respond(
                 &mut stream,
+                Instant::now() + WRITE_TIMEOUT,
                 431,
                 "text/plain",
                 b"request head too large\n",
@@ -298,7 +311,8 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
             }
         }
     };
-    let _ = respond(&mut stream, status, ctype, &body, head_only);
+    let by = Instant::now() + WRITE_TIMEOUT;
+    let _ = respond(&mut stream, by, status, ctype, &body, head_only);
 }
 
 enum HeadError {
@@ -431,8 +445,10 @@ fn wants_openmetrics(accept: Option<&str>) -> bool {
     om > 0.0 && om >= text
 }
 
+/// Writes the response, all of it by `deadline`.
 fn respond(
     stream: &mut TcpStream,
+    deadline: Instant,
     status: u16,
     ctype: &str,
     body: &[u8],
@@ -455,14 +471,31 @@ fn respond(
         head.push_str("Allow: GET, HEAD\r\n");
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
+    write_all_by(stream, head.as_bytes(), deadline)?;
     if !head_only {
-        stream.write_all(body)?;
+        write_all_by(stream, body, deadline)?;
     }
-    stream.flush()?;
     // Let the client read everything before the close (no RST over unread request bytes);
     // a client that left already needs nothing more.
     let _ = stream.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
+/// `write_all` with one deadline for the whole of `buf`, however slowly the peer reads.
+fn write_all_by(stream: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
     Ok(())
 }
 

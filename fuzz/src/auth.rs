@@ -62,7 +62,7 @@ pub fn run(input: &[u8]) {
             let msg = inp.bytes(n);
             let ev = tx.send(now, t, peer, &msg);
             // The DH work a Send leaves, run in place (the daemon runs it on its DH threads).
-            tx.run_work(peer, &mut e);
+            tx.run_work(now, t, peer, &mut e);
             assert!(
                 !matches!(ev, Event::Authenticated { .. }),
                 "authenticated without the secret"

@@ -128,7 +128,11 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
             let field = index.node_at(line, column);
             let mut m = String::from("expected a single value, found a sequence or mapping");
             // The top-level `hosts:` shape copied into a subsystem.
-            if field.starts_with("subsystems[") && field.contains("].hosts[") {
+            let subsystem_hosts = field
+                .strip_prefix("subsystems[")
+                .and_then(|r| r.split_once(']'))
+                .is_some_and(|(_, rest)| rest.starts_with(".hosts["));
+            if subsystem_hosts {
                 m.push_str(
                     " (a subsystem's hosts are host NQN strings; a host's secrets go in the \
                      top-level hosts:)",

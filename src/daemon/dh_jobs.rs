@@ -8,15 +8,19 @@
 //! completion of the held Send back to the queue's IO thread.
 //!
 //! Bounds: a queue has at most one job out (the target refuses a second authentication
-//! command meanwhile), so the jobs waiting are bounded by the connections the limits
-//! allow. Jobs are served one address at a time in turn, so an address with many jobs
-//! waiting delays another address's by at most one job each round. A job whose queue went
-//! or whose transaction started over meanwhile is skipped unrun.
+//! command meanwhile), so the jobs of live queues are bounded by the connections the
+//! limits allow; a job whose queue went, or whose transaction started over, is skipped
+//! unrun when its turn comes, and an address's abandoned and restarted transactions are
+//! throttled (the target's strikes). Jobs are served one address at a time in turn, so an
+//! address with many jobs waiting delays another address's by at most one job each round.
+//! The wait is the target's: the host's authentication deadlines do not run while its job
+//! is out. A DH thread that panics stops the daemon, as an IO thread does.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use nvmf::target::DhJob;
 
@@ -34,6 +38,8 @@ pub(super) struct DhQueue {
     run: AtomicU64,
     /// Jobs skipped because nobody waited for them any more.
     skipped: AtomicU64,
+    /// DH threads running.
+    alive: AtomicUsize,
 }
 
 /// Round robin over addresses: `turns` holds each address with jobs once.
@@ -102,6 +108,11 @@ impl DhQueue {
         }
     }
 
+    /// DH threads still running (fewer than [`DH_THREADS`]: one panicked).
+    pub fn alive(&self) -> usize {
+        self.alive.load(Ordering::SeqCst)
+    }
+
     /// Jobs waiting now, jobs run, jobs skipped.
     pub fn counts(&self) -> (u64, u64, u64) {
         let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).len;
@@ -116,12 +127,35 @@ impl DhQueue {
 /// Start the DH threads. They wait on the queue for the life of the process.
 pub(super) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
     for i in 0..DH_THREADS {
-        let shared = shared.clone();
-        std::thread::Builder::new()
+        let mine = shared.clone();
+        shared.dh.alive.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new()
             .name(format!("nvmft-dh{i}"))
-            .spawn(move || run(&shared))?;
+            .spawn(move || {
+                let _alive = Alive(&mine.dh);
+                run(&mine)
+            });
+        if let Err(e) = spawned {
+            shared.dh.alive.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
     }
     Ok(())
+}
+
+/// Counts a DH thread out when it ends (only by panicking: `run` never returns).
+struct Alive<'a>(&'a DhQueue);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                "a DH thread panicked: stopping the daemon (exit status 1, so the service \
+                 manager restarts it)"
+            );
+        }
+        self.0.alive.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn run(shared: &Shared) {
@@ -140,7 +174,7 @@ fn run(shared: &Shared) {
         shared.dh.run.fetch_add(1, Ordering::Relaxed);
         let (actions, notices) = {
             let mut t = shared.target();
-            (t.dh_done(job.id, done), t.take_notices())
+            (t.dh_done(job.id, done, Instant::now()), t.take_notices())
         };
         shared.report_notices(notices);
         shared.route(actions);

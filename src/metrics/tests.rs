@@ -283,8 +283,9 @@ fn http_status_codes_and_bounds() {
 }
 
 /// When every place is taken, a new connection replaces one still waiting for its
-/// request: the oldest of the address holding the most; connections past their request
-/// are never cut, and with none waiting the answer is 503 (`None`).
+/// request, or one whose response is slow: the oldest of the address holding the most;
+/// connections being answered (not slowly) are never cut, and with none to cut the
+/// answer is 503 (`None`).
 #[test]
 fn a_new_connection_replaces_the_oldest_idle_one_of_the_busiest_address() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -294,29 +295,40 @@ fn a_new_connection_replaces_the_oldest_idle_one_of_the_busiest_address() {
         "10.0.0.2".parse().unwrap(),
         "10.0.0.3".parse().unwrap(),
     );
+    let t0 = Instant::now();
     let mut live = Live::default();
-    // a: 5 connections, b: 3 (one past its request head).
+    // a: 5 connections, b: 3 (one being answered).
     let mut ids = Vec::new();
     for ip in [b, a, a, b, a, a, b, a] {
-        ids.push((ip, live.admit(&stream(), ip).unwrap()));
+        ids.push((ip, live.admit(&stream(), ip, t0).unwrap()));
     }
-    live.head_read(ids[0].1);
-    let ip_of = |live: &Live| -> Vec<IpAddr> { live.conns.iter().map(|c| c.ip).collect() };
+    live.head_read(ids[0].1, t0);
+    let count = |live: &Live, ip: IpAddr| live.conns.iter().filter(|x| x.ip == ip).count();
     // c comes: a's oldest (ids[1]) goes.
-    live.admit(&stream(), c).unwrap();
+    live.admit(&stream(), c, t0).unwrap();
     assert!(live.conns.iter().all(|x| x.id != ids[1].1));
-    assert_eq!(ip_of(&live).iter().filter(|&&ip| ip == a).count(), 4);
+    assert_eq!(count(&live, a), 4);
     // Until a and b are level, a loses; then the oldest waiting of either.
-    live.admit(&stream(), c).unwrap();
-    assert_eq!(ip_of(&live).iter().filter(|&&ip| ip == a).count(), 3);
-    // Now a 3, b 3 (b's oldest is past its head), c 2: a's oldest waiting is ids[4]
+    live.admit(&stream(), c, t0).unwrap();
+    assert_eq!(count(&live, a), 3);
+    // Now a 3, b 3 (b's oldest is being answered), c 2: a's oldest waiting is ids[4]
     // (id 5), b's is ids[3] (id 4): b's is older and goes.
-    live.admit(&stream(), c).unwrap();
+    live.admit(&stream(), c, t0).unwrap();
     assert!(live.conns.iter().all(|x| x.id != ids[3].1));
-    // Every connection past its head: no place.
+    // Every connection being answered: no place.
     for x in live.conns.iter_mut() {
-        x.waiting = false;
+        x.head_at = Some(t0);
     }
-    assert_eq!(live.admit(&stream(), c), None);
+    assert_eq!(live.admit(&stream(), c, t0), None);
+    assert_eq!(live.conns.len(), MAX_CONNECTIONS);
+    // Answers that take longer than SLOW_RESPONSE may be cut: a and c hold 3 each, b 2,
+    // so the older of a's and c's oldest goes: a's ids[4].
+    let later = t0 + SLOW_RESPONSE;
+    assert_eq!(
+        (count(&live, a), count(&live, b), count(&live, c)),
+        (3, 2, 3)
+    );
+    live.admit(&stream(), b, later).unwrap();
+    assert!(live.conns.iter().all(|x| x.id != ids[4].1));
     assert_eq!(live.conns.len(), MAX_CONNECTIONS);
 }

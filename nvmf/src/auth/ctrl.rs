@@ -267,9 +267,10 @@ impl Transaction {
     pub fn selected(&self) -> (HashId, DhGroup) {
         (self.hash, self.group)
     }
-    /// The deadline of the step in progress.
+    /// The deadline of the step in progress (none while the step waits for its DH work:
+    /// that wait is the target's, not the host's).
     pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
+        self.deadline.filter(|_| !self.awaiting_dh())
     }
     /// The PSK generated for secure channel concatenation (TP 8018), once a transaction
     /// with SC_C set succeeded: HMAC(KS, C1 || C2).
@@ -285,7 +286,7 @@ impl Transaction {
     /// way); an already authenticated queue stays authenticated. Returns whether
     /// anything was dropped.
     pub fn poll_timeout(&mut self, now: Instant) -> bool {
-        if self.deadline.is_some_and(|d| d <= now) {
+        if self.deadline().is_some_and(|d| d <= now) {
             self.reset_transaction();
             return true;
         }
@@ -445,9 +446,13 @@ impl Transaction {
         Ok(())
     }
 
-    /// The result of the work the last Send left. Ignored when the transaction no longer
-    /// waits for it (its deadline passed, or the host started over).
-    pub fn dh_done(&mut self, peer: Peer<'_>, done: DhDone) {
+    /// The result of the work the last Send left, at `now`: the step's deadline starts
+    /// over (`timeout`), since the host could not go on while the work waited. Ignored
+    /// when the transaction no longer waits for it (the host started over).
+    pub fn dh_done(&mut self, now: Instant, timeout: Duration, peer: Peer<'_>, done: DhDone) {
+        if self.awaiting_dh() {
+            self.deadline = Some(now + timeout);
+        }
         match (self.step, done) {
             (Step::AwaitKeyPair, DhDone::KeyPair(Ok(kp))) => {
                 self.keypair = Some(kp);
@@ -482,10 +487,16 @@ impl Transaction {
     }
 
     /// Run the work the last Send left in place (for callers with no other thread).
-    pub fn run_work(&mut self, peer: Peer<'_>, entropy: &mut dyn Entropy) {
+    pub fn run_work(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        peer: Peer<'_>,
+        entropy: &mut dyn Entropy,
+    ) {
         if let Some(w) = self.take_work() {
             let done = w.run(entropy);
-            self.dh_done(peer, done);
+            self.dh_done(now, timeout, peer, done);
         }
     }
 

@@ -292,7 +292,7 @@ mod tests {
     /// An Authentication Send to the controller, its DH work (if any) run at once.
     fn send(c: &mut Transaction, now: Instant, peer: Peer<'_>, m: &[u8]) -> Event {
         let ev = c.send(now, T, peer, m);
-        c.run_work(peer, &mut entropy(3));
+        c.run_work(now, T, peer, &mut entropy(3));
         ev
     }
 

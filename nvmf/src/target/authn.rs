@@ -24,7 +24,7 @@
 
 use super::{Controller, Notice, QueueRef, Refusal, RefusalReason, Reply, Target};
 use crate::auth::ctrl::{CommandError, DhDone, DhWork, Event, Peer, Policy, Secrets, Transaction};
-use crate::auth::msg::AuthCommand;
+use crate::auth::msg::{auth_id, auth_type, AuthCommand};
 use crate::auth::{DhGroup, Entropy, HashId, SECP_NVME_AUTH, SPSP_DHCHAP};
 use crate::spec::{opcodes, Cqe, Sqe, Status};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -235,8 +235,8 @@ impl Target {
         }
     }
 
-    /// The random source for challenges and DH keys. Until one is set, authentication
-    /// commands fail with Internal Error.
+    /// The random source for challenges (DH private keys come from whoever runs the
+    /// [`DhJob`]s). Until one is set, authentication commands fail with Internal Error.
     pub fn set_entropy(&mut self, e: Box<dyn Entropy + Send>) {
         self.entropy = Some(e);
     }
@@ -311,9 +311,16 @@ impl Target {
         if qa.dh.is_some() {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        // A Negotiate that starts over a transaction not yet finished, on a queue not yet
+        // authenticated, counts as one abandoned: each Negotiate costs a DH key pair, and
+        // the host has not shown it knows the secret.
+        let restart = send
+            && qa.tx.in_progress()
+            && !qa.tx.authenticated()
+            && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
         // A new transaction (its AUTH_Negotiate) from an address that keeps failing or
         // abandoning them: refused before any DH work.
-        if send && !qa.tx.in_progress() {
+        if send && (!qa.tx.in_progress() || restart) {
             if let Some(strikes) = self.auth_strikes.throttled(peer_addr, now) {
                 let who = (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
                 let secs = STRIKE_WINDOW.as_secs();
@@ -321,6 +328,9 @@ impl Target {
                 self.refuse_and_retire(reason, who, queue);
                 return Err(Status::COMMAND_INTERRUPTED);
             }
+        }
+        if restart {
+            self.auth_strikes.strike(peer_addr, now);
         }
         let (event, reply) = if send {
             let tl = cmd.len as usize;
@@ -416,7 +426,10 @@ impl Target {
     /// returned [`Action::CompleteHeld`](super::Action::CompleteHeld)); a problem the
     /// work found is the Failure1 of the next Receive. Nothing happens for a job no
     /// longer wanted.
-    pub fn dh_done(&mut self, id: DhJobId, done: DhDone) -> Vec<super::Action> {
+    ///
+    /// The deadlines the queue's authentication waited on while the job was out start
+    /// over at `now`: the host could not go on meanwhile.
+    pub fn dh_done(&mut self, id: DhJobId, done: DhDone, now: Instant) -> Vec<super::Action> {
         if !self.dh_wanted(&id) {
             return Vec::new();
         }
@@ -431,8 +444,11 @@ impl Target {
         let Some((_, cid)) = qa.dh.take() else {
             return Vec::new();
         };
+        qa.deadline = qa.deadline.max(now + AUTH_TIMEOUT);
         match creds {
             Some(creds) => qa.tx.dh_done(
+                now,
+                AUTH_TIMEOUT,
                 Peer {
                     hostnqn: &ctrl.hostnqn,
                     subnqn: &ctrl.subnqn,
@@ -464,7 +480,12 @@ impl Target {
         for c in self.controllers.values_mut().filter(|c| !c.retired) {
             for (&qid, qa) in c.queue_auth.iter_mut() {
                 qa.tx.poll_timeout(now);
-                if c.auth_required && !qa.tx.authenticated() && qa.deadline <= now {
+                // Not while its DH job is out: that wait is the target's.
+                if c.auth_required
+                    && !qa.tx.authenticated()
+                    && qa.dh.is_none()
+                    && qa.deadline <= now
+                {
                     late.push((
                         c.cntlid,
                         qid,
@@ -513,8 +534,8 @@ impl Target {
             .filter(|c| !c.retired)
             .flat_map(|c| {
                 c.queue_auth.values().filter_map(move |qa| {
-                    let initial =
-                        (c.auth_required && !qa.tx.authenticated()).then_some(qa.deadline);
+                    let initial = (c.auth_required && !qa.tx.authenticated() && qa.dh.is_none())
+                        .then_some(qa.deadline);
                     match (initial, qa.tx.deadline()) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),

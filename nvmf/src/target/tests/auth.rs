@@ -89,7 +89,7 @@ fn send(c: &mut Conv, q: QueueRef, payload: &[u8]) -> Cqe {
             let job = jobs.into_iter().next().unwrap();
             assert!(c.t.dh_wanted(&job.id));
             let done = job.work.run(&mut *seeded(11));
-            let actions = c.t.dh_done(job.id, done);
+            let actions = c.t.dh_done(job.id, done, c.now);
             // (Actions left from before this Send may come along.)
             let held = actions.iter().filter_map(|a| match a {
                 Action::CompleteHeld { queue, cqe, .. } if *queue == q => Some(*cqe),
@@ -668,6 +668,10 @@ fn tiny_allocation_length() {
 
 /// Admin Connect to SUB1 as HOST1 from host address `peer`, on queue `key`.
 fn connect_from(t: Target, peer: &str, key: QueueKey, now: Instant) -> Conv {
+    connect_from_kato(t, peer, key, now, 5000)
+}
+
+fn connect_from_kato(t: Target, peer: &str, key: QueueKey, now: Instant, kato: u32) -> Conv {
     let mut c = Conv {
         t,
         now,
@@ -682,7 +686,7 @@ fn connect_from(t: Target, peer: &str, key: QueueKey, now: Instant) -> Conv {
         c.now,
         key,
         &from,
-        &connect_sqe(0, 31, 5000),
+        &connect_sqe(0, 31, kato),
         &connect_data(0xffff, SUB1, HOST1),
     );
     assert_eq!(cqe.status(), Status::SUCCESS);
@@ -785,7 +789,7 @@ fn dh_work_is_a_job_and_holds_only_its_own_send() {
     // The result completes the held Send, and the Challenge carries the new public value.
     let done = job.work.run(&mut *seeded(5));
     let id = job.id;
-    let actions = c.t.dh_done(id, done);
+    let actions = c.t.dh_done(id, done, c.now);
     assert!(
         matches!(&actions[..], [Action::CompleteHeld { queue, key: 500, cqe }] if *queue == admin && cqe.status().is_success() && cqe.cid == 1),
         "{actions:?}"
@@ -793,7 +797,11 @@ fn dh_work_is_a_job_and_holds_only_its_own_send() {
     assert!(!c.t.dh_wanted(&id), "a job is done once");
     assert!(c
         .t
-        .dh_done(id, DhWork::KeyPair(DhGroup::Ffdhe2048).run(&mut *seeded(5)))
+        .dh_done(
+            id,
+            DhWork::KeyPair(DhGroup::Ffdhe2048).run(&mut *seeded(5)),
+            c.now
+        )
         .is_empty());
     let (cqe, chal) = receive(&mut c, admin);
     assert!(cqe.status().is_success());
@@ -812,29 +820,68 @@ fn dh_work_is_a_job_and_holds_only_its_own_send() {
     assert!(!c.t.dh_wanted(&job.id));
     assert!(c
         .t
-        .dh_done(job.id, job.work.run(&mut *seeded(6)))
+        .dh_done(job.id, job.work.run(&mut *seeded(6)), c.now)
         .is_empty());
 
-    // A transaction whose step timed out while its job waited: the Send completes, and
-    // the next Receive says the transaction is over (Failure1).
+    // The time a job waits for a DH thread is the target's, not the host's: past both
+    // the queue's and the step's deadlines nothing is dropped while it is out; its result
+    // starts the deadlines over, and then they apply again.
     let now = Instant::now();
-    let mut c = connect_from(c.t, "10.0.0.3", 700, now);
+    // (KATO 0: no keep-alive deadline in the way.)
+    // (A target of its own: the controllers above have keep-alive deadlines.)
+    let mut c = connect_from_kato(auth_target(), "10.0.0.3", 700, now, 0);
     let admin = c.admin;
     assert_eq!(c.exec_on(admin, sqe, &mut negotiate(3)), Outcome::Deferred);
     let job = c.t.take_dh_jobs().pop().unwrap();
-    for qa in
-        c.t.controllers
-            .get_mut(&admin.cntlid)
-            .unwrap()
-            .queue_auth
-            .values_mut()
-    {
-        qa.tx.poll_timeout(now + AUTH_TIMEOUT);
-    }
-    let actions = c.t.dh_done(job.id, job.work.run(&mut *seeded(7)));
+    let late = now + 2 * AUTH_TIMEOUT;
+    assert!(
+        c.t.next_timeout().is_none_or(|t| t > late),
+        "no authentication deadline while the job is out: {:?}",
+        c.t.next_timeout().map(|t| t - now)
+    );
+    c.t.poll_timeouts(late);
+    assert!(refusals(&mut c.t).is_empty(), "nothing timed out");
+    let actions = c.t.dh_done(job.id, job.work.run(&mut *seeded(7)), late);
     assert!(
         matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.status().is_success())
     );
-    let (_, m) = receive(&mut c, admin);
-    assert_eq!(m[1], crate::auth::msg::auth_id::FAILURE1);
+    c.now = late;
+    let (cqe, m) = receive(&mut c, admin);
+    assert!(cqe.status().is_success());
+    assert_eq!(m[1], crate::auth::msg::auth_id::CHALLENGE);
+    c.t.poll_timeouts(late + AUTH_TIMEOUT);
+    assert_eq!(
+        refusals(&mut c.t)[0].reason,
+        RefusalReason::AuthenticationTimeout {
+            secs: AUTH_TIMEOUT.as_secs()
+        },
+        "the deadlines apply again once the job is done"
+    );
+}
+
+/// A Negotiate that starts a transaction over on a queue not yet authenticated costs a
+/// DH key pair each time: it counts as an abandoned transaction, so one connection cannot
+/// have the target compute key pairs without end.
+#[test]
+fn restarting_negotiates_count_as_strikes() {
+    let negotiate = || {
+        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
+        HostTransaction::new(cfg, 1).negotiate()
+    };
+    let mut c = connect_from(auth_target(), "10.0.0.9", 900, Instant::now());
+    let admin = c.admin;
+    assert!(send(&mut c, admin, &negotiate()).status().is_success());
+    for k in 0..authn::AUTH_STRIKES {
+        let cqe = send(&mut c, admin, &negotiate());
+        assert!(cqe.status().is_success(), "restart {k}: {}", cqe.status());
+    }
+    let cqe = send(&mut c, admin, &negotiate());
+    assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
+    assert!(matches!(
+        refusals(&mut c.t)[..],
+        [Refusal {
+            reason: RefusalReason::AuthenticationThrottled { .. },
+            ..
+        }]
+    ));
 }
