@@ -459,9 +459,71 @@ pub(super) struct NsSlot {
     /// LBA ranges of fused Compare and Write pairs running on this thread, and the
     /// commands that wait for them: writes to an overlapping range (any write for DSM and
     /// Copy) and other fused pairs. Writes from other IO threads are not held back (they
-    /// race with this thread's writes anyway; see the crate docs).
-    pub locks: Vec<(u64, u32)>,
+    /// race with this thread's writes anyway; see the crate docs); pairs on other threads
+    /// are ([`FusedLocks`]).
+    pub locks: FusedLocks,
     pub blocked: VecDeque<u32>,
+    /// A pair in `blocked` waits for a range a pair on another IO thread holds: `blocked`
+    /// is tried again every pass until it is free.
+    pub remote_wait: bool,
+}
+
+/// What [`FusedLocks::take`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Take {
+    Taken,
+    /// A pair on this thread holds an overlapping range.
+    BusyHere,
+    /// A pair on another IO thread holds an overlapping range.
+    BusyElsewhere,
+}
+
+/// The fused pairs' ranges this thread holds on a namespace, each also claimed among all
+/// the namespace's IO threads; claims still held when the namespace leaves this thread
+/// are given back then.
+pub(crate) struct FusedLocks {
+    shared: Arc<super::FusedRanges>,
+    held: Vec<(u64, u32)>,
+}
+
+impl FusedLocks {
+    pub fn new(shared: Arc<super::FusedRanges>) -> FusedLocks {
+        FusedLocks {
+            shared,
+            held: Vec::new(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+    /// Whether a pair on this thread holds a range overlapping `r`.
+    pub fn overlaps(&self, r: (u64, u32)) -> bool {
+        self.held.iter().any(|&l| nvmf::copy::overlaps(l, r))
+    }
+    pub fn take(&mut self, r: (u64, u32)) -> Take {
+        if self.overlaps(r) {
+            return Take::BusyHere;
+        }
+        if !self.shared.claim(r) {
+            return Take::BusyElsewhere;
+        }
+        self.held.push(r);
+        Take::Taken
+    }
+    pub fn give_back(&mut self, r: (u64, u32)) {
+        if let Some(i) = self.held.iter().position(|&l| l == r) {
+            self.held.swap_remove(i);
+            self.shared.release(r);
+        }
+    }
+}
+
+impl Drop for FusedLocks {
+    fn drop(&mut self) {
+        for r in self.held.drain(..) {
+            self.shared.release(r);
+        }
+    }
 }
 
 impl NsSlot {
@@ -1097,8 +1159,7 @@ impl Core {
         }
         match c.op {
             Some(OffloadOp::Write | OffloadOp::WriteZeroes) => {
-                let r = (c.sqe.slba(), c.sqe.nlb());
-                ns.locks.iter().any(|&l| nvmf::copy::overlaps(l, r))
+                ns.locks.overlaps((c.sqe.slba(), c.sqe.nlb()))
             }
             Some(OffloadOp::DatasetManagement | OffloadOp::Copy) => true,
             _ => false,
@@ -1160,11 +1221,14 @@ impl Core {
         };
         self.cmds[first as usize].st = St::Backend;
         self.cmds[second as usize].st = St::Backend;
-        if ns.locks.iter().any(|&l| nvmf::copy::overlaps(l, range)) {
-            ns.blocked.push_back(first);
-            return;
+        match ns.locks.take(range) {
+            Take::Taken => {}
+            Take::BusyHere => return ns.blocked.push_back(first),
+            Take::BusyElsewhere => {
+                ns.remote_wait = true;
+                return ns.blocked.push_back(first);
+            }
         }
-        ns.locks.push(range);
         let len = self.cmds[first as usize].len as usize;
         let Some(mut b) = self.pool.get(len) else {
             self.unlock(ns_idx, range);
@@ -1193,10 +1257,24 @@ impl Core {
         let Some(ns) = self.ns[ns_idx as usize].as_mut() else {
             return Vec::new();
         };
-        if let Some(i) = ns.locks.iter().position(|&l| l == range) {
-            ns.locks.swap_remove(i);
-        }
+        ns.locks.give_back(range);
         ns.blocked.drain(..).collect()
+    }
+
+    /// Tries again the commands of namespaces with a pair waiting for another IO thread's
+    /// range (they may wait again). Returns whether there were any.
+    pub(super) fn retry_remote_waits(&mut self, qps: &mut [QpSlot]) -> bool {
+        let mut any = false;
+        for i in 0..self.ns.len() {
+            let Some(ns) = self.ns[i].as_mut().filter(|n| n.remote_wait) else {
+                continue;
+            };
+            ns.remote_wait = false;
+            let waiting: Vec<u32> = ns.blocked.drain(..).collect();
+            self.restart_blocked(qps, waiting);
+            any = true;
+        }
+        any
     }
 
     /// Restarts commands that waited for a range lock (they may wait again).
@@ -1964,5 +2042,34 @@ impl Core {
             Some(q) => self.release(&mut q.st, idx),
             None => self.release_orphan(idx),
         }
+    }
+}
+
+#[cfg(test)]
+mod fused_lock_tests {
+    use super::*;
+
+    /// Two IO threads' locks on one namespace: a range one holds is busy for the other
+    /// (and for itself, as a local wait); claims go back with `give_back` and when the
+    /// namespace leaves a thread.
+    #[test]
+    fn pairs_on_two_threads_exclude_each_other() {
+        let shared = Arc::new(super::super::FusedRanges::default());
+        let mut a = FusedLocks::new(shared.clone());
+        let mut b = FusedLocks::new(shared.clone());
+        assert_eq!(a.take((0, 8)), Take::Taken);
+        assert_eq!(b.take((4, 8)), Take::BusyElsewhere);
+        assert_eq!(a.take((4, 2)), Take::BusyHere);
+        assert!(
+            a.overlaps((7, 1)) && !b.overlaps((7, 1)),
+            "plain writes wait locally only"
+        );
+        assert_eq!(b.take((100, 1)), Take::Taken);
+        a.give_back((0, 8));
+        assert_eq!(b.take((4, 8)), Take::Taken);
+        assert_eq!(a.take((0, 8)), Take::BusyElsewhere);
+        drop(b);
+        assert_eq!(a.take((0, 8)), Take::Taken);
+        assert_eq!(a.take((100, 1)), Take::Taken);
     }
 }

@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nvmf::tcp::ControllerLimits;
 
-use super::cmd::{free_cmd, Core, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
+use super::cmd::{free_cmd, Core, FusedLocks, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
 use super::counters::{bump, StatsRegistry, ThreadCounters};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
@@ -413,7 +413,7 @@ impl StaIo {
                 .ns
                 .iter()
                 .flatten()
-                .any(|n| n.inflight > 0 || !n.pending.is_empty())
+                .any(|n| n.inflight > 0 || !n.pending.is_empty() || n.remote_wait)
             || self.core.tx_ready.iter().any(|&h| {
                 self.qps
                     .get(h.idx as usize)
@@ -551,6 +551,9 @@ impl StaIo {
         }
         did |= self.poll_rdma();
         did |= self.poll_backends();
+        if self.core.ns.iter().flatten().any(|n| n.remote_wait) {
+            did |= self.core.retry_remote_waits(&mut self.qps);
+        }
         if !self.core.peers.resume.is_empty() {
             self.resume_peers();
             did = true;
@@ -865,6 +868,7 @@ impl StaIo {
                     nsid,
                     backend,
                     access,
+                    fused,
                 } => {
                     let bs = backend.block_size();
                     let nblocks = backend.num_blocks();
@@ -889,8 +893,9 @@ impl StaIo {
                                 view: access.load(),
                                 view_epoch: access.epoch.load(std::sync::atomic::Ordering::Acquire),
                                 access,
-                                locks: Vec::new(),
+                                locks: FusedLocks::new(fused),
                                 blocked: VecDeque::new(),
+                                remote_wait: false,
                             };
                             let i = match self.core.ns.iter().position(|s| s.is_none()) {
                                 Some(i) => {

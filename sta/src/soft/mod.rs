@@ -48,10 +48,14 @@
 //!   QP; a matching Write makes the pair, anything else fails the first with Missing
 //!   Fused. The pair locks its LBA range on this IO thread: writes to an overlapping range
 //!   (and DSM, Copy and other pairs) submitted on this thread wait until the write is
-//!   done, so compare and write are atomic against them. Writes arriving on *other* IO
-//!   threads are not held back: queues of one namespace on different threads race anyway
-//!   (the host orders writes it cares about), and a lock shared across threads would put
-//!   one on every write's path.
+//!   done, so compare and write are atomic against them. It also claims the range among
+//!   every IO thread of the namespace ([`FusedRanges`]): a pair on another thread whose
+//!   range overlaps waits (retried every pass) until the write is done, so pairs are
+//!   atomic against each other wherever their queues are. That is what hosts that lock
+//!   with compare-and-write rely on (two hosts' queues are on different threads). Plain
+//!   writes arriving on *other* IO threads are not held back: queues of one namespace on
+//!   different threads race anyway (the host orders writes it cares about), and a lock
+//!   shared across threads would put one on every write's path.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
@@ -184,6 +188,8 @@ pub(crate) enum Ctrl {
         backend: Arc<dyn Backend>,
         /// The namespace's access view, shared with the publisher.
         access: Arc<AccessCell>,
+        /// The namespace's fused Compare and Write ranges, shared by every IO thread.
+        fused: Arc<FusedRanges>,
     },
     /// Stop offloading to the namespace; when its in-flight backend requests are done
     /// (`fail_outstanding`: answered at once with an error, without waiting), destroy the
@@ -194,6 +200,35 @@ pub(crate) enum Ctrl {
         task: u64,
         fail_outstanding: bool,
     },
+}
+
+/// The LBA ranges of fused Compare and Write pairs running on one namespace, on any IO
+/// thread (see the module docs). Taken only by fused pairs, so plain I/O never touches
+/// its lock.
+#[derive(Default)]
+pub(crate) struct FusedRanges(std::sync::Mutex<Vec<(u64, u32)>>);
+
+impl FusedRanges {
+    fn ranges(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u32)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims `range` unless a pair on some thread holds an overlapping one.
+    pub fn claim(&self, range: (u64, u32)) -> bool {
+        let mut r = self.ranges();
+        if r.iter().any(|&l| nvmf::copy::overlaps(l, range)) {
+            return false;
+        }
+        r.push(range);
+        true
+    }
+
+    pub fn release(&self, range: (u64, u32)) {
+        let mut r = self.ranges();
+        if let Some(i) = r.iter().position(|&l| l == range) {
+            r.swap_remove(i);
+        }
+    }
 }
 
 /// Acknowledgements from IO contexts.
@@ -222,10 +257,14 @@ struct PendingRemove {
 }
 
 /// The main context (DOCA: `struct doca_sta`).
+/// A namespace as the engine knows it: subsystem, NSID, backend, and the fused Compare
+/// and Write ranges its IO threads share.
+type NsEntry = (SubsysId, u32, Arc<dyn Backend>, Arc<FusedRanges>);
+
 pub struct Sta {
     cfg: SoftConfig,
     subsystems: Vec<Option<String>>,
-    namespaces: Vec<(SubsysId, u32, Arc<dyn Backend>)>,
+    namespaces: Vec<NsEntry>,
     io_tx: Vec<Sender<Ctrl>>,
     ack_tx: Sender<Ack>,
     ack_rx: Receiver<Ack>,
@@ -262,7 +301,7 @@ impl Sta {
         let pos = self
             .namespaces
             .iter()
-            .position(|(s, n, _)| *s == subsys && *n == nsid)
+            .position(|(s, n, _, _)| *s == subsys && *n == nsid)
             .ok_or(EngineError::NoNamespace(nsid))?;
         self.namespaces.swap_remove(pos);
         self.access.forget(subsys, nsid);
@@ -330,7 +369,7 @@ impl crate::Engine for Sta {
 
     /// DOCA: `doca_sta_subsystem_destroy`; only once it has no namespaces.
     fn subsystem_destroy(&mut self, id: SubsysId) -> Result<(), EngineError> {
-        if self.namespaces.iter().any(|(s, _, _)| *s == id) {
+        if self.namespaces.iter().any(|(s, _, _, _)| *s == id) {
             return Err(EngineError::SubsystemInUse);
         }
         match self.subsystems.get_mut(id.0 as usize) {
@@ -361,17 +400,19 @@ impl crate::Engine for Sta {
         if self
             .namespaces
             .iter()
-            .any(|(s, n, _)| *s == subsys && *n == nsid)
+            .any(|(s, n, _, _)| *s == subsys && *n == nsid)
         {
             return Err(EngineError::NsExists(nsid));
         }
         let access = self.access.cell(subsys, nsid);
+        let fused = Arc::new(FusedRanges::default());
         for tx in &self.io_tx {
             let m = Ctrl::NsAdd {
                 subsys,
                 nsid,
                 backend: backend.clone(),
                 access: access.clone(),
+                fused: fused.clone(),
             };
             if tx.send(m).is_err() {
                 // Only when that IO context was dropped (its thread ended): it serves
@@ -379,7 +420,7 @@ impl crate::Engine for Sta {
                 tracing::debug!("ns_add: an IO context is gone");
             }
         }
-        self.namespaces.push((subsys, nsid, backend));
+        self.namespaces.push((subsys, nsid, backend, fused));
         Ok(())
     }
 
@@ -413,13 +454,14 @@ impl crate::Engine for Sta {
     /// added so far.
     fn io_create(&mut self) -> Result<StaIoSeed, EngineError> {
         let (tx, rx) = unbounded();
-        for (s, n, b) in &self.namespaces {
+        for (s, n, b, f) in &self.namespaces {
             // Cannot fail: the receiving end is in the seed returned below.
             let _ = tx.send(Ctrl::NsAdd {
                 subsys: *s,
                 nsid: *n,
                 backend: b.clone(),
                 access: self.access.cell(*s, *n),
+                fused: f.clone(),
             });
         }
         self.io_tx.push(tx);

@@ -1,0 +1,127 @@
+//! End to end: Fused Compare and Write is atomic across IO threads. Two I/O queues of one
+//! controller, on the daemon's two IO threads, each add one to a counter in block 0 with
+//! compare-and-write (read the block, compare it with what was read and write the
+//! incremented copy; on Compare Failure read again and retry), as clustered hosts take a
+//! lock (VMware's ATS works this way). Every success must count: a pair that compared
+//! while the other thread's pair had compared and not yet written would succeed on a
+//! stale value, and the counter would end short of the successes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use nvmf::spec::opcodes::io;
+use nvmf::spec::{Sqe, Status};
+use nvmf_initiator::{Request, TcpHost, Xfer};
+
+/// Increments per queue.
+const ROUNDS: u64 = 400;
+
+fn sqe(opcode: u8, fuse: u8, nsid: u32, nlb: u32) -> Sqe {
+    let mut s = Sqe {
+        nsid,
+        cdw12: nlb - 1,
+        ..Default::default()
+    };
+    s.set_opcode_cid(opcode, 0);
+    s.cdw0 |= u32::from(fuse) << 8;
+    s
+}
+
+/// Adds one to the counter in block 0 of `nsid` (`bs` bytes) with compare-and-write;
+/// returns how many compares failed on the way (another queue got there first).
+fn increment(q: &mut TcpHost, nsid: u32, bs: usize) -> u64 {
+    let mut retries = 0;
+    loop {
+        let mut old = vec![0u8; bs];
+        let st = q.read(nsid, 0, 1, &mut old).expect("read");
+        assert_eq!(st, Status::SUCCESS, "read");
+        let v = u64::from_le_bytes(old[..8].try_into().unwrap());
+        let mut new = old.clone();
+        new[..8].copy_from_slice(&(v + 1).to_le_bytes());
+        let c = q
+            .submit(Request::new(
+                sqe(io::COMPARE, 0b01, nsid, 1),
+                Xfer::ToController,
+                old,
+            ))
+            .expect("submit compare");
+        let w = q
+            .submit(Request::new(
+                sqe(io::WRITE, 0b10, nsid, 1),
+                Xfer::ToController,
+                new,
+            ))
+            .expect("submit write");
+        let (cs, ws) = (
+            q.wait(c).expect("compare").cqe.status(),
+            q.wait(w).expect("write").cqe.status(),
+        );
+        match (cs, ws) {
+            (Status::SUCCESS, Status::SUCCESS) => return retries,
+            (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED) => retries += 1,
+            other => panic!("fused pair answered {other:?}"),
+        }
+    }
+}
+
+fn counter_is_exact_on(nsid: u32, bs: usize) {
+    let mut d = Daemon::start(CONFIG);
+    let opts = host_opts();
+    // Three queues: the daemon puts each new connection on the IO thread with the fewest,
+    // so two of them are on different threads; the log says which.
+    let mut c = controller(&d, 3, &opts);
+    let log = d.log();
+    let thread_of = |qid: u16| {
+        log.lines()
+            .find(|l| l.contains(&format!("controller {} queue {qid} connected", c.cntlid)))
+            .and_then(|l| l.split(": io").nth(1)?.split(':').next().map(str::to_owned))
+            .unwrap_or_else(|| panic!("queue {qid} not in the log:\n{log}"))
+    };
+    let threads: Vec<String> = (1..=3).map(thread_of).collect();
+    let second = (1..3)
+        .find(|&k| threads[k] != threads[0])
+        .unwrap_or_else(|| panic!("all I/O queues on one IO thread: {threads:?}"));
+    let mut q2 = c.io.swap_remove(second);
+    let mut q1 = c.io.swap_remove(0);
+    q1.set_lba_size(bs as u32);
+    q2.set_lba_size(bs as u32);
+    let zero = vec![0u8; bs];
+    assert_eq!(
+        q1.write(nsid, 0, &zero, false).expect("write"),
+        Status::SUCCESS
+    );
+    let other = std::thread::spawn(move || {
+        let r: u64 = (0..ROUNDS).map(|_| increment(&mut q2, nsid, bs)).sum();
+        (q2, r)
+    });
+    let r1: u64 = (0..ROUNDS).map(|_| increment(&mut q1, nsid, bs)).sum();
+    let (_q2, r2) = other.join().expect("second queue's thread");
+    let mut b = vec![0u8; bs];
+    assert_eq!(q1.read(nsid, 0, 1, &mut b).expect("read"), Status::SUCCESS);
+    let v = u64::from_le_bytes(b[..8].try_into().unwrap());
+    println!(
+        "nsid {nsid}: counter {v} after {} increments, {} compare failures",
+        2 * ROUNDS,
+        r1 + r2
+    );
+    assert_eq!(
+        v,
+        2 * ROUNDS,
+        "every successful compare-and-write counted once"
+    );
+    d.stop();
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_io_threads_ram() {
+    let _w = watchdog("fused_ram", Duration::from_secs(120));
+    counter_is_exact_on(1, 512);
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_io_threads_file() {
+    let _w = watchdog("fused_file", Duration::from_secs(120));
+    counter_is_exact_on(2, 4096);
+}
