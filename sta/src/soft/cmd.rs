@@ -1632,9 +1632,30 @@ impl Core {
             self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
         } else if c.aborted {
             self.fail(st, idx, Status::ABORT_REQUESTED);
+        } else if let Err(status) = self.recheck_access(st, idx) {
+            self.fail(st, idx, status);
         } else {
             self.submit_offload(st, idx);
         }
+    }
+
+    /// Access of a command whose host data has just come in, checked again before it
+    /// runs: the view may have changed while the data was on its way (its host was
+    /// preempted: a Preempt and Abort completes once the new view is published, and a
+    /// write of the preempted host must not land after that). Fused pairs are checked
+    /// when they arrive only.
+    fn recheck_access(&mut self, st: &QpState, idx: u32) -> Result<(), Status> {
+        let c = &self.cmds[idx as usize];
+        if c.fused != Fused::None {
+            return Ok(());
+        }
+        let (Some(op), ns) = (c.op, c.ns) else {
+            return Ok(());
+        };
+        self.ns
+            .get_mut(ns as usize)
+            .and_then(|n| n.as_mut())
+            .map_or(Ok(()), |n| n.check_access(&st.access, op))
     }
 
     fn push_req(&mut self, ns_idx: u32, req: Request) {

@@ -220,6 +220,57 @@ fn ana_path_states_and_visibility_on_the_offloaded_path() {
 /// Abort of a write still waiting for its data: the Abort says "aborted", the data the
 /// host was asked for is still taken in, the write answers Abort Requested and the media
 /// is untouched. A command that already ran is not aborted.
+/// A write of host B admitted before A preempted B with Preempt and Abort, whose data
+/// comes only after the preempt completed, does not land: the access view is checked
+/// again when the data is in (Reservation Conflict), so a fenced host's write cannot
+/// overtake the fence.
+#[test]
+fn a_write_admitted_before_preempt_and_abort_does_not_land_after_it() {
+    let mut p = Pair::new();
+    let (_, a) = host(&mut p, HOST_A, 0xa, QueueOrigin::default());
+    let (_, b) = host(&mut p, HOST_B, 0xb, QueueOrigin::default());
+    for (q, k) in [(a, 0xa), (b, 0xb)] {
+        assert_eq!(
+            resv(&mut p, q, io::RESERVATION_REGISTER, 0, keys(0, k)),
+            Status::SUCCESS
+        );
+    }
+    // B takes Write Exclusive and starts a write whose data it holds back.
+    assert_eq!(
+        resv(&mut p, b, io::RESERVATION_ACQUIRE, 1 << 8, keys(0xb, 0)),
+        Status::SUCCESS
+    );
+    p.conns[b].auto_r2t = false;
+    p.conns[b].host.set_max_incapsule(0);
+    let data = pattern(7, 4096);
+    let cid = p.submit(b, rw(io::WRITE, 60, 8), Xfer::ToController, data.clone());
+    p.pump();
+    let (c, ttag, off, len) = p.conns[b].r2ts.pop().expect("an R2T");
+    assert_eq!(c, cid);
+    // A fences B: Preempt and Abort (RACQA 2), Write Exclusive, B's key.
+    assert_eq!(
+        resv(
+            &mut p,
+            a,
+            io::RESERVATION_ACQUIRE,
+            2 | 1 << 8,
+            keys(0xa, 0xb)
+        ),
+        Status::SUCCESS
+    );
+    // B's data arrives now: refused, and the blocks are untouched.
+    p.conns[b].send_h2c(cid, ttag, off, &data[off as usize..(off + len) as usize]);
+    let (cqe, _) = p.wait(b, cid);
+    assert_eq!(cqe.status(), Status::RESERVATION_CONFLICT);
+    assert_eq!(disk(&p, 60, 8), vec![0; 4096]);
+    assert_eq!(
+        write(&mut p, a, 60, 8),
+        Status::SUCCESS,
+        "the new holder writes"
+    );
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
 #[test]
 fn abort_a_write_waiting_for_host_data() {
     let mut p = Pair::with_config(SoftConfig::default());
