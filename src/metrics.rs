@@ -205,8 +205,9 @@ struct Live {
 struct LiveConn {
     id: u64,
     ip: IpAddr,
-    /// A handle to shut the connection down with (its thread holds the other).
-    stream: TcpStream,
+    /// A handle to shut the connection down with (its thread holds the other); `None`
+    /// when none could be made (out of file descriptors): it is then never cut.
+    stream: Option<TcpStream>,
     /// When its request head was in (`None`: not yet).
     head_at: Option<Instant>,
 }
@@ -215,14 +216,14 @@ impl Live {
     /// A place for a new connection from `ip` (see the module docs), or `None`: answer
     /// 503.
     fn admit(&mut self, stream: &TcpStream, ip: IpAddr, now: Instant) -> Option<u64> {
-        // Without a second handle the connection could not be cut: no place for it.
-        let handle = stream.try_clone().ok()?;
         if self.conns.len() >= MAX_CONNECTIONS {
             let i = self.eviction_candidate(now)?;
             let c = self.conns.remove(i);
             // Its thread's read or write returns at once and the thread ends (it may have
             // been about to end anyway: counted as cut all the same).
-            let _ = c.stream.shutdown(Shutdown::Both);
+            if let Some(s) = c.stream {
+                let _ = s.shutdown(Shutdown::Both);
+            }
             CUT_EVICTED.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("metrics: connection from {} closed for a new one", c.ip);
         }
@@ -230,7 +231,9 @@ impl Live {
         self.conns.push(LiveConn {
             id: self.next,
             ip,
-            stream: handle,
+            // Out of descriptors this fails: the scrape is served all the same (that is
+            // when the operator needs it most), only it cannot be cut.
+            stream: stream.try_clone().ok(),
             head_at: None,
         });
         Some(self.next)
@@ -245,8 +248,9 @@ impl Live {
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                c.head_at
-                    .is_none_or(|t| now.duration_since(t) >= SLOW_RESPONSE)
+                c.stream.is_some()
+                    && c.head_at
+                        .is_none_or(|t| now.duration_since(t) >= SLOW_RESPONSE)
             })
             // Most connections first, then the oldest (lowest id).
             .max_by_key(|(_, c)| (held(c.ip), std::cmp::Reverse(c.id)))
