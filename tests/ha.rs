@@ -160,6 +160,57 @@ fn two_hosts_reserve_and_ptpl_survives_a_restart() {
     assert!(d.log().contains("restored"), "{}", d.log());
 }
 
+/// Preempt and Abort while the preempted host writes: answered once the namespace's
+/// fence is through on every IO thread (`sta/tests/backend_hang.rs` shows a fence
+/// waiting for a request at the backend), every write of the preempted host either ran
+/// before or was refused, and its writes are refused from then on while its reads and
+/// the new holder's writes go on.
+#[test]
+fn preempt_and_abort_is_answered_after_the_fence() {
+    let _w = watchdog("preempt_and_abort_fence", Duration::from_secs(60));
+    let mut d = Daemon::start(HA_CONFIG);
+    let (oa, ob) = (host_opts(), host_opts());
+    let (_aa, mut a) = host(&d, &oa);
+    let (_ab, mut b) = host(&d, &ob);
+    assert_eq!(register(&mut a, 0xa, 0), Status::SUCCESS);
+    assert_eq!(register(&mut b, 0xb, 0), Status::SUCCESS);
+    assert_eq!(acquire(&mut b, 0, 1, 0xb, 0), Status::SUCCESS);
+    // B writes away (queue depth 8) while A preempts and aborts it.
+    let mut cids = Vec::new();
+    for i in 0..8u64 {
+        let mut sqe = Sqe {
+            nsid: 1,
+            cdw10: (100 + i) as u32,
+            ..Default::default()
+        };
+        sqe.set_opcode_cid(io::WRITE, 0);
+        let req = Request::new(sqe, Xfer::ToController, vec![9; 512]);
+        cids.push(b.submit(req).expect("submit"));
+    }
+    assert_eq!(acquire(&mut a, 2, 1, 0xa, 0xb), Status::SUCCESS);
+    for cid in cids {
+        // Each either ran before the preempt or was refused; none is lost.
+        let st = b.wait(cid).expect("completion").cqe.status();
+        assert!(
+            st == Status::SUCCESS || st == Status::RESERVATION_CONFLICT,
+            "{st:?}"
+        );
+    }
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT
+    );
+    assert_eq!(b.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
+    assert_eq!(a.write(1, 0, &[8; 512], false).unwrap(), Status::SUCCESS);
+    let (rtype, n, _, holders) = report(&mut a);
+    assert_eq!(
+        (rtype, n, holders),
+        (1, 1, vec![oa.hostid]),
+        "B's registration went"
+    );
+    d.stop();
+}
+
 /// A corrupt state file stops start-up with the file named (the default policy).
 #[test]
 fn corrupt_state_file_fails_start_up() {

@@ -71,6 +71,10 @@ impl<I: IoContext> IoThread<I> {
                         cqe.status()
                     );
                 }
+                if let Some(fence) = self.fence_for(queue, sqe, &cqe) {
+                    self.fencing.push((fence, qp, token, cqe));
+                    return self.route_or_apply(actions);
+                }
                 self.answer(qp, token, &cqe, data_len)
             }
             Outcome::Deferred => {
@@ -91,6 +95,42 @@ impl<I: IoContext> IoThread<I> {
             Outcome::Dropped => {}
         }
         self.route_or_apply(actions);
+    }
+
+    /// A Preempt and Abort that succeeded on an I/O queue is answered only once the
+    /// namespace's fence is done (NVMe Base 2.0 section 8.19.5: the preempted hosts'
+    /// commands are aborted; nvmet waits for them): the new access view refuses their
+    /// new commands already, and the fence waits for the backend requests every IO thread
+    /// had in flight for the namespace when it was published. `None`: answer now.
+    fn fence_for(&mut self, queue: QueueRef, sqe: &Sqe, cqe: &Cqe) -> Option<sta::Fence> {
+        const PREEMPT_AND_ABORT: u32 = 2;
+        if queue.qid == 0
+            || sqe.opcode() != opcodes::io::RESERVATION_ACQUIRE
+            || sqe.cdw10 & 7 != PREEMPT_AND_ABORT
+            || !cqe.status().is_success()
+        {
+            return None;
+        }
+        let subnqn = self.shared.target().subsystem_of(queue.cntlid)?.to_owned();
+        let id = self.shared.subsystems.id(&subnqn)?;
+        let fence = self.io.ns_fence(id, sqe.nsid);
+        (!fence.is_done()).then_some(fence)
+    }
+
+    /// Answers the fenced completions whose fences are done. Returns whether any.
+    pub(super) fn answer_fenced(&mut self) -> bool {
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fencing)
+            .into_iter()
+            .partition(|(f, ..)| f.is_done());
+        self.fencing = waiting;
+        let any = !done.is_empty();
+        for (_, qp, token, cqe) in done {
+            // A QP that went meanwhile: the answer is dropped with it.
+            if self.qps.contains_key(&qp) {
+                self.answer(qp, token, &cqe, 0);
+            }
+        }
+        any
     }
 
     /// Fabrics Connect: the target decides; on success the QP learns its queue

@@ -65,6 +65,9 @@ pub(super) struct IoThread<I: IoContext> {
     stop_started: Option<Instant>,
     /// RDMA connections of this thread: cm_id -> QP.
     rdma_ids: HashMap<u64, QpHandle>,
+    /// Preempt and Abort completions waiting for their namespace's fence
+    /// (`commands.rs`): answered once it is done.
+    pub fencing: Vec<(sta::Fence, QpHandle, CmdToken, Cqe)>,
 }
 
 impl<I: IoContext> IoThread<I> {
@@ -81,6 +84,7 @@ impl<I: IoContext> IoThread<I> {
             stopping: false,
             stop_started: None,
             rdma_ids: HashMap::new(),
+            fencing: Vec::new(),
         }
     }
 
@@ -106,13 +110,16 @@ impl<I: IoContext> IoThread<I> {
             // Busy-poll while work came recently (no wake-up latency under load), block in
             // the engine once idle so an idle daemon costs no CPU.
             let wait = match idle_since {
-                Some(t) if t.elapsed() >= SPIN_WINDOW => IDLE_WAIT,
+                Some(t) if t.elapsed() >= SPIN_WINDOW && self.fencing.is_empty() => IDLE_WAIT,
                 _ => Duration::ZERO,
             };
             let mut did = self.io.progress(wait);
             while let Some(ev) = self.io.poll_event() {
                 did = true;
                 self.on_event(ev);
+            }
+            if !self.fencing.is_empty() {
+                did |= self.answer_fenced();
             }
             if did {
                 idle_since = None;

@@ -55,6 +55,7 @@
 //! rejected, not leaked).
 
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -516,6 +517,31 @@ pub trait IoSeed: Send + 'static {
     fn start(self) -> Result<Self::Io, EngineError>;
 }
 
+/// See [`IoContext::ns_fence`]: done when every IO context has arrived.
+#[derive(Clone, Debug)]
+pub struct Fence(Arc<AtomicUsize>);
+
+impl Fence {
+    /// A fence that waits for `contexts` IO contexts.
+    pub fn new(contexts: usize) -> Fence {
+        Fence(Arc::new(AtomicUsize::new(contexts)))
+    }
+    /// A fence with nothing to wait for.
+    pub fn done() -> Fence {
+        Fence::new(0)
+    }
+    pub fn is_done(&self) -> bool {
+        self.0.load(Ordering::Acquire) == 0
+    }
+    /// One IO context is through.
+    pub fn arrive(&self) {
+        // Never below zero, whoever arrives late.
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
 /// One IO thread's engine context (DOCA: `struct doca_sta_io`).
 pub trait IoContext {
     /// One pass (DOCA: `doca_pe_progress` on the IO progress engine), waiting up to
@@ -583,6 +609,13 @@ pub trait IoContext {
     /// docs). Returns whether it was aborted; one at the backend, handed to the
     /// application, or not found is not (the spec allows that for any command).
     fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool;
+    /// A fence on namespace `nsid` of `subsys` across every IO context: the returned
+    /// [`Fence`] is done once each context has seen it and the backend requests it had in
+    /// flight for the namespace at that moment have completed. Call it after publishing
+    /// an access view that takes access away (a Preempt and Abort): once the fence is
+    /// done, nothing the old view admitted is still running. An engine that does not
+    /// check access views returns a done fence. Not a DOCA call.
+    fn ns_fence(&mut self, subsys: SubsysId, nsid: u32) -> Fence;
     /// Free non-offloaded command `token` without answering it: the host no longer counts
     /// it as outstanding (an Asynchronous Event Request held across a controller reset and
     /// sent again with the same CID). Its queue entry is free again. Not a DOCA call.

@@ -31,8 +31,8 @@ pub mod verbs;
 pub(crate) use access::AccessCell;
 pub use access::{AccessKey, AccessPublisher, NamespaceAccess};
 pub use contract::{
-    AcceptError, Caps, CmdToken, Engine, EngineError, EngineLimits, Event, IoContext, IoSeed,
-    Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo,
+    AcceptError, Caps, CmdToken, Engine, EngineError, EngineLimits, Event, Fence, IoContext,
+    IoSeed, Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo,
     TransportErrorKind,
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};

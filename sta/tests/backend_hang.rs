@@ -446,3 +446,73 @@ fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
     assert_eq!(statuses.last(), Some(&lost));
     assert!(statuses.len() > 20, "{} reads done", statuses.len());
 }
+
+/// `ns_fence` is done only once the backend requests in flight for the namespace when it
+/// was made have completed: with a read held by the backend it stays open, a fence on a
+/// namespace this context does not serve is done at once, and releasing the backend
+/// lets both fences made meanwhile through.
+#[test]
+fn a_fence_waits_for_the_requests_in_flight() {
+    let release = Arc::new(AtomicBool::new(false));
+    let mut sta = Sta::new(SoftConfig {
+        backend_timeout: Duration::from_secs(60),
+        ..SoftConfig::default()
+    });
+    let subsys = sta.subsystem_create(NQN).unwrap();
+    sta.ns_add(
+        subsys,
+        1,
+        Arc::new(Stuck {
+            release: release.clone(),
+        }),
+    )
+    .unwrap();
+    let mut io = sta.io_create().unwrap().start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let host = std::thread::spawn(move || {
+        let opts = HostOptions {
+            timeout: Duration::from_secs(15),
+            ..HostOptions::default()
+        };
+        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
+        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        let mut buf = vec![0u8; 4096];
+        tx.send(h.read(1, 0, 8, &mut buf).expect("read")).unwrap();
+    });
+    let stats = sta.stats();
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |_, ev| panic!("unexpected {ev:?}"),
+        || stats.namespace(subsys, 1).queue_depth == 1,
+    );
+    let fence = io.ns_fence(subsys, 1);
+    let elsewhere = io.ns_fence(subsys, 9);
+    for _ in 0..20 {
+        io.progress(Duration::from_millis(1));
+    }
+    assert!(elsewhere.is_done(), "nothing of namespace 9 runs here");
+    assert!(!fence.is_done(), "the read is still at the backend");
+    let second = io.ns_fence(subsys, 1);
+    io.progress(Duration::from_millis(1));
+    assert!(!second.is_done());
+    release.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(fence.is_done() && second.is_done()) {
+        assert!(Instant::now() < deadline, "the fences never finished");
+        io.progress(Duration::from_millis(1));
+    }
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "the read was never answered");
+        io.progress(Duration::from_millis(1));
+        got = rx.try_recv().ok();
+    }
+    assert_eq!(got, Some(Status::SUCCESS));
+    host.join().unwrap();
+}

@@ -19,12 +19,14 @@
 //!   fabrics Host Identifier is 128 bits and the non-extended structure holds 64 (NVMe
 //!   Base 2.0 section 7.6: "if a 128-bit Host Identifier is in use"; nvmet and SPDK
 //!   answer the same). Both layouts are encoded here ([`report`]) and tested.
-//! - Preempt and Abort preempts like Preempt; commands of the preempted hosts that are
-//!   already at the backend finish (nvmet waits for them before it completes, SPDK
-//!   too; this target does not): the new access view is published before the command
-//!   completes, so every command the engine takes after that point is checked against
-//!   the new state (see `access`), and so is a write taken before it whose host data
-//!   arrives after it (the soft engine checks again when the data is in).
+//! - Preempt and Abort preempts like Preempt, and its completion waits, as nvmet's does,
+//!   for the preempted hosts' commands already running: the new access view is published
+//!   before the command completes, so every command the engine takes after that point
+//!   is checked against the new state (see `access`), and so is a write taken before it
+//!   whose host data arrives after it (the soft engine checks again when the data is
+//!   in); the daemon answers only once the engine's fence on the namespace
+//!   (`sta::IoContext::ns_fence`) says the backend requests in flight when it was
+//!   published are done.
 //!
 //! Nothing here knows about controllers: commands return the [`Notify`] list (which host
 //! gets which reservation notification) and whether the state changed, and the target

@@ -733,6 +733,11 @@ impl DocaIo {
 }
 
 impl IoContext for DocaIo {
+    /// DOCA STA serves I/O without checking access views, and this engine offers no
+    /// reservations: nothing to wait for.
+    fn ns_fence(&mut self, _subsys: SubsysId, _nsid: u32) -> crate::Fence {
+        crate::Fence::done()
+    }
     fn progress(&mut self, max_wait: Duration) -> bool {
         let d = lib();
         // SAFETY: our PE, on its thread, not from a callback.

@@ -466,6 +466,70 @@ pub(super) struct NsSlot {
     /// A pair in `blocked` waits for a range a pair on another IO thread holds: `blocked`
     /// is tried again every pass until it is free.
     pub remote_wait: bool,
+    /// Backend requests in flight by fence parity, and the fences waiting for them.
+    pub fences: NsFences,
+}
+
+/// The tag bit that carries a backend request's fence parity (command slot indexes
+/// stay far below it).
+pub(crate) const FENCE_BIT: u64 = 1 << 31;
+
+/// A namespace's fences on this IO thread ([`crate::IoContext::ns_fence`]). Each backend
+/// request is counted under the parity current when it went in (a bit of its tag); a
+/// fence flips the parity and is through when the requests of the old parity are all
+/// done. A fence that comes while one drains waits for the next flip. Fences still
+/// waiting when the namespace leaves the thread arrive then (nothing of it runs any
+/// more).
+#[derive(Default)]
+pub(crate) struct NsFences {
+    parity: u8,
+    inflight: [u32; 2],
+    draining: Vec<crate::Fence>,
+    queued: Vec<crate::Fence>,
+}
+
+impl NsFences {
+    /// A request goes to the backend: the tag bit to set.
+    pub fn started(&mut self) -> u64 {
+        self.inflight[self.parity as usize] += 1;
+        u64::from(self.parity) * FENCE_BIT
+    }
+    /// The request with `tag` completed, or was dropped before the backend saw it.
+    pub fn ended(&mut self, tag: u64) {
+        let p = usize::from(tag & FENCE_BIT != 0);
+        self.inflight[p] = self.inflight[p].saturating_sub(1);
+        if !self.draining.is_empty() {
+            self.settle();
+        }
+    }
+    pub fn add(&mut self, fence: crate::Fence) {
+        if self.draining.is_empty() {
+            self.parity ^= 1;
+            self.draining.push(fence);
+        } else {
+            self.queued.push(fence);
+        }
+        self.settle();
+    }
+    fn settle(&mut self) {
+        while !self.draining.is_empty() && self.inflight[usize::from(self.parity ^ 1)] == 0 {
+            for f in self.draining.drain(..) {
+                f.arrive();
+            }
+            if !self.queued.is_empty() {
+                self.parity ^= 1;
+                self.draining = std::mem::take(&mut self.queued);
+            }
+        }
+    }
+}
+
+impl Drop for NsFences {
+    fn drop(&mut self) {
+        for f in self.draining.drain(..).chain(self.queued.drain(..)) {
+            f.arrive();
+        }
+    }
 }
 
 /// What [`FusedLocks::take`] found.
@@ -1291,6 +1355,9 @@ impl Core {
             };
             if first {
                 self.run_fused(&mut q.st, idx);
+            } else if let Err(status) = self.recheck_access(&q.st, idx) {
+                // It waited: the view may have changed meanwhile (`recheck_access`).
+                self.fail(&mut q.st, idx, status);
             } else {
                 self.submit_offload(&mut q.st, idx);
             }
@@ -1658,8 +1725,9 @@ impl Core {
             .map_or(Ok(()), |n| n.check_access(&st.access, op))
     }
 
-    fn push_req(&mut self, ns_idx: u32, req: Request) {
+    fn push_req(&mut self, ns_idx: u32, mut req: Request) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            req.tag = (req.tag & !FENCE_BIT) | ns.fences.started();
             ns.inflight += 1;
             ns.counters
                 .queue_depth
@@ -2001,11 +2069,12 @@ impl Core {
                 self.ns_gone_news = true;
             }
             ns.inflight = ns.inflight.saturating_sub(1);
+            ns.fences.ended(comp.tag);
             ns.counters
                 .queue_depth
                 .store(ns.inflight as u64, Ordering::Relaxed);
         }
-        let idx = (comp.tag & 0xffff_ffff) as u32;
+        let idx = (comp.tag & 0xffff_ffff & !FENCE_BIT) as u32;
         let gen = (comp.tag >> 32) as u32;
         let Some(c) = self.cmds.get_mut(idx as usize) else {
             return;
@@ -2063,6 +2132,48 @@ impl Core {
             Some(q) => self.release(&mut q.st, idx),
             None => self.release_orphan(idx),
         }
+    }
+}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::*;
+
+    /// A fence waits for the requests of the parity before it; one that comes while
+    /// another drains waits for the requests started in between too; fences still
+    /// waiting when the namespace goes are through.
+    #[test]
+    fn fences_wait_for_what_was_in_flight_before_them() {
+        let mut f = NsFences::default();
+        let old = f.started();
+        let a = crate::Fence::new(1);
+        f.add(a.clone());
+        assert!(!a.is_done());
+        let newer = f.started();
+        assert_ne!(
+            old, newer,
+            "requests after the fence carry the other parity"
+        );
+        let b = crate::Fence::new(1);
+        f.add(b.clone());
+        f.ended(newer);
+        assert!(!a.is_done() && !b.is_done(), "a waits for the old request");
+        let third = f.started();
+        f.ended(old);
+        assert!(a.is_done(), "the old request is done");
+        assert!(!b.is_done(), "b waits for what started after a (third)");
+        f.ended(third);
+        assert!(b.is_done());
+        // Nothing in flight: through at once.
+        let c = crate::Fence::new(1);
+        f.add(c.clone());
+        assert!(c.is_done());
+        // The namespace leaves the thread with a fence waiting.
+        let _ = f.started();
+        let d = crate::Fence::new(1);
+        f.add(d.clone());
+        drop(f);
+        assert!(d.is_done());
     }
 }
 

@@ -85,6 +85,9 @@ impl IoContext for StaIo {
     fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
         StaIo::cmd_abort(self, qp, cid)
     }
+    fn ns_fence(&mut self, subsys: SubsysId, nsid: u32) -> crate::Fence {
+        StaIo::ns_fence(self, subsys, nsid)
+    }
     fn cmd_drop(&mut self, qp: QpHandle, token: CmdToken) -> Result<(), TaskError> {
         StaIo::cmd_drop(self, qp, token)
     }

@@ -18,7 +18,9 @@ use crossbeam_channel::{Receiver, Sender};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nvmf::tcp::ControllerLimits;
 
-use super::cmd::{free_cmd, Core, FusedLocks, Link, NsSlot, QpState, St, ADMIN_INCAPSULE};
+use super::cmd::{
+    free_cmd, Core, FusedLocks, Link, NsFences, NsSlot, QpState, St, ADMIN_INCAPSULE,
+};
 use super::counters::{bump, StatsRegistry, ThreadCounters};
 use super::rdma_link::{self, AcceptError, RdmaThread};
 use super::tcp_link::{self, RxBuf, TcpLink, Wire};
@@ -84,6 +86,8 @@ pub struct StaIo {
     /// A namespace is being removed (`Ctrl::NsRemove`): its slot goes once its
     /// in-flight I/O is done.
     ns_removals: bool,
+    /// Every IO context's control channel (`ns_fence`).
+    contexts: super::Contexts,
 }
 
 impl Drop for StaIo {
@@ -103,6 +107,7 @@ impl StaIo {
         ack: Sender<Ack>,
         stats: Arc<StatsRegistry>,
         counters: Arc<ThreadCounters>,
+        contexts: super::Contexts,
     ) -> std::io::Result<StaIo> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let now = Instant::now();
@@ -123,7 +128,27 @@ impl StaIo {
             disconnecting: Vec::new(),
             rdma_slots: Vec::new(),
             ns_removals: false,
+            contexts,
         })
+    }
+
+    /// See [`crate::IoContext::ns_fence`]: sent to every IO context, this one included
+    /// (it handles its own message on its next pass, like the others).
+    pub fn ns_fence(&mut self, subsys: crate::SubsysId, nsid: u32) -> crate::Fence {
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let fence = crate::Fence::new(contexts.len());
+        for tx in contexts.iter() {
+            let m = Ctrl::Fence {
+                subsys,
+                nsid,
+                fence: fence.clone(),
+            };
+            if tx.send(m).is_err() {
+                // That context is gone (its thread ended): it runs nothing any more.
+                fence.arrive();
+            }
+        }
+        fence
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
@@ -749,6 +774,7 @@ impl StaIo {
         if let Some(ns) = core.ns[ns_idx as usize].as_mut() {
             let dropped = ns.pending.len() as u32;
             for r in ns.pending.drain(..) {
+                ns.fences.ended(r.tag);
                 if let Some(b) = r.buf {
                     core.pool.put(b);
                 }
@@ -896,6 +922,7 @@ impl StaIo {
                                 locks: FusedLocks::new(fused),
                                 blocked: VecDeque::new(),
                                 remote_wait: false,
+                                fences: NsFences::default(),
                             };
                             let i = match self.core.ns.iter().position(|s| s.is_none()) {
                                 Some(i) => {
@@ -915,6 +942,20 @@ impl StaIo {
                         ),
                     }
                 }
+                Ctrl::Fence {
+                    subsys,
+                    nsid,
+                    fence,
+                } => match self
+                    .core
+                    .ns_map
+                    .get(&(subsys.0, nsid))
+                    .and_then(|&i| self.core.ns[i as usize].as_mut())
+                {
+                    Some(ns) => ns.fences.add(fence),
+                    // Not served here: nothing of it in flight.
+                    None => fence.arrive(),
+                },
                 Ctrl::NsRemove {
                     subsys,
                     nsid,

@@ -165,13 +165,18 @@ pub struct StaIoSeed {
     /// order is the order of `io_create` calls (what `Stats::threads` promises and what
     /// the application's thread numbers follow), not the order the threads start in.
     counters: Arc<counters::ThreadCounters>,
+    contexts: Contexts,
 }
+
+/// Every IO context's control channel.
+pub(crate) type Contexts = Arc<std::sync::Mutex<Vec<Sender<Ctrl>>>>;
 
 impl StaIoSeed {
     /// Build the IO context on the thread that will own it (DOCA: connect the IO context
     /// to that thread's progress engine and start it).
     pub fn start(self) -> Result<StaIo, EngineError> {
-        StaIo::new(self.cfg, self.rx, self.ack, self.stats, self.counters).map_err(|source| {
+        let (cfg, rx, ack) = (self.cfg, self.rx, self.ack);
+        StaIo::new(cfg, rx, ack, self.stats, self.counters, self.contexts).map_err(|source| {
             EngineError::Io {
                 what: "creating the IO context's epoll set",
                 source,
@@ -199,6 +204,13 @@ pub(crate) enum Ctrl {
         nsid: u32,
         task: u64,
         fail_outstanding: bool,
+    },
+    /// `ns_fence` from some IO context: arrive once this context's backend requests in
+    /// flight for the namespace now have completed.
+    Fence {
+        subsys: SubsysId,
+        nsid: u32,
+        fence: crate::Fence,
     },
 }
 
@@ -266,6 +278,8 @@ pub struct Sta {
     subsystems: Vec<Option<String>>,
     namespaces: Vec<NsEntry>,
     io_tx: Vec<Sender<Ctrl>>,
+    /// The same senders, for IO contexts to reach each other (`ns_fence`).
+    contexts: Contexts,
     ack_tx: Sender<Ack>,
     ack_rx: Receiver<Ack>,
     removes: HashMap<u64, PendingRemove>,
@@ -282,6 +296,7 @@ impl Sta {
             subsystems: Vec::new(),
             namespaces: Vec::new(),
             io_tx: Vec::new(),
+            contexts: Contexts::default(),
             ack_tx,
             ack_rx,
             removes: HashMap::new(),
@@ -464,6 +479,10 @@ impl crate::Engine for Sta {
                 fused: f.clone(),
             });
         }
+        self.contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx.clone());
         self.io_tx.push(tx);
         Ok(StaIoSeed {
             cfg: self.cfg.clone(),
@@ -471,6 +490,7 @@ impl crate::Engine for Sta {
             ack: self.ack_tx.clone(),
             stats: self.stats.clone(),
             counters: self.stats.register_thread(),
+            contexts: self.contexts.clone(),
         })
     }
 

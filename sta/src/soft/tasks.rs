@@ -15,7 +15,7 @@
 use nvmf::queue::QueueParams;
 use nvmf::spec::Cqe;
 
-use super::cmd::{Link, St};
+use super::cmd::{Link, St, FENCE_BIT};
 use super::io::{post_rdma, qp_ref, StaIo};
 use super::tcp_link;
 use crate::{AccessKey, CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
@@ -95,13 +95,18 @@ impl StaIo {
                     return false;
                 };
                 // Only if none of its requests reached the backend yet.
-                let queued = ns.pending.iter().filter(|r| r.tag == tag).count();
+                let queued = ns
+                    .pending
+                    .iter()
+                    .filter(|r| r.tag & !FENCE_BIT == tag)
+                    .count();
                 if queued == 0 || queued != pending as usize {
                     return false;
                 }
                 let mut bufs = Vec::new();
                 ns.pending.retain_mut(|r| {
-                    if r.tag == tag {
+                    if r.tag & !FENCE_BIT == tag {
+                        ns.fences.ended(r.tag);
                         if let Some(b) = r.buf.take() {
                             bufs.push(b);
                         }
