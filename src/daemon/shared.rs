@@ -130,17 +130,20 @@ impl Shared {
     /// After the target changed state (a command, a reload): hand new namespace access
     /// views to the engine and write the PTPL state file if what it keeps changed. Called
     /// before the completion of the command that caused it is sent.
+    ///
+    /// The views are published under the target's lock, in the order the target made
+    /// them: two threads syncing at once (one after an Acquire, one after a Register)
+    /// must not publish an older view over a newer one, which would leave the engine
+    /// enforcing a reservation state the target no longer has.
     pub fn sync_target_state(&self) {
-        let (views, snapshot) = {
+        let snapshot = {
             let mut t = self.target();
-            let views = t.take_access_updates();
-            let snapshot = self.ptpl.as_ref().and_then(|_| {
+            self.publish_access(t.take_access_updates());
+            self.ptpl.as_ref().and_then(|_| {
                 let v = t.ptpl_version();
                 (v != 0).then(|| t.ptpl_snapshot())
-            });
-            (views, snapshot)
+            })
         };
-        self.publish_access(views);
         if let (Some(store), Some((version, entries))) = (&self.ptpl, snapshot) {
             if let Err(e) = store.save(version, &entries) {
                 tracing::error!(
