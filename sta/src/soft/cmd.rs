@@ -1571,7 +1571,8 @@ impl Core {
         // An RDMA READ needs its destination now; a read needs room for the backend.
         let Some(mut b) = self.pool.get(len as usize) else {
             self.counters.hit(Limit::BufferPool);
-            return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+            self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+            return self.fail_partner(st, idx);
         };
         b.set_len(len as usize);
         self.cmds[idx as usize].buf = Some(b);
@@ -1698,11 +1699,43 @@ impl Core {
         } else if result.is_err() {
             self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
         } else if c.aborted {
-            self.fail(st, idx, Status::ABORT_REQUESTED);
+            // Abort Requested, or the status its fused partner's failure left.
+            let status = if c.status.is_success() {
+                Status::ABORT_REQUESTED
+            } else {
+                c.status
+            };
+            self.fail(st, idx, status);
         } else if let Err(status) = self.recheck_access(st, idx) {
             self.fail(st, idx, status);
         } else {
             self.submit_offload(st, idx);
+        }
+    }
+
+    /// Command `idx`, half of a fused pair, failed on its own: its partner cannot run and
+    /// fails too (Aborted - Failed Fused), at once if its host data is in, else when it
+    /// is (the host was asked for it).
+    fn fail_partner(&mut self, st: &mut QpState, idx: u32) {
+        let partner = match self.cmds[idx as usize].fused {
+            Fused::First {
+                partner: Some(p), ..
+            } => p,
+            Fused::Second { partner, .. } => partner,
+            _ => return,
+        };
+        self.cmds[idx as usize].fused = Fused::None;
+        let p = &mut self.cmds[partner as usize];
+        let ready = match p.fused {
+            Fused::First { ready, .. } | Fused::Second { ready, .. } => ready,
+            Fused::None => return,
+        };
+        p.fused = Fused::None;
+        if ready {
+            self.fail(st, partner, Status::ABORTED_FAILED_FUSED);
+        } else {
+            p.aborted = true;
+            p.status = Status::ABORTED_FAILED_FUSED;
         }
     }
 

@@ -15,7 +15,7 @@
 use nvmf::queue::QueueParams;
 use nvmf::spec::Cqe;
 
-use super::cmd::{Link, St, FENCE_BIT};
+use super::cmd::{Fused, Link, St, FENCE_BIT};
 use super::io::{post_rdma, qp_ref, StaIo};
 use super::tcp_link;
 use crate::{AccessKey, CmdToken, Event, QpHandle, SubsysId, TaskError, TaskKind};
@@ -68,6 +68,12 @@ impl StaIo {
         };
         let idx = idx as u32;
         let c = &mut self.core.cmds[idx as usize];
+        if c.fused != Fused::None {
+            // Half of a fused Compare and Write runs with its partner or not at all: an
+            // abort of one half would leave the other waiting for it forever. Not
+            // aborted (the spec allows that for any command); the pair completes.
+            return false;
+        }
         match c.st {
             St::H2C => {
                 c.aborted = true;

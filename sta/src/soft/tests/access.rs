@@ -446,6 +446,59 @@ fn fused_compare_and_write_beside_direct_ram_io() {
     fused_compare_and_write_on(Pair::lending(crate::soft::SoftConfig::default()));
 }
 
+/// An Abort of either half of a fused pair while its data is still coming is not carried
+/// out (the pair runs together or not at all: aborting one half left the other waiting
+/// forever); the pair then completes normally.
+#[test]
+fn aborting_half_of_a_fused_pair_leaves_the_pair_whole() {
+    for half in [0usize, 1] {
+        let mut p = Pair::new();
+        let (adm, q) = p.controller(Digests::NONE, 31, 0);
+        let old = pattern(1, 1024);
+        let new = pattern(2, 1024);
+        assert_eq!(
+            p.exec(q, rw(io::WRITE, 5, 2), Xfer::ToController, old.clone())
+                .0
+                .status(),
+            Status::SUCCESS
+        );
+        p.conns[q].auto_r2t = false;
+        p.conns[q].host.set_max_incapsule(0);
+        let c1 = p.submit(
+            q,
+            fused(io::COMPARE, 1, 5, 2),
+            Xfer::ToController,
+            old.clone(),
+        );
+        let c2 = p.submit(
+            q,
+            fused(io::WRITE, 2, 5, 2),
+            Xfer::ToController,
+            new.clone(),
+        );
+        p.pump();
+        let r2ts = std::mem::take(&mut p.conns[q].r2ts);
+        assert_eq!(r2ts.len(), 2, "both halves asked for their data");
+        let cid = [c1, c2][half];
+        let mut abort = Sqe {
+            cdw10: 1 | (cid as u32) << 16,
+            ..Default::default()
+        };
+        abort.set_opcode_cid(admin::ABORT, 0);
+        let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+        assert!(cqe.status().is_success());
+        assert_eq!(cqe.dw0 & 1, 1, "half {half}: not aborted");
+        for (c, ttag, off, len) in r2ts {
+            let data = if c == c1 { &old } else { &new };
+            p.conns[q].send_h2c(c, ttag, off, &data[off as usize..(off + len) as usize]);
+        }
+        assert_eq!(p.wait(q, c1).0.status(), Status::SUCCESS, "half {half}");
+        assert_eq!(p.wait(q, c2).0.status(), Status::SUCCESS, "half {half}");
+        assert_eq!(disk(&p, 5, 2), new);
+        assert_eq!(p.io.commands_in_flight(), 0);
+    }
+}
+
 fn fused_compare_and_write_on(mut p: Pair) {
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     let (old, new, other) = (pattern(1, 1024), pattern(2, 1024), pattern(3, 1024));
