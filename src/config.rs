@@ -475,14 +475,18 @@ impl Config {
             error,
         })?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let mut cfg = validate::parse(&text, &source, base)?;
-        // The PTPL state file sits beside the config unless the config says where.
-        if cfg.reservations.state_file.is_none() {
+        let cfg = validate::parse(&text, &source, base)?;
+        Ok(cfg.with_ptpl_default(path))
+    }
+
+    /// The PTPL state file sits beside the config file unless the config says where.
+    fn with_ptpl_default(mut self, path: &Path) -> Config {
+        if self.reservations.state_file.is_none() {
             let mut name = path.as_os_str().to_owned();
             name.push(".ptpl");
-            cfg.reservations.state_file = Some(PathBuf::from(name));
+            self.reservations.state_file = Some(PathBuf::from(name));
         }
-        Ok(cfg)
+        self
     }
 
     /// [`Config::load`], also returning the text it parsed (what the control socket hands
@@ -496,14 +500,15 @@ impl Config {
         })?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty());
         let cfg = validate::parse(&text, &source, base)?;
-        Ok((cfg, text))
+        Ok((cfg.with_ptpl_default(path), text))
     }
 
     /// Parses text that was read from `path` (relative backend paths resolve against its
     /// directory, as [`Config::load`] does), e.g. the running config a daemon reports.
     pub fn parse_as_file(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-        validate::parse(text, &path.display().to_string(), base)
+        let cfg = validate::parse(text, &path.display().to_string(), base)?;
+        Ok(cfg.with_ptpl_default(path))
     }
 
     /// Parses and checks config text; `source` names it in errors. Relative backend paths

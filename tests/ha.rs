@@ -381,3 +381,30 @@ fn ana_states_per_listener_visibility_and_referrals_follow_reload() {
     assert_eq!(active_nsids(&mut b), vec![1, 2]);
     assert_eq!(bio.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
 }
+
+/// With no `reservations:` in the config, the state file sits beside it and PTPL is
+/// offered (RESCAP bit 0, Register with CPTPL=11b works). The daemon loads its config
+/// with the text it parsed, and that path once left the default out: PTPL was then
+/// never offered, and nothing said so.
+#[test]
+fn ptpl_is_offered_with_the_default_state_file() {
+    let _w = watchdog("ptpl_default", Duration::from_secs(60));
+    let mut d = Daemon::start(CONFIG);
+    let opts = host_opts();
+    let (mut admin, _, io) = {
+        let (mut admin, cntlid) = admin(&d, SUBNQN, &opts);
+        request_queues(&mut admin, 1);
+        let io = io_queue(&d, SUBNQN, cntlid, 1, &opts);
+        (admin, cntlid, io)
+    };
+    let id = admin.identify(0, 1).expect("Identify Namespace");
+    assert_eq!(id[31] & 1, 1, "RESCAP: Persist Through Power Loss");
+    let mut io = io;
+    assert_eq!(register(&mut io, 0xa, 0b11), Status::SUCCESS);
+    assert!(
+        d.dir().join("nvmf-target.yaml.ptpl").exists(),
+        "the state file beside the config: {:?}",
+        std::fs::read_dir(d.dir()).map(|r| r.count())
+    );
+    d.stop();
+}

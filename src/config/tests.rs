@@ -916,6 +916,12 @@ fn state_file_sits_beside_the_config_file() {
         cfg.reservations.state_file,
         Some(dir.path().join("n.yaml.ptpl"))
     );
+    // The daemon loads with the text (start and reload), and parses the running text
+    // for --diff: the same default both ways (without it, PTPL was never offered).
+    let (cfg2, text) = Config::load_with_text(&path).unwrap();
+    assert_eq!(cfg2.reservations, cfg.reservations);
+    let cfg3 = Config::parse_as_file(&text, &path).unwrap();
+    assert_eq!(cfg3.reservations, cfg.reservations);
     std::fs::write(
         &path,
         format!("{MINIMAL}reservations: {{state_file: r/state}}\n"),
