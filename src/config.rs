@@ -482,11 +482,16 @@ impl Config {
     /// The PTPL state file sits beside the config file unless the config says where.
     fn with_ptpl_default(mut self, path: &Path) -> Config {
         if self.reservations.state_file.is_none() {
-            let mut name = path.as_os_str().to_owned();
-            name.push(".ptpl");
-            self.reservations.state_file = Some(PathBuf::from(name));
+            self.reservations.state_file = Some(Self::ptpl_default_for(path));
         }
         self
+    }
+
+    /// `<config file>.ptpl`: where the PTPL state file is when the config does not say.
+    pub fn ptpl_default_for(path: &Path) -> PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".ptpl");
+        PathBuf::from(name)
     }
 
     /// [`Config::load`], also returning the text it parsed (what the control socket hands

@@ -239,7 +239,15 @@ pub fn diff_against_running(
             running.path.as_deref().unwrap_or(EMBEDDED_DEFAULT_NAME)
         )
     })?;
-    let d = crate::reload::diff(&old, candidate);
+    // A reload re-reads the daemon's own file: a candidate that leaves the PTPL state file
+    // to its default would have it beside that file, not beside the candidate.
+    let mut candidate = candidate.clone();
+    if let Some(running_path) = running.path.as_deref().map(Path::new) {
+        if candidate.reservations.state_file == Some(Config::ptpl_default_for(file)) {
+            candidate.reservations.state_file = Some(Config::ptpl_default_for(running_path));
+        }
+    }
+    let d = crate::reload::diff(&old, &candidate);
     let from = running.path.as_deref().unwrap_or(EMBEDDED_DEFAULT_NAME);
     let mut out = String::new();
     if d.is_empty() {
