@@ -621,6 +621,10 @@ struct Controller {
     ns_error_recovery: BTreeMap<u32, u32>,
     cc: u32,
     csts: u32,
+    /// I/O queues a reset (CC.EN=0 or a shutdown) disconnected whose close the transport
+    /// has not reported yet: until they are gone CSTS still reads RDY=1 (shutdown:
+    /// occurring), so a host that waits for RDY=0 knows no I/O of them still runs.
+    closing_io: BTreeSet<QueueKey>,
     /// KATO as the host set it (Connect or Set Features 0Fh), milliseconds.
     kato_ms: u32,
     /// Keep-alive deadline, `None` when the timer is off.
@@ -736,8 +740,24 @@ impl Controller {
     /// which frees its AER before shutting the controller down and then fails the queue
     /// on the unexpected completion; forgetting them leaves the host's commands
     /// unanswerable for the life of the connection.)
+    /// CSTS as the host reads it: a reset or shutdown is still under way while I/O queues
+    /// it disconnected have not closed (`closing_io`).
+    fn csts_now(&self) -> u32 {
+        let mut v = self.csts;
+        if !self.closing_io.is_empty() {
+            if self.cc & cc::EN == 0 {
+                v |= csts::RDY;
+            }
+            if v & csts::SHST_MASK == csts::SHST_COMPLETE {
+                v = (v & !csts::SHST_MASK) | csts::SHST_OCCURRING;
+            }
+        }
+        v
+    }
+
     fn reset(&mut self, max_io_queues: u16, actions: &mut Vec<Action>) {
         actions.extend(self.io_queue_disconnects());
+        self.closing_io.extend(self.io_queues.values().copied());
         self.io_queues.clear();
         self.queue_auth.retain(|&qid, _| qid == 0);
         self.ns_error_recovery.clear();
@@ -1498,6 +1518,7 @@ impl Target {
                 ns_error_recovery: BTreeMap::new(),
                 cc: 0,
                 csts: 0,
+                closing_io: BTreeSet::new(),
                 kato_ms: cmd.kato,
                 deadline: None,
                 features: Features::defaults(self.opts.max_io_queues),
@@ -1775,6 +1796,7 @@ impl Target {
                 c.io_queues.remove(&queue.qid);
                 c.queue_auth.remove(&queue.qid);
             }
+            c.closing_io.remove(&key);
             if c.admin_closed && c.io_queues.is_empty() {
                 self.controllers.remove(&queue.cntlid);
             }
@@ -2084,7 +2106,7 @@ fn property_get(ctrl: &Controller, sqe: &Sqe, opts: &TargetOptions) -> Result<Re
         (property::CAP, true) => cap_value(opts),
         (property::VS, false) => VERSION_1_4 as u64,
         (property::CC, false) => ctrl.cc as u64,
-        (property::CSTS, false) => ctrl.csts as u64,
+        (property::CSTS, false) => ctrl.csts_now() as u64,
         // CRTO: CRWMT (15:0) and CRIMT (31:16) in 500 ms units. CAP.TO shall be
         // min(CRWMT, FFh) (NVMe Base 2.0, CAP.TO), so both say what CAP.TO says.
         (property::CRTO, false) => READY_TIMEOUT_UNITS | READY_TIMEOUT_UNITS << 16,

@@ -581,30 +581,41 @@ fn aer_completes_on_namespace_add() {
     assert!(c.t.take_actions().is_empty(), "no completion at shutdown");
 }
 
+/// A reset (CC.EN=0) or a shutdown disconnects the I/O queues, and CSTS says it is
+/// done (RDY=0, SHST complete) only once the transport reported them closed: until
+/// then their I/O may still run, on whatever IO threads they are.
 #[test]
 fn reset_and_shutdown_disconnect_io_queues() {
     let mut c = Conv::enabled(target(), SUB1, HOST1);
     c.io_connect(1, 201);
     c.property_set(0);
+    let q1 = QueueRef {
+        cntlid: c.admin.cntlid,
+        qid: 1,
+    };
     assert_eq!(
         c.t.take_actions(),
         vec![Action::Disconnect {
-            queue: QueueRef {
-                cntlid: c.admin.cntlid,
-                qid: 1
-            },
+            queue: q1,
             key: 201
         }]
     );
+    let csts = |c: &mut Conv| c.property_get(fabrics::property::CSTS, false).dw0;
+    assert_eq!(csts(&mut c) & 1, 1, "RDY until queue 1 is closed");
+    c.t.queue_closed(q1, 201);
+    assert_eq!(csts(&mut c) & 1, 0, "reset done");
     c.property_set(CC_ENABLE);
     c.io_connect(1, 211);
     // Shutdown (SHN = 01b).
     c.property_set(CC_ENABLE | 1 << 14);
     assert_eq!(c.t.take_actions().len(), 1);
     assert_eq!(
-        c.property_get(fabrics::property::CSTS, false).dw0 & 0xc,
-        0x8
+        csts(&mut c) & 0xc,
+        0x4,
+        "shutdown occurring until queue 1 is closed"
     );
+    c.t.queue_closed(q1, 211);
+    assert_eq!(csts(&mut c) & 0xc, 0x8);
     // Bad CC (MPS 1) sets CFS instead of RDY.
     c.property_set(0);
     c.property_set(CC_ENABLE | 1 << 7);
