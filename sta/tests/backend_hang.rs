@@ -80,21 +80,7 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
         backend_timeout: Duration::from_millis(200),
         ..SoftConfig::default()
     };
-    let mut sta = Sta::new(cfg);
-    let subsys = sta.subsystem_create(NQN).unwrap();
-    sta.ns_add(
-        subsys,
-        1,
-        Arc::new(Stuck {
-            release: release.clone(),
-        }),
-    )
-    .unwrap();
-    let mut io = sta.io_create().unwrap().start().unwrap();
-
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         let opts = HostOptions {
@@ -169,6 +155,29 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
         io.progress(Duration::from_millis(1));
     }
     assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
+}
+
+/// An engine with one namespace on a [`Stuck`] backend (held until `release`), its IO
+/// context, and a listener for the host.
+fn stuck_target(
+    cfg: SoftConfig,
+    release: &Arc<AtomicBool>,
+) -> (Sta, SubsysId, StaIo, TcpListener, std::net::SocketAddr) {
+    let mut sta = Sta::new(cfg);
+    let subsys = sta.subsystem_create(NQN).unwrap();
+    sta.ns_add(
+        subsys,
+        1,
+        Arc::new(Stuck {
+            release: release.clone(),
+        }),
+    )
+    .unwrap();
+    let io = sta.io_create().unwrap().start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    (sta, subsys, io, listener, addr)
 }
 
 /// Plays the application on this thread until `done`: accepts connections, answers
@@ -454,23 +463,11 @@ fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
 #[test]
 fn a_fence_waits_for_the_requests_in_flight() {
     let release = Arc::new(AtomicBool::new(false));
-    let mut sta = Sta::new(SoftConfig {
+    let cfg = SoftConfig {
         backend_timeout: Duration::from_secs(60),
         ..SoftConfig::default()
-    });
-    let subsys = sta.subsystem_create(NQN).unwrap();
-    sta.ns_add(
-        subsys,
-        1,
-        Arc::new(Stuck {
-            release: release.clone(),
-        }),
-    )
-    .unwrap();
-    let mut io = sta.io_create().unwrap().start().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
+    };
+    let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         let opts = HostOptions {
