@@ -442,7 +442,6 @@ pub(super) struct NsSlot {
     pub ram: Option<ThreadStore>,
     pub pending: VecDeque<Request>,
     pub counters: Arc<NsCounters>,
-    pub inflight: u32,
     /// When the backend last completed a command of this namespace on this thread: a
     /// backend that completes is slow, not hung (`check_backend_timeouts`).
     pub progress: Option<Instant>,
@@ -466,7 +465,7 @@ pub(super) struct NsSlot {
     /// A pair in `blocked` waits for a range a pair on another IO thread holds: `blocked`
     /// is tried again every pass until it is free.
     pub remote_wait: bool,
-    /// Backend requests in flight by fence parity, and the fences waiting for them.
+    /// Backend requests in flight (by fence parity), and the fences waiting for them.
     pub fences: NsFences,
 }
 
@@ -474,8 +473,9 @@ pub(super) struct NsSlot {
 /// stay far below it).
 pub(crate) const FENCE_BIT: u64 = 1 << 31;
 
-/// A namespace's fences on this IO thread ([`crate::IoContext::ns_fence`]). Each backend
-/// request is counted under the parity current when it went in (a bit of its tag); a
+/// A namespace's backend requests in flight on this IO thread, and its fences
+/// ([`crate::IoContext::ns_fence`]). Each backend request is counted under the parity
+/// current when it went in (a bit of its tag); a
 /// fence flips the parity and is through when the requests of the old parity are all
 /// done. A fence that comes while one drains waits for the next flip. Fences still
 /// waiting when the namespace leaves the thread arrive then (nothing of it runs any
@@ -493,6 +493,11 @@ impl NsFences {
     pub fn started(&mut self) -> u64 {
         self.inflight[self.parity as usize] += 1;
         u64::from(self.parity) * FENCE_BIT
+    }
+    /// Backend requests in flight (handed to the backend's queue or waiting for room in
+    /// it).
+    pub fn in_flight(&self) -> u32 {
+        self.inflight[0] + self.inflight[1]
     }
     /// The request with `tag` completed, or was dropped before the backend saw it.
     pub fn ended(&mut self, tag: u64) {
@@ -591,6 +596,18 @@ impl Drop for FusedLocks {
 }
 
 impl NsSlot {
+    /// Backend requests in flight on this thread.
+    pub fn inflight(&self) -> u32 {
+        self.fences.in_flight()
+    }
+
+    /// The queue depth metric follows [`NsSlot::inflight`].
+    pub fn publish_depth(&self) {
+        self.counters
+            .queue_depth
+            .store(u64::from(self.inflight()), Ordering::Relaxed);
+    }
+
     /// The backend is gone: from now on reads and writes go through the queue too (no
     /// store), which fails them. The caller tells the main context (`ns_gone_news`).
     pub fn set_gone(&mut self) {
@@ -1761,10 +1778,7 @@ impl Core {
     fn push_req(&mut self, ns_idx: u32, mut req: Request) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
             req.tag = (req.tag & !FENCE_BIT) | ns.fences.started();
-            ns.inflight += 1;
-            ns.counters
-                .queue_depth
-                .store(ns.inflight as u64, Ordering::Relaxed);
+            ns.publish_depth();
             match ns.q.submit(req) {
                 Ok(()) => {}
                 Err(SubmitError::Full(r)) => ns.pending.push_back(r),
@@ -2101,11 +2115,8 @@ impl Core {
                 ns.set_gone();
                 self.ns_gone_news = true;
             }
-            ns.inflight = ns.inflight.saturating_sub(1);
             ns.fences.ended(comp.tag);
-            ns.counters
-                .queue_depth
-                .store(ns.inflight as u64, Ordering::Relaxed);
+            ns.publish_depth();
         }
         let idx = (comp.tag & 0xffff_ffff & !FENCE_BIT) as u32;
         let gen = (comp.tag >> 32) as u32;

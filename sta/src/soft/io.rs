@@ -438,7 +438,7 @@ impl StaIo {
                 .ns
                 .iter()
                 .flatten()
-                .any(|n| n.inflight > 0 || !n.pending.is_empty() || n.remote_wait)
+                .any(|n| n.inflight() > 0 || !n.pending.is_empty() || n.remote_wait)
             || self.core.tx_ready.iter().any(|&h| {
                 self.qps
                     .get(h.idx as usize)
@@ -772,17 +772,13 @@ impl StaIo {
     fn abort_backend_commands(&mut self, ns_idx: u32) {
         let core = &mut self.core;
         if let Some(ns) = core.ns[ns_idx as usize].as_mut() {
-            let dropped = ns.pending.len() as u32;
             for r in ns.pending.drain(..) {
                 ns.fences.ended(r.tag);
                 if let Some(b) = r.buf {
                     core.pool.put(b);
                 }
             }
-            ns.inflight = ns.inflight.saturating_sub(dropped);
-            ns.counters
-                .queue_depth
-                .store(ns.inflight as u64, std::sync::atomic::Ordering::Relaxed);
+            ns.publish_depth();
         }
         for idx in 0..core.cmds.len() {
             let c = &mut core.cmds[idx];
@@ -911,7 +907,6 @@ impl StaIo {
                                 q,
                                 pending: VecDeque::new(),
                                 counters: self.core.stats.register_ns(subsys, nsid),
-                                inflight: 0,
                                 progress: None,
                                 removing: None,
                                 gone: false,
@@ -986,7 +981,8 @@ impl StaIo {
             self.ns_removals = false;
             for slot in self.core.ns.iter_mut() {
                 if let Some(s) = slot {
-                    if let (Some(task), 0, true) = (s.removing, s.inflight, s.pending.is_empty()) {
+                    if let (Some(task), 0, true) = (s.removing, s.inflight(), s.pending.is_empty())
+                    {
                         if !s.acked {
                             send_ack(&self.ack, Ack::NsRemoved { task });
                         }
@@ -1022,7 +1018,7 @@ impl StaIo {
                     }
                 }
             }
-            if ns.inflight > 0 {
+            if ns.inflight() > 0 {
                 ns.q.poll(&mut self.core.completions);
             }
             if self.core.completions.is_empty() {

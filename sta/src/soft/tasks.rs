@@ -121,10 +121,7 @@ impl StaIo {
                         true
                     }
                 });
-                ns.inflight = ns.inflight.saturating_sub(queued as u32);
-                ns.counters
-                    .queue_depth
-                    .store(ns.inflight as u64, std::sync::atomic::Ordering::Relaxed);
+                ns.publish_depth();
                 for b in bufs {
                     self.core.pool.put(b);
                 }
