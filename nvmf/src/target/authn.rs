@@ -136,6 +136,20 @@ pub struct DhJobId {
 }
 
 impl QueueAuth {
+    /// The deadline by which the queue must have authenticated, if it must and one runs
+    /// now: none while its DH job is out (that wait is the target's).
+    fn initial_deadline(&self, auth_required: bool) -> Option<Instant> {
+        (auth_required && !self.tx.authenticated() && self.dh.is_none()).then_some(self.deadline)
+    }
+
+    /// The job out for this queue, if it is the one `id` names: the CID of the Send it
+    /// holds.
+    fn job_cid(&self, id: &DhJobId) -> Option<u16> {
+        self.dh
+            .filter(|&(seq, _)| seq == id.seq)
+            .map(|(_, cid)| cid)
+    }
+
     pub(super) fn new(now: Instant) -> QueueAuth {
         QueueAuth {
             tx: Transaction::new(),
@@ -419,7 +433,8 @@ impl Target {
             .get(&id.queue.cntlid)
             .filter(|c| !c.retired)
             .and_then(|c| c.queue_auth.get(&id.queue.qid))
-            .is_some_and(|qa| qa.dh.is_some_and(|(seq, _)| seq == id.seq))
+            .and_then(|qa| qa.job_cid(id))
+            .is_some()
     }
 
     /// A job's result: the transaction goes on, and the Send it held completes (the
@@ -430,10 +445,11 @@ impl Target {
     /// The deadlines the queue's authentication waited on while the job was out start
     /// over at `now`: the host could not go on meanwhile.
     pub fn dh_done(&mut self, id: DhJobId, done: DhDone, now: Instant) -> Vec<super::Action> {
-        if !self.dh_wanted(&id) {
-            return Vec::new();
-        }
-        let Some(ctrl) = self.controllers.get_mut(&id.queue.cntlid) else {
+        let Some(ctrl) = self
+            .controllers
+            .get_mut(&id.queue.cntlid)
+            .filter(|c| !c.retired)
+        else {
             return Vec::new();
         };
         let concat = concat_for(&self.queue_tls, ctrl, id.queue.qid);
@@ -441,9 +457,10 @@ impl Target {
         let Some(qa) = ctrl.queue_auth.get_mut(&id.queue.qid) else {
             return Vec::new();
         };
-        let Some((_, cid)) = qa.dh.take() else {
+        let Some(cid) = qa.job_cid(&id) else {
             return Vec::new();
         };
+        qa.dh = None;
         qa.deadline = qa.deadline.max(now + AUTH_TIMEOUT);
         match creds {
             Some(creds) => qa.tx.dh_done(
@@ -480,11 +497,9 @@ impl Target {
         for c in self.controllers.values_mut().filter(|c| !c.retired) {
             for (&qid, qa) in c.queue_auth.iter_mut() {
                 qa.tx.poll_timeout(now);
-                // Not while its DH job is out: that wait is the target's.
-                if c.auth_required
-                    && !qa.tx.authenticated()
-                    && qa.dh.is_none()
-                    && qa.deadline <= now
+                if qa
+                    .initial_deadline(c.auth_required)
+                    .is_some_and(|d| d <= now)
                 {
                     late.push((
                         c.cntlid,
@@ -534,8 +549,7 @@ impl Target {
             .filter(|c| !c.retired)
             .flat_map(|c| {
                 c.queue_auth.values().filter_map(move |qa| {
-                    let initial = (c.auth_required && !qa.tx.authenticated() && qa.dh.is_none())
-                        .then_some(qa.deadline);
+                    let initial = qa.initial_deadline(c.auth_required);
                     match (initial, qa.tx.deadline()) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
