@@ -28,6 +28,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError};
 
+/// Locks `m`, poisoned or not: the daemon's mutexes guard plain data (no invariant spans
+/// an unlock), so what a thread that panicked while holding one left is still usable.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// NVMe-over-Fabrics target daemon.
 #[derive(Debug, Parser)]
 #[command(version, about)]

@@ -82,6 +82,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::lock;
 use nvmf::target::report::TargetReport;
 use nvmf::target::QueueKey;
 use prometheus_client::collector::Collector;
@@ -190,10 +191,6 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
 /// Connections cut: answered 503 (every one was past its request head), or evicted.
 static CUT_BUSY: AtomicU64 = AtomicU64::new(0);
 static CUT_EVICTED: AtomicU64 = AtomicU64::new(0);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The connections being served.
 #[derive(Default)]

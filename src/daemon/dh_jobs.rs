@@ -90,7 +90,7 @@ impl DhQueue {
         if jobs.is_empty() {
             return;
         }
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = crate::lock(&self.waiting);
         for j in jobs {
             w.push(j.peer, j);
         }
@@ -99,7 +99,7 @@ impl DhQueue {
     }
 
     fn pop(&self) -> DhJob {
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = crate::lock(&self.waiting);
         loop {
             if let Some(j) = w.pop() {
                 return j;
@@ -115,7 +115,7 @@ impl DhQueue {
 
     /// Jobs waiting now, jobs run, jobs skipped.
     pub fn counts(&self) -> (u64, u64, u64) {
-        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).len;
+        let waiting = crate::lock(&self.waiting).len;
         (
             waiting as u64,
             self.run.load(Ordering::Relaxed),

@@ -19,6 +19,7 @@ use super::conn_limits::{ConnLimit, ConnLimits, ConnSlot};
 use super::listeners::ListenerDirectory;
 use super::queue_facts::QueueFacts;
 use super::subsystems::Subsystems;
+use crate::lock;
 use crate::rdma_cm::RdmaMsg;
 use crate::refusals::{ConnInfo, RefusalLog};
 
@@ -89,12 +90,6 @@ pub(super) struct Shared {
     accept_backoffs: AtomicU64,
     /// DH-HMAC-CHAP arithmetic waiting for the DH threads (`dh_jobs.rs`).
     pub dh: super::dh_jobs::DhQueue,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A thread that panicked while holding one of these locks left plain data behind (no
-    // invariant spans an unlock), so the data is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
