@@ -548,12 +548,10 @@ impl Target {
             .values()
             .filter(|c| !c.retired)
             .flat_map(|c| {
-                c.queue_auth.values().filter_map(move |qa| {
-                    let initial = qa.initial_deadline(c.auth_required);
-                    match (initial, qa.tx.deadline()) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    }
+                c.queue_auth.values().flat_map(move |qa| {
+                    qa.initial_deadline(c.auth_required)
+                        .into_iter()
+                        .chain(qa.tx.deadline())
                 })
             })
             .min()
