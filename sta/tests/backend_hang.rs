@@ -83,12 +83,7 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
     let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
-        let opts = HostOptions {
-            timeout: Duration::from_secs(15),
-            ..HostOptions::default()
-        };
-        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
-        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        let mut h = io_queue_host(addr);
         let mut buf = vec![0u8; 4096];
         // Stuck in the backend until the queue is destroyed.
         tx.send(h.read(1, 0, 8, &mut buf).expect("first read"))
@@ -155,6 +150,17 @@ fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
         io.progress(Duration::from_millis(1));
     }
     assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
+}
+
+/// The host side: I/O queue 1 of controller 1 on `addr`, connected (15 s timeouts).
+fn io_queue_host(addr: std::net::SocketAddr) -> TcpHost {
+    let opts = HostOptions {
+        timeout: Duration::from_secs(15),
+        ..HostOptions::default()
+    };
+    let mut h = TcpHost::connect(addr, opts).expect("ICReq");
+    h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+    h
 }
 
 /// An engine with one namespace on a [`Stuck`] backend (held until `release`), its IO
@@ -344,12 +350,7 @@ fn run_host_on(
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
-        let opts = HostOptions {
-            timeout: Duration::from_secs(15),
-            ..HostOptions::default()
-        };
-        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
-        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        let mut h = io_queue_host(addr);
         host(&mut h, tx);
     });
     let mut events = Vec::new();
@@ -470,12 +471,7 @@ fn a_fence_waits_for_the_requests_in_flight() {
     let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
-        let opts = HostOptions {
-            timeout: Duration::from_secs(15),
-            ..HostOptions::default()
-        };
-        let mut h = TcpHost::connect(addr, opts).expect("ICReq");
-        h.connect_io(NQN, 1, 1, 31).expect("I/O queue Connect");
+        let mut h = io_queue_host(addr);
         let mut buf = vec![0u8; 4096];
         tx.send(h.read(1, 0, 8, &mut buf).expect("read")).unwrap();
     });

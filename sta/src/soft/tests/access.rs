@@ -464,18 +464,7 @@ fn aborting_half_of_a_fused_pair_leaves_the_pair_whole() {
         );
         p.conns[q].auto_r2t = false;
         p.conns[q].host.set_max_incapsule(0);
-        let c1 = p.submit(
-            q,
-            fused(io::COMPARE, 1, 5, 2),
-            Xfer::ToController,
-            old.clone(),
-        );
-        let c2 = p.submit(
-            q,
-            fused(io::WRITE, 2, 5, 2),
-            Xfer::ToController,
-            new.clone(),
-        );
+        let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &new));
         p.pump();
         let r2ts = std::mem::take(&mut p.conns[q].r2ts);
         assert_eq!(r2ts.len(), 2, "both halves asked for their data");
@@ -499,6 +488,24 @@ fn aborting_half_of_a_fused_pair_leaves_the_pair_whole() {
     }
 }
 
+/// A fused Compare (first) and Write (second), each of 2 blocks at its own LBA, with
+/// their data: the pair's CIDs.
+fn submit_pair(p: &mut Pair, q: usize, compare: (u64, &[u8]), write: (u64, &[u8])) -> (u16, u16) {
+    let c1 = p.submit(
+        q,
+        fused(io::COMPARE, 1, compare.0, 2),
+        Xfer::ToController,
+        compare.1.to_vec(),
+    );
+    let c2 = p.submit(
+        q,
+        fused(io::WRITE, 2, write.0, 2),
+        Xfer::ToController,
+        write.1.to_vec(),
+    );
+    (c1, c2)
+}
+
 fn fused_compare_and_write_on(mut p: Pair) {
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     let (old, new, other) = (pattern(1, 1024), pattern(2, 1024), pattern(3, 1024));
@@ -509,34 +516,12 @@ fn fused_compare_and_write_on(mut p: Pair) {
         Status::SUCCESS
     );
     // Match.
-    let c1 = p.submit(
-        q,
-        fused(io::COMPARE, 1, 5, 2),
-        Xfer::ToController,
-        old.clone(),
-    );
-    let c2 = p.submit(
-        q,
-        fused(io::WRITE, 2, 5, 2),
-        Xfer::ToController,
-        new.clone(),
-    );
+    let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &new));
     assert_eq!(p.wait(q, c1).0.status(), Status::SUCCESS);
     assert_eq!(p.wait(q, c2).0.status(), Status::SUCCESS);
     assert_eq!(disk(&p, 5, 2), new);
     // Mismatch: nothing written.
-    let c1 = p.submit(
-        q,
-        fused(io::COMPARE, 1, 5, 2),
-        Xfer::ToController,
-        old.clone(),
-    );
-    let c2 = p.submit(
-        q,
-        fused(io::WRITE, 2, 5, 2),
-        Xfer::ToController,
-        other.clone(),
-    );
+    let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &other));
     assert_eq!(p.wait(q, c1).0.status(), Status::COMPARE_FAILURE);
     assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_FAILED_FUSED);
     assert_eq!(disk(&p, 5, 2), new);
@@ -557,36 +542,14 @@ fn fused_compare_and_write_on(mut p: Pair) {
         other.clone(),
     );
     assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_MISSING_FUSED);
-    let c1 = p.submit(
-        q,
-        fused(io::COMPARE, 1, 5, 2),
-        Xfer::ToController,
-        new.clone(),
-    );
-    let c2 = p.submit(
-        q,
-        fused(io::WRITE, 2, 6, 2),
-        Xfer::ToController,
-        other.clone(),
-    );
+    let (c1, c2) = submit_pair(&mut p, q, (5, &new), (6, &other));
     assert_eq!(p.wait(q, c1).0.status(), Status::ABORTED_MISSING_FUSED);
     assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_MISSING_FUSED);
     assert_eq!(disk(&p, 5, 2), new);
     // Atomic against a write to the range queued right behind it: the pair compares and
     // writes first, the plain write lands after.
     let ops0 = p.backend_ops.lock().unwrap().len();
-    let c1 = p.submit(
-        q,
-        fused(io::COMPARE, 1, 5, 2),
-        Xfer::ToController,
-        new.clone(),
-    );
-    let c2 = p.submit(
-        q,
-        fused(io::WRITE, 2, 5, 2),
-        Xfer::ToController,
-        other.clone(),
-    );
+    let (c1, c2) = submit_pair(&mut p, q, (5, &new), (5, &other));
     let w = p.submit(
         q,
         rw(io::WRITE, 6, 1),
