@@ -271,6 +271,16 @@ fn a_write_admitted_before_preempt_and_abort_does_not_land_after_it() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
+/// Abort (SQID 1, `cid`) on admin queue `adm`: its completion.
+fn abort(p: &mut Pair, adm: usize, cid: u16) -> nvmf::spec::Cqe {
+    let mut sqe = Sqe {
+        cdw10: 1 | (cid as u32) << 16,
+        ..Default::default()
+    };
+    sqe.set_opcode_cid(admin::ABORT, 0);
+    p.exec(adm, sqe, Xfer::None, vec![]).0
+}
+
 #[test]
 fn abort_a_write_waiting_for_host_data() {
     let mut p = Pair::with_config(SoftConfig::default());
@@ -282,12 +292,7 @@ fn abort_a_write_waiting_for_host_data() {
     p.pump();
     let (c, ttag, off, len) = p.conns[q].r2ts.pop().expect("an R2T");
     assert_eq!(c, cid);
-    let mut abort = Sqe {
-        cdw10: 1 | (cid as u32) << 16,
-        ..Default::default()
-    };
-    abort.set_opcode_cid(admin::ABORT, 0);
-    let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+    let cqe = abort(&mut p, adm, cid);
     assert!(cqe.status().is_success());
     assert_eq!(cqe.dw0 & 1, 0, "aborted");
     // The host sends the data it was asked for; the command then ends, unrun.
@@ -299,7 +304,7 @@ fn abort_a_write_waiting_for_host_data() {
     // A command that is done: not aborted.
     p.conns[q].auto_r2t = true;
     assert_eq!(write(&mut p, q, 50, 1), Status::SUCCESS);
-    let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+    let cqe = abort(&mut p, adm, cid);
     assert_eq!(cqe.dw0 & 1, 1, "not aborted");
     assert_eq!(p.io.commands_in_flight(), 0);
 }
@@ -469,12 +474,7 @@ fn aborting_half_of_a_fused_pair_leaves_the_pair_whole() {
         let r2ts = std::mem::take(&mut p.conns[q].r2ts);
         assert_eq!(r2ts.len(), 2, "both halves asked for their data");
         let cid = [c1, c2][half];
-        let mut abort = Sqe {
-            cdw10: 1 | (cid as u32) << 16,
-            ..Default::default()
-        };
-        abort.set_opcode_cid(admin::ABORT, 0);
-        let (cqe, _) = p.exec(adm, abort, Xfer::None, vec![]);
+        let cqe = abort(&mut p, adm, cid);
         assert!(cqe.status().is_success());
         assert_eq!(cqe.dw0 & 1, 1, "half {half}: not aborted");
         for (c, ttag, off, len) in r2ts {
