@@ -358,6 +358,26 @@ fn deadlines_and_floods() {
     drop(ctrls);
     t.wait_settled(&base, Duration::from_secs(10));
 
+    // A capsule begun and never finished: the same deadline, from its first bytes.
+    let (ctrls, failed) = hostile::pdu_never_finished(t.addr(), SUBNQN, scaled(200), &mut peers);
+    assert_eq!(failed, 0, "attackers could connect");
+    v.io(0.3, "while capsules stay unfinished");
+    t.wait_for("partial PDU deadline", Duration::from_secs(10), |m| {
+        metric(m, "nvmft_limit_hits_total", "limit=\"partial_pdu_timeout\"") >= ctrls.len() as f64
+    });
+    let ios: Vec<TcpStream> = ctrls
+        .iter()
+        .map(|(_, io)| io.stream().try_clone().expect("clone"))
+        .collect();
+    assert_eq!(
+        wait_closed(&ios, Duration::from_secs(5)),
+        0,
+        "every I/O queue with a partial PDU was closed"
+    );
+    drop(ios);
+    drop(ctrls);
+    t.wait_settled(&base, Duration::from_secs(10));
+
     // A peer that never reads its responses: the drain deadline.
     let nr = hostile::never_reads(t.addr(), SUBNQN, 63, 128 << 10, &mut peers).expect("set up");
     v.io(0.5, "while a peer does not read");
@@ -388,7 +408,12 @@ fn deadlines_and_floods() {
     );
 
     let log = t.d.log();
-    for reason in ["icreq_timeout", "connect_timeout", "host_data_timeout"] {
+    for reason in [
+        "icreq_timeout",
+        "connect_timeout",
+        "host_data_timeout",
+        "partial_pdu_timeout",
+    ] {
         assert!(log.contains(reason), "a warn line naming {reason}:\n{log}");
     }
     eprintln!(

@@ -277,6 +277,7 @@ fn exposition_parses_and_counters_move_after_io() {
         "icreq_timeout",
         "connect_timeout",
         "host_data_timeout",
+        "partial_pdu_timeout",
         "drain_timeout",
         "send_queue",
         "queue_depth",

@@ -175,6 +175,42 @@ pub fn data_never_comes(
     (held, failed)
 }
 
+/// `n` controllers, each with one I/O queue on which a 4 KiB write is sent with its data
+/// in the capsule, but only the capsule's first 100 bytes: the rest of the PDU never
+/// comes. The target needs IOCCSZ of at least 4 KiB (its default is 8 KiB).
+pub fn pdu_never_finished(
+    to: SocketAddr,
+    subnqn: &str,
+    n: usize,
+    peers: &mut Peers,
+) -> (Vec<(TcpHost, TcpHost)>, usize) {
+    let mut held = Vec::with_capacity(n);
+    let mut failed = 0;
+    for _ in 0..n {
+        let r = controller(to, subnqn, 1, 31, peers.opts(&attacker_options())).and_then(
+            |(a, mut ios)| {
+                let mut io = ios.pop().expect("one I/O queue");
+                use nvmf::spec::{sgl, SglDescriptor};
+                let mut sqe = nvmf::spec::Sqe::default();
+                sqe.set_opcode_cid(nvmf::spec::opcodes::io::WRITE, 1);
+                sqe.nsid = 1;
+                sqe.cdw12 = 7; // 8 blocks of 512 bytes
+                sqe.dptr =
+                    SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, 0, 4096);
+                let mut pdu = Vec::new();
+                nvmf::tcp::encode_capsule_cmd(&mut pdu, &sqe, &[0x5a; 4096], io.digests(), 0);
+                io.send_raw(&pdu[..100])?;
+                Ok((a, io))
+            },
+        );
+        match r {
+            Ok(c) => held.push(c),
+            Err(_) => failed += 1,
+        }
+    }
+    (held, failed)
+}
+
 /// A controller whose I/O queue asks for `qd` reads of `len` bytes and never reads the
 /// answers.
 pub fn never_reads(

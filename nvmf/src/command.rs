@@ -121,7 +121,8 @@ impl DataSgl {
     /// Classify SGL1 of `sqe` on `transport`; `in_capsule` is how many bytes of data came
     /// with the capsule. In-capsule data needs offset 0 (SGL Offset Invalid) and the SGL
     /// length equal to what arrived (Data SGL Length Invalid). A descriptor the transport
-    /// does not use is SGL Descriptor Type Invalid when data came with the capsule, and
+    /// does not use, or an NVMe/TCP transport data block (data by R2T), is SGL
+    /// Descriptor Type Invalid when data came with the capsule, and
     /// [`DataSgl::None`] otherwise (hosts send a zeroed SGL with data-less commands).
     pub fn parse(sqe: &Sqe, transport: Transport, in_capsule: usize) -> Result<DataSgl, Status> {
         let d = sqe.dptr;
@@ -135,7 +136,11 @@ impl DataSgl {
                 }
                 Ok(DataSgl::InCapsule { len: d.length() })
             }
-            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT, Transport::Tcp) => {
+            // Data that came with the capsule while SGL1 says it will come by R2T: the
+            // capsule contradicts itself (answered below, not R2T'd).
+            (sgl::TYPE_TRANSPORT_DATA_BLOCK, sgl::SUBTYPE_TRANSPORT, Transport::Tcp)
+                if in_capsule == 0 =>
+            {
                 Ok(DataSgl::Transport { len: d.length() })
             }
             (sgl::TYPE_KEYED_DATA_BLOCK, _, Transport::Rdma) => match KeyedSgl::parse(&d) {
@@ -330,6 +335,11 @@ mod tests {
             Ok(DataSgl::Transport { len: 128 * 1024 })
         );
         assert_eq!(DataSgl::parse(&t, Transport::Rdma, 0), Ok(DataSgl::None));
+        // ... with data in the capsule all the same.
+        assert_eq!(
+            DataSgl::parse(&t, Transport::Tcp, 4096),
+            Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+        );
         // nvme-rdma keyed data block with invalidate: addr, 3-byte length, key, id 0x4f.
         let k = from([
             0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0x00, 0x10, 0x00, 0xef, 0xbe, 0xad,

@@ -148,6 +148,9 @@ pub enum Limit {
     /// Host data an R2T asked for did not come within
     /// [`EngineLimits::host_data_timeout`] (a C2HTermReq ends the connection).
     HostDataTimeout,
+    /// A PDU the peer began was not complete within [`EngineLimits::host_data_timeout`]
+    /// of its first bytes (NVMe/TCP: a capsule or H2CData sent in part, then nothing).
+    PartialPdu,
     /// The peer took none of its output (responses) for [`EngineLimits::drain_timeout`].
     DrainTimeout,
     /// A queue's output grew past its bound (the peer neither reads nor stops sending).
@@ -171,7 +174,7 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub const ALL: [Limit; 10] = [
+    pub const ALL: [Limit; 11] = [
         Limit::IcReqTimeout,
         Limit::ConnectTimeout,
         Limit::HostDataTimeout,
@@ -182,6 +185,7 @@ impl Limit {
         Limit::BufferPool,
         Limit::CommandSlots,
         Limit::PeerBuffers,
+        Limit::PartialPdu,
     ];
 
     /// Metric label (`nvmft_limit_hits_total{limit="..."}`) and log reason.
@@ -190,6 +194,7 @@ impl Limit {
             Limit::IcReqTimeout => "icreq_timeout",
             Limit::ConnectTimeout => "connect_timeout",
             Limit::HostDataTimeout => "host_data_timeout",
+            Limit::PartialPdu => "partial_pdu_timeout",
             Limit::DrainTimeout => "drain_timeout",
             Limit::SendQueue => "send_queue",
             Limit::QueueDepth => "queue_depth",
@@ -206,6 +211,7 @@ impl Limit {
             Limit::IcReqTimeout => "sent no ICReq in time",
             Limit::ConnectTimeout => "sent no Fabrics Connect in time",
             Limit::HostDataTimeout => "did not send the data an R2T asked for in time",
+            Limit::PartialPdu => "began a PDU and did not finish it in time",
             Limit::DrainTimeout => "did not read its responses in time",
             Limit::SendQueue => "let too many responses pile up unread",
             Limit::QueueDepth => "submitted more commands than its queue has entries",
@@ -231,7 +237,8 @@ pub struct EngineLimits {
     /// A queue must have its Fabrics Connect answered within this of being accepted.
     pub connect_timeout: Duration,
     /// Host data solicited by an R2T must arrive within this (the Linux host's own I/O
-    /// timeout is 30 s: by then it has given up on the command anyway).
+    /// timeout is 30 s: by then it has given up on the command anyway), and so must the
+    /// rest of any PDU once its first bytes are in ([`Limit::PartialPdu`]).
     pub host_data_timeout: Duration,
     /// A connection whose output the peer does not take for this long is closed.
     pub drain_timeout: Duration,

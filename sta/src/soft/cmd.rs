@@ -359,6 +359,9 @@ pub(super) struct QpState {
     tx_blocked: bool,
     /// Output has been waiting without any of it being taken since then.
     pub tx_stalled_since: Option<Instant>,
+    /// NVMe/TCP: the pass in which the PDU the peer is still sending began (bytes of it
+    /// are in, not all of them), for [`crate::Limit::PartialPdu`].
+    pub partial_since: Option<Instant>,
     /// Who this I/O queue's commands come from (`qp_set_access`).
     pub access: AccessKey,
     /// A first fused command (FUSE 01b) waiting for the next capsule.
@@ -394,6 +397,7 @@ impl QpState {
             waiting: VecDeque::new(),
             tx_blocked: false,
             tx_stalled_since: None,
+            partial_since: None,
             access: AccessKey::default(),
             fused_first: None,
             counters,

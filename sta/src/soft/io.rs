@@ -656,7 +656,7 @@ impl StaIo {
     }
 
     /// The deadlines of [`crate::EngineLimits`]: ICReq and Connect (from accept), host
-    /// data (from the R2T), output the peer does not take. A QP past one stops taking
+    /// data (from the R2T), a PDU begun and not finished, output the peer does not take. A QP past one stops taking
     /// input and is reported as [`Tek::Limit`] (the application disconnects it); host data
     /// that never came also ends the NVMe/TCP connection with a C2HTermReq. Idle receive
     /// buffers shrink here too.
@@ -752,6 +752,12 @@ impl StaIo {
                 .is_some_and(|t| now.saturating_duration_since(t) > lim.drain_timeout)
             {
                 Some(Limit::DrainTimeout)
+            } else if q
+                .st
+                .partial_since
+                .is_some_and(|t| now.saturating_duration_since(t) > lim.host_data_timeout)
+            {
+                Some(Limit::PartialPdu)
             } else {
                 None
             };

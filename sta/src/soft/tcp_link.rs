@@ -729,6 +729,8 @@ fn keep_version(link: &TcpLink, cmds: &mut [Cmd], lent: &Lent<'_>) -> std::io::R
 /// TermReq from the host, or the peer closing.
 pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut QpState) -> bool {
     let mut did = false;
+    // Whether a PDU was completed here: the one still arriving, if any, began now.
+    let mut pdu_done = false;
     // A buffer that had to grow for the PDU at hand is filled again at once (at most a
     // few times: it grows to its bound at most).
     for _ in 0..4 {
@@ -781,6 +783,7 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
                     break;
                 };
                 did = true;
+                pdu_done = true;
                 if !link.tx.is_empty() {
                     core.mark_tx(st);
                 }
@@ -838,7 +841,24 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
             break;
         }
     }
+    note_partial_pdu(core.now, rx, st, pdu_done);
     did
+}
+
+/// Keep [`QpState::partial_since`]: bytes left over that the queue machine could not
+/// make a PDU of yet, or a payload still streaming, are a PDU under way (the machine only
+/// stops short of a whole PDU when it has not all arrived). Its time is that of the pass
+/// that completed the PDU before it, or saw its first bytes.
+fn note_partial_pdu(now: Instant, rx: &RxBuf, st: &mut QpState, pdu_done: bool) {
+    let super::cmd::Link::Tcp(link) = &st.link else {
+        return;
+    };
+    let under_way = !rx.pending().is_empty() || link.machine.inflow().is_some();
+    st.partial_since = match (under_way, st.partial_since) {
+        (false, _) => None,
+        (true, Some(t)) if !pdu_done => Some(t),
+        (true, _) => Some(now),
+    };
 }
 
 /// With the receive buffer empty and a streamed payload under way, read the socket

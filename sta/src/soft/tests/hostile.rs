@@ -341,6 +341,90 @@ fn host_data_stalled_inside_a_streamed_pdu_times_out() {
     host_data_deadline_ends_the_connection(&mut p, bad, q);
 }
 
+/// A write capsule that carries its data but whose SGL1 says the data comes by R2T is
+/// answered SGL Descriptor Type Invalid (no R2T, the data not taken for something else);
+/// the queue goes on.
+#[test]
+fn in_capsule_data_with_a_transport_sgl_is_refused() {
+    let (mut p, _q, bad) = controller_and_raw_queue();
+    forge(
+        &mut p,
+        bad,
+        &by_transport(io_rw(io::WRITE, 8), 5, 4096),
+        &[0xa5; 4096],
+    );
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { cid: 5, status }]
+            if *status == Status::SGL_DESCRIPTOR_TYPE_INVALID),
+        "{w:?}"
+    );
+    forge(
+        &mut p,
+        bad,
+        &in_capsule(io_rw(io::WRITE, 8), 6, 4096),
+        &[0xa5; 4096],
+    );
+    p.pump();
+    let w = take_wire(&mut p, bad);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { cid: 6, status }] if status.is_success()),
+        "{w:?}"
+    );
+}
+
+/// A capsule sent in part and then nothing ends its connection once the host-data
+/// deadline has passed since its first bytes. A connection whose every pass ends inside
+/// a PDU, having finished the one before it, is busy, not stalled: it stays.
+#[test]
+fn a_pdu_left_unfinished_times_out_but_a_busy_stream_does_not() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let stalled = raw_io_queue(&mut p, cntlid, 2, 31);
+    let busy = raw_io_queue(&mut p, cntlid, 3, 31);
+    let capsule = |cid: u16| {
+        let mut pdu = Vec::new();
+        let sqe = in_capsule(io_rw(io::WRITE, 1), cid, 512);
+        tcp::encode_capsule_cmd(&mut pdu, &sqe, &[cid as u8; 512], Digests::NONE, 0);
+        pdu
+    };
+    let first = capsule(100);
+    p.conns[stalled].send_raw(&first[..40]);
+    let mut next = capsule(0);
+    p.conns[busy].send_raw(&next[..next.len() / 2]);
+    p.pump();
+    let step = crate::EngineLimits::default().host_data_timeout / 4;
+    let rounds = 8u16;
+    for cid in 0..rounds {
+        p.advance(step);
+        let rest = next[next.len() / 2..].to_vec();
+        next = capsule(cid + 1);
+        p.conns[busy].send_raw(&rest);
+        p.conns[busy].send_raw(&next[..next.len() / 2]);
+        p.pump();
+        assert!(!p.conns[busy].target_closed(), "busy for {} steps", cid + 1);
+    }
+    assert!(
+        p.conns[stalled].target_closed(),
+        "the stalled PDU's connection"
+    );
+    assert!(p.disconnected.contains(&p.conns[stalled].qp));
+    assert!(p
+        .transport_errors
+        .iter()
+        .any(|&(h, k)| h == p.conns[stalled].qp
+            && k == crate::TransportErrorKind::Limit(crate::Limit::PartialPdu)));
+    let done = take_wire(&mut p, busy)
+        .iter()
+        .filter(|o| matches!(o, Out::Resp { status, .. } if status.is_success()))
+        .count();
+    assert_eq!(done, rounds as usize, "every finished write was answered");
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success());
+}
+
 /// A peer that never reads its responses: the engine neither spins on the full socket
 /// nor holds the connection forever; after the drain deadline the connection goes and
 /// its slots come back. Others are served meanwhile.
