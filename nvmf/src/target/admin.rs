@@ -686,7 +686,9 @@ fn identify(
     Reply::data(IDENTIFY_DATA_SIZE)
 }
 
-/// Features a controller of this kind supports.
+/// Features a controller of this kind supports. Interrupt Coalescing and Interrupt Vector
+/// Configuration are not among them: NVMe Base 2.1 prohibits both on fabrics controllers
+/// (nvmet answers them Invalid Field too).
 fn feature_supported(is_discovery: bool, f: u8) -> bool {
     if is_discovery {
         return matches!(f, fid::ASYNC_EVENT_CONFIG | fid::KEEP_ALIVE_TIMER);
@@ -699,8 +701,6 @@ fn feature_supported(is_discovery: bool, f: u8) -> bool {
             | fid::ERROR_RECOVERY
             | fid::VOLATILE_WRITE_CACHE
             | fid::NUMBER_OF_QUEUES
-            | fid::INTERRUPT_COALESCING
-            | fid::INTERRUPT_VECTOR_CONFIG
             | fid::WRITE_ATOMICITY
             | fid::ASYNC_EVENT_CONFIG
             | fid::KEEP_ALIVE_TIMER
@@ -788,7 +788,8 @@ fn get_features(
         }
         sel::SUPPORTED_CAPABILITIES => {
             let caps = match f.fid {
-                fid::HOST_IDENTIFIER => 0,
+                // The cache can only be left on (see `set_features`).
+                fid::HOST_IDENTIFIER | fid::VOLATILE_WRITE_CACHE => 0,
                 f if namespace_scoped(f) => {
                     capabilities::CHANGEABLE | capabilities::NAMESPACE_SPECIFIC
                 }
@@ -820,9 +821,6 @@ fn get_features(
             let n = feats.io_queues.saturating_sub(1);
             features::number_of_queues(n, n)
         }
-        fid::INTERRUPT_COALESCING => feats.interrupt_coalescing,
-        // IV as asked, Coalescing Disable clear.
-        fid::INTERRUPT_VECTOR_CONFIG => f.value & 0xffff,
         fid::WRITE_ATOMICITY => feats.write_atomicity,
         fid::ASYNC_EVENT_CONFIG => feats.async_event_config,
         // Per namespace: Get Features names one (Invalid Namespace for FFFFFFFFh, as SPDK).
@@ -844,9 +842,10 @@ fn get_features(
                 0
             }
         }
+        // A discovery controller's is the default it runs with when the host set 0.
         fid::KEEP_ALIVE_TIMER => {
             if current {
-                ctrl.kato_ms
+                ctrl.effective_kato_ms(opts)
             } else {
                 0
             }
@@ -941,8 +940,6 @@ fn set_features(
             let n = granted.saturating_sub(1);
             return Reply::dw0(features::number_of_queues(n, n));
         }
-        fid::INTERRUPT_COALESCING => feats.interrupt_coalescing = v & 0xffff,
-        fid::INTERRUPT_VECTOR_CONFIG => {}
         fid::WRITE_ATOMICITY => feats.write_atomicity = v & 1,
         fid::ASYNC_EVENT_CONFIG => {
             feats.async_event_config = v & async_events_supported(ctrl.is_discovery)
@@ -959,7 +956,7 @@ fn set_features(
             }
         }
         fid::KEEP_ALIVE_TIMER => {
-            ctrl.kato_ms = v;
+            ctrl.kato_ms = super::kato_granular(v);
             ctrl.restart_keep_alive(now, opts);
         }
         // The host identifier comes with Connect on fabrics.

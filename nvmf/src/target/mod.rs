@@ -503,7 +503,6 @@ struct Features {
     volatile_write_cache: bool,
     /// I/O queues granted (1-based).
     io_queues: u16,
-    interrupt_coalescing: u32,
     write_atomicity: u32,
     async_event_config: u32,
 }
@@ -518,7 +517,6 @@ impl Features {
             error_recovery: 0,
             volatile_write_cache: true,
             io_queues: max_io_queues,
-            interrupt_coalescing: 0,
             write_atomicity: 0,
             async_event_config: 0,
         }
@@ -655,6 +653,13 @@ struct Controller {
     resv_mask_default: u32,
     /// Abort commands held until the engine answers.
     aborts: usize,
+}
+
+/// A Keep Alive Timeout as the controller runs it: rounded up to the Keep Alive
+/// Granularity it reports (KAS 1: 100 ms), as the spec asks (NVMe Base 2.0 section
+/// 5.27.1.12); Get Features returns the rounded value.
+fn kato_granular(ms: u32) -> u32 {
+    ms.div_ceil(100).saturating_mul(100)
 }
 
 impl Controller {
@@ -1519,7 +1524,7 @@ impl Target {
                 cc: 0,
                 csts: 0,
                 closing_io: BTreeSet::new(),
-                kato_ms: cmd.kato,
+                kato_ms: kato_granular(cmd.kato),
                 deadline: None,
                 features: Features::defaults(self.opts.max_io_queues),
                 aers: VecDeque::new(),

@@ -504,6 +504,51 @@ fn kato_zero_disables_the_timer_and_set_features_restarts_it() {
     assert_eq!(c.t.next_timeout(), Some(now + Duration::from_secs(1)));
 }
 
+/// A discovery controller connected with KATO 0 runs with the default (as nvmet and
+/// SPDK do), and Get Features says so; Connect's KATO is rounded up to 100 ms too.
+#[test]
+fn discovery_kato_zero_reads_back_the_default_and_connect_kato_is_rounded() {
+    let mut t = target();
+    let now = Instant::now();
+    let (_, ok) = t.connect(
+        now,
+        1,
+        &origin(),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, DISCOVERY_NQN, HOST1),
+    );
+    let mut c = Conv {
+        t,
+        now,
+        admin: ok.expect("discovery connect").queue(),
+        cid: 0,
+    };
+    c.property_set(CC_ENABLE);
+    assert_eq!(
+        c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
+        TargetOptions::default().kato_default_ms
+    );
+    let (_, ok) = c.t.connect(
+        now,
+        2,
+        &origin(),
+        &connect_sqe(0, 31, 4321),
+        &connect_data(0xffff, SUB1, HOST1),
+    );
+    let mut c = Conv {
+        t: c.t,
+        now,
+        admin: ok.expect("connect").queue(),
+        cid: 0,
+    };
+    c.property_set(CC_ENABLE);
+    assert_eq!(
+        c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
+        4400
+    );
+    assert_eq!(c.t.next_timeout(), Some(now + Duration::from_millis(4400)));
+}
+
 #[test]
 fn aer_completes_on_namespace_add() {
     let mut c = Conv::enabled(target(), SUB1, HOST1);
@@ -979,7 +1024,6 @@ fn features_round_trip() {
         (fid::ARBITRATION, 3u32),
         (fid::TEMPERATURE_THRESHOLD, 350),
         (fid::ERROR_RECOVERY, 20),
-        (fid::INTERRUPT_COALESCING, 0x0102),
         (fid::WRITE_ATOMICITY, 1),
         (fid::ASYNC_EVENT_CONFIG, 1 << 8),
     ] {
@@ -1026,6 +1070,35 @@ fn features_round_trip() {
         4,
         "changeable"
     );
+    assert_eq!(
+        c.admin(get_features(fid::VOLATILE_WRITE_CACHE, 3, 0)).0.dw0,
+        0,
+        "the cache cannot be turned off: not changeable"
+    );
+    // Prohibited on fabrics controllers (NVMe Base 2.1), as nvmet answers them.
+    for f in [fid::INTERRUPT_COALESCING, fid::INTERRUPT_VECTOR_CONFIG] {
+        assert_eq!(
+            c.admin(set_features(f, 1)).0.status(),
+            Status::INVALID_FIELD
+        );
+        assert_eq!(
+            c.admin(get_features(f, 0, 0)).0.status(),
+            Status::INVALID_FIELD
+        );
+    }
+    // Keep Alive Timeout: rounded up to the 100 ms granularity (KAS 1), and read back so.
+    for (set, runs) in [(1, 100), (150, 200), (1000, 1000), (0, 0)] {
+        assert!(c
+            .admin(set_features(fid::KEEP_ALIVE_TIMER, set))
+            .0
+            .status()
+            .is_success());
+        assert_eq!(
+            c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
+            runs,
+            "KATO {set}"
+        );
+    }
     let mut sv = set_features(fid::ARBITRATION, 0);
     sv.cdw10 |= 1 << 31;
     assert_eq!(c.admin(sv).0.status(), Status::FEATURE_ID_NOT_SAVEABLE);
