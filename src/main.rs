@@ -44,7 +44,8 @@ struct Cli {
     config: Option<PathBuf>,
 
     /// Check the config (syntax, semantics, backend files) and exit: 0 if it is valid,
-    /// 1 with every problem listed if not.
+    /// 1 with its problems listed if not (every misspelt field and every semantic
+    /// problem; reading stops at another syntax or type error, or a missing field).
     #[arg(long)]
     check_config: bool,
 

@@ -176,9 +176,9 @@ fn yaml_syntax_error() {
 fn unknown_field() {
     assert_error(
         &edit(17, "allow_any_host", "allow_any_hots"),
-        "17:5: subsystems[0].allow_any_hots: unknown field `allow_any_hots` (expected one of: \
-         nqn, serial, model, allow_any_host, hosts, require_auth, listeners, ana_groups, \
-         namespaces)",
+        "17:5: subsystems[0].allow_any_hots: unknown field `allow_any_hots` (did you mean \
+         `allow_any_host`? expected one of: nqn, serial, model, allow_any_host, hosts, \
+         require_auth, listeners, ana_groups, namespaces)",
     );
 }
 

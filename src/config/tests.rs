@@ -350,6 +350,68 @@ fn rdma_listener_is_accepted() {
     assert_eq!(cfg.listeners[0].transport, TransportKind::Rdma);
 }
 
+/// Every misspelt field is listed in one go, block or flow style, each with the field
+/// it most likely meant, and with the file's other problems; the locations are those of
+/// the file as written.
+#[test]
+fn every_unknown_field_is_listed() {
+    let yaml = "\
+io_thread: 2
+listeners:
+  - {name: l, transport: tcp, address: '::', port: 4420, tsl: none}
+backends:
+  - {sise: 4M, name: b, type: ram}
+  - name: c
+    type: ram
+    size: 4M
+    blok_size: 4096
+    extra: {a: [1, 2]}
+subsystems:
+  - nqn: nqn.2026-01.io.test:a
+    allow_any_hosts: true
+    namespaces:
+      - {nsid: 1, backend: b}
+      - {nsid: 1, backend: c}
+";
+    let errs = errors(yaml);
+    let want = [
+        "t.yaml:1:1: io_thread: unknown field `io_thread` (did you mean `io_threads`?",
+        "t.yaml:3:58: listeners[0].tsl: unknown field `tsl` (did you mean `tls`?",
+        "t.yaml:5:5: backends[0].size: required for ram backends",
+        "t.yaml:5:6: backends[0].sise: unknown field `sise` (did you mean `size`?",
+        "t.yaml:9:5: backends[1].blok_size: unknown field `blok_size` (did you mean `block_size`?",
+        "t.yaml:10:5: backends[1].extra: unknown field `extra` (expected one of:",
+        "t.yaml:13:5: subsystems[0].allow_any_hosts: unknown field `allow_any_hosts` (did you \
+         mean `allow_any_host`?",
+    ];
+    for w in want {
+        assert!(
+            errs.iter().any(|e| e.starts_with(w)),
+            "{w:?} not in {errs:#?}"
+        );
+    }
+    assert!(
+        errs.iter().any(|e| e.contains("nsid") && e.contains("16:")),
+        "the duplicate NSID found past the typos: {errs:#?}"
+    );
+}
+
+/// A missing required field ends the reading (serde cannot go on without it), after the
+/// unknown fields before it.
+#[test]
+fn a_missing_field_ends_the_list() {
+    let errs = errors(&format!(
+        "io_thread: 2\n{}",
+        MINIMAL.replace("name: b, type: ram", "type: ram")
+    ));
+    assert!(errs[0].contains("unknown field `io_thread`"), "{errs:#?}");
+    assert!(
+        errs[1].contains("backends[0].name: required field is missing"),
+        "{errs:#?}"
+    );
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+}
+
 #[test]
 fn errors_are_sorted_and_all_reported() {
     let yaml = "\

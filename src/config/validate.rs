@@ -47,13 +47,34 @@ const NAME_MAX_LEN: usize = 64;
 /// Highest ANA group ID (the target's ANAGRPMAX).
 const ANA_GROUP_MAX: u32 = nvmf::target::ana::ANAGRPMAX;
 
+/// Unknown fields listed at most, before the rest of a file is read.
+const MAX_UNKNOWN_FIELDS: usize = 20;
+
 pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
-    let raw: RawConfig = serde_saphyr::from_str(text)
-        .map_err(|err| ConfigError::Invalid(vec![syntax_diagnostic(&err, text, source)]))?;
+    // An unknown field (a typo, most often) is blanked out and the text read again, so
+    // that every typo is listed in one go, with the other problems of the file; any other
+    // syntax or type error ends the reading there.
+    let mut diags = Vec::new();
+    let mut text = std::borrow::Cow::Borrowed(text);
+    let raw = loop {
+        match serde_saphyr::from_str::<RawConfig>(&text) {
+            Ok(raw) => break raw,
+            Err(err) => {
+                diags.push(syntax_diagnostic(&err, &text, source));
+                match blank_unknown_field(&err, &text) {
+                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => text = t.into(),
+                    _ => {
+                        diags.sort_by_key(|d| (d.line, d.column));
+                        return Err(ConfigError::Invalid(diags));
+                    }
+                }
+            }
+        }
+    };
     let mut checker = Checker {
         source,
         base,
-        diags: Vec::new(),
+        diags,
     };
     let config = checker.config(raw);
     if checker.diags.is_empty() {
@@ -63,6 +84,33 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
         diags.sort_by_key(|d| (d.line, d.column));
         Err(ConfigError::Invalid(diags))
     }
+}
+
+/// `text` without the field `err` says is unknown (its key and value turned to spaces,
+/// so that every other location stays where it was); `None` for any other error, or a
+/// field in a flow mapping.
+fn blank_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
+    let err = err.without_snippet();
+    if !matches!(err, serde_saphyr::Error::SerdeUnknownField { .. }) {
+        return None;
+    }
+    let at = err.location().filter(|l| l.line() > 0)?;
+    let start = (at.line(), at.column().max(1));
+    let end = PathIndex::build(text).field_end(text, start.0, start.1)?;
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let n = i as u64 + 1;
+        for (j, c) in line.chars().enumerate() {
+            let here = (n, j as u64 + 1);
+            let inside = here >= start && end.is_none_or(|e| here < e);
+            out.push(if inside && c != '\n' && c != '\r' {
+                ' '
+            } else {
+                c
+            });
+        }
+    }
+    Some(out)
 }
 
 /// Turns a deserializer error into a located diagnostic naming the field.
@@ -80,10 +128,16 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
             field, expected, ..
         } => (
             index.key_at(line, column),
-            format!(
-                "unknown field `{field}` (expected one of: {})",
-                expected.join(", ")
-            ),
+            match closest(field, expected) {
+                Some(near) => format!(
+                    "unknown field `{field}` (did you mean `{near}`? expected one of: {})",
+                    expected.join(", ")
+                ),
+                None => format!(
+                    "unknown field `{field}` (expected one of: {})",
+                    expected.join(", ")
+                ),
+            },
         ),
         E::DuplicateMappingKey { .. } => (index.key_at(line, column), "duplicate key".into()),
         E::SerdeMissingField { field, .. } => {
@@ -152,6 +206,17 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
         field,
         message: sanitize(&message),
     }
+}
+
+/// The expected field a misspelt one most likely meant: within two edits (a letter
+/// missing, extra, changed or two swapped), the nearest.
+fn closest<'a>(field: &str, expected: &[&'a str]) -> Option<&'a str> {
+    expected
+        .iter()
+        .map(|e| (strsim::damerau_levenshtein(field, e), *e))
+        .filter(|&(d, _)| d <= 2)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, e)| e)
 }
 
 fn expected_scalar(ty: &str) -> String {

@@ -21,8 +21,12 @@ struct Entry {
     column: u64,
     kind: EntryKind,
     path: String,
+    /// Collections open around it: a key and its value are one deeper than their mapping.
+    depth: usize,
     /// For mappings: where the mapping ends (once seen).
     mapping_end: Option<(u64, u64)>,
+    /// For mappings: where the event that ends it starts (a flow mapping's `}`).
+    closed_at: Option<(u64, u64)>,
 }
 
 enum Frame {
@@ -82,6 +86,8 @@ impl PathIndex {
                     if let Some(Frame::Mapping { entry, .. }) = stack.pop() {
                         let end = (span.end.line() as u64, span.end.col() as u64 + 1);
                         entries[entry].mapping_end = Some(end);
+                        let at = (span.start.line() as u64, span.start.col() as u64 + 1);
+                        entries[entry].closed_at = Some(at);
                     }
                     continue;
                 }
@@ -116,7 +122,9 @@ impl PathIndex {
                 column,
                 kind,
                 path: path.clone(),
+                depth: stack.len(),
                 mapping_end: None,
+                closed_at: None,
             });
             match opens {
                 Some(true) => stack.push(Frame::Sequence { path, next: 0 }),
@@ -158,6 +166,45 @@ impl PathIndex {
                 || (ROOT.to_owned(), line, column),
                 |e| (display(&e.path), e.line, e.column),
             )
+    }
+
+    /// Where the field whose key starts at `line:column` ends: at the next key of the
+    /// same mapping, or where something outside the mapping starts (a flow mapping: its
+    /// `}`); `None` for the end of the text. `None` overall when no key starts there.
+    /// Blanking the text from the key to there leaves valid YAML without the field (in a
+    /// flow mapping, a trailing comma at most).
+    pub(super) fn field_end(
+        &self,
+        text: &str,
+        line: u64,
+        column: u64,
+    ) -> Option<Option<(u64, u64)>> {
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.kind == EntryKind::Key && (e.line, e.column) == (line, column))?;
+        let key = &self.entries[i];
+        let mapping = self.entries[..i]
+            .iter()
+            .rev()
+            .find(|e| e.depth < key.depth)?;
+        let next = self.entries[i + 1..]
+            .iter()
+            .find(|e| e.depth < key.depth || (e.depth == key.depth && e.kind == EntryKind::Key))
+            .map(|e| (e.line, e.column));
+        let flow = text
+            .lines()
+            .nth(usize::try_from(mapping.line).ok()?.checked_sub(1)?)
+            .and_then(|l| {
+                l.chars()
+                    .nth(usize::try_from(mapping.column).ok()?.checked_sub(1)?)
+            })
+            == Some('{');
+        if !flow {
+            return Some(next);
+        }
+        let closed = mapping.closed_at?;
+        Some(Some(next.map_or(closed, |n| n.min(closed))))
     }
 
     fn find(&self, line: u64, column: u64, kind: EntryKind) -> String {
@@ -214,5 +261,25 @@ subsystems:
             ("subsystems[0].namespaces[0]".to_owned(), 8, 9)
         );
         assert_eq!(index.mapping_around(2, 1), ("<root>".to_owned(), 1, 1));
+    }
+
+    #[test]
+    fn field_ends() {
+        let index = PathIndex::build(DOC);
+        // A scalar field: up to the next key of its mapping.
+        assert_eq!(index.field_end(DOC, 3, 5), Some(Some((4, 5))));
+        // The last field of a list item: up to the next top-level key.
+        assert_eq!(index.field_end(DOC, 4, 5), Some(Some((5, 1))));
+        // A field whose value is a list of mappings.
+        assert_eq!(index.field_end(DOC, 7, 5), Some(Some((10, 5))));
+        // The last field of the document.
+        assert_eq!(index.field_end(DOC, 10, 5), Some(None));
+        // Not a key.
+        assert_eq!(index.field_end(DOC, 1, 13), None);
+        // In a flow mapping: up to the next key, or the closing brace.
+        let flow = "a: {b: {x: 1}, c: 2}\nd: 3\n";
+        let index = PathIndex::build(flow);
+        assert_eq!(index.field_end(flow, 1, 5), Some(Some((1, 16))));
+        assert_eq!(index.field_end(flow, 1, 16), Some(Some((1, 20))));
     }
 }
