@@ -25,7 +25,7 @@ pub struct AccessKey {
     /// The controller's Host Identifier (its admin Connect's HOSTID).
     pub host_id: HostId,
     /// The host NQN, interned by the target (for per-host visibility).
-    pub host: u32,
+    pub host: u64,
     /// PORTID of the listener the queue came in on (0: not known).
     pub port: u16,
 }
@@ -34,7 +34,7 @@ pub struct AccessKey {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespaceAccess {
     /// Hosts (interned NQNs) that may see it; `None`: every host of the subsystem.
-    visible: Option<Vec<u32>>,
+    visible: Option<Vec<u64>>,
     /// Ports whose ANA state refuses I/O, with that state.
     ana: Vec<(u16, AnaState)>,
     /// The reservation, if one is held, and the registrants' Host Identifiers.
@@ -50,7 +50,7 @@ impl NamespaceAccess {
 
     /// Built by the target from its state.
     pub(super) fn new(
-        visible: Option<Vec<u32>>,
+        visible: Option<Vec<u64>>,
         ana: Vec<(u16, AnaState)>,
         resv: Option<&Reservations>,
     ) -> NamespaceAccess {

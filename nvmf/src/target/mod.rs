@@ -662,6 +662,14 @@ fn kato_granular(ms: u32) -> u32 {
     ms.div_ceil(100).saturating_mul(100)
 }
 
+/// An interned host NQN ([`Target::host_slots`]).
+#[derive(Debug)]
+struct HostSlot {
+    slot: u64,
+    /// Controllers of the host that exist (retired ones too).
+    controllers: u32,
+}
+
 impl Controller {
     fn enabled(&self) -> bool {
         self.cc & cc::EN != 0 && self.csts & csts::RDY != 0
@@ -876,8 +884,11 @@ pub struct Target {
     /// DH work not yet taken by [`Target::take_dh_jobs`], and the last job's number.
     dh_jobs: Vec<authn::DhJob>,
     next_dh_seq: u64,
-    /// Host NQNs interned for access keys (visibility checks compare these numbers).
-    host_slots: BTreeMap<String, u32>,
+    /// Host NQNs interned for access keys (visibility checks compare these numbers):
+    /// those a namespace's `hosts` names and those of controllers that exist. A slot is
+    /// never given out twice, so a key outliving its entry cannot match another host.
+    host_slots: BTreeMap<String, HostSlot>,
+    next_host_slot: u64,
     /// Access views built since the last [`Target::take_access_updates`], by namespace.
     access_updates: BTreeMap<(String, u32), Arc<NamespaceAccess>>,
     /// Bumped whenever state the PTPL file keeps changes.
@@ -930,6 +941,7 @@ impl Target {
             dh_jobs: Vec::new(),
             next_dh_seq: 0,
             host_slots: BTreeMap::new(),
+            next_host_slot: 1,
             access_updates: BTreeMap::new(),
             ptpl_version: 0,
             referrals: Vec::new(),
@@ -1034,6 +1046,7 @@ impl Target {
         self.access_updates.retain(|(n, _), _| n != nqn);
         self.retire_controllers_where(|c| c.subnqn == nqn);
         self.discovery_changed();
+        self.forget_unnamed_hosts();
         self.take_actions()
     }
 
@@ -1105,6 +1118,7 @@ impl Target {
         }
         self.access_updates.remove(&(subnqn.to_string(), nsid));
         self.namespace_changed(subnqn, nsid, |h| old.visible_to(h));
+        self.forget_unnamed_hosts();
         Ok(())
     }
 
@@ -1161,6 +1175,7 @@ impl Target {
         let new = ns.clone();
         self.publish(subnqn, nsid);
         self.namespace_changed(subnqn, nsid, |h| old.visible_to(h) != new.visible_to(h));
+        self.forget_unnamed_hosts();
         Ok(self.take_actions())
     }
 
@@ -1493,11 +1508,7 @@ impl Target {
                     key,
                 });
             }
-            let next_slot = self.host_slots.len() as u32 + 1;
-            let host = *self
-                .host_slots
-                .entry(hostnqn.to_string())
-                .or_insert(next_slot);
+            let host = self.host_slot(hostnqn, 1);
             let port = origin
                 .listener
                 .as_ref()
@@ -1803,7 +1814,9 @@ impl Target {
             }
             c.closing_io.remove(&key);
             if c.admin_closed && c.io_queues.is_empty() {
+                let hostnqn = std::mem::take(&mut c.hostnqn);
                 self.controllers.remove(&queue.cntlid);
+                self.release_host_slot(&hostnqn);
             }
         }
         if let Some((hostnqn, subnqn)) = abandoned {
@@ -1856,10 +1869,19 @@ impl Target {
         for c in self.controllers.values_mut().filter(|c| c.retired) {
             c.retired_since.get_or_insert(now);
         }
+        let mut gone = Vec::new();
         self.controllers.retain(|_, c| {
-            c.retired_since
-                .is_none_or(|t| now.saturating_duration_since(t) < RETIRED_LIMIT)
+            let keep = c
+                .retired_since
+                .is_none_or(|t| now.saturating_duration_since(t) < RETIRED_LIMIT);
+            if !keep {
+                gone.push(std::mem::take(&mut c.hostnqn));
+            }
+            keep
         });
+        for hostnqn in gone {
+            self.release_host_slot(&hostnqn);
+        }
         self.take_actions()
     }
 
@@ -1945,23 +1967,62 @@ impl Target {
         }
     }
 
+    /// The interned number of `hostnqn` (a new one the first time), counting
+    /// `controllers` more of its controllers.
+    fn host_slot(&mut self, hostnqn: &str, controllers: u32) -> u64 {
+        let next = &mut self.next_host_slot;
+        let e = self
+            .host_slots
+            .entry(hostnqn.to_string())
+            .or_insert_with(|| {
+                let slot = *next;
+                *next += 1;
+                HostSlot {
+                    slot,
+                    controllers: 0,
+                }
+            });
+        e.controllers += controllers;
+        e.slot
+    }
+
+    /// One controller of `hostnqn` is gone: its entry goes with its last controller
+    /// unless a namespace names the host (any host NQN a peer made up would otherwise
+    /// stay forever).
+    fn release_host_slot(&mut self, hostnqn: &str) {
+        let Some(e) = self.host_slots.get_mut(hostnqn) else {
+            return;
+        };
+        e.controllers = e.controllers.saturating_sub(1);
+        if e.controllers == 0 && !self.host_named(hostnqn) {
+            self.host_slots.remove(hostnqn);
+        }
+    }
+
+    /// Whether some namespace's `hosts` list names `hostnqn`.
+    fn host_named(&self, hostnqn: &str) -> bool {
+        self.subsystems.values().any(|s| {
+            s.namespaces.values().any(|ns| {
+                ns.hosts
+                    .as_ref()
+                    .is_some_and(|h| h.iter().any(|x| x == hostnqn))
+            })
+        })
+    }
+
     /// Builds the access view of one namespace and queues it for the engine.
     fn publish(&mut self, subnqn: &str, nsid: u32) {
-        let Some(s) = self.subsystems.get(subnqn) else {
+        let Some(hosts) = self
+            .subsystems
+            .get(subnqn)
+            .and_then(|s| s.namespaces.get(&nsid))
+            .map(|ns| ns.hosts.clone())
+        else {
             return;
         };
-        let Some(ns) = s.namespaces.get(&nsid) else {
-            return;
-        };
-        let visible = ns.hosts.as_ref().map(|hosts| {
-            hosts
-                .iter()
-                .map(|h| {
-                    let next = self.host_slots.len() as u32 + 1;
-                    *self.host_slots.entry(h.clone()).or_insert(next)
-                })
-                .collect()
-        });
+        let visible = hosts.map(|hosts| hosts.iter().map(|h| self.host_slot(h, 0)).collect());
+        let s = &self.subsystems[subnqn];
+        let ns = &s.namespaces[&nsid];
         let ana = self
             .listeners
             .iter()
@@ -1972,7 +2033,22 @@ impl Target {
             .insert((subnqn.to_string(), nsid), Arc::new(view));
     }
 
+    /// Drops the interned NQNs no namespace names any more, of hosts without a
+    /// controller (after a change to the namespaces or their `hosts`).
+    fn forget_unnamed_hosts(&mut self) {
+        let unused: Vec<String> = self
+            .host_slots
+            .iter()
+            .filter(|(h, e)| e.controllers == 0 && !self.host_named(h))
+            .map(|(h, _)| h.clone())
+            .collect();
+        for h in unused {
+            self.host_slots.remove(&h);
+        }
+    }
+
     fn publish_all(&mut self) {
+        self.forget_unnamed_hosts();
         let all: Vec<(String, u32)> = self
             .subsystems
             .iter()

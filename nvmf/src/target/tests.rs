@@ -2167,3 +2167,54 @@ fn slow_path_host_data_before_and_after_connect() {
         "a second Connect"
     );
 }
+
+/// Host NQNs a peer makes up do not stay interned once their controllers are gone (any
+/// peer may connect to discovery with a new NQN each time, and would otherwise grow the
+/// target without bound); a host a namespace names keeps its slot; a slot is never handed
+/// out twice.
+#[test]
+fn host_slots_go_with_their_last_controller() {
+    let mut t = target();
+    t.add_subsystem(subsystem(SUB2, &[])).unwrap();
+    t.add_namespace(
+        SUB2,
+        NamespaceConfig {
+            hosts: Some(vec![HOST2.to_string()]),
+            ..ns(1)
+        },
+    )
+    .unwrap();
+    let named = t.host_slots[HOST2].slot;
+    let mut seen = std::collections::BTreeSet::from([named]);
+    let now = Instant::now();
+    for i in 0..100u64 {
+        let hostnqn = if i % 10 == 0 {
+            HOST2.to_string()
+        } else {
+            format!("nqn.2014-08.org.example:made-up-{i}")
+        };
+        let (cqe, ok) = t.connect(
+            now,
+            1000 + i,
+            &origin(),
+            &connect_sqe(0, 31, 0),
+            &connect_data(0xffff, DISCOVERY_NQN, &hostnqn),
+        );
+        assert!(cqe.status().is_success(), "{hostnqn}");
+        let slot = t.host_slots[&hostnqn].slot;
+        if hostnqn == HOST2 {
+            assert_eq!(slot, named, "a named host keeps its slot");
+        } else {
+            assert!(seen.insert(slot), "slot {slot} handed out twice");
+        }
+        t.queue_closed(ok.unwrap().queue(), 1000 + i);
+    }
+    assert_eq!(
+        t.host_slots.keys().collect::<Vec<_>>(),
+        vec![HOST2],
+        "only the named host is left"
+    );
+    // Named no more, and no controller: gone at the next publish.
+    t.set_namespace_hosts(SUB2, 1, None).unwrap();
+    assert!(t.host_slots.is_empty(), "{:?}", t.host_slots);
+}
