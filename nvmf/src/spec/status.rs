@@ -127,7 +127,7 @@ impl Status {
             dnr: f & (1 << 15) != 0,
         }
     }
-    pub fn with_dnr(self, dnr: bool) -> Status {
+    pub const fn with_dnr(self, dnr: bool) -> Status {
         Status { dnr, ..self }
     }
 }

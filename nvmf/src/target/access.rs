@@ -37,7 +37,8 @@ pub struct NamespaceAccess {
     visible: Option<Vec<u64>>,
     /// Ports whose ANA state refuses I/O, with that state.
     ana: Vec<(u16, AnaState)>,
-    /// The reservation, if one is held, and the registrants' Host Identifiers.
+    /// The reservation, if one is held, and the registrants' Host Identifiers (sorted:
+    /// every I/O under a reservation looks its host up).
     held: Option<Held>,
     registrants: Vec<HostId>,
 }
@@ -64,10 +65,11 @@ impl NamespaceAccess {
             .filter(|(_, s)| s.io_status().is_some())
             .collect();
         let (held, registrants) = match resv {
-            Some(r) if r.held.is_some() => (
-                r.held,
-                r.registrants.iter().map(|x| x.host_id).collect::<Vec<_>>(),
-            ),
+            Some(r) if r.held.is_some() => {
+                let mut ids: Vec<HostId> = r.registrants.iter().map(|x| x.host_id).collect();
+                ids.sort_unstable();
+                (r.held, ids)
+            }
             _ => (None, Vec::new()),
         };
         NamespaceAccess {
@@ -101,7 +103,7 @@ impl NamespaceAccess {
             }
         }
         if let (Some(h), Some(access)) = (self.held, access) {
-            let registrant = self.registrants.contains(&key.host_id);
+            let registrant = self.registrants.binary_search(&key.host_id).is_ok();
             let holder = if h.rtype.all_registrants() {
                 registrant
             } else {

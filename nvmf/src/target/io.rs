@@ -5,6 +5,7 @@
 //! (visibility, the ANA state of the queue's listener, then the reservation), so the
 //! answer does not depend on which path a command took.
 
+use super::refusal::RefusalReason as R;
 use super::reservation;
 use super::{Reply, Target};
 use crate::spec::{opcodes::io as op, Sqe, Status};
@@ -67,11 +68,26 @@ pub(super) fn execute(
                 .ok_or(Status::INTERNAL_ERROR)?;
             let r = subsys.resv.get_mut(&nsid).ok_or(Status::INTERNAL_ERROR)?;
             let ptpl_before = r.ptpl;
+            let full = opcode == op::RESERVATION_REGISTER && r.full_for(&host_id, sqe.cdw10);
             let fx = match opcode {
                 op::RESERVATION_REGISTER => r.register(&host_id, sqe.cdw10, data, ptpl_capable),
                 op::RESERVATION_ACQUIRE => r.acquire(&host_id, sqe.cdw10, data),
                 _ => r.release(&host_id, sqe.cdw10, data),
-            }?;
+            };
+            let fx = match fx {
+                Err(status) if full => {
+                    t.refused_command(
+                        cntlid,
+                        status,
+                        R::RegistrantsFull {
+                            nsid,
+                            max: reservation::MAX_REGISTRANTS,
+                        },
+                    );
+                    return Err(status);
+                }
+                fx => fx?,
+            };
             if (fx.changed && (r.ptpl || ptpl_before)) || fx.ptpl_changed {
                 t.ptpl_version += 1;
             }

@@ -1631,6 +1631,24 @@ impl Target {
         })
     }
 
+    /// A command of controller `cntlid` refused for `reason` (answered `status`): a
+    /// notice naming the host and subsystem.
+    fn refused_command(&mut self, cntlid: u16, status: Status, reason: RefusalReason) {
+        let Some(c) = self.controllers.get(&cntlid) else {
+            return;
+        };
+        let n = Notice::Refused(Refusal {
+            reason,
+            key: c.admin_key,
+            hostnqn: Some(c.hostnqn.clone()),
+            subnqn: Some(c.subnqn.clone()),
+            cntlid: Some(cntlid),
+            qid: None,
+            status: Some(status),
+        });
+        self.notice(n);
+    }
+
     fn notice(&mut self, n: Notice) {
         if self.notices.len() < NOTICE_LIMIT {
             self.notices.push(n);

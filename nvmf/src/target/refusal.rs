@@ -81,6 +81,9 @@ pub enum RefusalReason {
     /// The queue came over TLS with a PSK for another host or subsystem than the Connect
     /// names (a PSK is bound to one host NQN and one subsystem NQN).
     TlsIdentityMismatch { identity: String },
+    /// Reservation Register would add a registrant to a namespace that has
+    /// [`MAX_REGISTRANTS`](super::reservation::MAX_REGISTRANTS) already.
+    RegistrantsFull { nsid: u32, max: usize },
 }
 
 impl RefusalReason {
@@ -114,6 +117,7 @@ impl RefusalReason {
         "authentication_required",
         "tls_identity_mismatch",
         "authentication_throttled",
+        "reservation_registrants_full",
     ];
 
     /// A stable snake_case name for metrics labels.
@@ -148,6 +152,7 @@ impl RefusalReason {
             R::AuthenticationThrottled { .. } => "authentication_throttled",
             R::AuthenticationRequired { .. } => "authentication_required",
             R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
+            R::RegistrantsFull { .. } => "reservation_registrants_full",
         }
     }
 }
@@ -239,6 +244,11 @@ impl fmt::Display for RefusalReason {
                 f,
                 "the connection's TLS PSK ({identity:?}) is not for this host and subsystem"
             ),
+            R::RegistrantsFull { nsid, max } => write!(
+                f,
+                "Reservation Register: namespace {nsid} has {max} registrants already, the \
+                 most it keeps"
+            ),
         }
     }
 }
@@ -327,6 +337,7 @@ mod tests {
             RefusalReason::TlsIdentityMismatch {
                 identity: "NVMe0R01 a b".into(),
             },
+            RefusalReason::RegistrantsFull { nsid: 1, max: 1024 },
         ];
         assert_eq!(samples.len(), RefusalReason::LABELS.len());
         let mut seen = std::collections::BTreeSet::new();

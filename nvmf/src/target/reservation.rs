@@ -194,6 +194,15 @@ const CPTPL_SET: u32 = 0b11;
 /// Bytes of host data each command carries: Register CRKEY + NRKEY, Acquire CRKEY +
 /// PRKEY, Release CRKEY.
 pub const REGISTER_DATA_LEN: usize = 16;
+
+/// Registrants one namespace keeps at most (SPDK keeps 16; a registration outlives its
+/// controller and needs only a Host ID the host chooses, so without a bound one host could
+/// grow the list, which every I/O under a reservation consults, without end).
+pub const MAX_REGISTRANTS: usize = 1024;
+
+/// What Register answers when it would add a registrant past [`MAX_REGISTRANTS`] (as
+/// SPDK does when its list is full).
+pub const REGISTRANTS_FULL: Status = Status::INTERNAL_ERROR.with_dnr(true);
 pub const ACQUIRE_DATA_LEN: usize = 16;
 pub const RELEASE_DATA_LEN: usize = 8;
 
@@ -213,6 +222,16 @@ impl Reservations {
     }
     pub fn is_registrant(&self, host: &HostId) -> bool {
         self.find(host).is_some()
+    }
+    /// Whether a Reservation Register with `cdw10` from `host` would add a registrant
+    /// and the list is full ([`MAX_REGISTRANTS`]).
+    pub fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
+        let adds = match cdw10 & 7 {
+            RREGA_REGISTER => true,
+            RREGA_REPLACE => iekey(cdw10),
+            _ => false,
+        };
+        adds && self.registrants.len() >= MAX_REGISTRANTS && self.find(host).is_none()
     }
     /// Whether `host` holds the reservation (any registrant does for All Registrants).
     pub fn is_holder(&self, host: &HostId) -> bool {
@@ -296,6 +315,9 @@ impl Reservations {
         let cptpl = cdw10 >> 30;
         if cptpl == 0b01 || (cptpl == CPTPL_SET && !ptpl_capable) {
             return Err(Status::INVALID_FIELD);
+        }
+        if self.full_for(host, cdw10) {
+            return Err(REGISTRANTS_FULL);
         }
         let mut fx = Effects::default();
         match cdw10 & 7 {

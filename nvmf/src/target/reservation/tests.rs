@@ -381,3 +381,59 @@ fn notification_page_bytes() {
     assert_eq!(&b[..16], &[3, 0, 0, 0, 0, 0, 0, 0, 2, 5, 0, 0, 7, 0, 0, 0]);
     assert!(b[16..].iter().all(|&x| x == 0));
 }
+
+/// A namespace keeps at most MAX_REGISTRANTS: one more new Host ID is refused (Register,
+/// and Replace with IEKEY), while those registered keep working and a freed place can be
+/// taken again. The access view answers the same for a registrant at either end of the
+/// (sorted) list.
+#[test]
+fn registrants_are_bounded() {
+    let host = |i: usize| -> HostId {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        h[15] = 1;
+        h
+    };
+    let mut r = Reservations::default();
+    // Registered in descending Host ID order: the view must not rely on the list's order.
+    for i in (0..MAX_REGISTRANTS).rev() {
+        reg(&mut r, &host(i), 7);
+    }
+    let late = host(MAX_REGISTRANTS);
+    assert!(r.full_for(&late, RREGA_REGISTER));
+    assert_eq!(
+        r.register(&late, RREGA_REGISTER, &keys(0, 7), false),
+        Err(REGISTRANTS_FULL)
+    );
+    assert_eq!(
+        r.register(&late, RREGA_REPLACE | 1 << 3, &keys(0, 7), false),
+        Err(REGISTRANTS_FULL)
+    );
+    assert_eq!(r.registrants.len(), MAX_REGISTRANTS);
+    // A registered host re-registering with its key, or replacing it, is not refused.
+    assert!(r
+        .register(&host(3), RREGA_REGISTER, &keys(0, 7), false)
+        .is_ok());
+    assert!(r
+        .register(&host(3), RREGA_REPLACE, &keys(7, 8), false)
+        .is_ok());
+    // A place freed is taken again.
+    r.register(&host(3), RREGA_UNREGISTER, &keys(8, 0), false)
+        .unwrap();
+    reg(&mut r, &late, 7);
+    assert_eq!(r.registrants.len(), MAX_REGISTRANTS);
+    // Under Write Exclusive Registrants Only, registrants write, others do not.
+    acq(&mut r, &late, 0, WriteExclusiveRegistrantsOnly as u8, 7, 0).unwrap();
+    let view = super::super::access::NamespaceAccess::new(None, Vec::new(), Some(&r));
+    let key = |h: HostId| super::super::access::AccessKey {
+        host_id: h,
+        ..Default::default()
+    };
+    for h in [host(0), host(MAX_REGISTRANTS - 1), late] {
+        assert_eq!(view.check(&key(h), Some(Access::Write)), Ok(()));
+    }
+    assert_eq!(
+        view.check(&key(host(3)), Some(Access::Write)),
+        Err(Status::RESERVATION_CONFLICT)
+    );
+}
