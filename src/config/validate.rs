@@ -51,9 +51,9 @@ const ANA_GROUP_MAX: u32 = nvmf::target::ana::ANAGRPMAX;
 const MAX_UNKNOWN_FIELDS: usize = 20;
 
 pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
-    // An unknown field (a typo, most often) is blanked out and the text read again, so
-    // that every typo is listed in one go, with the other problems of the file; any other
-    // syntax or type error ends the reading there.
+    // An unknown field (a typo, most often) is renamed or blanked out and the text read
+    // again, so that every typo is listed in one go, with the other problems of the file;
+    // any other syntax or type error ends the reading there.
     let mut diags = Vec::new();
     let mut text = std::borrow::Cow::Borrowed(text);
     let raw = loop {
@@ -61,7 +61,7 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
             Ok(raw) => break raw,
             Err(err) => {
                 diags.push(syntax_diagnostic(&err, &text, source));
-                match blank_unknown_field(&err, &text) {
+                match past_unknown_field(&err, &text) {
                     Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => text = t.into(),
                     _ => {
                         diags.sort_by_key(|d| (d.line, d.column));
@@ -86,28 +86,61 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
     }
 }
 
-/// `text` without the field `err` says is unknown (its key and value turned to spaces,
-/// so that every other location stays where it was); `None` for any other error, or a
-/// field in a flow mapping.
-fn blank_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
+/// `text` read again past the field `err` says is unknown: renamed to the field it most
+/// likely meant when that fits in its place and its mapping lacks it (so that the rest
+/// is checked as the user meant it), otherwise removed (its key and value turned to
+/// spaces). Every other location stays where it was. `None` for any other error.
+fn past_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
     let err = err.without_snippet();
-    if !matches!(err, serde_saphyr::Error::SerdeUnknownField { .. }) {
+    let serde_saphyr::Error::SerdeUnknownField {
+        field, expected, ..
+    } = err
+    else {
         return None;
-    }
+    };
     let at = err.location().filter(|l| l.line() > 0)?;
     let start = (at.line(), at.column().max(1));
-    let end = PathIndex::build(text).field_end(text, start.0, start.1)?;
+    let index = PathIndex::build(text);
+    let (row, col) = (
+        usize::try_from(start.0).ok()?.checked_sub(1)?,
+        usize::try_from(start.1).ok()?.checked_sub(1)?,
+    );
+    let at_key = text.lines().nth(row).is_some_and(|l| {
+        l.chars()
+            .skip(col)
+            .collect::<String>()
+            .starts_with(field.as_str())
+    });
+    let rename = closest(field, expected).filter(|near| {
+        at_key
+            && near.chars().count() <= field.chars().count()
+            && !index.has_sibling(start.0, start.1, near)
+    });
+    let end = match rename {
+        Some(_) => None,
+        None => Some(index.field_end(text, start.0, start.1)?),
+    };
     let mut out = String::with_capacity(text.len());
     for (i, line) in text.split_inclusive('\n').enumerate() {
         let n = i as u64 + 1;
         for (j, c) in line.chars().enumerate() {
             let here = (n, j as u64 + 1);
-            let inside = here >= start && end.is_none_or(|e| here < e);
-            out.push(if inside && c != '\n' && c != '\r' {
-                ' '
-            } else {
-                c
-            });
+            match (rename, end) {
+                (Some(near), _) if n == start.0 && here.1 >= start.1 => {
+                    let k = (here.1 - start.1) as usize;
+                    if k < field.chars().count() {
+                        out.push(near.chars().nth(k).unwrap_or(' '));
+                    } else {
+                        out.push(c);
+                    }
+                }
+                (None, Some(end))
+                    if here >= start && end.is_none_or(|e| here < e) && c != '\n' && c != '\r' =>
+                {
+                    out.push(' ')
+                }
+                _ => out.push(c),
+            }
         }
     }
     Some(out)

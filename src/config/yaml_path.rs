@@ -207,6 +207,27 @@ impl PathIndex {
         Some(Some(next.map_or(closed, |n| n.min(closed))))
     }
 
+    /// Whether the mapping holding the key that starts at `line:column` has another key
+    /// named `name`.
+    pub(super) fn has_sibling(&self, line: u64, column: u64, name: &str) -> bool {
+        let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.kind == EntryKind::Key && (e.line, e.column) == (line, column))
+        else {
+            return false;
+        };
+        let depth = self.entries[i].depth;
+        let Some(m) = self.entries[..i].iter().rposition(|e| e.depth < depth) else {
+            return false;
+        };
+        let path = join_key(&self.entries[m].path, name);
+        self.entries[m + 1..]
+            .iter()
+            .take_while(|e| e.depth >= depth)
+            .any(|e| e.kind == EntryKind::Key && e.depth == depth && e.path == path)
+    }
+
     fn find(&self, line: u64, column: u64, kind: EntryKind) -> String {
         if let Some(entry) = self
             .entries
@@ -277,6 +298,9 @@ subsystems:
         // Not a key.
         assert_eq!(index.field_end(DOC, 1, 13), None);
         // In a flow mapping: up to the next key, or the closing brace.
+        assert!(index.has_sibling(3, 5, "port"));
+        assert!(!index.has_sibling(3, 5, "nsid"));
+        assert!(index.has_sibling(1, 1, "subsystems"));
         let flow = "a: {b: {x: 1}, c: 2}\nd: 3\n";
         let index = PathIndex::build(flow);
         assert_eq!(index.field_end(flow, 1, 5), Some(Some((1, 16))));
