@@ -400,6 +400,39 @@ subsystems:
     );
 }
 
+/// Removing a misspelt last field of a block list item leaves the next item whole.
+#[test]
+fn an_unknown_last_field_of_an_item_leaves_the_next_item() {
+    let errs = errors(&MINIMAL.replace(
+        "  - {name: b, type: ram, size: 4M}\n",
+        "  - name: b\n    type: ram\n    size: 4M\n    blok_size: 4096\n  - {name: c, type: ram, \
+         size: 4M, colour: red}\n",
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("backends[0].blok_size: unknown field")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("backends[1].colour: unknown field")),
+        "{errs:#?}"
+    );
+    assert!(!errs.iter().any(|e| e.contains("duplicate")), "{errs:#?}");
+}
+
+/// A file whose lines end in a lone CR (the parser counts those, the text is not split on
+/// them): the error is listed once, not again and again.
+#[test]
+fn a_typo_in_a_cr_only_file_is_listed_once() {
+    let errs = errors(&format!("{}io_thread: 2\r", MINIMAL.replace('\n', "\r")));
+    assert_eq!(
+        errs.iter().filter(|e| e.contains("io_thread")).count(),
+        1,
+        "{errs:#?}"
+    );
+}
+
 /// A missing required field ends the reading (serde cannot go on without it), after the
 /// unknown fields before it.
 #[test]

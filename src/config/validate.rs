@@ -62,7 +62,8 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
             Err(err) => {
                 diags.push(syntax_diagnostic(&err, &text, source));
                 match past_unknown_field(&err, &text) {
-                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => text = t.into(),
+                    // (Unchanged: line ends the parser counts and this code does not.)
+                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS && t != *text => text = t.into(),
                     _ => {
                         diags.sort_by_key(|d| (d.line, d.column));
                         return Err(ConfigError::Invalid(diags));

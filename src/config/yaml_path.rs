@@ -201,7 +201,9 @@ impl PathIndex {
             })
             == Some('{');
         if !flow {
-            return Some(next);
+            // Block style: what follows on a later line starts that line (a list item's
+            // `- ` before the next item's first key must stay).
+            return Some(next.map(|(l, c)| if l > line { (l, 1) } else { (l, c) }));
         }
         let closed = mapping.closed_at?;
         Some(Some(next.map_or(closed, |n| n.min(closed))))
@@ -287,12 +289,18 @@ subsystems:
     #[test]
     fn field_ends() {
         let index = PathIndex::build(DOC);
-        // A scalar field: up to the next key of its mapping.
-        assert_eq!(index.field_end(DOC, 3, 5), Some(Some((4, 5))));
+        // A scalar field: up to the line of the next key of its mapping.
+        assert_eq!(index.field_end(DOC, 3, 5), Some(Some((4, 1))));
         // The last field of a list item: up to the next top-level key.
         assert_eq!(index.field_end(DOC, 4, 5), Some(Some((5, 1))));
-        // A field whose value is a list of mappings.
-        assert_eq!(index.field_end(DOC, 7, 5), Some(Some((10, 5))));
+        // A field whose value is a list of mappings: up to the line of the next key.
+        assert_eq!(index.field_end(DOC, 7, 5), Some(Some((10, 1))));
+        // The last field of an item followed by another: the next item's `- ` stays.
+        let items = "a:\n  - x: 1\n    y: 2\n  - x: 3\n";
+        assert_eq!(
+            PathIndex::build(items).field_end(items, 3, 5),
+            Some(Some((4, 1)))
+        );
         // The last field of the document.
         assert_eq!(index.field_end(DOC, 10, 5), Some(None));
         // Not a key.

@@ -68,14 +68,16 @@ pub(super) fn execute(
                 .ok_or(Status::INTERNAL_ERROR)?;
             let r = subsys.resv.get_mut(&nsid).ok_or(Status::INTERNAL_ERROR)?;
             let ptpl_before = r.ptpl;
-            let full = opcode == op::RESERVATION_REGISTER && r.full_for(&host_id, sqe.cdw10);
             let fx = match opcode {
                 op::RESERVATION_REGISTER => r.register(&host_id, sqe.cdw10, data, ptpl_capable),
                 op::RESERVATION_ACQUIRE => r.acquire(&host_id, sqe.cdw10, data),
                 _ => r.release(&host_id, sqe.cdw10, data),
             };
             let fx = match fx {
-                Err(status) if full => {
+                Err(status)
+                    if opcode == op::RESERVATION_REGISTER
+                        && status == reservation::REGISTRANTS_FULL =>
+                {
                     t.refused_command(
                         cntlid,
                         status,

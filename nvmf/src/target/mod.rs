@@ -659,7 +659,7 @@ struct Controller {
 /// Granularity it reports (KAS 1: 100 ms), as the spec asks (NVMe Base 2.0 section
 /// 5.27.1.12); Get Features returns the rounded value.
 fn kato_granular(ms: u32) -> u32 {
-    ms.div_ceil(100).saturating_mul(100)
+    ms.div_ceil(100).min(u32::MAX / 100) * 100
 }
 
 /// An interned host NQN ([`Target::host_slots`]).
@@ -668,6 +668,8 @@ struct HostSlot {
     slot: u64,
     /// Controllers of the host that exist (retired ones too).
     controllers: u32,
+    /// A namespace's `hosts` named it once (it may still).
+    named: bool,
 }
 
 impl Controller {
@@ -1986,7 +1988,7 @@ impl Target {
     }
 
     /// The interned number of `hostnqn` (a new one the first time), counting
-    /// `controllers` more of its controllers.
+    /// `controllers` more of its controllers; 0 is a namespace naming it.
     fn host_slot(&mut self, hostnqn: &str, controllers: u32) -> u64 {
         let next = &mut self.next_host_slot;
         let e = self
@@ -1998,9 +2000,11 @@ impl Target {
                 HostSlot {
                     slot,
                     controllers: 0,
+                    named: false,
                 }
             });
         e.controllers += controllers;
+        e.named |= controllers == 0;
         e.slot
     }
 
@@ -2012,15 +2016,18 @@ impl Target {
             return;
         };
         e.controllers = e.controllers.saturating_sub(1);
-        if e.controllers == 0 && !self.host_named(hostnqn) {
+        // (Only a host some namespace named once can be named still: the others, any
+        // NQN a peer sends, cost no look through the configuration.)
+        if e.controllers == 0 && !(e.named && self.host_named(hostnqn)) {
             self.host_slots.remove(hostnqn);
         }
     }
 
-    /// Whether some namespace's `hosts` list names `hostnqn`.
+    /// Whether some namespace's `hosts` list names `hostnqn` (a lost namespace's too: it
+    /// is still configured).
     fn host_named(&self, hostnqn: &str) -> bool {
         self.subsystems.values().any(|s| {
-            s.namespaces.values().any(|ns| {
+            s.namespaces.values().chain(s.lost.values()).any(|ns| {
                 ns.hosts
                     .as_ref()
                     .is_some_and(|h| h.iter().any(|x| x == hostnqn))

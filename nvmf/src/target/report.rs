@@ -64,7 +64,8 @@ pub struct ControllerReport {
     /// Commands this controller's slow path failed (the Error Information log's
     /// ERROR COUNT: it counts every entry ever recorded, not only the ones still kept).
     pub errors: u64,
-    /// Keep-alive timeout the host set, in milliseconds (0: none).
+    /// Keep-alive timeout the controller runs with, in milliseconds (0: none): the
+    /// host's, rounded up to 100 ms, or a discovery controller's default when it set 0.
     pub kato_ms: u32,
     /// Retired by the target (subsystem or host removed, keep-alive expired): its queues
     /// are being disconnected.
@@ -113,7 +114,7 @@ impl Target {
                     admin_queue: c.admin_key,
                     io_queues: c.io_queues.iter().map(|(q, k)| (*q, *k)).collect(),
                     errors: c.error_count,
-                    kato_ms: c.kato_ms,
+                    kato_ms: c.effective_kato_ms(&self.opts),
                     retired: c.retired,
                 })
                 .collect(),

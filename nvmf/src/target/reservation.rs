@@ -200,8 +200,9 @@ pub const REGISTER_DATA_LEN: usize = 16;
 /// grow the list, which every I/O under a reservation consults, without end).
 pub const MAX_REGISTRANTS: usize = 1024;
 
-/// What Register answers when it would add a registrant past [`MAX_REGISTRANTS`] (as
-/// SPDK does when its list is full).
+/// What Register answers when it would add a registrant past [`MAX_REGISTRANTS`] (SPDK
+/// answers Internal Device Error when its list is full; DNR here: trying again cannot
+/// help), and nothing else.
 pub const REGISTRANTS_FULL: Status = Status::INTERNAL_ERROR.with_dnr(true);
 pub const ACQUIRE_DATA_LEN: usize = 16;
 pub const RELEASE_DATA_LEN: usize = 8;
@@ -225,7 +226,7 @@ impl Reservations {
     }
     /// Whether a Reservation Register with `cdw10` from `host` would add a registrant
     /// and the list is full ([`MAX_REGISTRANTS`]).
-    pub fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
+    fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
         let adds = match cdw10 & 7 {
             RREGA_REGISTER => true,
             RREGA_REPLACE => iekey(cdw10),

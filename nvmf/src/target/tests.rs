@@ -2217,4 +2217,19 @@ fn host_slots_go_with_their_last_controller() {
     // Named no more, and no controller: gone at the next publish.
     t.set_namespace_hosts(SUB2, 1, None).unwrap();
     assert!(t.host_slots.is_empty(), "{:?}", t.host_slots);
+    // A controller whose keep-alive expired and whose queues are never reported closed
+    // is dropped after the retirement limit, and its host's entry with it.
+    let (cqe, _) = t.connect(
+        now,
+        5000,
+        &origin(),
+        &connect_sqe(0, 31, 1000),
+        &connect_data(0xffff, DISCOVERY_NQN, "nqn.2014-08.org.example:silent"),
+    );
+    assert!(cqe.status().is_success());
+    assert_eq!(t.host_slots.len(), 1);
+    t.poll_timeouts(now + Duration::from_secs(2));
+    assert_eq!(t.host_slots.len(), 1, "retired, not gone yet");
+    t.poll_timeouts(now + Duration::from_secs(3) + RETIRED_LIMIT);
+    assert!(t.host_slots.is_empty(), "{:?}", t.host_slots);
 }

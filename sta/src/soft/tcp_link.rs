@@ -738,10 +738,13 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
             return did;
         };
         let mut news = None;
+        let streaming = link.machine.inflow().is_some();
         let mut got = match read_inflow(core, h, rx, link) {
             Some(r) => r,
             None => rx.fill(&mut link.wire, &mut news),
         };
+        // A streamed payload that ended is a PDU done (its tail may name no event).
+        pdu_done |= streaming && link.machine.inflow().is_none();
         let mut full = rx.tail == rx.buf.len();
         if let Some(result) = news.take() {
             // Before any capsule of this connection: the application learns who the PSK
@@ -770,6 +773,7 @@ pub(super) fn service_rx(core: &mut Core, h: QpHandle, rx: &mut RxBuf, st: &mut 
                     }
                     let chunk = &rx.buf[rx.head..rx.head + n];
                     link.machine.inflow_received(chunk);
+                    pdu_done |= link.machine.inflow().is_none();
                     if !f.discard {
                         core.on_host_data(h, st, f.ttag as u32, f.offset, chunk, None);
                     }
