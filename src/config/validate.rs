@@ -119,7 +119,9 @@ fn past_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
     });
     let end = match rename {
         Some(_) => None,
-        None => Some(index.field_end(text, start.0, start.1)?),
+        // Only the key the error names goes.
+        None if at_key => Some(index.field_end(text, start.0, start.1)?),
+        None => return None,
     };
     let mut out = String::with_capacity(text.len());
     for (i, line) in text.split_inclusive('\n').enumerate() {

@@ -192,20 +192,21 @@ impl PathIndex {
             .iter()
             .find(|e| e.depth < key.depth || (e.depth == key.depth && e.kind == EntryKind::Key))
             .map(|e| (e.line, e.column));
+        // A flow mapping ends with its `}` (its start may be an anchor or a tag).
+        let closed = mapping.closed_at?;
         let flow = text
             .lines()
-            .nth(usize::try_from(mapping.line).ok()?.checked_sub(1)?)
+            .nth(usize::try_from(closed.0).ok()?.checked_sub(1)?)
             .and_then(|l| {
                 l.chars()
-                    .nth(usize::try_from(mapping.column).ok()?.checked_sub(1)?)
+                    .nth(usize::try_from(closed.1).ok()?.checked_sub(1)?)
             })
-            == Some('{');
+            == Some('}');
         if !flow {
             // Block style: what follows on a later line starts that line (a list item's
             // `- ` before the next item's first key must stay).
             return Some(next.map(|(l, c)| if l > line { (l, 1) } else { (l, c) }));
         }
-        let closed = mapping.closed_at?;
         Some(Some(next.map_or(closed, |n| n.min(closed))))
     }
 
@@ -309,6 +310,11 @@ subsystems:
         assert!(index.has_sibling(3, 5, "port"));
         assert!(!index.has_sibling(3, 5, "nsid"));
         assert!(index.has_sibling(1, 1, "subsystems"));
+        let anchored = "a: &x {b: 1, c: 2}\nd: 3\n";
+        assert_eq!(
+            PathIndex::build(anchored).field_end(anchored, 1, 14),
+            Some(Some((1, 18)))
+        );
         let flow = "a: {b: {x: 1}, c: 2}\nd: 3\n";
         let index = PathIndex::build(flow);
         assert_eq!(index.field_end(flow, 1, 5), Some(Some((1, 16))));

@@ -656,10 +656,10 @@ impl StaIo {
     }
 
     /// The deadlines of [`crate::EngineLimits`]: ICReq and Connect (from accept), host
-    /// data (from the R2T), a PDU begun and not finished, output the peer does not take. A QP past one stops taking
-    /// input and is reported as [`Tek::Limit`] (the application disconnects it); host data
-    /// that never came also ends the NVMe/TCP connection with a C2HTermReq. Idle receive
-    /// buffers shrink here too.
+    /// data (from the R2T), a PDU begun and not finished, output the peer does not take.
+    /// A QP past one stops taking input and is reported as [`Tek::Limit`] (the application
+    /// disconnects it); host data that never came also ends the NVMe/TCP connection with
+    /// a C2HTermReq. Idle receive buffers shrink here too.
     fn check_deadlines(&mut self, now: Instant) {
         let lim = self.core.cfg.limits;
         if let Some(rt) = self.rdma.as_mut() {
