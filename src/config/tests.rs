@@ -408,16 +408,12 @@ fn an_unknown_last_field_of_an_item_leaves_the_next_item() {
         "  - name: b\n    type: ram\n    size: 4M\n    blok_size: 4096\n  - {name: c, type: ram, \
          size: 4M, colour: red}\n",
     ));
-    assert!(
-        errs.iter()
-            .any(|e| e.contains("backends[0].blok_size: unknown field")),
-        "{errs:#?}"
-    );
-    assert!(
-        errs.iter()
-            .any(|e| e.contains("backends[1].colour: unknown field")),
-        "{errs:#?}"
-    );
+    for want in [
+        "backends[0].blok_size: unknown field",
+        "backends[1].colour: unknown field",
+    ] {
+        assert!(errs.iter().any(|e| e.contains(want)), "{want}: {errs:#?}");
+    }
     assert!(!errs.iter().any(|e| e.contains("duplicate")), "{errs:#?}");
 }
 

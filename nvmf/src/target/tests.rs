@@ -107,24 +107,33 @@ struct Conv {
 impl Conv {
     /// Admin Connect with KATO 5 s.
     fn connect(t: Target, subnqn: &str, hostnqn: &str) -> Conv {
-        let mut c = Conv {
-            t,
-            now: Instant::now(),
-            admin: QueueRef { cntlid: 0, qid: 0 },
-            cid: 0,
-        };
-        let (cqe, ok) = c.t.connect(
-            c.now,
-            100,
+        Conv::connect_kato(t, Instant::now(), 100, 5000, subnqn, hostnqn)
+    }
+    /// Admin Connect at `now` on transport key `key` with KATO `kato` ms.
+    fn connect_kato(
+        mut t: Target,
+        now: Instant,
+        key: u64,
+        kato: u32,
+        subnqn: &str,
+        hostnqn: &str,
+    ) -> Conv {
+        let (cqe, ok) = t.connect(
+            now,
+            key,
             &origin(),
-            &connect_sqe(0, 31, 5000),
+            &connect_sqe(0, 31, kato),
             &connect_data(0xffff, subnqn, hostnqn),
         );
         assert_eq!(cqe.status(), Status::SUCCESS);
         let ok = ok.unwrap();
         assert_eq!(cqe.dw0, ok.cntlid as u32);
-        c.admin = ok.queue();
-        c
+        Conv {
+            t,
+            now,
+            admin: ok.queue(),
+            cid: 0,
+        }
     }
     fn enabled(t: Target, subnqn: &str, hostnqn: &str) -> Conv {
         let mut c = Conv::connect(t, subnqn, hostnqn);
@@ -478,23 +487,9 @@ fn a_retired_controller_whose_queues_never_close_goes_after_the_limit() {
 
 #[test]
 fn kato_zero_disables_the_timer_and_set_features_restarts_it() {
-    let mut t = target();
     let now = Instant::now();
-    let (_, ok) = t.connect(
-        now,
-        1,
-        &origin(),
-        &connect_sqe(0, 31, 0),
-        &connect_data(0xffff, SUB1, HOST1),
-    );
-    assert!(ok.is_some());
-    assert_eq!(t.next_timeout(), None);
-    let mut c = Conv {
-        t,
-        now,
-        admin: ok.unwrap().queue(),
-        cid: 0,
-    };
+    let mut c = Conv::connect_kato(target(), now, 1, 0, SUB1, HOST1);
+    assert_eq!(c.t.next_timeout(), None);
     c.property_set(CC_ENABLE);
     c.admin(set_features(fid::KEEP_ALIVE_TIMER, 1000));
     assert_eq!(
@@ -508,39 +503,14 @@ fn kato_zero_disables_the_timer_and_set_features_restarts_it() {
 /// SPDK do), and Get Features says so; Connect's KATO is rounded up to 100 ms too.
 #[test]
 fn discovery_kato_zero_reads_back_the_default_and_connect_kato_is_rounded() {
-    let mut t = target();
     let now = Instant::now();
-    let (_, ok) = t.connect(
-        now,
-        1,
-        &origin(),
-        &connect_sqe(0, 31, 0),
-        &connect_data(0xffff, DISCOVERY_NQN, HOST1),
-    );
-    let mut c = Conv {
-        t,
-        now,
-        admin: ok.expect("discovery connect").queue(),
-        cid: 0,
-    };
+    let mut c = Conv::connect_kato(target(), now, 1, 0, DISCOVERY_NQN, HOST1);
     c.property_set(CC_ENABLE);
     assert_eq!(
         c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
         TargetOptions::default().kato_default_ms
     );
-    let (_, ok) = c.t.connect(
-        now,
-        2,
-        &origin(),
-        &connect_sqe(0, 31, 4321),
-        &connect_data(0xffff, SUB1, HOST1),
-    );
-    let mut c = Conv {
-        t: c.t,
-        now,
-        admin: ok.expect("connect").queue(),
-        cid: 0,
-    };
+    let mut c = Conv::connect_kato(c.t, now, 2, 4321, SUB1, HOST1);
     c.property_set(CC_ENABLE);
     assert_eq!(
         c.admin(get_features(fid::KEEP_ALIVE_TIMER, 0, 0)).0.dw0,
