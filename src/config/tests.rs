@@ -429,6 +429,18 @@ fn a_typo_in_a_cr_only_file_is_listed_once() {
     );
 }
 
+/// Past 20 unknown fields the list says it stops there.
+#[test]
+fn a_long_list_of_typos_says_where_it_stops() {
+    let typos: String = (0..25).map(|i| format!("typo{i}: 1\n")).collect();
+    let errs = errors(&format!("{MINIMAL}{typos}"));
+    assert_eq!(errs.len(), 21, "{errs:#?}");
+    assert!(
+        errs[20].contains("20 unknown fields listed; the rest of the file was not read"),
+        "{errs:#?}"
+    );
+}
+
 /// A missing required field ends the reading (serde cannot go on without it), after the
 /// unknown fields before it.
 #[test]

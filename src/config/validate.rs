@@ -63,12 +63,26 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
                 diags.push(syntax_diagnostic(&err, &text, source));
                 match past_unknown_field(&err, &text) {
                     // (Unchanged: line ends the parser counts and this code does not.)
-                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS && t != *text => text = t.into(),
-                    _ => {
-                        diags.sort_by_key(|d| (d.line, d.column));
-                        return Err(ConfigError::Invalid(diags));
+                    Some(t) if t == *text => {}
+                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => {
+                        text = t.into();
+                        continue;
                     }
+                    Some(_) => {
+                        let last = &diags[diags.len() - 1];
+                        let more = Diagnostic {
+                            message: format!(
+                                "{MAX_UNKNOWN_FIELDS} unknown fields listed; the rest of the \
+                                 file was not read"
+                            ),
+                            ..last.clone()
+                        };
+                        diags.push(more);
+                    }
+                    None => {}
                 }
+                diags.sort_by_key(|d| (d.line, d.column));
+                return Err(ConfigError::Invalid(diags));
             }
         }
     };
