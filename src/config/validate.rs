@@ -21,7 +21,7 @@ use super::raw::{
     RawAnaGroup, RawBackend, RawBackendType, RawConfig, RawHost, RawLimits, RawListener,
     RawReferral, RawReservations, RawSize, RawSubsystem,
 };
-use super::yaml_path::{PathIndex, ROOT};
+use super::yaml_path::{rest_of_line, PathIndex, ROOT};
 
 mod access;
 use super::{
@@ -57,47 +57,45 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
     let mut diags = Vec::new();
     let mut text = std::borrow::Cow::Borrowed(text);
     let raw = loop {
-        match serde_saphyr::from_str::<RawConfig>(&text) {
-            Ok(raw) => break raw,
-            Err(err) => {
-                diags.push(syntax_diagnostic(&err, &text, source));
-                match past_unknown_field(&err, &text) {
-                    // (Unchanged: line ends the parser counts and this code does not.)
-                    Some(t) if t == *text => {}
-                    Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => {
-                        text = t.into();
-                        continue;
-                    }
-                    Some(_) => {
-                        let last = &diags[diags.len() - 1];
-                        let more = Diagnostic {
-                            message: format!(
-                                "{MAX_UNKNOWN_FIELDS} unknown fields listed; the rest of the \
-                                 file was not read"
-                            ),
-                            ..last.clone()
-                        };
-                        diags.push(more);
-                    }
-                    None => {}
-                }
-                diags.sort_by_key(|d| (d.line, d.column));
-                return Err(ConfigError::Invalid(diags));
+        let err = match serde_saphyr::from_str::<RawConfig>(&text) {
+            Ok(raw) => break Some(raw),
+            Err(err) => err,
+        };
+        let index = PathIndex::build(&text);
+        diags.push(syntax_diagnostic(&err, &text, &index, source));
+        match past_unknown_field(&err, &text, &index) {
+            // (Unchanged: line ends the parser counts and this code does not.)
+            Some(t) if t == *text => {}
+            Some(t) if diags.len() < MAX_UNKNOWN_FIELDS => {
+                text = t.into();
+                continue;
             }
+            Some(_) => {
+                let more = Diagnostic {
+                    message: format!(
+                        "{MAX_UNKNOWN_FIELDS} unknown fields listed; the rest of the file \
+                         was not read"
+                    ),
+                    ..diags[diags.len() - 1].clone()
+                };
+                diags.push(more);
+            }
+            None => {}
         }
+        break None;
     };
     let mut checker = Checker {
         source,
         base,
         diags,
     };
-    let config = checker.config(raw);
-    if checker.diags.is_empty() {
-        Ok(config)
-    } else {
-        let mut diags = checker.diags;
-        diags.sort_by_key(|d| (d.line, d.column));
-        Err(ConfigError::Invalid(diags))
+    match raw.map(|raw| checker.config(raw)) {
+        Some(config) if checker.diags.is_empty() => Ok(config),
+        _ => {
+            let mut diags = checker.diags;
+            diags.sort_by_key(|d| (d.line, d.column));
+            Err(ConfigError::Invalid(diags))
+        }
     }
 }
 
@@ -105,7 +103,7 @@ pub(super) fn parse(text: &str, source: &str, base: Option<&Path>) -> Result<Con
 /// likely meant when that fits in its place and its mapping lacks it (so that the rest
 /// is checked as the user meant it), otherwise removed (its key and value turned to
 /// spaces). Every other location stays where it was. `None` for any other error.
-fn past_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
+fn past_unknown_field(err: &serde_saphyr::Error, text: &str, index: &PathIndex) -> Option<String> {
     let err = err.without_snippet();
     let serde_saphyr::Error::SerdeUnknownField {
         field, expected, ..
@@ -115,17 +113,8 @@ fn past_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
     };
     let at = err.location().filter(|l| l.line() > 0)?;
     let start = (at.line(), at.column().max(1));
-    let index = PathIndex::build(text);
-    let (row, col) = (
-        usize::try_from(start.0).ok()?.checked_sub(1)?,
-        usize::try_from(start.1).ok()?.checked_sub(1)?,
-    );
-    let at_key = text.lines().nth(row).is_some_and(|l| {
-        l.chars()
-            .skip(col)
-            .collect::<String>()
-            .starts_with(field.as_str())
-    });
+    let at_key =
+        rest_of_line(text, start.0, start.1).is_some_and(|r| r.starts_with(field.as_str()));
     let rename = closest(field, expected).filter(|near| {
         at_key
             && near.chars().count() <= field.chars().count()
@@ -164,7 +153,12 @@ fn past_unknown_field(err: &serde_saphyr::Error, text: &str) -> Option<String> {
 }
 
 /// Turns a deserializer error into a located diagnostic naming the field.
-fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Diagnostic {
+fn syntax_diagnostic(
+    err: &serde_saphyr::Error,
+    text: &str,
+    index: &PathIndex,
+    source: &str,
+) -> Diagnostic {
     use serde_saphyr::Error as E;
 
     let err = err.without_snippet();
@@ -172,7 +166,6 @@ fn syntax_diagnostic(err: &serde_saphyr::Error, text: &str, source: &str) -> Dia
         .location()
         .filter(|l| l.line() > 0)
         .map_or((1, 1), |l| (l.line(), l.column().max(1)));
-    let index = PathIndex::build(text);
     let (field, message) = match err {
         E::SerdeUnknownField {
             field, expected, ..
@@ -282,13 +275,7 @@ fn expected_scalar(ty: &str) -> String {
 /// The plain scalar that starts at `line`:`column` (1-based), up to the end of the line, a
 /// comment or the end of a flow item, for "expected X, not `Y`"; None when there is none.
 fn value_at(text: &str, line: u64, column: u64) -> Option<String> {
-    let l = text
-        .lines()
-        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
-    let rest: String = l
-        .chars()
-        .skip(usize::try_from(column).ok()?.checked_sub(1)?)
-        .collect();
+    let rest = rest_of_line(text, line, column)?;
     let end = [" #", ",", "}", "]"]
         .iter()
         .filter_map(|stop| rest.find(stop))

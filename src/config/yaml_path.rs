@@ -60,6 +60,16 @@ fn join_key(parent: &str, key: &str) -> String {
     }
 }
 
+/// The rest of line `line` of `text` from column `column` (both 1-based, columns in
+/// characters); `None` past its end.
+pub(super) fn rest_of_line(text: &str, line: u64, column: u64) -> Option<&str> {
+    let l = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let skip = usize::try_from(column).ok()?.checked_sub(1)?;
+    l.char_indices().nth(skip).map(|(i, _)| &l[i..])
+}
+
 fn display(path: &str) -> String {
     if path.is_empty() {
         ROOT.to_owned()
@@ -179,30 +189,15 @@ impl PathIndex {
         line: u64,
         column: u64,
     ) -> Option<Option<(u64, u64)>> {
-        let i = self
-            .entries
-            .iter()
-            .position(|e| e.kind == EntryKind::Key && (e.line, e.column) == (line, column))?;
-        let key = &self.entries[i];
-        let mapping = self.entries[..i]
-            .iter()
-            .rev()
-            .find(|e| e.depth < key.depth)?;
+        let (i, m) = self.key_and_mapping(line, column)?;
+        let depth = self.entries[i].depth;
         let next = self.entries[i + 1..]
             .iter()
-            .find(|e| e.depth < key.depth || (e.depth == key.depth && e.kind == EntryKind::Key))
+            .find(|e| e.depth < depth || (e.depth == depth && e.kind == EntryKind::Key))
             .map(|e| (e.line, e.column));
         // A flow mapping ends with its `}` (its start may be an anchor or a tag).
-        let closed = mapping.closed_at?;
-        let flow = text
-            .lines()
-            .nth(usize::try_from(closed.0).ok()?.checked_sub(1)?)
-            .and_then(|l| {
-                l.chars()
-                    .nth(usize::try_from(closed.1).ok()?.checked_sub(1)?)
-            })
-            == Some('}');
-        if !flow {
+        let closed = self.entries[m].closed_at?;
+        if !rest_of_line(text, closed.0, closed.1).is_some_and(|r| r.starts_with('}')) {
             // Block style: what follows on a later line starts that line (a list item's
             // `- ` before the next item's first key must stay).
             return Some(next.map(|(l, c)| if l > line { (l, 1) } else { (l, c) }));
@@ -213,22 +208,26 @@ impl PathIndex {
     /// Whether the mapping holding the key that starts at `line:column` has another key
     /// named `name`.
     pub(super) fn has_sibling(&self, line: u64, column: u64, name: &str) -> bool {
-        let Some(i) = self
-            .entries
-            .iter()
-            .position(|e| e.kind == EntryKind::Key && (e.line, e.column) == (line, column))
-        else {
+        let Some((i, m)) = self.key_and_mapping(line, column) else {
             return false;
         };
         let depth = self.entries[i].depth;
-        let Some(m) = self.entries[..i].iter().rposition(|e| e.depth < depth) else {
-            return false;
-        };
         let path = join_key(&self.entries[m].path, name);
         self.entries[m + 1..]
             .iter()
             .take_while(|e| e.depth >= depth)
             .any(|e| e.kind == EntryKind::Key && e.depth == depth && e.path == path)
+    }
+
+    /// The entries of the key that starts at `line:column` and of the mapping it is in.
+    fn key_and_mapping(&self, line: u64, column: u64) -> Option<(usize, usize)> {
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.kind == EntryKind::Key && (e.line, e.column) == (line, column))?;
+        let depth = self.entries[i].depth;
+        let m = self.entries[..i].iter().rposition(|e| e.depth < depth)?;
+        Some((i, m))
     }
 
     fn find(&self, line: u64, column: u64, kind: EntryKind) -> String {
