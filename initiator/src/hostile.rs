@@ -190,11 +190,10 @@ pub fn pdu_never_finished(
         let r = controller(to, subnqn, 1, 31, peers.opts(&attacker_options())).and_then(
             |(a, mut ios)| {
                 let mut io = ios.pop().expect("one I/O queue");
-                use nvmf::spec::{sgl, SglDescriptor};
-                let mut sqe = nvmf::spec::Sqe::default();
-                sqe.set_opcode_cid(nvmf::spec::opcodes::io::WRITE, 1);
-                sqe.nsid = 1;
-                sqe.cdw12 = 7; // 8 blocks of 512 bytes
+                use nvmf::spec::{opcodes::io::WRITE, sgl, SglDescriptor};
+                // 8 blocks of 512 bytes, CID 1.
+                let mut sqe = crate::rw_sqe(WRITE, 1, 0, 8, false);
+                sqe.set_opcode_cid(WRITE, 1);
                 sqe.dptr =
                     SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, 0, 4096);
                 let mut pdu = Vec::new();

@@ -2016,11 +2016,16 @@ impl Target {
             return;
         };
         e.controllers = e.controllers.saturating_sub(1);
-        // (Only a host some namespace named once can be named still: the others, any
-        // NQN a peer sends, cost no look through the configuration.)
-        if e.controllers == 0 && !(e.named && self.host_named(hostnqn)) {
+        if self.host_slot_unused(hostnqn, &self.host_slots[hostnqn]) {
             self.host_slots.remove(hostnqn);
         }
+    }
+
+    /// Whether the interned `hostnqn` can go: no controller of it exists and no
+    /// namespace names it. (Only a host some namespace named once can be named still:
+    /// the others, any NQN a peer sends, cost no look through the configuration.)
+    fn host_slot_unused(&self, hostnqn: &str, e: &HostSlot) -> bool {
+        e.controllers == 0 && !(e.named && self.host_named(hostnqn))
     }
 
     /// Whether some namespace's `hosts` list names `hostnqn` (a lost namespace's too: it
@@ -2064,7 +2069,7 @@ impl Target {
         let unused: Vec<String> = self
             .host_slots
             .iter()
-            .filter(|(h, e)| e.controllers == 0 && !self.host_named(h))
+            .filter(|(h, e)| self.host_slot_unused(h, e))
             .map(|(h, _)| h.clone())
             .collect();
         for h in unused {

@@ -2163,21 +2163,15 @@ fn host_slots_go_with_their_last_controller() {
         } else {
             format!("nqn.2014-08.org.example:made-up-{i}")
         };
-        let (cqe, ok) = t.connect(
-            now,
-            1000 + i,
-            &origin(),
-            &connect_sqe(0, 31, 0),
-            &connect_data(0xffff, DISCOVERY_NQN, &hostnqn),
-        );
-        assert!(cqe.status().is_success(), "{hostnqn}");
+        let c = Conv::connect_kato(t, now, 1000 + i, 0, DISCOVERY_NQN, &hostnqn);
+        t = c.t;
         let slot = t.host_slots[&hostnqn].slot;
         if hostnqn == HOST2 {
             assert_eq!(slot, named, "a named host keeps its slot");
         } else {
             assert!(seen.insert(slot), "slot {slot} handed out twice");
         }
-        t.queue_closed(ok.unwrap().queue(), 1000 + i);
+        t.queue_closed(c.admin, 1000 + i);
     }
     assert_eq!(
         t.host_slots.keys().collect::<Vec<_>>(),
@@ -2189,14 +2183,8 @@ fn host_slots_go_with_their_last_controller() {
     assert!(t.host_slots.is_empty(), "{:?}", t.host_slots);
     // A controller whose keep-alive expired and whose queues are never reported closed
     // is dropped after the retirement limit, and its host's entry with it.
-    let (cqe, _) = t.connect(
-        now,
-        5000,
-        &origin(),
-        &connect_sqe(0, 31, 1000),
-        &connect_data(0xffff, DISCOVERY_NQN, "nqn.2014-08.org.example:silent"),
-    );
-    assert!(cqe.status().is_success());
+    let silent = "nqn.2014-08.org.example:silent";
+    t = Conv::connect_kato(t, now, 5000, 1000, DISCOVERY_NQN, silent).t;
     assert_eq!(t.host_slots.len(), 1);
     t.poll_timeouts(now + Duration::from_secs(2));
     assert_eq!(t.host_slots.len(), 1, "retired, not gone yet");

@@ -96,11 +96,16 @@ fn in_capsule(mut s: Sqe, cid: u16, len: u32) -> Sqe {
     s
 }
 
-/// Queue a capsule on connection `q` (bytes only, the host machine does not know).
-fn forge(p: &mut Pair, q: usize, sqe: &Sqe, data: &[u8]) {
+/// A capsule PDU of `sqe` with `data` in it (no digests).
+fn capsule_pdu(sqe: &Sqe, data: &[u8]) -> Vec<u8> {
     let mut pdu = Vec::new();
     tcp::encode_capsule_cmd(&mut pdu, sqe, data, Digests::NONE, 0);
-    p.conns[q].send_raw(&pdu);
+    pdu
+}
+
+/// Queue a capsule on connection `q` (bytes only, the host machine does not know).
+fn forge(p: &mut Pair, q: usize, sqe: &Sqe, data: &[u8]) {
+    p.conns[q].send_raw(&capsule_pdu(sqe, data));
 }
 
 /// A connection past ICReq whose host only sends what the test forges.
@@ -372,10 +377,10 @@ fn a_pdu_left_unfinished_times_out_but_a_busy_stream_does_not() {
     let stalled = raw_io_queue(&mut p, cntlid, 2, 31);
     let busy = raw_io_queue(&mut p, cntlid, 3, 31);
     let capsule = |cid: u16| {
-        let mut pdu = Vec::new();
-        let sqe = in_capsule(io_rw(io::WRITE, 1), cid, 512);
-        tcp::encode_capsule_cmd(&mut pdu, &sqe, &[cid as u8; 512], Digests::NONE, 0);
-        pdu
+        capsule_pdu(
+            &in_capsule(io_rw(io::WRITE, 1), cid, 512),
+            &[cid as u8; 512],
+        )
     };
     let first = capsule(100);
     p.conns[stalled].send_raw(&first[..40]);
