@@ -408,3 +408,65 @@ fn ptpl_is_offered_with_the_default_state_file() {
     );
     d.stop();
 }
+
+/// A Register that changes what the PTPL state file keeps is answered only once the
+/// file's writer has written that state, and the write does not stall the IO thread it
+/// came from: another host on the same (only) IO thread is served meanwhile. The state
+/// file's temporary is made a FIFO here, so the writer blocks in `open` until the test
+/// reads it; the FIFO then refuses the writer's fsync, which is logged.
+#[test]
+fn a_ptpl_write_holds_its_command_but_not_the_io_thread() {
+    let _w = watchdog("ptpl_write_off_the_io_thread", Duration::from_secs(60));
+    let mut d = Daemon::start(&HA_CONFIG.replace("io_threads: 2", "io_threads: 1"));
+    let (oa, ob) = (host_opts(), host_opts());
+    let (_aa, mut a) = host(&d, &oa);
+    let (_ab, mut b) = host(&d, &ob);
+    let tmp = d.dir().join("resv.ptpl.tmp");
+    nix::unistd::mkfifo(&tmp, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+
+    let mut sqe = Sqe {
+        nsid: 1,
+        cdw10: 0b11 << 30,
+        ..Default::default()
+    };
+    sqe.set_opcode_cid(io::RESERVATION_REGISTER, 0);
+    // Its data in the capsule: no R2T to answer, so nothing comes back before the
+    // completion.
+    a.set_max_incapsule(4096);
+    let cid = a
+        .submit(Request::new(sqe, Xfer::ToController, keys(0, 0xa)))
+        .expect("submit Register");
+    // Not answered while its state is not written.
+    a.stream()
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let early = a.stream().peek(&mut [0u8; 1]);
+    assert!(
+        early.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "the Register was answered before its state was written: {early:?}"
+    );
+    a.stream().set_read_timeout(None).unwrap();
+    // The IO thread goes on serving the other host, reservation commands included.
+    for _ in 0..20 {
+        assert_eq!(b.read(1, 0, 1, &mut [0; 512]).unwrap(), Status::SUCCESS);
+    }
+    assert_eq!(report(&mut b).1, 1, "B sees A's registration");
+
+    // Let the writer through: what it writes holds A's registration.
+    let text = std::fs::read_to_string(&tmp).expect("read the FIFO");
+    let hex: String = oa.hostid.iter().map(|x| format!("{x:02x}")).collect();
+    assert!(text.contains(&hex), "{text}");
+    assert_eq!(
+        a.wait(cid).expect("completion").cqe.status(),
+        Status::SUCCESS
+    );
+    assert!(
+        d.log().contains("cannot write the state file"),
+        "the failed fsync is logged: {}",
+        d.log()
+    );
+    d.stop();
+}

@@ -10,7 +10,7 @@ use nvmf::spec::{opcodes, Cqe, Sqe, Status};
 use nvmf::target::{ConnectOk, Outcome, QueueRef};
 use sta::{AccessKey, CmdToken, IoContext, QpHandle, SubsysId, TaskError};
 
-use super::io_thread::IoThread;
+use super::io_thread::{Deferred, IoThread};
 use super::shared::{queue_key, Counters};
 
 impl<I: IoContext> IoThread<I> {
@@ -31,13 +31,16 @@ impl<I: IoContext> IoThread<I> {
             Err(e) => return self.payload_gone(qp, e),
         };
         let pending = self.qps.get(&qp).and_then(|a| a.offload_after_auth);
-        let (outcome, actions, notices, authenticated) = {
+        let (outcome, actions, notices, authenticated, ptpl) = {
             let mut t = shared.target();
+            let before = t.ptpl_version();
             let o = t.execute(now, queue, sqe, payload, &Counters(&shared));
+            // The PTPL state version this command made, if it changed what the file keeps.
+            let ptpl = (t.ptpl_version() != before).then(|| t.ptpl_version());
             let authenticated = pending.is_some() && t.queue_authenticated(queue);
             // An Authentication Send held for DH arithmetic: the DH threads do it.
             shared.dh.push(t.take_dh_jobs());
-            (o, t.take_actions(), t.take_notices(), authenticated)
+            (o, t.take_actions(), t.take_notices(), authenticated, ptpl)
         };
         if let (true, Some((id, access))) = (authenticated, pending) {
             // Authenticated: from now on the engine serves this queue's I/O itself.
@@ -54,8 +57,8 @@ impl<I: IoContext> IoThread<I> {
             }
         }
         shared.report_notices(notices);
-        // A reservation, PTPL or visibility change reaches the engine (and the PTPL file)
-        // before the host hears the command completed.
+        // A reservation, PTPL or visibility change reaches the engine before the host hears
+        // the command completed; a change the PTPL file keeps, the file too (below).
         shared.sync_target_state();
         match outcome {
             Outcome::Complete { cqe, data_len } => {
@@ -71,8 +74,16 @@ impl<I: IoContext> IoThread<I> {
                         cqe.status()
                     );
                 }
-                if let Some(fence) = self.fence_for(queue, sqe, &cqe) {
-                    self.fencing.push((fence, qp, token, cqe));
+                let fence = self.fence_for(queue, sqe, &cqe);
+                let ptpl = ptpl.filter(|&v| !shared.ptpl_written(v));
+                if fence.is_some() || ptpl.is_some() {
+                    self.deferred.push(Deferred {
+                        fence,
+                        ptpl: ptpl.unwrap_or(0),
+                        qp,
+                        token,
+                        cqe,
+                    });
                     return self.route_or_apply(actions);
                 }
                 self.answer(qp, token, &cqe, data_len)
@@ -117,17 +128,21 @@ impl<I: IoContext> IoThread<I> {
         (!fence.is_done()).then_some(fence)
     }
 
-    /// Answers the fenced completions whose fences are done. Returns whether any.
-    pub(super) fn answer_fenced(&mut self) -> bool {
-        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fencing)
+    /// Answers the deferred completions whose fence is done and whose PTPL state is
+    /// written. Returns whether any.
+    pub(super) fn answer_deferred(&mut self) -> bool {
+        let shared = &self.shared;
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
             .into_iter()
-            .partition(|(f, ..)| f.is_done());
-        self.fencing = waiting;
+            .partition(|d| {
+                d.fence.as_ref().is_none_or(|f| f.is_done()) && shared.ptpl_written(d.ptpl)
+            });
+        self.deferred = waiting;
         let any = !done.is_empty();
-        for (_, qp, token, cqe) in done {
+        for d in done {
             // A QP that went meanwhile: the answer is dropped with it.
-            if self.qps.contains_key(&qp) {
-                self.answer(qp, token, &cqe, 0);
+            if self.qps.contains_key(&d.qp) {
+                self.answer(d.qp, d.token, &d.cqe, 0);
             }
         }
         any

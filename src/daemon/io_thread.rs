@@ -65,9 +65,19 @@ pub(super) struct IoThread<I: IoContext> {
     stop_started: Option<Instant>,
     /// RDMA connections of this thread: cm_id -> QP.
     rdma_ids: HashMap<u64, QpHandle>,
-    /// Preempt and Abort completions waiting for their namespace's fence
-    /// (`commands.rs`): answered once it is done.
-    pub fencing: Vec<(sta::Fence, QpHandle, CmdToken, Cqe)>,
+    /// Completions waiting for a namespace's fence or for the PTPL state file
+    /// (`commands.rs`), answered once done.
+    pub deferred: Vec<Deferred>,
+}
+
+/// A completion held back until the preempted hosts' commands are done (Preempt and
+/// Abort: `fence`) and the reservation state it made is on disk (`ptpl`, 0 for none).
+pub struct Deferred {
+    pub fence: Option<sta::Fence>,
+    pub ptpl: u64,
+    pub qp: QpHandle,
+    pub token: CmdToken,
+    pub cqe: Cqe,
 }
 
 impl<I: IoContext> IoThread<I> {
@@ -84,7 +94,7 @@ impl<I: IoContext> IoThread<I> {
             stopping: false,
             stop_started: None,
             rdma_ids: HashMap::new(),
-            fencing: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -110,7 +120,7 @@ impl<I: IoContext> IoThread<I> {
             // Busy-poll while work came recently (no wake-up latency under load), block in
             // the engine once idle so an idle daemon costs no CPU.
             let wait = match idle_since {
-                Some(t) if t.elapsed() >= SPIN_WINDOW && self.fencing.is_empty() => IDLE_WAIT,
+                Some(t) if t.elapsed() >= SPIN_WINDOW && self.deferred.is_empty() => IDLE_WAIT,
                 _ => Duration::ZERO,
             };
             let mut did = self.io.progress(wait);
@@ -118,8 +128,8 @@ impl<I: IoContext> IoThread<I> {
                 did = true;
                 self.on_event(ev);
             }
-            if !self.fencing.is_empty() {
-                did |= self.answer_fenced();
+            if !self.deferred.is_empty() {
+                did |= self.answer_deferred();
             }
             if did {
                 idle_since = None;

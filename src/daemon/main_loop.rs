@@ -59,6 +59,9 @@ pub(super) fn serve<E: Engine>(
         if rt.shared.dh.alive() < super::dh_jobs::DH_THREADS {
             return "a DH thread exited".to_string();
         }
+        if rt.shared.ptpl.as_ref().is_some_and(|w| !w.alive()) {
+            return "the reservation state file's writer exited".to_string();
+        }
         // Fed only while every IO thread is still making passes.
         if let Some(w) = watchdog.as_mut() {
             w.tick(Instant::now(), &rt.shared.stats, threads.count());

@@ -26,6 +26,7 @@ mod io_thread;
 mod listeners;
 mod main_loop;
 mod policy;
+mod ptpl_writer;
 mod queue_facts;
 mod runtime;
 mod shared;
@@ -130,6 +131,7 @@ pub fn run<E: Engine>(
     let mut ctl = ControlHook::start(&cfg, config_path.as_deref(), text, engine.name(), started)?;
     let threads = start_io_threads(&mut engine, &shared, &cfg.threads, receivers)?;
     dh_jobs::spawn(&shared).context("spawning the DH-HMAC-CHAP threads")?;
+    ptpl_writer::spawn(&shared).context("spawning the reservation state file's writer")?;
 
     // Start-up is the change from nothing to the configuration; at start-up any error
     // is fatal.
@@ -314,6 +316,15 @@ fn stop<E: Engine>(mut rt: Runtime<E>, threads: IoThreadSet, reason: &str) -> an
         }
         // Every accepted cm_id is gone with its QP: the CM channel can go too.
         rt.listeners.shutdown_rdma();
+    }
+    if let Some(w) = &rt.shared.ptpl {
+        // Every completion that waited for it was answered, or dropped with its queue;
+        // a reload's change may still be on its way.
+        if !w.flush(STOP_TIMEOUT) {
+            tracing::error!(
+                "reservations: the state file's last change was not written within                  {STOP_TIMEOUT:?}; exiting anyway"
+            );
+        }
     }
     let mut failed = false;
     for (name, b) in &rt.backends {
