@@ -22,6 +22,8 @@ pub const MAX_RANGES: usize = 128;
 /// FUSE values (CDW0 bits 9:8).
 pub const FUSE_FIRST: u8 = 0b01;
 pub const FUSE_SECOND: u8 = 0b10;
+/// Reserved: answered Invalid Field.
+pub const FUSE_RESERVED: u8 = 0b11;
 
 /// The limits a namespace advertises for Copy, in logical blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1130,6 +1130,10 @@ impl Core {
                 self.fail(st, f, Status::ABORTED_MISSING_FUSED);
             }
         }
+        if sqe.fuse() == nvmf::copy::FUSE_RESERVED && !sqe.is_fabrics() {
+            // FUSE 11b is reserved (SPDK and nvmet answer it so too).
+            return self.fail(st, idx, Status::INVALID_FIELD);
+        }
         if sqe.fuse() == nvmf::copy::FUSE_SECOND && first_of_pair.is_none() {
             return self.fail(st, idx, Status::ABORTED_MISSING_FUSED);
         }
@@ -1224,6 +1228,14 @@ impl Core {
         let (Some(op), Some(sgl)) = (c.op, c.held_sgl.take()) else {
             return;
         };
+        if c.aborted {
+            // Its second failed already (`fail_partner`): it does not run alone.
+            if let Some(b) = c.buf.take() {
+                self.pool.put(b);
+            }
+            let status = self.cmds[idx as usize].status;
+            return self.fail(st, idx, status);
+        }
         let ns = c.ns;
         let held = c.buf.take();
         let data: Vec<u8> = held.as_ref().map_or(Vec::new(), |b| b.as_slice().to_vec());
@@ -1516,22 +1528,22 @@ impl Core {
             c.ns = ns_idx;
         }
         let Some(ns) = self.ns[ns_idx as usize].as_ref() else {
-            return self.fail(st, idx, Status::INVALID_NAMESPACE);
+            return self.fail_with_partner(st, idx, Status::INVALID_NAMESPACE);
         };
         let (shift, nblocks) = (ns.shift, ns.nblocks);
         if op.uses_lba_range() {
             if let Err(s) = command::check_lba_range(&sqe, nblocks) {
-                return self.fail(st, idx, s);
+                return self.fail_with_partner(st, idx, s);
             }
         }
         let len = op.transfer_len(&sqe, shift);
         if len > self.cfg.max_io_size as u64 {
-            return self.fail(st, idx, Status::INVALID_FIELD);
+            return self.fail_with_partner(st, idx, Status::INVALID_FIELD);
         }
         let len = len as u32;
         self.cmds[idx as usize].len = len;
         if let Err(s) = sgl.check_transfer(op, len) {
-            return self.fail(st, idx, s);
+            return self.fail_with_partner(st, idx, s);
         }
         if len == 0 {
             return self.submit_offload(st, idx);
@@ -1544,7 +1556,7 @@ impl Core {
             // or not.
             let Some(mut b) = self.pool.get(len as usize) else {
                 self.counters.hit(Limit::BufferPool);
-                return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+                return self.fail_with_partner(st, idx, Status::COMMAND_INTERRUPTED);
             };
             b.set_len(len as usize);
             // Only the transfer is taken (a DSM range buffer may be longer).
@@ -1592,8 +1604,7 @@ impl Core {
         // An RDMA READ needs its destination now; a read needs room for the backend.
         let Some(mut b) = self.pool.get(len as usize) else {
             self.counters.hit(Limit::BufferPool);
-            self.fail(st, idx, Status::COMMAND_INTERRUPTED);
-            return self.fail_partner(st, idx);
+            return self.fail_with_partner(st, idx, Status::COMMAND_INTERRUPTED);
         };
         b.set_len(len as usize);
         self.cmds[idx as usize].buf = Some(b);
@@ -1732,6 +1743,14 @@ impl Core {
         } else {
             self.submit_offload(st, idx);
         }
+    }
+
+    /// Fail command `idx` with `status`, and its fused partner, if any, with it
+    /// ([`Core::fail_partner`]). Every check a command can fail on its own before it runs
+    /// fails this way: a half of a pair failed alone left the other waiting for good.
+    fn fail_with_partner(&mut self, st: &mut QpState, idx: u32, status: Status) {
+        self.fail(st, idx, status);
+        self.fail_partner(st, idx);
     }
 
     /// Command `idx`, half of a fused pair, failed on its own: its partner cannot run and

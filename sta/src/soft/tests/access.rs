@@ -488,6 +488,74 @@ fn aborting_half_of_a_fused_pair_leaves_the_pair_whole() {
     }
 }
 
+/// A half of a fused pair that fails a check of its own before it runs (its SGL's length,
+/// MDTS) fails the other half too (Aborted - Failed Fused), whichever half it is and
+/// whether the data comes in the capsule or by R2T. The other half used to wait forever,
+/// its command slot with it. Nothing is written.
+#[test]
+fn a_half_that_fails_its_own_checks_takes_its_partner_along() {
+    for incapsule in [true, false] {
+        let mut p = Pair::new();
+        let (_, q) = p.controller(Digests::NONE, 31, 0);
+        let (old, new) = (pattern(1, 1024), pattern(2, 1024));
+        assert_eq!(
+            p.exec(q, rw(io::WRITE, 5, 2), Xfer::ToController, old.clone())
+                .0
+                .status(),
+            Status::SUCCESS
+        );
+        if !incapsule {
+            p.conns[q].host.set_max_incapsule(0);
+        }
+        // The second's SGL says 512 bytes for 2 blocks.
+        let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &new[..512]));
+        let at = format!("bad second, in capsule {incapsule}");
+        assert_eq!(
+            p.wait(q, c2).0.status(),
+            Status::DATA_SGL_LENGTH_INVALID,
+            "{at}"
+        );
+        assert_eq!(
+            p.wait(q, c1).0.status(),
+            Status::ABORTED_FAILED_FUSED,
+            "{at}"
+        );
+        // The first's.
+        let (c1, c2) = submit_pair(&mut p, q, (5, &old[..512]), (5, &new));
+        let at = format!("bad first, in capsule {incapsule}");
+        assert_eq!(
+            p.wait(q, c1).0.status(),
+            Status::DATA_SGL_LENGTH_INVALID,
+            "{at}"
+        );
+        assert_eq!(
+            p.wait(q, c2).0.status(),
+            Status::ABORTED_FAILED_FUSED,
+            "{at}"
+        );
+        // Both over MDTS (1 MiB here; the second's SGL says 1 KiB): the second is refused
+        // first, the first goes with it.
+        let big = vec![0u8; 1024];
+        let cmp = fused(io::COMPARE, 1, 0, 4096);
+        let c1 = p.submit(q, cmp, Xfer::ToController, vec![0; 4096 * 512]);
+        let c2 = p.submit(q, fused(io::WRITE, 2, 0, 4096), Xfer::ToController, big);
+        let at = format!("over MDTS, in capsule {incapsule}");
+        assert_eq!(p.wait(q, c2).0.status(), Status::INVALID_FIELD, "{at}");
+        assert_eq!(
+            p.wait(q, c1).0.status(),
+            Status::ABORTED_FAILED_FUSED,
+            "{at}"
+        );
+        assert_eq!(disk(&p, 5, 2), old);
+        assert_eq!(p.io.commands_in_flight(), 0, "in capsule {incapsule}");
+        // The queue goes on: a good pair works.
+        let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &new));
+        assert_eq!(p.wait(q, c1).0.status(), Status::SUCCESS);
+        assert_eq!(p.wait(q, c2).0.status(), Status::SUCCESS);
+        assert_eq!(disk(&p, 5, 2), new);
+    }
+}
+
 /// A fused Compare (first) and Write (second), each of 2 blocks at its own LBA, with
 /// their data: the pair's CIDs.
 fn submit_pair(p: &mut Pair, q: usize, compare: (u64, &[u8]), write: (u64, &[u8])) -> (u16, u16) {
@@ -545,6 +613,15 @@ fn fused_compare_and_write_on(mut p: Pair) {
     let (c1, c2) = submit_pair(&mut p, q, (5, &new), (6, &other));
     assert_eq!(p.wait(q, c1).0.status(), Status::ABORTED_MISSING_FUSED);
     assert_eq!(p.wait(q, c2).0.status(), Status::ABORTED_MISSING_FUSED);
+    assert_eq!(disk(&p, 5, 2), new);
+    // FUSE 11b is reserved: not run.
+    let w = p.submit(
+        q,
+        fused(io::WRITE, 3, 5, 2),
+        Xfer::ToController,
+        other.clone(),
+    );
+    assert_eq!(p.wait(q, w).0.status(), Status::INVALID_FIELD);
     assert_eq!(disk(&p, 5, 2), new);
     // Atomic against a write to the range queued right behind it: the pair compares and
     // writes first, the plain write lands after.
