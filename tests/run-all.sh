@@ -108,6 +108,22 @@ stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own b
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-doca-vfio nvmft-vfio
 
 stage "interop: BAR dma-buf export on the patched 6.1 kernel (SKIPPED unless kernel-patches/build.sh ran)"
-tests/interop/run.sh kernel-dmabuf
+skipped_stages=()
+rc=0
+tests/interop/run.sh kernel-dmabuf || rc=$?
+case $rc in
+    0) ;;
+    77) skipped_stages+=("kernel-dmabuf (the patched kernel is not built: kernel-patches/build.sh)") ;;
+    *) exit "$rc" ;;
+esac
 
-printf '\nall stages passed in %ss\n' "$(( $(date +%s) - t0 ))"
+secs=$(( $(date +%s) - t0 ))
+skipped_tests=$( { grep -E '^SKIPPED: ' target/test-output.txt || true; } | sort -u | wc -l)
+if ((${#skipped_stages[@]})); then
+    printf '\nevery stage that ran passed in %ss; %d stage(s) SKIPPED, not counted as passed:\n' \
+        "$secs" "${#skipped_stages[@]}"
+    printf '  %s\n' "${skipped_stages[@]}"
+else
+    printf '\nall stages passed in %ss\n' "$secs"
+fi
+echo "hermetic tests SKIPPED (listed above, not counted as passed): $skipped_tests"

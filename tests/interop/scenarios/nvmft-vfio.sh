@@ -71,6 +71,8 @@ if [ -x "$SHARE/dmabuf_check" ]; then
     if echo "$out" | grep -q "^SKIPPED: .*VFIO_DEVICE_FEATURE_DMA_BUF.*VFIO_DEVICE_P2P_DMA_BUF"; then
         pass stock-kernel-reports-no-dmabuf-export
     else fail stock-kernel-reports-no-dmabuf-export "$(echo "$out" | tail -2)"; fi
+else
+    fail stock-kernel-reports-no-dmabuf-export "no dmabuf_check in the share (cargo build --release -p backend --examples)"
 fi
 
 # --- daemon on the drive ------------------------------------------------------------------
