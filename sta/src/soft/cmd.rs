@@ -104,6 +104,9 @@ pub(super) struct Cmd {
     /// A first fused command held until its partner arrives: its SGL (its in-capsule data,
     /// if any, is in `buf`).
     pub held_sgl: Option<DataSgl>,
+    /// A first fused command whose pair holds its range: the fence its compare waits for
+    /// (writes every IO thread let through before the range was claimed).
+    pub pair_fence: Option<crate::Fence>,
     /// The backend timeout was reported for this command.
     pub timeout_reported: bool,
     /// Bytes of the connection's buffer budget this command holds.
@@ -174,6 +177,7 @@ impl Cmd {
             copy: None,
             fused: Fused::None,
             held_sgl: None,
+            pair_fence: None,
         }
     }
 
@@ -460,14 +464,13 @@ pub(super) struct NsSlot {
     pub view: Arc<NamespaceAccess>,
     pub view_epoch: u64,
     /// LBA ranges of fused Compare and Write pairs running on this thread, and the
-    /// commands that wait for them: writes to an overlapping range (any write for DSM and
-    /// Copy) and other fused pairs. Writes from other IO threads are not held back (they
-    /// race with this thread's writes anyway; see the crate docs); pairs on other threads
-    /// are ([`FusedLocks`]).
+    /// commands that wait for a pair's range, on this thread or another ([`FusedLocks`]):
+    /// writes to an overlapping range (any write for DSM and Copy), other fused pairs, and
+    /// pairs waiting for their fence.
     pub locks: FusedLocks,
     pub blocked: VecDeque<u32>,
-    /// A pair in `blocked` waits for a range a pair on another IO thread holds: `blocked`
-    /// is tried again every pass until it is free.
+    /// A command in `blocked` waits for a pair on another IO thread, or a pair waits for
+    /// its fence: `blocked` is tried again every pass until they can go.
     pub remote_wait: bool,
     /// Backend requests in flight (by fence parity), and the fences waiting for them.
     pub fences: NsFences,
@@ -568,6 +571,10 @@ impl FusedLocks {
     }
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
+    }
+    /// The ranges pairs hold on every IO thread of the namespace.
+    pub fn shared(&self) -> &super::FusedRanges {
+        &self.shared
     }
     /// Whether a pair on this thread holds a range overlapping `r`.
     pub fn overlaps(&self, r: (u64, u32)) -> bool {
@@ -799,6 +806,9 @@ pub(super) struct Core {
     pub tx_ready: Vec<QpHandle>,
     /// A namespace's backend said it is gone since the last report (`NsSlot::gone`).
     pub ns_gone_news: bool,
+    /// Every IO context of the engine: a fused pair fences its namespace on all of them
+    /// before it compares ([`Core::run_fused`]).
+    contexts: super::Contexts,
     /// Unit tests: every QP ever put on `tx_ready`.
     #[cfg(test)]
     pub tx_listed_log: std::collections::HashSet<QpHandle>,
@@ -823,6 +833,7 @@ impl Core {
         counters: Arc<ThreadCounters>,
         stats: Arc<StatsRegistry>,
         now: Instant,
+        contexts: super::Contexts,
     ) -> Core {
         let pool = BufPool::new(
             cfg.max_io_size.max(ADMIN_INCAPSULE) as usize,
@@ -847,6 +858,7 @@ impl Core {
             wc_logged: 0,
             tx_ready: Vec::new(),
             ns_gone_news: false,
+            contexts,
             #[cfg(test)]
             tx_listed_log: Default::default(),
         }
@@ -925,6 +937,7 @@ impl Core {
         c.copy = None;
         c.fused = Fused::None;
         c.held_sgl = None;
+        c.pair_fence = None;
         c.lent = None;
         c.start = if self.manual_time || self.in_pass {
             self.now
@@ -1245,22 +1258,28 @@ impl Core {
         self.start_offload(st, idx, op, ns, sgl, &data);
     }
 
-    /// Whether command `idx` must wait for a fused pair's range on its namespace.
-    fn blocked_by_lock(&self, idx: u32) -> bool {
+    /// Whether command `idx` must wait for a fused pair's range on its namespace, and for
+    /// a pair on which thread: writes to an overlapping range, and any DSM or Copy.
+    #[inline]
+    fn lock_wait(&self, idx: u32) -> Option<Take> {
         let c = &self.cmds[idx as usize];
-        let Some(ns) = self.ns.get(c.ns as usize).and_then(|n| n.as_ref()) else {
-            return false;
+        let range = match c.op? {
+            OffloadOp::Write | OffloadOp::WriteZeroes => Some((c.sqe.slba(), c.sqe.nlb())),
+            OffloadOp::DatasetManagement | OffloadOp::Copy => None,
+            _ => return None,
         };
-        if ns.locks.is_empty() {
-            return false;
+        let ns = self.ns.get(c.ns as usize).and_then(|n| n.as_ref())?;
+        let elsewhere = ns.locks.shared().any_claimed();
+        if ns.locks.is_empty() && !elsewhere {
+            return None;
         }
-        match c.op {
-            Some(OffloadOp::Write | OffloadOp::WriteZeroes) => {
-                ns.locks.overlaps((c.sqe.slba(), c.sqe.nlb()))
-            }
-            Some(OffloadOp::DatasetManagement | OffloadOp::Copy) => true,
-            _ => false,
+        let here = range.map_or(!ns.locks.is_empty(), |r| ns.locks.overlaps(r));
+        if here {
+            return Some(Take::BusyHere);
         }
+        // This thread's own ranges are among the shared ones, and do not overlap.
+        let there = elsewhere && range.is_none_or(|r| ns.locks.shared().overlaps(r));
+        there.then_some(Take::BusyElsewhere)
     }
 
     /// A fused command's host data is in: run the pair once both are ready.
@@ -1318,13 +1337,34 @@ impl Core {
         };
         self.cmds[first as usize].st = St::Backend;
         self.cmds[second as usize].st = St::Backend;
-        match ns.locks.take(range) {
-            Take::Taken => {}
-            Take::BusyHere => return ns.blocked.push_back(first),
-            Take::BusyElsewhere => {
+        match self.cmds[first as usize].pair_fence.take() {
+            None => {
+                match ns.locks.take(range) {
+                    Take::Taken => {}
+                    Take::BusyHere => return ns.blocked.push_back(first),
+                    Take::BusyElsewhere => {
+                        ns.remote_wait = true;
+                        return ns.blocked.push_back(first);
+                    }
+                }
+                // From here on, a write to the range waits on every IO thread; one that
+                // went ahead before the claim may still be in flight (on any thread: the
+                // backend does not keep submission order). The compare waits until every
+                // IO thread has seen the claim and what it let through before is done.
+                let fence = super::fence_all(&self.contexts, ns.subsys, ns.nsid);
+                if !fence.is_done() {
+                    self.cmds[first as usize].pair_fence = Some(fence);
+                    ns.remote_wait = true;
+                    return ns.blocked.push_back(first);
+                }
+            }
+            Some(fence) if !fence.is_done() => {
+                self.cmds[first as usize].pair_fence = Some(fence);
                 ns.remote_wait = true;
                 return ns.blocked.push_back(first);
             }
+            // Fenced: the range is the pair's alone.
+            Some(_) => {}
         }
         let len = self.cmds[first as usize].len as usize;
         let Some(mut b) = self.pool.get(len) else {
@@ -1819,12 +1859,14 @@ impl Core {
         if self.cmds[idx as usize].fused != Fused::None {
             return self.fused_ready(st, idx);
         }
-        if self.blocked_by_lock(idx) {
+        if let Some(wait) = self.lock_wait(idx) {
             let c = &mut self.cmds[idx as usize];
             c.st = St::Backend;
             let ns_idx = c.ns;
             if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
                 ns.blocked.push_back(idx);
+                // A pair on another thread: nothing here will restart it, so every pass does.
+                ns.remote_wait |= wait == Take::BusyElsewhere;
             }
             return;
         }
@@ -1953,7 +1995,7 @@ impl Core {
     /// pair's range, a FUA write to a mapped file, and other backends.
     fn write_through(&mut self, st: &mut QpState, idx: u32, data: &[u8]) -> bool {
         let c = &self.cmds[idx as usize];
-        if c.fused != Fused::None || self.blocked_by_lock(idx) {
+        if c.fused != Fused::None || self.lock_wait(idx).is_some() {
             return false;
         }
         let Some(src) = self.ns[c.ns as usize].as_ref().and_then(|n| n.ram.as_ref()) else {

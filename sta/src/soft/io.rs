@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use backend::{Completion, IoStatus, SubmitError};
 use crossbeam_channel::{Receiver, Sender};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::EventFd;
 use nvmf::tcp::ControllerLimits;
 
 use super::cmd::{
@@ -33,6 +34,8 @@ use crate::{Limit, TransportErrorKind as Tek};
 /// Epoll data of an RDMA device's completion channel (low bits: device index); TCP QPs
 /// use their slot index.
 const COMP_TAG: u64 = 1 << 63;
+/// The epoll tag of the context's wake-up event (`super::fence_all`).
+const WAKE_TAG: u64 = u64::MAX;
 
 /// A backend command outstanding this many times `backend_timeout` is reported as hung
 /// even while its namespace's backend completes others (one lost command).
@@ -88,6 +91,8 @@ pub struct StaIo {
     ns_removals: bool,
     /// Every IO context's control channel (`ns_fence`).
     contexts: super::Contexts,
+    /// Written by another context that sent this one a fence (`super::fence_all`).
+    waker: Arc<EventFd>,
 }
 
 impl Drop for StaIo {
@@ -108,11 +113,13 @@ impl StaIo {
         stats: Arc<StatsRegistry>,
         counters: Arc<ThreadCounters>,
         contexts: super::Contexts,
+        waker: Arc<EventFd>,
     ) -> std::io::Result<StaIo> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(&*waker, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TAG))?;
         let now = Instant::now();
         Ok(StaIo {
-            core: Core::new(cfg, counters, stats, now),
+            core: Core::new(cfg, counters, stats, now, contexts.clone()),
             qps: Vec::new(),
             free_qps: Vec::new(),
             epoll,
@@ -129,26 +136,14 @@ impl StaIo {
             rdma_slots: Vec::new(),
             ns_removals: false,
             contexts,
+            waker,
         })
     }
 
     /// See [`crate::IoContext::ns_fence`]: sent to every IO context, this one included
     /// (it handles its own message on its next pass, like the others).
     pub fn ns_fence(&mut self, subsys: crate::SubsysId, nsid: u32) -> crate::Fence {
-        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
-        let fence = crate::Fence::new(contexts.len());
-        for tx in contexts.iter() {
-            let m = Ctrl::Fence {
-                subsys,
-                nsid,
-                fence: fence.clone(),
-            };
-            if tx.send(m).is_err() {
-                // That context is gone (its thread ended): it runs nothing any more.
-                fence.arrive();
-            }
-        }
-        fence
+        super::fence_all(&self.contexts, subsys, nsid)
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
@@ -538,6 +533,11 @@ impl StaIo {
         let mut did = self.drain_ctrl();
         for i in 0..n {
             let data = self.ep_events[i].data();
+            if data == WAKE_TAG {
+                // The messages it announced were read above; only the counter is left.
+                let _ = self.waker.read();
+                continue;
+            }
             if data & COMP_TAG != 0 {
                 let slot = self.qps.get((data & !COMP_TAG) as usize);
                 if let (Some(rt), Some(Link::Rdma(r))) = (

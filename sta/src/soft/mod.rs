@@ -46,16 +46,20 @@
 //!   twice for data that never needs to leave the IO thread.
 //! - Fused Compare and Write: the first command is held until the next capsule of the
 //!   QP; a matching Write makes the pair, anything else fails the first with Missing
-//!   Fused. The pair locks its LBA range on this IO thread: writes to an overlapping range
-//!   (and DSM, Copy and other pairs) submitted on this thread wait until the write is
-//!   done, so compare and write are atomic against them. It also claims the range among
-//!   every IO thread of the namespace ([`FusedRanges`]): a pair on another thread whose
-//!   range overlaps waits (retried every pass) until the write is done, so pairs are
-//!   atomic against each other wherever their queues are. That is what hosts that lock
-//!   with compare-and-write rely on (two hosts' queues are on different threads). Plain
-//!   writes arriving on *other* IO threads are not held back: queues of one namespace on
-//!   different threads race anyway (the host orders writes it cares about), and a lock
-//!   shared across threads would put one on every write's path.
+//!   Fused. The pair claims its LBA range among every IO thread of the namespace
+//!   ([`FusedRanges`]; a pair whose range overlaps a claimed one waits, retried every
+//!   pass). From the claim on, writes to an overlapping range (and DSM, Copy) wait on
+//!   every IO thread until the pair's write is done: a plain write reads one relaxed
+//!   counter, and takes the ranges' lock only while some pair holds a range. Writes let
+//!   through just before the claim may still be at the backend, which does not keep
+//!   submission order, so the pair then sends a fence to every IO thread
+//!   ([`crate::IoContext::ns_fence`]) and compares once each has seen the claim and
+//!   finished what it had in flight on the namespace (the fence's message is also what
+//!   makes the claim visible to a thread that had not seen it). Compare and write are
+//!   thus atomic against every other write to their range, as NVMe Base 2.0 section 3.4.2
+//!   asks, wherever the writer's queue is. A fence costs a message round trip to every IO
+//!   thread: microseconds while they are busy, up to one idle wait (5 ms in the daemon)
+//!   for a thread asleep. A Copy already started is not held back.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
@@ -85,10 +89,12 @@ mod tests;
 pub use io::StaIo;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use backend::Backend;
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use self::counters::StatsRegistry;
 use crate::{AccessCell, AccessPublisher, Caps, EngineError, MainEvent, Stats, SubsysId};
@@ -166,21 +172,30 @@ pub struct StaIoSeed {
     /// the application's thread numbers follow), not the order the threads start in.
     counters: Arc<counters::ThreadCounters>,
     contexts: Contexts,
+    /// Written by IO contexts that need this one's attention now (a fence).
+    waker: Arc<EventFd>,
 }
 
-/// Every IO context's control channel.
-pub(crate) type Contexts = Arc<std::sync::Mutex<Vec<Sender<Ctrl>>>>;
+/// Every IO context's control channel, and the event that wakes it up.
+pub(crate) type Contexts = Arc<std::sync::Mutex<Vec<(Sender<Ctrl>, Arc<EventFd>)>>>;
 
 impl StaIoSeed {
     /// Build the IO context on the thread that will own it (DOCA: connect the IO context
     /// to that thread's progress engine and start it).
     pub fn start(self) -> Result<StaIo, EngineError> {
         let (cfg, rx, ack) = (self.cfg, self.rx, self.ack);
-        StaIo::new(cfg, rx, ack, self.stats, self.counters, self.contexts).map_err(|source| {
-            EngineError::Io {
-                what: "creating the IO context's epoll set",
-                source,
-            }
+        StaIo::new(
+            cfg,
+            rx,
+            ack,
+            self.stats,
+            self.counters,
+            self.contexts,
+            self.waker,
+        )
+        .map_err(|source| EngineError::Io {
+            what: "creating the IO context's epoll set",
+            source,
         })
     }
 }
@@ -215,14 +230,18 @@ pub(crate) enum Ctrl {
 }
 
 /// The LBA ranges of fused Compare and Write pairs running on one namespace, on any IO
-/// thread (see the module docs). Taken only by fused pairs, so plain I/O never touches
-/// its lock.
+/// thread (see the module docs). Plain writes read `claimed` (one relaxed load, a line
+/// written only when a pair starts or ends) and take the lock only while some pair
+/// holds a range.
 #[derive(Default)]
-pub(crate) struct FusedRanges(std::sync::Mutex<Vec<(u64, u32)>>);
+pub(crate) struct FusedRanges {
+    ranges: std::sync::Mutex<Vec<(u64, u32)>>,
+    claimed: std::sync::atomic::AtomicUsize,
+}
 
 impl FusedRanges {
     fn ranges(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u32)>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Claims `range` unless a pair on some thread holds an overlapping one.
@@ -232,6 +251,7 @@ impl FusedRanges {
             return false;
         }
         r.push(range);
+        self.claimed.store(r.len(), Ordering::Relaxed);
         true
     }
 
@@ -240,7 +260,46 @@ impl FusedRanges {
         if let Some(i) = r.iter().position(|&l| l == range) {
             r.swap_remove(i);
         }
+        self.claimed.store(r.len(), Ordering::Relaxed);
     }
+
+    /// Whether a pair on some IO thread holds a range. A claim is seen by every IO
+    /// thread that handled the fence its pair sent after claiming (`Core::run_fused`):
+    /// the fence's message orders the two.
+    #[inline]
+    pub fn any_claimed(&self) -> bool {
+        self.claimed.load(Ordering::Relaxed) > 0
+    }
+
+    /// Whether a pair on some IO thread holds a range overlapping `range`.
+    pub fn overlaps(&self, range: (u64, u32)) -> bool {
+        self.ranges()
+            .iter()
+            .any(|&l| nvmf::copy::overlaps(l, range))
+    }
+}
+
+/// A fence on namespace `nsid` of `subsys` sent to every IO context
+/// ([`crate::IoContext::ns_fence`]); each handles it on its next pass.
+pub(crate) fn fence_all(contexts: &Contexts, subsys: SubsysId, nsid: u32) -> crate::Fence {
+    let contexts = contexts.lock().unwrap_or_else(|e| e.into_inner());
+    let fence = crate::Fence::new(contexts.len());
+    for (tx, waker) in contexts.iter() {
+        let m = Ctrl::Fence {
+            subsys,
+            nsid,
+            fence: fence.clone(),
+        };
+        if tx.send(m).is_err() {
+            // That context is gone (its thread ended): it runs nothing any more.
+            fence.arrive();
+            continue;
+        }
+        // A context asleep in its wait would see the message only when the wait ends.
+        // Fails only if the counter is full (it is read on every wake-up).
+        let _ = waker.write(1);
+    }
+    fence
 }
 
 /// Acknowledgements from IO contexts.
@@ -479,12 +538,19 @@ impl crate::Engine for Sta {
                 fused: f.clone(),
             });
         }
+        let waker = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map(Arc::new)
+            .map_err(|e| EngineError::Io {
+                what: "creating the IO context's wake-up event",
+                source: e.into(),
+            })?;
         self.contexts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(tx.clone());
+            .push((tx.clone(), waker.clone()));
         self.io_tx.push(tx);
         Ok(StaIoSeed {
+            waker,
             cfg: self.cfg.clone(),
             rx,
             ack: self.ack_tx.clone(),
