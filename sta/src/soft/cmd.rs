@@ -1576,6 +1576,10 @@ impl Core {
                 return self.fail_with_partner(st, idx, s);
             }
         }
+        if op == OffloadOp::Copy && nvmf::copy::descriptor_format(&sqe) != 0 {
+            // Before the transfer's length, which is sized for format 0's descriptors.
+            return self.fail(st, idx, Status::INVALID_FIELD);
+        }
         let len = op.transfer_len(&sqe, shift);
         if len > self.cfg.max_io_size as u64 {
             return self.fail_with_partner(st, idx, Status::INVALID_FIELD);

@@ -389,6 +389,11 @@ fn copy_single_and_multi_range() {
         p.exec(q, fmt1, Xfer::ToController, ranges).0.status(),
         Status::INVALID_FIELD
     );
+    // Format 1 with its own 40-byte descriptor: the format is refused, not the length.
+    assert_eq!(
+        p.exec(q, fmt1, Xfer::ToController, vec![0; 40]).0.status(),
+        Status::INVALID_FIELD
+    );
     // More blocks than one buffer (MCL = 1 MiB of 512-byte blocks = 2048).
     let ranges = nvmf::copy::encode_ranges(&[(0, 2048), (4096, 1)]);
     assert_eq!(
