@@ -26,10 +26,7 @@ subsystems:
 ";
 
 fn write_config(d: &Daemon, text: &str) {
-    let text = text
-        .replace("{port}", &d.port().to_string())
-        .replace("{dir}", &d.dir().display().to_string());
-    std::fs::write(d.dir().join("nvmf-target.yaml"), text).expect("rewrite config");
+    std::fs::write(d.dir().join("nvmf-target.yaml"), d.fill(text)).expect("rewrite config");
 }
 
 fn submit_aer(admin: &mut TcpHost) -> u16 {

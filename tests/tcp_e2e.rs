@@ -985,14 +985,16 @@ fn keep_alive_expiry_closes_the_association() {
         timeout: secs(5),
         ..host_opts()
     };
-    // A: KATO 1 s, then silence. B: KATO 1 s with a Keep Alive every 250 ms.
+    // A: KATO 1 s, then silence. B: KATO 5 s with a Keep Alive every 250 ms (B shows Keep
+    // Alives keep a controller; with 1 s, a test thread left off the CPU for 750 ms on a
+    // loaded machine would have let it expire).
     let mut a = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
     let a_id = a.connect_admin(SUBNQN, 1000).expect("Connect KATO 1000");
     a.enable_controller().expect("enable");
     request_queues(&mut a, 1);
     let mut a_io = io_queue(&d, SUBNQN, a_id, 1, &opts);
     let mut b = TcpHost::connect(d.addr(), opts.clone()).expect("ICReq");
-    b.connect_admin(SUBNQN, 1000).expect("Connect KATO 1000");
+    b.connect_admin(SUBNQN, 5000).expect("Connect KATO 5000");
     b.enable_controller().expect("enable");
 
     let start = Instant::now();

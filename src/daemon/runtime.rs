@@ -555,6 +555,9 @@ impl<E: Engine> Runtime<E> {
                 .set_namespace_hosts(nqn, *nsid, hosts.clone());
             match r {
                 Ok(actions) => {
+                    // The data path first: a host that hears of the change (an AER) and
+                    // uses it at once must find it there.
+                    self.shared.sync_target_state();
                     self.shared.route(actions);
                     tracing::info!("subsystem {nqn}: namespace {nsid}: visibility updated");
                 }
@@ -579,6 +582,9 @@ impl<E: Engine> Runtime<E> {
             let r = self.shared.target().set_ana_groups(&nqn, groups);
             match r {
                 Ok(actions) => {
+                    // As above: the new states reach the data path before the ANA Change
+                    // event reaches any host.
+                    self.shared.sync_target_state();
                     self.shared.route(actions);
                     tracing::info!("subsystem {nqn}: ANA states applied");
                 }

@@ -416,7 +416,11 @@ fn a_slow_backend_that_keeps_completing_is_not_hung() {
 /// it; a backend that stops answering altogether is reported after the limit.
 #[test]
 fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
-    let limit = Duration::from_millis(100);
+    // Eight reads stay in flight beside the lost one, so the backend has work whatever the
+    // host thread's scheduling: with one read at a time, a host thread off the CPU for
+    // longer than the limit left only the lost command outstanding, and a loaded machine
+    // saw a full hang reported at 1x the limit (2 of 30 runs under load).
+    let limit = Duration::from_millis(300);
     let lost = Status::ABORTED_SQ_DELETION.with_dnr(false);
     let t0 = Instant::now();
     let (events, statuses) = run_host_on(
@@ -427,8 +431,12 @@ fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
         limit,
         move |h, tx| {
             let first = h.submit(read_4k()).expect("submit the lost read");
-            // One read at a time after it, until the lost one is answered; only the
-            // reads that succeed and the lost one's answer are sent on.
+            // Eight reads in flight after it, one more for each answered, until the lost
+            // one is answered; only the reads that succeed and the lost one's answer are
+            // sent on.
+            for _ in 0..7 {
+                h.submit(read_4k()).expect("submit a read");
+            }
             loop {
                 h.submit(read_4k()).expect("submit a read");
                 let c = h.poll_completion().expect("a completion");

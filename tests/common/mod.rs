@@ -154,8 +154,22 @@ impl Daemon {
     }
 
     fn config_text(&self) -> String {
-        self.template
-            .replace("{port}", &self.port.to_string())
+        self.fill(&self.template)
+    }
+
+    /// `template` as this daemon's config file: `{port}` and `{dir}` filled in, and a
+    /// control socket in its directory unless the template says where (or that there is
+    /// none). Daemons of tests running side by side would otherwise all take the default
+    /// path, and one's exit would remove another's socket.
+    pub fn fill(&self, template: &str) -> String {
+        let mut text = template.to_string();
+        if !text.lines().any(|l| l.starts_with("control:")) {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("control: {path: \"{dir}/control.sock\"}\n");
+        }
+        text.replace("{port}", &self.port.to_string())
             .replace("{dir}", &self.dir.path().display().to_string())
     }
 
