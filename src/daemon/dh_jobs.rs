@@ -127,35 +127,15 @@ impl DhQueue {
 /// Start the DH threads. They wait on the queue for the life of the process.
 pub(super) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
     for i in 0..DH_THREADS {
-        let mine = shared.clone();
-        shared.dh.alive.fetch_add(1, Ordering::SeqCst);
-        let spawned = std::thread::Builder::new()
-            .name(format!("nvmft-dh{i}"))
-            .spawn(move || {
-                let _alive = Alive(&mine.dh);
-                run(&mine)
-            });
-        if let Err(e) = spawned {
-            shared.dh.alive.fetch_sub(1, Ordering::SeqCst);
-            return Err(e);
-        }
+        super::service_thread::spawn(
+            shared,
+            format!("nvmft-dh{i}"),
+            "a DH thread",
+            |s| &s.dh.alive,
+            run,
+        )?;
     }
     Ok(())
-}
-
-/// Counts a DH thread out when it ends (only by panicking: `run` never returns).
-struct Alive<'a>(&'a DhQueue);
-
-impl Drop for Alive<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            tracing::error!(
-                "a DH thread panicked: stopping the daemon (exit status 1, so the service \
-                 manager restarts it)"
-            );
-        }
-        self.0.alive.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 fn run(shared: &Shared) {

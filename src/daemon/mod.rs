@@ -29,6 +29,7 @@ mod policy;
 mod ptpl_writer;
 mod queue_facts;
 mod runtime;
+mod service_thread;
 mod shared;
 mod subsystems;
 

@@ -113,44 +113,29 @@ impl PtplWriter {
     }
 }
 
+/// What counts the writer when there is none (never read: it is not started then).
+static NO_WRITER: AtomicUsize = AtomicUsize::new(0);
+
 /// Starts the writer thread if reservations persist. It waits for states for the life
 /// of the process.
 pub(super) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
-    let Some(w) = shared.ptpl.as_ref() else {
+    if shared.ptpl.is_none() {
         return Ok(());
-    };
-    w.alive.fetch_add(1, Ordering::SeqCst);
-    let mine = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("nvmft-ptpl".into())
-        .spawn(move || {
-            let Some(w) = mine.ptpl.as_ref() else { return };
-            let _alive = Alive(w);
-            loop {
-                let s = w.take();
-                w.write(s);
+    }
+    super::service_thread::spawn(
+        shared,
+        "nvmft-ptpl".into(),
+        "the reservation state file's writer",
+        |s| s.ptpl.as_ref().map_or(&NO_WRITER, |w| &w.alive),
+        |s| {
+            if let Some(w) = &s.ptpl {
+                loop {
+                    let snapshot = w.take();
+                    w.write(snapshot);
+                }
             }
-        });
-    if let Err(e) = spawned {
-        w.alive.fetch_sub(1, Ordering::SeqCst);
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Counts the writer out when it ends (only by panicking).
-struct Alive<'a>(&'a PtplWriter);
-
-impl Drop for Alive<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            tracing::error!(
-                "the reservation state file's writer panicked: stopping the daemon (exit \
-                 status 1, so the service manager restarts it)"
-            );
-        }
-        self.0.alive.fetch_sub(1, Ordering::SeqCst);
-    }
+        },
+    )
 }
 
 #[cfg(test)]

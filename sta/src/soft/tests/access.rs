@@ -512,32 +512,21 @@ fn a_half_that_fails_its_own_checks_takes_its_partner_along() {
         if !incapsule {
             p.conns[q].host.set_max_incapsule(0);
         }
-        // The second's SGL says 512 bytes for 2 blocks.
-        let (c1, c2) = submit_pair(&mut p, q, (5, &old), (5, &new[..512]));
-        let at = format!("bad second, in capsule {incapsule}");
-        assert_eq!(
-            p.wait(q, c2).0.status(),
-            Status::DATA_SGL_LENGTH_INVALID,
-            "{at}"
-        );
-        assert_eq!(
-            p.wait(q, c1).0.status(),
-            Status::ABORTED_FAILED_FUSED,
-            "{at}"
-        );
-        // The first's.
-        let (c1, c2) = submit_pair(&mut p, q, (5, &old[..512]), (5, &new));
-        let at = format!("bad first, in capsule {incapsule}");
-        assert_eq!(
-            p.wait(q, c1).0.status(),
-            Status::DATA_SGL_LENGTH_INVALID,
-            "{at}"
-        );
-        assert_eq!(
-            p.wait(q, c2).0.status(),
-            Status::ABORTED_FAILED_FUSED,
-            "{at}"
-        );
+        // The second's SGL says 512 bytes for 2 blocks, then the first's does.
+        for bad_second in [true, false] {
+            let (cmp, wr) = if bad_second {
+                (&old[..], &new[..512])
+            } else {
+                (&old[..512], &new[..])
+            };
+            let (c1, c2) = submit_pair(&mut p, q, (5, cmp), (5, wr));
+            let (bad, other) = if bad_second { (c2, c1) } else { (c1, c2) };
+            let at = format!("bad second {bad_second}, in capsule {incapsule}");
+            let st = p.wait(q, bad).0.status();
+            assert_eq!(st, Status::DATA_SGL_LENGTH_INVALID, "{at}");
+            let st = p.wait(q, other).0.status();
+            assert_eq!(st, Status::ABORTED_FAILED_FUSED, "{at}");
+        }
         // Both over MDTS (1 MiB here; the second's SGL says 1 KiB): the second is refused
         // first, the first goes with it.
         let big = vec![0u8; 1024];
