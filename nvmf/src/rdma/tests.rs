@@ -267,17 +267,72 @@ fn ready_and_queued_follow_the_credits() {
     assert!(!r.ready(), "the next READ waits for the initiator depth");
 }
 
+/// A field value: a third of the time one of `edges` (the limits of `LIM` and their
+/// neighbours), a third from `0..=hi`, a third any `u16`, so that a random request meets
+/// each rule about as often as it breaks it, often by one.
+fn near(edges: &'static [u16], hi: u16) -> impl Strategy<Value = u16> {
+    prop_oneof![prop::sample::select(edges), 0..=hi, any::<u16>()]
+}
+
+/// QID, HSQSIZE and HRQSIZE of a request within `LIM`: the admin queue (QID 0) up to its
+/// depth 32, an I/O queue up to 128; HSQSIZE is 0's based, HRQSIZE is not.
+fn within_limits() -> impl Strategy<Value = (u16, u16, u16)> {
+    (0..=LIM.max_io_queues).prop_flat_map(|qid| {
+        let max = if qid == 0 {
+            LIM.admin_queue_depth
+        } else {
+            LIM.max_queue_depth
+        };
+        (Just(qid), 1..max, 1..=max)
+    })
+}
+
+// Cheap cases, and the limits are narrow targets in a u16: more of them than the default.
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// Any request round-trips through its 32 bytes, and `validate` answers with the
+    /// first rule it breaks, in the order it checks them (RECFMT, QID, HSQSIZE, HRQSIZE),
+    /// or accepts it with the depth HSQSIZE + 1.
     #[test]
-    fn cm_request_roundtrip(recfmt: u16, qid: u16, hrq: u16, hsq: u16, cntlid: u16) {
+    fn cm_request_roundtrip(recfmt in near(&[0, 1], 1),
+                            qid in near(&[0, 1, 63, 64, 65], 66),
+                            hrq in near(&[0, 1, 31, 32, 33, 127, 128, 129], 130),
+                            hsq in near(&[0, 1, 30, 31, 32, 126, 127, 128], 130),
+                            cntlid: u16) {
         let r = CmRequest { recfmt, qid, hrqsize: hrq, hsqsize: hsq, cntlid };
         prop_assert_eq!(CmRequest::parse(&r.encode()), Ok(r));
-        if let Ok((v, depth)) = CmRequest::validate(&r.encode(), &LIM) {
-            prop_assert_eq!(v, r);
-            prop_assert!((2..=128).contains(&depth));
-        }
+        let max = if qid == 0 { LIM.admin_queue_depth } else { LIM.max_queue_depth };
+        let want = if recfmt != 0 {
+            Err(RejectStatus::InvalidRecfmt)
+        } else if qid > LIM.max_io_queues {
+            Err(RejectStatus::InvalidQid)
+        } else if hsq == 0 || u32::from(hsq) + 1 > u32::from(max) {
+            Err(RejectStatus::InvalidHsqsize)
+        } else if hrq == 0 || hrq > max {
+            Err(RejectStatus::InvalidHrqsize)
+        } else {
+            Ok((r, hsq + 1))
+        };
+        prop_assert_eq!(CmRequest::validate(&r.encode(), &LIM), want);
     }
 
+    /// A request within the limits (RECFMT 0, QID up to the I/O queue count, sizes up to
+    /// the queue's depth) is accepted as sent, and the depth to serve is HSQSIZE + 1:
+    /// between 2 and that queue's limit.
+    #[test]
+    fn cm_request_within_limits_is_accepted((qid, hsq, hrq) in within_limits(), cntlid: u16) {
+        let r = CmRequest { recfmt: 0, qid, hrqsize: hrq, hsqsize: hsq, cntlid };
+        let max = if qid == 0 { LIM.admin_queue_depth } else { LIM.max_queue_depth };
+        let (v, depth) = CmRequest::validate(&r.encode(), &LIM)
+            .map_err(|e| TestCaseError::fail(format!("{r:?} refused: {e:?}")))?;
+        prop_assert_eq!(v, r);
+        prop_assert_eq!(depth, hsq + 1);
+        prop_assert!((2..=max).contains(&depth), "depth {} for {:?}", depth, r);
+    }
+}
+
+proptest! {
     #[test]
     fn keyed_sgl_roundtrip(addr: u64, len in 0u32..(1 << 24), key: u32, inv: bool) {
         let k = KeyedSgl { addr, len, key, invalidate: inv };
