@@ -1,10 +1,11 @@
 //! `engine: doca` at start-up, through the binary: what is missing is named. Without the
-//! library: every directory searched. With the workspace's DOCA double beside the binary
-//! (cargo builds it as `target/<profile>/libdoca_sta.so`) but a device it does not list:
-//! the device and what DOCA lists. Neither needs RDMA hardware: the engine fails before
-//! any listener opens.
+//! library: every directory searched. With the workspace's DOCA double (a dev-dependency:
+//! cargo builds it beside this test binary, in `target/<profile>/deps`, and the daemon is
+//! pointed there with `NVMF_DOCA_LIB_DIR`) but a device it does not list: the device and
+//! what DOCA lists. Neither needs RDMA hardware: the engine fails before any listener
+//! opens.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const CONFIG: &str = "\
@@ -20,13 +21,35 @@ subsystems:
       - {nsid: 1, backend: b}
 ";
 
-fn run(bin: &Path, dir: &Path) -> (i32, String) {
+/// The directory of the DOCA double cargo built for this test run.
+fn double_dir() -> PathBuf {
+    let deps = std::env::current_exe()
+        .expect("test binary")
+        .parent()
+        .expect("its directory")
+        .to_path_buf();
+    assert!(
+        deps.join("libdoca_sta.so").is_file(),
+        "the DOCA double (libdoca_sta.so) is not in {}: `cargo test -p nvmf-target` builds \
+         it there, as the dev-dependency doca-double (Cargo.toml); run this test through it",
+        deps.display()
+    );
+    deps
+}
+
+/// Starts `bin` with the doca config in `dir`, DOCA searched for only in `lib_dir` (when
+/// given) and in the places the loader always looks.
+fn run(bin: &Path, dir: &Path, lib_dir: Option<&Path>) -> (i32, String) {
     let cfg = dir.join("doca.yaml");
     std::fs::write(&cfg, CONFIG).expect("config");
-    let out = Command::new(bin)
+    let mut c = Command::new(bin);
+    match lib_dir {
+        Some(d) => c.env("NVMF_DOCA_LIB_DIR", d),
+        None => c.env_remove("NVMF_DOCA_LIB_DIR"),
+    };
+    let out = c
         .arg("--config")
         .arg(&cfg)
-        .env_remove("NVMF_DOCA_LIB_DIR")
         .env_remove("DOCA_SDK_ROOT")
         .env_remove("LD_LIBRARY_PATH")
         .env("DOCA_DOUBLE_TEST_DEVICES", "tdev0")
@@ -44,7 +67,7 @@ fn a_missing_library_is_named_with_every_place_searched() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = dir.path().join("nvmf-target");
     std::fs::copy(env!("CARGO_BIN_EXE_nvmf-target"), &bin).expect("copy the binary");
-    let (rc, err) = run(&bin, dir.path());
+    let (rc, err) = run(&bin, dir.path(), None);
     assert_eq!(rc, 1, "{err}");
     assert!(
         err.contains("engine: doca: DOCA STA library (libdoca_sta.so) not found; searched")
@@ -59,17 +82,11 @@ fn a_missing_library_is_named_with_every_place_searched() {
 fn an_unknown_device_is_named_with_what_doca_lists() {
     let bin = Path::new(env!("CARGO_BIN_EXE_nvmf-target"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rc, err) = run(bin, dir.path());
+    let (rc, err) = run(bin, dir.path(), Some(&double_dir()));
     assert_eq!(rc, 1, "{err}");
-    let double = bin.with_file_name("libdoca_sta.so");
-    if double.exists() {
-        assert!(
-            err.contains("engine: doca: DOCA device nosuchdev0 not found; DOCA lists: ")
-                && err.contains("tdev0"),
-            "{err}"
-        );
-    } else {
-        // Only the daemon was built: the library is what is missing.
-        assert!(err.contains("libdoca_sta.so) not found"), "{err}");
-    }
+    assert!(
+        err.contains("engine: doca: DOCA device nosuchdev0 not found; DOCA lists: ")
+            && err.contains("tdev0"),
+        "{err}"
+    );
 }
