@@ -79,8 +79,8 @@ fn add_ns_before_subsystem_create_aborts() {
 }
 
 #[test]
-#[ignore = "run by qp_accept_before_the_io_context_starts_aborts in a child process"]
-fn child_qp_accept_before_start() {
+#[ignore = "run by qp_connect_before_the_io_context_starts_aborts in a child process"]
+fn child_qp_connect_before_start() {
     if !in_child() {
         return;
     }
@@ -106,10 +106,48 @@ fn child_qp_accept_before_start() {
 }
 
 #[test]
+fn qp_connect_before_the_io_context_starts_aborts() {
+    let err = child_aborts("child_qp_connect_before_start");
+    assert!(
+        err.contains("in doca_sta_io_qp_connect: [order.io-running]"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "run by qp_accept_before_the_io_context_starts_aborts in a child process"]
+fn child_qp_accept_before_start() {
+    if !in_child() {
+        return;
+    }
+    let f = Fx::main_only();
+    let d = &env().d;
+    let mut io = std::ptr::null_mut();
+    let mut id = std::ptr::null_mut();
+    // SAFETY: breaking the rule on purpose: the IO context was never started. No QP
+    // handle can exist yet (doca_sta_io_qp_alloc needs a running context too), so the
+    // call has none; the context is what the double checks first.
+    unsafe {
+        ok((d.doca_sta_io_create)(f.sta, &mut io), "io");
+        ok((env().x.loop_create)(&mut id), "loop");
+        (d.doca_sta_io_qp_accept)(
+            io,
+            std::ptr::null_mut(),
+            f.dev,
+            id,
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+        );
+    }
+    unreachable!("the double aborts");
+}
+
+#[test]
 fn qp_accept_before_the_io_context_starts_aborts() {
     let err = child_aborts("child_qp_accept_before_start");
     assert!(
-        err.contains("in doca_sta_io_qp_connect: [order.io-running]"),
+        err.contains("in doca_sta_io_qp_accept: [order.io-running]"),
         "{err}"
     );
 }
