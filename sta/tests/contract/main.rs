@@ -68,6 +68,27 @@ mod doca_scenarios {
     }
 }
 
+/// Built without the `doca` feature (`cargo test -p sta`; the workspace run enables it):
+/// the doca fabrics are not compiled. One ignored test per fabric says so, where a plain
+/// absence would go unnoticed; forced with `--ignored`, it fails with the same reason.
+#[cfg(not(feature = "doca"))]
+mod doca_scenarios {
+    #[test]
+    #[ignore = "built without feature doca (cargo test -p sta --features doca runs them)"]
+    fn the_doca_engine_scenarios() {
+        panic!("the doca scenarios are not built: sta was built without feature doca");
+    }
+}
+
+#[cfg(not(feature = "doca"))]
+mod doca_drive_scenarios {
+    #[test]
+    #[ignore = "built without feature doca (cargo test -p sta --features doca runs them)"]
+    fn the_doca_drive_scenarios() {
+        panic!("the doca drive scenarios are not built: sta was built without feature doca");
+    }
+}
+
 /// The scenarios without a stalled backend on the doca engine with an `nvme` namespace
 /// on the emulated drive: DOCA gets the drive's own queue pair (see `doca_drive.rs`).
 #[cfg(feature = "doca")]
