@@ -229,7 +229,8 @@ fn a_waiting_lent_read_leaves_the_shared_count_alone() {
 
 /// Real loopback sockets with small buffers, reads from the store while another thread
 /// keeps overwriting the same blocks with whole-block patterns: every block of every
-/// read is one of the versions written, never a mix (and everything completes).
+/// read is one of the versions written, never a mix (and everything completes). The
+/// reads must have seen at least two versions, or nothing was written while they ran.
 #[test]
 fn lent_reads_over_a_real_socket_never_tear_a_block() {
     lent_reads_never_tear(false);
@@ -248,16 +249,23 @@ fn lent_reads_never_tear(file: bool) {
     assert!(p.conns[q].sock.is_some(), "a socket connection");
     let store = p.backend.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
-        let stop = stop.clone();
+        let (stop, written) = (stop.clone(), written.clone());
         std::thread::spawn(move || {
             let mut v = 0u8;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 v = v.wrapping_add(1);
                 assert!(store.write_blocks(0, 512, &[v; 256 << 10]));
+                written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         })
     };
+    // The reads start once the writer is writing.
+    while written.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        std::thread::yield_now();
+    }
+    let mut versions = std::collections::BTreeSet::new();
     for _ in 0..40 {
         let cids: Vec<u16> = (0..8u64)
             .map(|k| {
@@ -277,12 +285,18 @@ fn lent_reads_never_tear(file: bool) {
                     block.iter().all(|&x| x == block[0]),
                     "block {b} of a read is torn"
                 );
+                versions.insert(block[0]);
             }
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().expect("writer");
     assert_eq!(p.io.commands_in_flight(), 0);
+    assert!(
+        versions.len() >= 2,
+        "the reads saw only versions {versions:?}: the writer never raced them ({} writes)",
+        written.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 /// In-capsule writes to a RAM namespace go from the receive buffer straight into the
