@@ -4,10 +4,12 @@
 //! incremented copy; on Compare Failure read again and retry), as clustered hosts take a
 //! lock (VMware's ATS works this way). Every success must count: a pair that compared
 //! while the other thread's pair had compared and not yet written would succeed on a
-//! stale value, and the counter would end short of the successes.
+//! stale value, and the counter would end short of the successes. Some compares must
+//! fail: without them the queues never raced and the count proves nothing.
 
 mod common;
 
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
@@ -99,10 +101,17 @@ fn counter_is_exact_on(nsid: u32, bs: usize) {
         q1.write(nsid, 0, &zero, false).expect("write"),
         Status::SUCCESS
     );
-    let other = std::thread::spawn(move || {
-        let r: u64 = (0..ROUNDS).map(|_| increment(&mut q2, nsid, bs)).sum();
-        (q2, r)
-    });
+    // Both queues start together, so their increments overlap from the first one.
+    let start = Arc::new(Barrier::new(2));
+    let other = {
+        let start = start.clone();
+        std::thread::spawn(move || {
+            start.wait();
+            let r: u64 = (0..ROUNDS).map(|_| increment(&mut q2, nsid, bs)).sum();
+            (q2, r)
+        })
+    };
+    start.wait();
     let r1: u64 = (0..ROUNDS).map(|_| increment(&mut q1, nsid, bs)).sum();
     let (_q2, r2) = other.join().expect("second queue's thread");
     let mut b = vec![0u8; bs];
@@ -117,6 +126,13 @@ fn counter_is_exact_on(nsid: u32, bs: usize) {
         v,
         2 * ROUNDS,
         "every successful compare-and-write counted once"
+    );
+    // Without a failed compare the two queues never raced for the block, and the exact
+    // count would say nothing about atomicity.
+    assert!(
+        r1 + r2 > 0,
+        "no compare failed in {} increments: the queues never contended",
+        2 * ROUNDS
     );
     d.stop();
 }
