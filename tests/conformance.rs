@@ -7,7 +7,7 @@ mod common;
 
 use std::io::Read;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -518,7 +518,8 @@ fn refusals_are_logged_with_who_and_why() {
 /// retries on a new association); none fails with an error status. Before: commands
 /// arriving between the namespace's removal and the controller's teardown got Invalid
 /// Namespace or Command Sequence Error with DNR, which the Linux host hands to the
-/// application as I/O errors.
+/// application as I/O errors. Each cycle's reload waits until every queue has completed
+/// reads, so a cycle whose connections died before their first command cannot pass.
 #[test]
 fn reload_removing_a_subsystem_under_io_fails_no_command() {
     let _w = watchdog("reload_under_io", secs(120));
@@ -535,11 +536,14 @@ fn reload_removing_a_subsystem_under_io_fails_no_command() {
         let opts = host_opts();
         let mut c = controller(&d, 2, &opts);
         let stop = Arc::new(AtomicBool::new(false));
+        // Successful reads, per queue.
+        let done: Arc<Vec<AtomicU64>> = Arc::new(c.io.iter().map(|_| AtomicU64::new(0)).collect());
         let workers: Vec<_> =
             c.io.drain(..)
                 .enumerate()
                 .map(|(i, mut q)| {
                     let stop = stop.clone();
+                    let done = done.clone();
                     std::thread::spawn(move || {
                         let mut errors = Vec::new();
                         let mut n = 0u64;
@@ -559,7 +563,9 @@ fn reload_removing_a_subsystem_under_io_fails_no_command() {
                             }
                             for cid in cids {
                                 match q.wait(cid) {
-                                    Ok(c) if c.cqe.status().is_success() => {}
+                                    Ok(c) if c.cqe.status().is_success() => {
+                                        done[i].fetch_add(1, Ordering::Relaxed);
+                                    }
                                     Ok(c) => errors.push(c.cqe.status()),
                                     Err(_) => break 'run,
                                 }
@@ -571,6 +577,17 @@ fn reload_removing_a_subsystem_under_io_fails_no_command() {
                 })
                 .collect();
         std::thread::sleep(Duration::from_millis(100));
+        let deadline = Instant::now() + secs(10);
+        while done.iter().any(|n| n.load(Ordering::Relaxed) == 0) {
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: a queue completed no read before the reload (reads per queue: {:?})",
+                done.iter()
+                    .map(|n| n.load(Ordering::Relaxed))
+                    .collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::fs::write(&cfg_path, &without).unwrap();
         d.signal(Signal::SIGHUP);
         let applied = format!("subsystem {SUBNQN} removed");
