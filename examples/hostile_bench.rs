@@ -23,6 +23,10 @@
 //! This process raises its RLIMIT_NOFILE to the hard limit (the daemon inherits it).
 
 #[path = "../tests/common/prom.rs"]
+#[allow(
+    dead_code,
+    reason = "prom::required is the tests' reader; the bench uses gauge()"
+)]
 mod prom;
 
 use prom::metric;
@@ -107,6 +111,12 @@ fn scrape(d: &Daemon) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
+}
+
+/// Gauge `name` in a scrape; NaN (printed as such, never "settled") when the scrape failed
+/// or lacks it, rather than a 0 that would read as "nothing left".
+fn gauge(text: &str, name: &str) -> f64 {
+    metric(text, name, "").unwrap_or(f64::NAN)
 }
 
 /// Limit hits since `before`, as "label +n" pairs.
@@ -228,8 +238,8 @@ fn main() {
     let (solo, _) = measure(&mut v, pid, secs);
     let base = scrape(&d);
     let base_rss = hostile::rss_bytes(pid).unwrap_or(0);
-    let base_ctrl = metric(&base, "nvmft_controllers", "");
-    let base_qps = metric(&base, "nvmft_io_thread_queue_pairs", "");
+    let base_ctrl = gauge(&base, "nvmft_controllers");
+    let base_qps = gauge(&base, "nvmft_io_thread_queue_pairs");
     println!(
         "alone: {solo:.0} IOPS; daemon RSS {:.1} MiB, {base_ctrl} controllers, {base_qps} queue pairs",
         mib(base_rss)
@@ -405,7 +415,7 @@ fn main() {
         mib(rss1.saturating_sub(rss0)),
         rss1.saturating_sub(rss0) as f64 / 1024.0 / hosts.len().max(1) as f64,
         hosts.len(),
-        metric(&m, "nvmft_controllers", "")
+        gauge(&m, "nvmft_controllers")
     );
     drop(hosts);
     let (after_rss, ctrl, qps) = settle(&d, pid, base_ctrl, base_qps);
@@ -427,8 +437,8 @@ fn settle(d: &Daemon, pid: u32, ctrl0: f64, qps0: f64) -> (u64, f64, f64) {
     loop {
         let m = scrape(d);
         let (c, q) = (
-            metric(&m, "nvmft_controllers", ""),
-            metric(&m, "nvmft_io_thread_queue_pairs", ""),
+            gauge(&m, "nvmft_controllers"),
+            gauge(&m, "nvmft_io_thread_queue_pairs"),
         );
         if (c <= ctrl0 && q <= qps0) || Instant::now() >= deadline {
             return (hostile::rss_bytes(pid).unwrap_or(0), c, q);

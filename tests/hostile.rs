@@ -23,7 +23,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::prom::metric;
+use common::prom::required;
 use common::skip;
 use common::{free_port, Daemon, SUBNQN};
 use nvmf_initiator::hostile::{self, Peers};
@@ -75,7 +75,9 @@ impl Target {
         self.d.pid().expect("running")
     }
 
-    /// `/metrics` as text.
+    /// The body of `/metrics`: a 200 answer read to its end, as long as its
+    /// Content-Length says (a failed read or a short body panics rather than pass for a
+    /// scrape without the metrics).
     fn scrape(&self) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.mport)).expect("metrics connect");
         s.set_read_timeout(Some(Duration::from_secs(5)))
@@ -83,13 +85,27 @@ impl Target {
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .expect("request");
         let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
+        s.read_to_string(&mut out)
+            .expect("read the /metrics answer");
+        let (head, body) = out
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no HTTP head in the /metrics answer: {out:?}"));
+        assert!(
+            head.starts_with("HTTP/1.1 200 "),
+            "/metrics answered {head}"
+        );
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no Content-Length in {head}"));
+        assert_eq!(body.len(), len, "a short /metrics body:\n{body}");
+        body.to_string()
     }
 
-    /// Sum of the samples of `name` whose labels contain `filter`.
+    /// Sum of the samples of `name` whose labels contain `filter` (which must be there).
     fn metric(&self, name: &str, filter: &str) -> f64 {
-        metric(&self.scrape(), name, filter)
+        required(&self.scrape(), name, filter)
     }
 
     fn limit_hits(&self, limit: &str) -> f64 {
@@ -117,20 +133,31 @@ impl Target {
             "controllers, queue pairs and connections back",
             limit,
             |m| {
-                metric(m, "nvmft_controllers", "") <= base.controllers
-                    && metric(m, "nvmft_io_thread_queue_pairs", "") <= base.qps
-                    && metric(m, "nvmft_peer_connections", "") <= base.conns
+                required(m, "nvmft_controllers", "") <= base.controllers
+                    && required(m, "nvmft_io_thread_queue_pairs", "") <= base.qps
+                    && required(m, "nvmft_peer_connections", "") <= base.conns
             },
         );
     }
 
+    /// Controllers, queue pairs and held connections with the victim connected: at least
+    /// its controller and its queues, or "back to the baseline" would say nothing.
     fn baseline(&self) -> Baseline {
         let m = self.scrape();
-        Baseline {
-            controllers: metric(&m, "nvmft_controllers", ""),
-            qps: metric(&m, "nvmft_io_thread_queue_pairs", ""),
-            conns: metric(&m, "nvmft_peer_connections", ""),
-        }
+        let base = Baseline {
+            controllers: required(&m, "nvmft_controllers", ""),
+            qps: required(&m, "nvmft_io_thread_queue_pairs", ""),
+            conns: required(&m, "nvmft_peer_connections", ""),
+        };
+        assert!(
+            base.controllers >= 1.0 && base.qps >= 2.0 && base.conns >= 2.0,
+            "the victim's controller, its 2 queue pairs and connections are counted: \
+             {} controllers, {} queue pairs, {} connections",
+            base.controllers,
+            base.qps,
+            base.conns
+        );
+        base
     }
 }
 
@@ -353,7 +380,7 @@ fn deadlines_and_floods() {
     assert_eq!(failed, 0, "attackers could connect");
     v.io(0.3, "while writes wait for data that never comes");
     t.wait_for("host data deadline", Duration::from_secs(10), |m| {
-        metric(m, "nvmft_limit_hits_total", "limit=\"host_data_timeout\"") >= ctrls.len() as f64
+        required(m, "nvmft_limit_hits_total", "limit=\"host_data_timeout\"") >= ctrls.len() as f64
     });
     drop(ctrls);
     t.wait_settled(&base, Duration::from_secs(10));
@@ -363,7 +390,7 @@ fn deadlines_and_floods() {
     assert_eq!(failed, 0, "attackers could connect");
     v.io(0.3, "while capsules stay unfinished");
     t.wait_for("partial PDU deadline", Duration::from_secs(10), |m| {
-        metric(m, "nvmft_limit_hits_total", "limit=\"partial_pdu_timeout\"") >= ctrls.len() as f64
+        required(m, "nvmft_limit_hits_total", "limit=\"partial_pdu_timeout\"") >= ctrls.len() as f64
     });
     let ios: Vec<TcpStream> = ctrls
         .iter()
@@ -382,8 +409,8 @@ fn deadlines_and_floods() {
     let nr = hostile::never_reads(t.addr(), SUBNQN, 63, 128 << 10, &mut peers).expect("set up");
     v.io(0.5, "while a peer does not read");
     t.wait_for("drain deadline", Duration::from_secs(10), |m| {
-        metric(m, "nvmft_limit_hits_total", "limit=\"drain_timeout\"")
-            + metric(m, "nvmft_limit_hits_total", "limit=\"send_queue\"")
+        required(m, "nvmft_limit_hits_total", "limit=\"drain_timeout\"")
+            + required(m, "nvmft_limit_hits_total", "limit=\"send_queue\"")
             >= 1.0
     });
     drop(nr);
