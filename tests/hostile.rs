@@ -112,6 +112,17 @@ impl Target {
         self.metric("nvmft_limit_hits_total", &format!("limit=\"{limit}\""))
     }
 
+    /// Waits up to 5 s for `limit` to have been hit exactly `n` times (the acceptor may
+    /// not have run yet on a loaded machine); panics otherwise.
+    fn wait_hits(&self, limit: &str, n: f64) {
+        let filter = format!("limit=\"{limit}\"");
+        self.wait_for(
+            &format!("{limit} hit {n} times"),
+            Duration::from_secs(5),
+            |m| required(m, "nvmft_limit_hits_total", &filter) == n,
+        );
+    }
+
     /// Waits up to `limit` for `cond` on a scrape; panics with the scrape otherwise.
     fn wait_for(&self, what: &str, limit: Duration, cond: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + limit;
@@ -202,10 +213,15 @@ fn from(ip: [u8; 4]) -> IpAddr {
 /// Waits until the target closed every one of `socks` (or `limit` passes); returns how
 /// many are still open.
 fn wait_closed(socks: &[TcpStream], limit: Duration) -> usize {
+    wait_open(socks, 0, limit)
+}
+
+/// Waits until `want` of `socks` are open (or `limit` passes); returns how many are.
+fn wait_open(socks: &[TcpStream], want: usize, limit: Duration) -> usize {
     let deadline = Instant::now() + limit;
     loop {
         let open = socks.iter().filter(|s| hostile::is_open(s)).count();
-        if open == 0 || Instant::now() >= deadline {
+        if open == want || Instant::now() >= deadline {
             return open;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -218,7 +234,7 @@ fn connection_limits() {
     let _w = common::watchdog("connection_limits", Duration::from_secs(60));
     let t = Target::start(
         "max_connections: 40, max_connections_per_peer: 8, max_unconnected: 16, \
-         icreq_timeout_ms: 1000, connect_timeout_ms: 1000",
+         icreq_timeout_ms: 3000, connect_timeout_ms: 3000",
     );
     let mut v = Victim::connect(&t);
     let base = t.baseline();
@@ -228,26 +244,26 @@ fn connection_limits() {
     let one: Vec<TcpStream> = (0..10)
         .map(|_| nvmf_initiator::connect_from(from([127, 2, 0, 1]), t.addr()).expect("connect"))
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let open = one.iter().filter(|s| hostile::is_open(s)).count();
+    // Counts, not a sleep: a loaded machine may not have run the acceptor yet. The ICReq
+    // deadline (3 s) is far enough that none of these closes by it meanwhile.
+    t.wait_hits("connections_per_peer", 2.0);
+    let open = wait_open(&one, 8, Duration::from_secs(5));
     assert_eq!(open, 8, "limits.max_connections_per_peer");
-    assert_eq!(t.limit_hits("connections_per_peer"), 2.0);
     v.io(0.3, "with one peer at its limit");
 
     // Twelve more from other addresses: eight more held (16 not past Connect), four
     // closed.
     let (many, failed) = hostile::silent(t.addr(), 12, &mut Peers::many());
     assert_eq!(failed, 0);
-    std::thread::sleep(Duration::from_millis(300));
-    let open = many.iter().filter(|s| hostile::is_open(s)).count();
+    t.wait_hits("unconnected_connections", 4.0);
+    let open = wait_open(&many, 8, Duration::from_secs(5));
     assert_eq!(open, 8, "limits.max_unconnected");
-    assert_eq!(t.limit_hits("unconnected_connections"), 4.0);
     assert_eq!(t.metric("nvmft_peer_connections", "unconnected"), 16.0);
     v.io(0.3, "with 16 silent connections held");
 
     // The ICReq deadline closes all of them; every place comes back.
     let left =
-        wait_closed(&one, Duration::from_secs(5)) + wait_closed(&many, Duration::from_secs(5));
+        wait_closed(&one, Duration::from_secs(10)) + wait_closed(&many, Duration::from_secs(10));
     assert_eq!(left, 0, "silent connections closed by the ICReq deadline");
     assert!(t.limit_hits("icreq_timeout") >= 16.0);
     t.wait_settled(&base, Duration::from_secs(5));
@@ -326,10 +342,9 @@ fn unconnected_per_peer() {
     // their refusals point at the address holding the most.
     let (many, failed) = hostile::silent(t.addr(), 40, &mut Peers::many());
     assert_eq!(failed, 0);
-    std::thread::sleep(Duration::from_millis(300));
-    let open = many.iter().filter(|s| hostile::is_open(s)).count();
+    t.wait_hits("unconnected_connections", 8.0);
+    let open = wait_open(&many, 32, Duration::from_secs(5));
     assert_eq!(open, 32, "limits.max_unconnected");
-    assert_eq!(t.limit_hits("unconnected_connections"), 8.0);
     v.io(0.3, "with the pre-Connect budget full");
 
     let log = t.d.log();
