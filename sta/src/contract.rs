@@ -525,27 +525,56 @@ pub trait IoSeed: Send + 'static {
 }
 
 /// See [`IoContext::ns_fence`]: done when every IO context has arrived.
-#[derive(Clone, Debug)]
-pub struct Fence(Arc<AtomicUsize>);
+#[derive(Clone)]
+pub struct Fence(Arc<FenceInner>);
+
+struct FenceInner {
+    left: AtomicUsize,
+    /// Called by the context that arrives last.
+    on_done: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Fence").field(&self.0.left).finish()
+    }
+}
 
 impl Fence {
     /// A fence that waits for `contexts` IO contexts.
     pub fn new(contexts: usize) -> Fence {
-        Fence(Arc::new(AtomicUsize::new(contexts)))
+        Fence(Arc::new(FenceInner {
+            left: AtomicUsize::new(contexts),
+            on_done: None,
+        }))
+    }
+    /// A fence that waits for `contexts` IO contexts and calls `on_done` once all have
+    /// arrived (on the thread of the last one; not at all for `contexts` 0).
+    pub fn with_on_done(contexts: usize, on_done: impl Fn() + Send + Sync + 'static) -> Fence {
+        Fence(Arc::new(FenceInner {
+            left: AtomicUsize::new(contexts),
+            on_done: Some(Box::new(on_done)),
+        }))
     }
     /// A fence with nothing to wait for.
     pub fn done() -> Fence {
         Fence::new(0)
     }
     pub fn is_done(&self) -> bool {
-        self.0.load(Ordering::Acquire) == 0
+        self.0.left.load(Ordering::Acquire) == 0
     }
     /// One IO context is through.
     pub fn arrive(&self) {
         // Never below zero, whoever arrives late.
-        let _ = self
+        let before = self
             .0
+            .left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if before == Ok(1) {
+            if let Some(f) = &self.0.on_done {
+                f();
+            }
+        }
     }
 }
 

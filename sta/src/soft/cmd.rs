@@ -807,8 +807,9 @@ pub(super) struct Core {
     /// A namespace's backend said it is gone since the last report (`NsSlot::gone`).
     pub ns_gone_news: bool,
     /// Every IO context of the engine: a fused pair fences its namespace on all of them
-    /// before it compares ([`Core::run_fused`]).
+    /// before it compares ([`Core::run_fused`]); this one's wake-up event tells it apart.
     contexts: super::Contexts,
+    me: Arc<nix::sys::eventfd::EventFd>,
     /// Unit tests: every QP ever put on `tx_ready`.
     #[cfg(test)]
     pub tx_listed_log: std::collections::HashSet<QpHandle>,
@@ -834,6 +835,7 @@ impl Core {
         stats: Arc<StatsRegistry>,
         now: Instant,
         contexts: super::Contexts,
+        me: Arc<nix::sys::eventfd::EventFd>,
     ) -> Core {
         let pool = BufPool::new(
             cfg.max_io_size.max(ADMIN_INCAPSULE) as usize,
@@ -859,6 +861,7 @@ impl Core {
             tx_ready: Vec::new(),
             ns_gone_news: false,
             contexts,
+            me,
             #[cfg(test)]
             tx_listed_log: Default::default(),
         }
@@ -1351,7 +1354,9 @@ impl Core {
                 // went ahead before the claim may still be in flight (on any thread: the
                 // backend does not keep submission order). The compare waits until every
                 // IO thread has seen the claim and what it let through before is done.
-                let fence = super::fence_all(&self.contexts, ns.subsys, ns.nsid);
+                let fence = super::fence_all(&self.contexts, ns.subsys, ns.nsid, Some(&self.me));
+                // This thread's part at once: done now if it has nothing in flight there.
+                ns.fences.add(fence.clone());
                 if !fence.is_done() {
                     self.cmds[first as usize].pair_fence = Some(fence);
                     ns.remote_wait = true;
@@ -1399,7 +1404,8 @@ impl Core {
     }
 
     /// Tries again the commands of namespaces with a pair waiting for another IO thread's
-    /// range (they may wait again). Returns whether there were any.
+    /// range (they may wait again). Returns whether any of them went on (rather than
+    /// waiting again).
     pub(super) fn retry_remote_waits(&mut self, qps: &mut [QpSlot]) -> bool {
         let mut any = false;
         for i in 0..self.ns.len() {
@@ -1408,8 +1414,10 @@ impl Core {
             };
             ns.remote_wait = false;
             let waiting: Vec<u32> = ns.blocked.drain(..).collect();
+            let before = waiting.len();
             self.restart_blocked(qps, waiting);
-            any = true;
+            let after = self.ns[i].as_ref().map_or(0, |n| n.blocked.len());
+            any |= after < before;
         }
         any
     }

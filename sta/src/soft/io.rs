@@ -36,6 +36,10 @@ use crate::{Limit, TransportErrorKind as Tek};
 const COMP_TAG: u64 = 1 << 63;
 /// The epoll tag of the context's wake-up event (`super::fence_all`).
 const WAKE_TAG: u64 = u64::MAX;
+/// How long a context waiting only for other IO threads spins before it naps, and the
+/// longest nap (see `StaIo::progress`).
+const REMOTE_SPIN: Duration = Duration::from_micros(50);
+const REMOTE_NAP: Duration = Duration::from_micros(200);
 
 /// A backend command outstanding this many times `backend_timeout` is reported as hung
 /// even while its namespace's backend completes others (one lost command).
@@ -91,8 +95,11 @@ pub struct StaIo {
     ns_removals: bool,
     /// Every IO context's control channel (`ns_fence`).
     contexts: super::Contexts,
-    /// Written by another context that sent this one a fence (`super::fence_all`).
+    /// Written by another context that sent this one a fence (`super::fence_all`), and
+    /// by the last context to arrive at a fence this one waits for.
     waker: Arc<EventFd>,
+    /// Since when commands here wait only for other IO threads (see `progress`).
+    remote_since: Option<Instant>,
 }
 
 impl Drop for StaIo {
@@ -119,7 +126,7 @@ impl StaIo {
         epoll.add(&*waker, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TAG))?;
         let now = Instant::now();
         Ok(StaIo {
-            core: Core::new(cfg, counters, stats, now, contexts.clone()),
+            core: Core::new(cfg, counters, stats, now, contexts.clone(), waker.clone()),
             qps: Vec::new(),
             free_qps: Vec::new(),
             epoll,
@@ -137,13 +144,14 @@ impl StaIo {
             ns_removals: false,
             contexts,
             waker,
+            remote_since: None,
         })
     }
 
     /// See [`crate::IoContext::ns_fence`]: sent to every IO context, this one included
     /// (it handles its own message on its next pass, like the others).
     pub fn ns_fence(&mut self, subsys: crate::SubsysId, nsid: u32) -> crate::Fence {
-        super::fence_all(&self.contexts, subsys, nsid)
+        super::fence_all(&self.contexts, subsys, nsid, None)
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
@@ -427,13 +435,18 @@ impl StaIo {
     /// configuration) and at the QPs with output waiting ([`Core::tx_ready`]), never at
     /// every connected QP.
     pub(crate) fn busy(&self) -> bool {
+        self.busy_here() || self.core.ns.iter().flatten().any(|n| n.remote_wait)
+    }
+
+    /// [`StaIo::busy`] but for commands that wait for other IO threads.
+    fn busy_here(&self) -> bool {
         !self.core.events.is_empty()
             || self
                 .core
                 .ns
                 .iter()
                 .flatten()
-                .any(|n| n.inflight() > 0 || !n.pending.is_empty() || n.remote_wait)
+                .any(|n| n.inflight() > 0 || !n.pending.is_empty())
             || self.core.tx_ready.iter().any(|&h| {
                 self.qps
                     .get(h.idx as usize)
@@ -485,11 +498,26 @@ impl StaIo {
     pub(crate) fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
         did |= self.poll_rdma();
-        let mut wait = if did || self.busy() {
+        let remote = self.core.ns.iter().flatten().any(|n| n.remote_wait);
+        let mut wait = if did || self.busy_here() {
             Duration::ZERO
+        } else if remote {
+            // Waiting only for other IO threads (a fused pair's range or fence): spin a
+            // little, then nap, so that a thread sharing this CPU can run (spinning, even
+            // with sched_yield, kept it off the CPU for milliseconds). A fence's last
+            // arrival wakes this context; a range is looked at again after the nap.
+            let since = *self.remote_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < REMOTE_SPIN {
+                Duration::ZERO
+            } else {
+                REMOTE_NAP
+            }
         } else {
             max_wait
         };
+        if !remote {
+            self.remote_since = None;
+        }
         if !wait.is_zero() && self.arm_rdma() {
             // A completion slipped in between the poll and arming the CQs.
             wait = Duration::ZERO;
@@ -889,7 +917,10 @@ impl StaIo {
     fn drain_ctrl(&mut self) -> bool {
         let mut did = false;
         while let Ok(m) = self.ctrl.try_recv() {
-            did = true;
+            // A fence with nothing of this context to wait for is no reason to busy-poll
+            // afterwards: that kept a thread that shares this CPU with the fence's sender
+            // off it for a whole spin window.
+            did |= !matches!(m, Ctrl::Fence { .. });
             match m {
                 Ctrl::NsAdd {
                     subsys,

@@ -280,11 +280,30 @@ impl FusedRanges {
 }
 
 /// A fence on namespace `nsid` of `subsys` sent to every IO context
-/// ([`crate::IoContext::ns_fence`]); each handles it on its next pass.
-pub(crate) fn fence_all(contexts: &Contexts, subsys: SubsysId, nsid: u32) -> crate::Fence {
+/// ([`crate::IoContext::ns_fence`]); each handles it on its next pass. The context whose
+/// wake-up event is `me` is not sent it: the caller, that context, adds it itself.
+pub(crate) fn fence_all(
+    contexts: &Contexts,
+    subsys: SubsysId,
+    nsid: u32,
+    me: Option<&Arc<EventFd>>,
+) -> crate::Fence {
     let contexts = contexts.lock().unwrap_or_else(|e| e.into_inner());
-    let fence = crate::Fence::new(contexts.len());
+    let fence = match me {
+        // The caller may nap while it waits (`StaIo::progress`): the last to arrive wakes
+        // it.
+        Some(m) => {
+            let m = m.clone();
+            crate::Fence::with_on_done(contexts.len(), move || {
+                let _ = m.write(1);
+            })
+        }
+        None => crate::Fence::new(contexts.len()),
+    };
     for (tx, waker) in contexts.iter() {
+        if me.is_some_and(|m| Arc::ptr_eq(m, waker)) {
+            continue;
+        }
         let m = Ctrl::Fence {
             subsys,
             nsid,
