@@ -22,6 +22,8 @@ use crate::refusals::ConnInfo;
 const SPIN_WINDOW: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle IO thread (messages from other threads wait at most this).
 const IDLE_WAIT: Duration = Duration::from_millis(5);
+/// The longest wait while completions are deferred (`deferred`).
+const DEFERRED_POLL: Duration = Duration::from_micros(200);
 
 /// A command waiting for the host's data (`rdma_read`) before it can run.
 pub(super) struct Waiting {
@@ -120,7 +122,10 @@ impl<I: IoContext> IoThread<I> {
             // Busy-poll while work came recently (no wake-up latency under load), block in
             // the engine once idle so an idle daemon costs no CPU.
             let wait = match idle_since {
-                Some(t) if t.elapsed() >= SPIN_WINDOW && self.deferred.is_empty() => IDLE_WAIT,
+                // Deferred completions (a fence, a PTPL write that may take milliseconds
+                // of fsync) are looked at often, but not by spinning for their whole wait.
+                Some(t) if t.elapsed() >= SPIN_WINDOW && !self.deferred.is_empty() => DEFERRED_POLL,
+                Some(t) if t.elapsed() >= SPIN_WINDOW => IDLE_WAIT,
                 _ => Duration::ZERO,
             };
             let mut did = self.io.progress(wait);

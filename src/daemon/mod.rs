@@ -323,7 +323,8 @@ fn stop<E: Engine>(mut rt: Runtime<E>, threads: IoThreadSet, reason: &str) -> an
         // a reload's change may still be on its way.
         if !w.flush(STOP_TIMEOUT) {
             tracing::error!(
-                "reservations: the state file's last change was not written within                  {STOP_TIMEOUT:?}; exiting anyway"
+                "reservations: the state file's last change was not written within \
+                 {STOP_TIMEOUT:?}; exiting anyway"
             );
         }
     }

@@ -6,7 +6,9 @@
 //! slowed every host that shared its thread. Now the IO thread hands the new state over
 //! and goes on; the command's completion waits (with the thread's fenced completions,
 //! `commands.rs`) until the writer has put that version, or a later one, on disk. The host
-//! still never sees a reservation change succeed that a restart would lose.
+//! never sees a reservation change succeed that a restart would lose, unless the write
+//! fails: that is logged as an error naming the file, and the command is still answered
+//! with success (the change is in effect; only its persistence is in doubt).
 //!
 //! Only the newest state waits to be written: a version handed over while an older one
 //! waits replaces it, so a flood of changes costs one write per write's duration, however

@@ -1167,7 +1167,8 @@ impl Core {
                     self.cmds[idx as usize].op = offload.map(|o| o.0);
                     self.cmds[idx as usize].ns = ns;
                 }
-                return self.fail(st, idx, status);
+                // A second whose first is paired already takes it along.
+                return self.fail_with_partner(st, idx, status);
             }
         };
         match offload {
@@ -1241,17 +1242,10 @@ impl Core {
     /// Starts a held first fused command now that its partner is here.
     fn start_held(&mut self, st: &mut QpState, idx: u32) {
         let c = &mut self.cmds[idx as usize];
+        // No SGL: its second failed first, and it with it (`fail_partner`).
         let (Some(op), Some(sgl)) = (c.op, c.held_sgl.take()) else {
             return;
         };
-        if c.aborted {
-            // Its second failed already (`fail_partner`): it does not run alone.
-            if let Some(b) = c.buf.take() {
-                self.pool.put(b);
-            }
-            let status = self.cmds[idx as usize].status;
-            return self.fail(st, idx, status);
-        }
         let ns = c.ns;
         let held = c.buf.take();
         let data: Vec<u8> = held.as_ref().map_or(Vec::new(), |b| b.as_slice().to_vec());
@@ -1373,7 +1367,12 @@ impl Core {
         }
         let len = self.cmds[first as usize].len as usize;
         let Some(mut b) = self.pool.get(len) else {
-            self.unlock(ns_idx, range);
+            // The commands that waited for the range try again on the next pass.
+            let waiting = self.unlock(ns_idx, range);
+            if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+                ns.blocked.extend(waiting);
+                ns.remote_wait |= !ns.blocked.is_empty();
+            }
             self.fail(st, second, Status::ABORTED_FAILED_FUSED);
             return self.fail(st, first, Status::INTERNAL_ERROR);
         };
@@ -1768,7 +1767,7 @@ impl Core {
         }
         if c.discard && c.op.is_some() && st.disconnect.is_none() {
             let status = c.status;
-            self.fail(st, idx, status);
+            self.fail_with_partner(st, idx, status);
         } else if c.op.is_none() {
             c.st = St::App;
             let user = c.user;
@@ -1781,7 +1780,7 @@ impl Core {
         } else if st.disconnect.is_some() {
             // Nothing more goes out; the slot is freed with the QP.
         } else if result.is_err() {
-            self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
+            self.fail_with_partner(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
         } else if c.aborted {
             // Abort Requested, or the status its fused partner's failure left.
             let status = if c.status.is_success() {
@@ -1823,7 +1822,10 @@ impl Core {
             Fused::None => return,
         };
         p.fused = Fused::None;
-        if ready {
+        // A first still held (its second failed before starting it) has its data already:
+        // nothing will start it now.
+        let held = p.held_sgl.take().is_some();
+        if ready || held {
             self.fail(st, partner, Status::ABORTED_FAILED_FUSED);
         } else {
             p.aborted = true;

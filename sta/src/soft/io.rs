@@ -107,6 +107,13 @@ impl Drop for StaIo {
     /// buffers' registrations), then the verbs state (memory regions, channels, PDs),
     /// then the buffers themselves with the rest.
     fn drop(&mut self) {
+        // A fence another context sent after this one's last pass would never arrive, and
+        // its sender would wait for good.
+        while let Ok(m) = self.ctrl.try_recv() {
+            if let Ctrl::Fence { fence, .. } = m {
+                fence.arrive();
+            }
+        }
         self.qps.clear();
         self.rdma = None;
     }
@@ -873,7 +880,9 @@ impl StaIo {
         let limit = self.core.cfg.backend_timeout;
         let mut late: Vec<(u32, u32)> = Vec::new();
         for c in self.core.cmds.iter_mut() {
-            if c.st != St::Backend || c.timeout_reported {
+            // `pending` 0: not at the backend but waiting for a fused pair's range or fence
+            // (or its partner's compare), which says nothing of the backend.
+            if c.st != St::Backend || c.timeout_reported || c.pending == 0 {
                 continue;
             }
             let age = now.saturating_duration_since(c.start);
@@ -1018,8 +1027,13 @@ impl StaIo {
             self.ns_removals = false;
             for slot in self.core.ns.iter_mut() {
                 if let Some(s) = slot {
-                    if let (Some(task), 0, true) = (s.removing, s.inflight(), s.pending.is_empty())
-                    {
+                    // Commands waiting for a fused pair's range or fence (`blocked`) have
+                    // nothing in flight yet; they are retried and answered first.
+                    if let (Some(task), 0, true) = (
+                        s.removing,
+                        s.inflight(),
+                        s.pending.is_empty() && s.blocked.is_empty(),
+                    ) {
                         if !s.acked {
                             send_ack(&self.ack, Ack::NsRemoved { task });
                         }

@@ -57,9 +57,10 @@
 //!   finished what it had in flight on the namespace (the fence's message is also what
 //!   makes the claim visible to a thread that had not seen it). Compare and write are
 //!   thus atomic against every other write to their range, as NVMe Base 2.0 section 3.4.2
-//!   asks, wherever the writer's queue is. A fence costs a message round trip to every IO
-//!   thread: microseconds while they are busy, up to one idle wait (5 ms in the daemon)
-//!   for a thread asleep. A Copy already started is not held back.
+//!   asks, wherever the writer's queue is (but for a Copy already started, which is not
+//!   held back). A fence costs a message round trip to every IO thread: each context has
+//!   an eventfd in its epoll set, so one asleep is woken, and the last to arrive wakes the
+//!   pair's context, which naps rather than spins while it waits.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the

@@ -366,6 +366,35 @@ fn in_capsule_data_with_a_transport_sgl_is_refused() {
     assert!(answer(offset).is_success());
 }
 
+/// A fused pair whose second capsule has an SGL the transport does not take (a data
+/// block with an address) fails the second with that error and the first with Aborted -
+/// Failed Fused: the first, already paired, used to wait for good.
+#[test]
+fn a_fused_second_with_a_bad_sgl_takes_its_first_along() {
+    let (mut p, _q, bad) = controller_and_raw_queue();
+    let mut first = in_capsule(io_rw(io::COMPARE, 1), 7, 512);
+    first.cdw0 |= 1 << 8;
+    let mut second = in_capsule(io_rw(io::WRITE, 1), 8, 512);
+    second.cdw0 |= 2 << 8;
+    second.dptr = SglDescriptor::unkeyed(sgl::TYPE_DATA_BLOCK, 0, 0x1000, 512);
+    forge(&mut p, bad, &first, &[0; 512]);
+    forge(&mut p, bad, &second, &[0; 512]);
+    p.pump();
+    let mut got: Vec<(u16, Status)> = take_wire(&mut p, bad)
+        .into_iter()
+        .map(|o| match o {
+            Out::Resp { cid, status, .. } => (cid, status),
+            o => panic!("only responses: {o:?}"),
+        })
+        .collect();
+    got.sort_by_key(|&(cid, _)| cid);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0], (7, Status::ABORTED_FAILED_FUSED));
+    assert_eq!(got[1].0, 8);
+    assert!(!got[1].1.is_success(), "{got:?}");
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
 /// A capsule sent in part and then nothing ends its connection once the host-data
 /// deadline has passed since its first bytes. A connection whose every pass ends inside
 /// a PDU, having finished the one before it, is busy, not stalled: it stays.
