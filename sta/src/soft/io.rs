@@ -987,16 +987,24 @@ impl StaIo {
                     subsys,
                     nsid,
                     fence,
-                } => match self
-                    .core
-                    .ns_map
-                    .get(&(subsys.0, nsid))
-                    .and_then(|&i| self.core.ns[i as usize].as_mut())
-                {
-                    Some(ns) => ns.fences.add(fence),
-                    // Not served here: nothing of it in flight.
-                    None => fence.arrive(),
-                },
+                } => {
+                    // A namespace being removed is out of the map but may still have
+                    // requests in flight: its slot is fenced too.
+                    let slot = match self.core.ns_map.get(&(subsys.0, nsid)) {
+                        Some(&i) => self.core.ns[i as usize].as_mut(),
+                        None => self
+                            .core
+                            .ns
+                            .iter_mut()
+                            .flatten()
+                            .find(|n| n.subsys == subsys && n.nsid == nsid),
+                    };
+                    match slot {
+                        Some(ns) => ns.fences.add(fence),
+                        // Not served here: nothing of it in flight.
+                        None => fence.arrive(),
+                    }
+                }
                 Ctrl::NsRemove {
                     subsys,
                     nsid,

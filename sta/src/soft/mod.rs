@@ -237,7 +237,20 @@ pub(crate) enum Ctrl {
 #[derive(Default)]
 pub(crate) struct FusedRanges {
     ranges: std::sync::Mutex<Vec<(u64, u32)>>,
-    claimed: std::sync::atomic::AtomicUsize,
+    claimed: LineOf<std::sync::atomic::AtomicUsize>,
+}
+
+/// A value on cache lines of its own: `claimed` is read by every write on every IO
+/// thread, and must not share a line with the mutex pairs take.
+#[derive(Default)]
+#[repr(align(128))]
+struct LineOf<T>(T);
+
+impl<T> std::ops::Deref for LineOf<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 impl FusedRanges {
