@@ -5,7 +5,9 @@
 //! what DOCA lists. Neither needs RDMA hardware: the engine fails before any listener
 //! opens.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
 const CONFIG: &str = "\
@@ -20,22 +22,6 @@ subsystems:
     namespaces:
       - {nsid: 1, backend: b}
 ";
-
-/// The directory of the DOCA double cargo built for this test run.
-fn double_dir() -> PathBuf {
-    let deps = std::env::current_exe()
-        .expect("test binary")
-        .parent()
-        .expect("its directory")
-        .to_path_buf();
-    assert!(
-        deps.join("libdoca_sta.so").is_file(),
-        "the DOCA double (libdoca_sta.so) is not in {}: `cargo test -p nvmf-target` builds \
-         it there, as the dev-dependency doca-double (Cargo.toml); run this test through it",
-        deps.display()
-    );
-    deps
-}
 
 /// Starts `bin` with the doca config in `dir`, DOCA searched for only in `lib_dir` (when
 /// given) and in the places the loader always looks.
@@ -82,7 +68,7 @@ fn a_missing_library_is_named_with_every_place_searched() {
 fn an_unknown_device_is_named_with_what_doca_lists() {
     let bin = Path::new(env!("CARGO_BIN_EXE_nvmf-target"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rc, err) = run(bin, dir.path(), Some(&double_dir()));
+    let (rc, err) = run(bin, dir.path(), Some(&common::doca_double_dir()));
     assert_eq!(rc, 1, "{err}");
     assert!(
         err.contains("engine: doca: DOCA device nosuchdev0 not found; DOCA lists: ")

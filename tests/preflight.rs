@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// The devices the doca config names.
@@ -38,23 +38,6 @@ fn main() {
             a_doca_config_names_what_this_machine_lacks,
         ),
     ]);
-}
-
-/// The directory of the DOCA double cargo built for this test run: beside the test binary
-/// (`target/<profile>/deps`), as nvmf-target's dev-dependency `doca-double`.
-fn double_dir() -> PathBuf {
-    let deps = std::env::current_exe()
-        .expect("test binary")
-        .parent()
-        .expect("its directory")
-        .to_path_buf();
-    assert!(
-        deps.join("libdoca_sta.so").is_file(),
-        "the DOCA double (libdoca_sta.so) is not in {}: `cargo test -p nvmf-target` builds \
-         it there, as the dev-dependency doca-double (Cargo.toml); run this test through it",
-        deps.display()
-    );
-    deps
 }
 
 /// `nvmf-target preflight` with `config` (else the embedded one), DOCA looked for in
@@ -129,7 +112,7 @@ subsystems:
       - {{nsid: 1, backend: b}}
 "
     );
-    let (ok, lines) = preflight(Some(&config), Some(&double_dir()));
+    let (ok, lines) = preflight(Some(&config), Some(&common::doca_double_dir()));
     check_lines(ok, &lines);
     assert!(
         !ok,

@@ -594,3 +594,20 @@ pub fn discovery_entries(h: &mut TcpHost) -> Vec<(u8, u8, String, String, String
         })
         .collect()
 }
+
+/// The directory of the DOCA double cargo built for this test run: beside the test binary
+/// (`target/<profile>/deps`), as nvmf-target's dev-dependency `doca-double`.
+pub fn doca_double_dir() -> PathBuf {
+    let deps = std::env::current_exe()
+        .expect("test binary")
+        .parent()
+        .expect("its directory")
+        .to_path_buf();
+    assert!(
+        deps.join("libdoca_sta.so").is_file(),
+        "the DOCA double (libdoca_sta.so) is not in {}: `cargo test -p nvmf-target` builds \
+         it there, as the dev-dependency doca-double (Cargo.toml); run this test through it",
+        deps.display()
+    );
+    deps
+}
