@@ -808,8 +808,8 @@ pub(super) struct Core {
     pub ns_gone_news: bool,
     /// Every IO context of the engine: a fused pair fences its namespace on all of them
     /// before it compares ([`Core::run_fused`]); this one's wake-up event tells it apart.
-    contexts: super::Contexts,
-    me: Arc<nix::sys::eventfd::EventFd>,
+    pub(super) contexts: super::Contexts,
+    pub(super) me: Arc<nix::sys::eventfd::EventFd>,
     /// Unit tests: every QP ever put on `tx_ready`.
     #[cfg(test)]
     pub tx_listed_log: std::collections::HashSet<QpHandle>,
@@ -1334,7 +1334,9 @@ impl Core {
         };
         self.cmds[first as usize].st = St::Backend;
         self.cmds[second as usize].st = St::Backend;
-        match self.cmds[first as usize].pair_fence.take() {
+        let fence = match self.cmds[first as usize].pair_fence.take() {
+            // The range is the pair's already; its fence may be through.
+            Some(fence) => fence,
             None => {
                 match ns.locks.take(range) {
                     Take::Taken => {}
@@ -1351,19 +1353,13 @@ impl Core {
                 let fence = super::fence_all(&self.contexts, ns.subsys, ns.nsid, Some(&self.me));
                 // This thread's part at once: done now if it has nothing in flight there.
                 ns.fences.add(fence.clone());
-                if !fence.is_done() {
-                    self.cmds[first as usize].pair_fence = Some(fence);
-                    ns.remote_wait = true;
-                    return ns.blocked.push_back(first);
-                }
+                fence
             }
-            Some(fence) if !fence.is_done() => {
-                self.cmds[first as usize].pair_fence = Some(fence);
-                ns.remote_wait = true;
-                return ns.blocked.push_back(first);
-            }
-            // Fenced: the range is the pair's alone.
-            Some(_) => {}
+        };
+        if !fence.is_done() {
+            self.cmds[first as usize].pair_fence = Some(fence);
+            ns.remote_wait = true;
+            return ns.blocked.push_back(first);
         }
         let len = self.cmds[first as usize].len as usize;
         let Some(mut b) = self.pool.get(len) else {

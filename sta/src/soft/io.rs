@@ -93,11 +93,6 @@ pub struct StaIo {
     /// A namespace is being removed (`Ctrl::NsRemove`): its slot goes once its
     /// in-flight I/O is done.
     ns_removals: bool,
-    /// Every IO context's control channel (`ns_fence`).
-    contexts: super::Contexts,
-    /// Written by another context that sent this one a fence (`super::fence_all`), and
-    /// by the last context to arrive at a fence this one waits for.
-    waker: Arc<EventFd>,
     /// Since when commands here wait only for other IO threads (see `progress`).
     remote_since: Option<Instant>,
 }
@@ -130,10 +125,12 @@ impl StaIo {
         waker: Arc<EventFd>,
     ) -> std::io::Result<StaIo> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        // Written by another context that sent this one a fence (`super::fence_all`), and
+        // by the last context to arrive at a fence this one waits for (`Core::me`).
         epoll.add(&*waker, EpollEvent::new(EpollFlags::EPOLLIN, WAKE_TAG))?;
         let now = Instant::now();
         Ok(StaIo {
-            core: Core::new(cfg, counters, stats, now, contexts.clone(), waker.clone()),
+            core: Core::new(cfg, counters, stats, now, contexts, waker),
             qps: Vec::new(),
             free_qps: Vec::new(),
             epoll,
@@ -149,8 +146,6 @@ impl StaIo {
             disconnecting: Vec::new(),
             rdma_slots: Vec::new(),
             ns_removals: false,
-            contexts,
-            waker,
             remote_since: None,
         })
     }
@@ -158,7 +153,7 @@ impl StaIo {
     /// See [`crate::IoContext::ns_fence`]: sent to every IO context, this one included
     /// (it handles its own message on its next pass, like the others).
     pub fn ns_fence(&mut self, subsys: crate::SubsysId, nsid: u32) -> crate::Fence {
-        super::fence_all(&self.contexts, subsys, nsid, None)
+        super::fence_all(&self.core.contexts, subsys, nsid, None)
     }
 
     /// Command slots in use (received and not yet answered and sent), all QPs.
@@ -570,7 +565,7 @@ impl StaIo {
             let data = self.ep_events[i].data();
             if data == WAKE_TAG {
                 // The messages it announced were read above; only the counter is left.
-                let _ = self.waker.read();
+                let _ = self.core.me.read();
                 continue;
             }
             if data & COMP_TAG != 0 {
