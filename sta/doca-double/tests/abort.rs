@@ -78,31 +78,41 @@ fn add_ns_before_subsystem_create_aborts() {
     );
 }
 
+/// In the child: an IO context created and never started, and a CM id, handed to `call`,
+/// which breaks the rule "QPs only on a running IO context" (the double aborts).
+fn on_an_io_context_never_started(call: impl FnOnce(&Fx, *mut doca_sta_io, *mut rdma_cm_id)) -> ! {
+    let f = Fx::main_only();
+    let mut io = std::ptr::null_mut();
+    let mut id = std::ptr::null_mut();
+    // SAFETY: FFI calls that create the objects the broken call is given.
+    unsafe {
+        ok((env().d.doca_sta_io_create)(f.sta, &mut io), "io");
+        ok((env().x.loop_create)(&mut id), "loop");
+    }
+    call(&f, io, id);
+    unreachable!("the double aborts");
+}
+
 #[test]
 #[ignore = "run by qp_connect_before_the_io_context_starts_aborts in a child process"]
 fn child_qp_connect_before_start() {
     if !in_child() {
         return;
     }
-    let f = Fx::main_only();
-    let d = &env().d;
-    let mut io = std::ptr::null_mut();
-    let mut id = std::ptr::null_mut();
-    // SAFETY: breaking the rule on purpose: the IO context was never started.
-    unsafe {
-        ok((d.doca_sta_io_create)(f.sta, &mut io), "io");
-        ok((env().x.loop_create)(&mut id), "loop");
-        (d.doca_sta_io_qp_connect)(
-            io,
-            f.dev,
-            id,
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut(),
-            &mut std::ptr::null_mut(),
-        );
-    }
-    unreachable!("the double aborts");
+    on_an_io_context_never_started(|f, io, id| {
+        // SAFETY: breaking the rule on purpose: the IO context was never started.
+        unsafe {
+            (env().d.doca_sta_io_qp_connect)(
+                io,
+                f.dev,
+                id,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                &mut std::ptr::null_mut(),
+            );
+        }
+    })
 }
 
 #[test]
@@ -120,27 +130,22 @@ fn child_qp_accept_before_start() {
     if !in_child() {
         return;
     }
-    let f = Fx::main_only();
-    let d = &env().d;
-    let mut io = std::ptr::null_mut();
-    let mut id = std::ptr::null_mut();
-    // SAFETY: breaking the rule on purpose: the IO context was never started. No QP
-    // handle can exist yet (doca_sta_io_qp_alloc needs a running context too), so the
-    // call has none; the context is what the double checks first.
-    unsafe {
-        ok((d.doca_sta_io_create)(f.sta, &mut io), "io");
-        ok((env().x.loop_create)(&mut id), "loop");
-        (d.doca_sta_io_qp_accept)(
-            io,
-            std::ptr::null_mut(),
-            f.dev,
-            id,
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut(),
-        );
-    }
-    unreachable!("the double aborts");
+    on_an_io_context_never_started(|f, io, id| {
+        // SAFETY: breaking the rule on purpose: the IO context was never started. No QP
+        // handle can exist yet (doca_sta_io_qp_alloc needs a running context too), so the
+        // call has none; the context is what the double checks first.
+        unsafe {
+            (env().d.doca_sta_io_qp_accept)(
+                io,
+                std::ptr::null_mut(),
+                f.dev,
+                id,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            );
+        }
+    })
 }
 
 #[test]
