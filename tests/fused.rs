@@ -222,3 +222,204 @@ fn a_plain_write_never_lands_inside_a_compare_and_write_file() {
     let _w = watchdog("fused_plain_file", Duration::from_secs(120));
     plain_writes_wait_for_the_pair_on(2, 4096);
 }
+
+/// A host that keeps fused pairs in flight on one block holds up a write to that block,
+/// or a DSM anywhere on the namespace, from a queue on the other IO thread only until the
+/// pairs already running are done: a command waiting for a pair's range goes before the
+/// pairs that come after it. Before, each pair took the range again as the one before it
+/// let go, and the write and the DSM never ran while the pairs kept coming.
+fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
+    const PAIRS_IN_FLIGHT: usize = 12;
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let mut d = Daemon::start(CONFIG);
+    let (_c, mut x, mut y) = queues_on_two_threads(&d, bs);
+    x.set_max_incapsule(8192);
+    y.set_max_incapsule(8192);
+    let v = vec![1u8; bs];
+    assert_eq!(x.write(nsid, 7, &v, false).expect("write"), Status::SUCCESS);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Pairs done, and how many of them found the block changed (Compare Failure).
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let pairs = {
+        let (stop, done, failed, v) = (stop.clone(), done.clone(), failed.clone(), v.clone());
+        std::thread::spawn(move || {
+            let mut inflight = VecDeque::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                while inflight.len() < PAIRS_IN_FLIGHT {
+                    let mut cmp = sqe(io::COMPARE, 0b01, nsid, 1);
+                    cmp.cdw10 = 7;
+                    let mut wr = sqe(io::WRITE, 0b10, nsid, 1);
+                    wr.cdw10 = 7;
+                    let c = x.submit(Request::new(cmp, Xfer::ToController, v.clone()));
+                    let w = x.submit(Request::new(wr, Xfer::ToController, v.clone()));
+                    inflight.push_back((c.expect("submit compare"), w.expect("submit write")));
+                }
+                let (c, w) = inflight.pop_front().expect("a pair in flight");
+                let cs = x.wait(c).expect("compare").cqe.status();
+                let ws = x.wait(w).expect("write").cqe.status();
+                match (cs, ws) {
+                    (Status::SUCCESS, Status::SUCCESS) => {}
+                    (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => panic!("fused pair answered {other:?}"),
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            for (c, w) in inflight {
+                let _ = (x.wait(c), x.wait(w));
+            }
+        })
+    };
+    let t = std::time::Instant::now();
+    while done.load(Ordering::Relaxed) < 50 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the pairs do not run"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A command held back for good shows as this queue's read timing out. Waiting for
+    // the pairs already in flight takes milliseconds; without the turns, the write waited
+    // for more than 5 s in most runs.
+    let limit = Duration::from_secs(3);
+    y.stream()
+        .set_read_timeout(Some(limit))
+        .expect("read timeout");
+    let (before, t) = (done.load(Ordering::Relaxed), std::time::Instant::now());
+    let m = vec![3u8; bs];
+    let st = y.write(nsid, 7, &m, false);
+    let write_took = t.elapsed();
+    assert!(
+        matches!(st, Ok(Status::SUCCESS)) && write_took < limit,
+        "a write to the pairs' block from the other IO thread: {st:?} after {write_took:?}"
+    );
+    let t = std::time::Instant::now();
+    let st = y.dsm_deallocate(nsid, &[(100, 1)]);
+    let dsm_took = t.elapsed();
+    assert!(
+        matches!(st, Ok(Status::SUCCESS)) && dsm_took < limit,
+        "a DSM on the pairs' namespace from the other IO thread: {st:?} after {dsm_took:?}"
+    );
+    // The pairs kept coming after the write landed (they found the block changed): the
+    // write and the DSM ran in the middle of the stream, not after it.
+    let t = std::time::Instant::now();
+    while failed.load(Ordering::Relaxed) == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let after = done.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    pairs.join().expect("the pairs' thread");
+    println!(
+        "nsid {nsid}: write took {write_took:?}, DSM {dsm_took:?}; pairs done meanwhile {}, \
+         {} of all found the block changed",
+        after - before,
+        failed.load(Ordering::Relaxed)
+    );
+    assert!(
+        failed.load(Ordering::Relaxed) > 0,
+        "no pair ran after the write: the stream had stopped, and proves nothing"
+    );
+    d.stop();
+}
+
+#[test]
+fn a_stream_of_pairs_starves_no_other_queue_ram() {
+    let _w = watchdog("fused_fair_ram", Duration::from_secs(120));
+    a_stream_of_pairs_starves_no_other_queue_on(1, 512);
+}
+
+#[test]
+fn a_stream_of_pairs_starves_no_other_queue_file() {
+    let _w = watchdog("fused_fair_file", Duration::from_secs(120));
+    a_stream_of_pairs_starves_no_other_queue_on(2, 4096);
+}
+
+/// A Copy whose destination overlaps a pair's block, sent just before or after the pair
+/// from a queue on the other IO thread, writes its destination before the pair compares
+/// or after the pair's write, never between the two. The Copy reads its sources one by
+/// one; until a pair's fence waited for the whole Copy rather than for the read in
+/// flight, its destination write could go out after the compare.
+fn a_copy_never_lands_inside_a_compare_and_write_on(nsid: u32, bs: usize) {
+    let mut d = Daemon::start(CONFIG);
+    let (_c, mut x, mut y) = queues_on_two_threads(&d, bs);
+    x.set_max_incapsule(8192);
+    y.set_max_incapsule(8192);
+    let (v, w, m) = (vec![1u8; bs], vec![2u8; bs], vec![3u8; bs]);
+    // Two sources of one block each, both holding `m`; the destination is block 7.
+    let sources: Vec<(u64, u32)> = (0..2).map(|k| (100 + k, 1)).collect();
+    for &(lba, _) in &sources {
+        assert_eq!(
+            y.write(nsid, lba, &m, false).expect("write"),
+            Status::SUCCESS
+        );
+    }
+    let ranges = nvmf::copy::encode_ranges(&sources);
+    let (mut pair_first, mut copy_first, mut between) = (0, 0, 0);
+    for round in 0..1000 {
+        assert_eq!(x.write(nsid, 7, &v, false).expect("write"), Status::SUCCESS);
+        let mut cmp = sqe(io::COMPARE, 0b01, nsid, 1);
+        cmp.cdw10 = 7;
+        let mut wr = sqe(io::WRITE, 0b10, nsid, 1);
+        wr.cdw10 = 7;
+        let mut copy = Sqe {
+            nsid,
+            cdw10: 7,
+            cdw12: sources.len() as u32 - 1,
+            ..Default::default()
+        };
+        copy.set_opcode_cid(io::COPY, 0);
+        let copy = Request::new(copy, Xfer::ToController, ranges.clone());
+        let mut sent = None;
+        let mut copy = Some(copy);
+        if round % 2 == 0 {
+            sent = Some(y.submit(copy.take().expect("copy")));
+        }
+        let c = x
+            .submit(Request::new(cmp, Xfer::ToController, v.clone()))
+            .expect("submit compare");
+        let cw = x
+            .submit(Request::new(wr, Xfer::ToController, w.clone()))
+            .expect("submit write");
+        let p = sent
+            .unwrap_or_else(|| y.submit(copy.take().expect("copy")))
+            .expect("submit copy");
+        let (cs, ws) = (
+            x.wait(c).expect("compare").cqe.status(),
+            x.wait(cw).expect("write").cqe.status(),
+        );
+        assert_eq!(y.wait(p).expect("copy").cqe.status(), Status::SUCCESS);
+        let mut b = vec![0u8; bs];
+        assert_eq!(x.read(nsid, 7, 1, &mut b).expect("read"), Status::SUCCESS);
+        match (cs, ws, b[0]) {
+            (Status::SUCCESS, Status::SUCCESS, 3) => pair_first += 1,
+            (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED, 3) => copy_first += 1,
+            (Status::SUCCESS, Status::SUCCESS, 2) => between += 1,
+            other => panic!("pair {cs:?} {ws:?}, block holds {:#x}: {other:?}", b[0]),
+        }
+    }
+    println!(
+        "nsid {nsid}: pair first {pair_first}, Copy first {copy_first}, Copy's write between \
+         compare and write {between}"
+    );
+    assert_eq!(
+        between, 0,
+        "a Copy's write landed inside a compare-and-write"
+    );
+    d.stop();
+}
+
+#[test]
+fn a_copy_never_lands_inside_a_compare_and_write_ram() {
+    let _w = watchdog("fused_copy_ram", Duration::from_secs(120));
+    a_copy_never_lands_inside_a_compare_and_write_on(1, 512);
+}
+
+#[test]
+fn a_copy_never_lands_inside_a_compare_and_write_file() {
+    let _w = watchdog("fused_copy_file", Duration::from_secs(120));
+    a_copy_never_lands_inside_a_compare_and_write_on(2, 4096);
+}

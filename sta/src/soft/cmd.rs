@@ -555,18 +555,27 @@ pub(super) enum Take {
 }
 
 /// The fused pairs' ranges this thread holds on a namespace, each also claimed among all
-/// the namespace's IO threads; claims still held when the namespace leaves this thread
-/// are given back then.
+/// the namespace's IO threads, and the commands here that wait for a pair's range on
+/// another IO thread (with their tickets: see [`super::FusedRanges`]). Claims and waits
+/// still held when the namespace leaves this thread are given back then.
 pub(crate) struct FusedLocks {
     shared: Arc<super::FusedRanges>,
+    owner: u64,
     held: Vec<(u64, u32)>,
+    /// The commands registered as waiting (`key`) with their tickets, by key.
+    waiting: Vec<(u64, u64)>,
+    /// Found waiting since the last [`FusedLocks::sync_waiting`]: key and blocks.
+    found: Vec<(u64, (u64, u64))>,
 }
 
 impl FusedLocks {
     pub fn new(shared: Arc<super::FusedRanges>) -> FusedLocks {
         FusedLocks {
+            owner: shared.new_owner(),
             shared,
             held: Vec::new(),
+            waiting: Vec::new(),
+            found: Vec::new(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -580,11 +589,14 @@ impl FusedLocks {
     pub fn overlaps(&self, r: (u64, u32)) -> bool {
         self.held.iter().any(|&l| nvmf::copy::overlaps(l, r))
     }
-    pub fn take(&mut self, r: (u64, u32)) -> Take {
+    /// Claims `r` for the pair whose first command is `key`, ahead of every command that
+    /// started waiting after it.
+    pub fn take(&mut self, r: (u64, u32), key: u64) -> Take {
         if self.overlaps(r) {
             return Take::BusyHere;
         }
-        if !self.shared.claim(r) {
+        let ticket = self.ticket(key).unwrap_or(u64::MAX);
+        if !self.shared.claim(r, ticket) {
             return Take::BusyElsewhere;
         }
         self.held.push(r);
@@ -596,12 +608,49 @@ impl FusedLocks {
             self.shared.release(r);
         }
     }
+    fn ticket(&self, key: u64) -> Option<u64> {
+        let i = self.waiting.binary_search_by_key(&key, |w| w.0).ok()?;
+        Some(self.waiting[i].1)
+    }
+    /// Command `key` waits for a pair's range on another IO thread, for blocks `span`.
+    /// It counts from the next [`FusedLocks::sync_waiting`] on.
+    pub fn wait_elsewhere(&mut self, key: u64, span: (u64, u64)) {
+        self.found.push((key, span));
+    }
+    /// Forgets what was found waiting, before every waiting command is tried again.
+    pub fn refind(&mut self) {
+        self.found.clear();
+    }
+    /// Registers the commands found waiting among all threads, in place of the ones
+    /// registered before: a command that still waits keeps its ticket.
+    pub fn sync_waiting(&mut self) {
+        if self.found.is_empty() && self.waiting.is_empty() {
+            return;
+        }
+        self.found.sort_unstable_by_key(|f| f.0);
+        self.found.dedup_by_key(|f| f.0);
+        let mut now: Option<(u64, (u64, u64))> = None;
+        let mut waiting = Vec::with_capacity(self.found.len());
+        for &(key, span) in &self.found {
+            let t = self.ticket(key).unwrap_or_else(|| self.shared.new_ticket());
+            waiting.push((key, t));
+            now = Some(match now {
+                None => (t, span),
+                Some((o, s)) => (o.min(t), (s.0.min(span.0), s.1.max(span.1))),
+            });
+        }
+        self.waiting = waiting;
+        self.shared.set_waiting(self.owner, now);
+    }
 }
 
 impl Drop for FusedLocks {
     fn drop(&mut self) {
         for r in self.held.drain(..) {
             self.shared.release(r);
+        }
+        if !self.waiting.is_empty() {
+            self.shared.set_waiting(self.owner, None);
         }
     }
 }
@@ -1255,10 +1304,11 @@ impl Core {
         self.start_offload(st, idx, op, ns, sgl, &data);
     }
 
-    /// Whether command `idx` must wait for a fused pair's range on its namespace, and for
-    /// a pair on which thread: writes to an overlapping range, and any DSM or Copy.
+    /// Whether command `idx` must wait for a fused pair's range on its namespace, for a
+    /// pair on which thread, and for which blocks: writes to an overlapping range, and
+    /// any DSM or Copy (for the whole namespace).
     #[inline]
-    fn lock_wait(&self, idx: u32) -> Option<Take> {
+    fn lock_wait(&self, idx: u32) -> Option<(Take, (u64, u64))> {
         let c = &self.cmds[idx as usize];
         let range = match c.op? {
             OffloadOp::Write | OffloadOp::WriteZeroes => Some((c.sqe.slba(), c.sqe.nlb())),
@@ -1270,13 +1320,14 @@ impl Core {
         if ns.locks.is_empty() && !elsewhere {
             return None;
         }
+        let span = range.map_or((0, u64::MAX), super::span_of);
         let here = range.map_or(!ns.locks.is_empty(), |r| ns.locks.overlaps(r));
         if here {
-            return Some(Take::BusyHere);
+            return Some((Take::BusyHere, span));
         }
         // This thread's own ranges are among the shared ones, and do not overlap.
         let there = elsewhere && range.is_none_or(|r| ns.locks.shared().overlaps(r));
-        there.then_some(Take::BusyElsewhere)
+        there.then_some((Take::BusyElsewhere, span))
     }
 
     /// A fused command's host data is in: run the pair once both are ready.
@@ -1321,6 +1372,7 @@ impl Core {
     fn run_fused(&mut self, st: &mut QpState, first: u32) {
         let c = &self.cmds[first as usize];
         let (range, ns_idx) = ((c.sqe.slba(), c.sqe.nlb()), c.ns);
+        let key = (c.gen as u64) << 32 | first as u64;
         let Fused::First {
             partner: Some(second),
             ..
@@ -1338,10 +1390,11 @@ impl Core {
             // The range is the pair's already; its fence may be through.
             Some(fence) => fence,
             None => {
-                match ns.locks.take(range) {
+                match ns.locks.take(range, key) {
                     Take::Taken => {}
                     Take::BusyHere => return ns.blocked.push_back(first),
                     Take::BusyElsewhere => {
+                        ns.locks.wait_elsewhere(key, super::span_of(range));
                         ns.remote_wait = true;
                         return ns.blocked.push_back(first);
                     }
@@ -1408,11 +1461,16 @@ impl Core {
                 continue;
             };
             ns.remote_wait = false;
+            ns.locks.refind();
             let waiting: Vec<u32> = ns.blocked.drain(..).collect();
             let before = waiting.len();
             self.restart_blocked(qps, waiting);
-            let after = self.ns[i].as_ref().map_or(0, |n| n.blocked.len());
-            any |= after < before;
+            let Some(ns) = self.ns[i].as_mut() else {
+                continue;
+            };
+            // Commands that wait again keep their turn; the ones that went on give it up.
+            ns.locks.sync_waiting();
+            any |= ns.blocked.len() < before;
         }
         any
     }
@@ -1848,9 +1906,19 @@ impl Core {
             .map_or(Ok(()), |n| n.check_access(&st.access, op))
     }
 
-    fn push_req(&mut self, ns_idx: u32, mut req: Request) {
+    fn push_req(&mut self, ns_idx: u32, req: Request) {
+        self.push_req_as(ns_idx, req, false)
+    }
+
+    /// [`Core::push_req`]; `continued`: the request is the next step of a command whose
+    /// previous step's completion did not end its count in the fences (a Copy's next
+    /// read or its write, `Core::copy_continues`), so it keeps that step's parity: a
+    /// fence then waits for the whole command, not only the step in flight.
+    fn push_req_as(&mut self, ns_idx: u32, mut req: Request, continued: bool) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
-            req.tag = (req.tag & !FENCE_BIT) | ns.fences.started();
+            if !continued {
+                req.tag = (req.tag & !FENCE_BIT) | ns.fences.started();
+            }
             ns.publish_depth();
             match ns.q.submit(req) {
                 Ok(()) => {}
@@ -1873,10 +1941,15 @@ impl Core {
             let c = &mut self.cmds[idx as usize];
             c.st = St::Backend;
             let ns_idx = c.ns;
+            let key = (c.gen as u64) << 32 | idx as u64;
             if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
                 ns.blocked.push_back(idx);
-                // A pair on another thread: nothing here will restart it, so every pass does.
-                ns.remote_wait |= wait == Take::BusyElsewhere;
+                if let Take::BusyElsewhere = wait.0 {
+                    // A pair on another thread: nothing here will restart it, so every
+                    // pass does; and a pair that comes later waits for it.
+                    ns.remote_wait = true;
+                    ns.locks.wait_elsewhere(key, wait.1);
+                }
             }
             return;
         }
@@ -2097,6 +2170,8 @@ impl Core {
         let req = if let Some(&(lba, n)) = plan.ranges.get(plan.next) {
             let Some(mut b) = self.pool.get((n as usize) << shift) else {
                 c.status = Status::INTERNAL_ERROR;
+                // It goes no further: its count in the fences ends here.
+                self.fence_ended(ns_idx, tag);
                 return Some(Completion {
                     tag,
                     status: IoStatus::Ok,
@@ -2122,8 +2197,26 @@ impl Core {
             }
         };
         c.pending = 1;
-        self.push_req(ns_idx, req);
+        self.push_req_as(ns_idx, req, true);
         None
+    }
+
+    /// Whether `comp` is a step of a Copy that goes on (a source range read, not the
+    /// last step): its count in the namespace's fences then carries on to the next step,
+    /// so that a fused pair's fence also waits for the Copy's write.
+    fn copy_continues(&self, idx: u32, gen: u32, comp: &Completion) -> bool {
+        comp.status == IoStatus::Ok
+            && self.cmds.get(idx as usize).is_some_and(|c| {
+                c.gen == gen && c.st == St::Backend && c.copy.as_ref().is_some_and(|p| !p.writing)
+            })
+    }
+
+    /// A backend request of namespace slot `ns_idx` is done with (its `tag`).
+    fn fence_ended(&mut self, ns_idx: u32, tag: u64) {
+        if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
+            ns.fences.ended(tag);
+            ns.publish_depth();
+        }
     }
 
     fn complete_offload(&mut self, st: &mut QpState, idx: u32, status: Status) {
@@ -2190,11 +2283,12 @@ impl Core {
                 ns.set_gone();
                 self.ns_gone_news = true;
             }
-            ns.fences.ended(comp.tag);
-            ns.publish_depth();
         }
         let idx = (comp.tag & 0xffff_ffff & !FENCE_BIT) as u32;
         let gen = (comp.tag >> 32) as u32;
+        if !self.copy_continues(idx, gen, &comp) {
+            self.fence_ended(ns_idx, comp.tag);
+        }
         let Some(c) = self.cmds.get_mut(idx as usize) else {
             return;
         };
@@ -2308,19 +2402,64 @@ mod fused_lock_tests {
         let shared = Arc::new(super::super::FusedRanges::default());
         let mut a = FusedLocks::new(shared.clone());
         let mut b = FusedLocks::new(shared.clone());
-        assert_eq!(a.take((0, 8)), Take::Taken);
-        assert_eq!(b.take((4, 8)), Take::BusyElsewhere);
-        assert_eq!(a.take((4, 2)), Take::BusyHere);
+        assert_eq!(a.take((0, 8), 1), Take::Taken);
+        assert_eq!(b.take((4, 8), 2), Take::BusyElsewhere);
+        assert_eq!(a.take((4, 2), 3), Take::BusyHere);
         assert!(
             a.overlaps((7, 1)) && !b.overlaps((7, 1)),
             "plain writes wait locally only"
         );
-        assert_eq!(b.take((100, 1)), Take::Taken);
+        assert_eq!(b.take((100, 1), 4), Take::Taken);
         a.give_back((0, 8));
-        assert_eq!(b.take((4, 8)), Take::Taken);
-        assert_eq!(a.take((0, 8)), Take::BusyElsewhere);
+        assert_eq!(b.take((4, 8), 2), Take::Taken);
+        assert_eq!(a.take((0, 8), 5), Take::BusyElsewhere);
         drop(b);
-        assert_eq!(a.take((0, 8)), Take::Taken);
-        assert_eq!(a.take((100, 1)), Take::Taken);
+        assert_eq!(a.take((0, 8), 5), Take::Taken);
+        assert_eq!(a.take((100, 1), 6), Take::Taken);
+    }
+
+    /// A command waiting on one thread keeps later pairs on another off its blocks until
+    /// it goes on; pairs that both wait go in the order they started waiting.
+    #[test]
+    fn a_waiting_command_goes_before_later_pairs() {
+        let shared = Arc::new(super::super::FusedRanges::default());
+        let mut a = FusedLocks::new(shared.clone());
+        let mut b = FusedLocks::new(shared.clone());
+        let mut c = FusedLocks::new(shared.clone());
+        assert_eq!(a.take((0, 8), 1), Take::Taken);
+        // A write to blocks 4..6 on b waits for a's pair.
+        b.wait_elsewhere(10, super::super::span_of((4, 2)));
+        b.sync_waiting();
+        a.give_back((0, 8));
+        // A later pair on a, or on c, may not take an overlapping range before it...
+        assert_eq!(a.take((0, 8), 2), Take::BusyElsewhere);
+        assert_eq!(c.take((5, 1), 20), Take::BusyElsewhere);
+        // ...but one that does not overlap may.
+        assert_eq!(c.take((6, 4), 21), Take::Taken);
+        c.give_back((6, 4));
+        // Both pairs now wait, a's first; the write went on (b found it waiting no more).
+        a.wait_elsewhere(2, super::super::span_of((0, 8)));
+        a.sync_waiting();
+        c.wait_elsewhere(20, super::super::span_of((5, 1)));
+        c.sync_waiting();
+        b.refind();
+        b.sync_waiting();
+        assert_eq!(c.take((5, 1), 20), Take::BusyElsewhere, "a waited longer");
+        assert_eq!(a.take((0, 8), 2), Take::Taken);
+        // A command that waits again keeps its ticket.
+        c.refind();
+        c.wait_elsewhere(20, super::super::span_of((5, 1)));
+        c.sync_waiting();
+        a.give_back((0, 8));
+        a.refind();
+        a.sync_waiting();
+        assert_eq!(c.take((5, 1), 20), Take::Taken);
+        // DSM waits for the whole namespace; dropping its thread's locks withdraws it.
+        c.give_back((5, 1));
+        b.wait_elsewhere(11, (0, u64::MAX));
+        b.sync_waiting();
+        assert_eq!(a.take((1000, 1), 3), Take::BusyElsewhere);
+        drop(b);
+        assert_eq!(a.take((1000, 1), 3), Take::Taken);
     }
 }

@@ -55,12 +55,16 @@
 //!   submission order, so the pair then sends a fence to every IO thread
 //!   ([`crate::IoContext::ns_fence`]) and compares once each has seen the claim and
 //!   finished what it had in flight on the namespace (the fence's message is also what
-//!   makes the claim visible to a thread that had not seen it). Compare and write are
-//!   thus atomic against every other write to their range, as NVMe Base 2.0 section 3.4.2
-//!   asks, wherever the writer's queue is (but for a Copy already started, which is not
-//!   held back). A fence costs a message round trip to every IO thread: each context has
+//!   makes the claim visible to a thread that had not seen it). A Copy counts as in
+//!   flight from its first read to the end of its write, so a fence waits for a Copy
+//!   already started as a whole. Compare and write are thus atomic against every other
+//!   write to their range, as NVMe Base 2.0 section 3.4.2 asks, wherever the writer's
+//!   queue is. A fence costs a message round trip to every IO thread: each context has
 //!   an eventfd in its epoll set, so one asleep is woken, and the last to arrive wakes the
-//!   pair's context, which naps rather than spins while it waits.
+//!   pair's context, which naps rather than spins while it waits. Waiting for a range
+//!   takes turns among threads ([`FusedRanges`]), so pairs that keep coming on one range
+//!   never hold back a write to it, or a DSM or Copy, for longer than the pairs already
+//!   running take.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
@@ -231,13 +235,42 @@ pub(crate) enum Ctrl {
 }
 
 /// The LBA ranges of fused Compare and Write pairs running on one namespace, on any IO
-/// thread (see the module docs). Plain writes read `claimed` (one relaxed load, a line
-/// written only when a pair starts or ends) and take the lock only while some pair
-/// holds a range.
+/// thread (see the module docs), and the commands that wait for one of them on another
+/// IO thread. Plain writes read `claimed` (one relaxed load, a line written only when a
+/// pair starts or ends) and take the lock only while some pair holds a range.
+///
+/// Waiting takes turns: a command that waits for a pair on another thread gets a ticket,
+/// and a pair may claim a range only if no command with an older ticket waits for an
+/// overlapping one. Without that, a host that kept a few pairs in flight on one range
+/// held it for good (each pair claimed it again as the one before let go), and a write
+/// to that range, or any DSM or Copy on the namespace, from another IO thread never ran.
+/// Each IO thread shows its waiting commands as one entry, their oldest ticket and all
+/// the blocks they wait for (from the first to the last), so a claim looks at one entry
+/// per thread however many commands wait. That holds back some pairs that need not
+/// wait, never the oldest waiting command: it only waits for pairs that claimed before
+/// it, so each in turn goes on.
 #[derive(Default)]
 pub(crate) struct FusedRanges {
-    ranges: std::sync::Mutex<Vec<(u64, u32)>>,
+    inner: std::sync::Mutex<Claims>,
     claimed: LineOf<std::sync::atomic::AtomicUsize>,
+    next_ticket: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Claims {
+    held: Vec<(u64, u32)>,
+    /// Per IO thread with commands waiting: (thread, oldest ticket, blocks).
+    waiting: Vec<(u64, u64, (u64, u64))>,
+    next_owner: u64,
+}
+
+/// The blocks `range` (first LBA, count) covers, as `start..end`.
+pub(crate) fn span_of(range: (u64, u32)) -> (u64, u64) {
+    (range.0, range.0.saturating_add(u64::from(range.1)))
+}
+
+fn spans_overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
 }
 
 /// A value on cache lines of its own: `claimed` is read by every write on every IO
@@ -254,27 +287,57 @@ impl<T> std::ops::Deref for LineOf<T> {
 }
 
 impl FusedRanges {
-    fn ranges(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u32)>> {
-        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
+    fn inner(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims `range` unless a pair on some thread holds an overlapping one.
-    pub fn claim(&self, range: (u64, u32)) -> bool {
-        let mut r = self.ranges();
-        if r.iter().any(|&l| nvmf::copy::overlaps(l, range)) {
+    /// A key of its own for one IO thread's [`cmd::FusedLocks`].
+    pub fn new_owner(&self) -> u64 {
+        let mut c = self.inner();
+        c.next_owner += 1;
+        c.next_owner
+    }
+
+    /// Claims `range` for a pair holding `ticket` (`u64::MAX` when it has not waited)
+    /// unless a pair on some thread holds an overlapping range or a command with an
+    /// older ticket waits for one.
+    pub fn claim(&self, range: (u64, u32), ticket: u64) -> bool {
+        let mut c = self.inner();
+        let span = span_of(range);
+        let held = c.held.iter().any(|&l| spans_overlap(span_of(l), span));
+        if held
+            || c.waiting
+                .iter()
+                .any(|w| w.1 < ticket && spans_overlap(w.2, span))
+        {
             return false;
         }
-        r.push(range);
-        self.claimed.store(r.len(), Ordering::Relaxed);
+        c.held.push(range);
+        self.claimed.store(c.held.len(), Ordering::Relaxed);
         true
     }
 
     pub fn release(&self, range: (u64, u32)) {
-        let mut r = self.ranges();
-        if let Some(i) = r.iter().position(|&l| l == range) {
-            r.swap_remove(i);
+        let mut c = self.inner();
+        if let Some(i) = c.held.iter().position(|&l| l == range) {
+            c.held.swap_remove(i);
         }
-        self.claimed.store(r.len(), Ordering::Relaxed);
+        self.claimed.store(c.held.len(), Ordering::Relaxed);
+    }
+
+    /// A ticket for a command that starts waiting: later than every one before.
+    pub fn new_ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sets what `owner`'s commands wait for: their oldest ticket and all their blocks,
+    /// or nothing.
+    pub fn set_waiting(&self, owner: u64, now: Option<(u64, (u64, u64))>) {
+        let mut c = self.inner();
+        c.waiting.retain(|w| w.0 != owner);
+        if let Some((ticket, span)) = now {
+            c.waiting.push((owner, ticket, span));
+        }
     }
 
     /// Whether a pair on some IO thread holds a range. A claim is seen by every IO
@@ -287,9 +350,11 @@ impl FusedRanges {
 
     /// Whether a pair on some IO thread holds a range overlapping `range`.
     pub fn overlaps(&self, range: (u64, u32)) -> bool {
-        self.ranges()
+        let span = span_of(range);
+        self.inner()
+            .held
             .iter()
-            .any(|&l| nvmf::copy::overlaps(l, range))
+            .any(|&l| spans_overlap(span_of(l), span))
     }
 }
 
