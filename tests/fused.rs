@@ -68,12 +68,12 @@ fn increment(q: &mut TcpHost, nsid: u32, bs: usize) -> u64 {
     }
 }
 
-/// Two I/O queues of one controller on the daemon's two IO threads, with blocks of `bs`,
-/// and the controller (its admin queue keeps them).
-fn queues_on_two_threads(d: &Daemon, bs: usize) -> (Ctrl, TcpHost, TcpHost) {
+/// The three I/O queues of one controller, with blocks of `bs`, and the IO thread each is
+/// on (from the log), and the controller (its admin queue keeps them). The daemon puts
+/// each new connection on the IO thread with the fewest, so two of them are on one of
+/// its two IO threads and the third on the other.
+fn queues_by_thread(d: &Daemon, bs: usize) -> (Ctrl, Vec<(String, TcpHost)>) {
     let opts = host_opts();
-    // Three queues: the daemon puts each new connection on the IO thread with the fewest,
-    // so two of them are on different threads; the log says which.
     let mut c = controller(d, 3, &opts);
     let log = d.log();
     let thread_of = |qid: u16| {
@@ -83,13 +83,26 @@ fn queues_on_two_threads(d: &Daemon, bs: usize) -> (Ctrl, TcpHost, TcpHost) {
             .unwrap_or_else(|| panic!("queue {qid} not in the log:\n{log}"))
     };
     let threads: Vec<String> = (1..=3).map(thread_of).collect();
+    let queues = threads
+        .into_iter()
+        .zip(c.io.drain(..))
+        .map(|(t, mut q)| {
+            q.set_lba_size(bs as u32);
+            (t, q)
+        })
+        .collect();
+    (c, queues)
+}
+
+/// Two I/O queues of one controller on the daemon's two IO threads, with blocks of `bs`,
+/// and the controller.
+fn queues_on_two_threads(d: &Daemon, bs: usize) -> (Ctrl, TcpHost, TcpHost) {
+    let (c, mut qs) = queues_by_thread(d, bs);
     let second = (1..3)
-        .find(|&k| threads[k] != threads[0])
-        .unwrap_or_else(|| panic!("all I/O queues on one IO thread: {threads:?}"));
-    let mut q2 = c.io.swap_remove(second);
-    let mut q1 = c.io.swap_remove(0);
-    q1.set_lba_size(bs as u32);
-    q2.set_lba_size(bs as u32);
+        .find(|&k| qs[k].0 != qs[0].0)
+        .unwrap_or_else(|| panic!("all I/O queues on one IO thread"));
+    let q2 = qs.swap_remove(second).1;
+    let q1 = qs.swap_remove(0).1;
     (c, q1, q2)
 }
 
@@ -223,22 +236,38 @@ fn a_plain_write_never_lands_inside_a_compare_and_write_file() {
     plain_writes_wait_for_the_pair_on(2, 4096);
 }
 
-/// A host that keeps fused pairs in flight on one block holds up a write to that block,
-/// or a DSM anywhere on the namespace, from a queue on the other IO thread only until the
-/// pairs already running are done: a command waiting for a pair's range goes before the
-/// pairs that come after it. Before, each pair took the range again as the one before it
-/// let go, and the write and the DSM never ran while the pairs kept coming.
+/// A host that keeps fused pairs in flight on two blocks holds up a write to one of them,
+/// or a DSM anywhere on the namespace, from a queue on the other IO thread or on its own,
+/// only until the pairs already running are done: a command waiting for a pair's range
+/// goes before the pairs that come after it. Before, each pair took its block again as
+/// the one before it let go, and the write and the DSMs waited as long as the pairs kept
+/// coming (on the pairs' own thread, the two blocks' pairs took turns in holding the
+/// namespace).
 fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
     const PAIRS_IN_FLIGHT: usize = 12;
     use std::collections::VecDeque;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     let mut d = Daemon::start(CONFIG);
-    let (_c, mut x, mut y) = queues_on_two_threads(&d, bs);
-    x.set_max_incapsule(8192);
-    y.set_max_incapsule(8192);
+    let (_c, mut qs) = queues_by_thread(&d, bs);
+    // x streams the pairs; z is on x's IO thread, y on the other.
+    let (xi, zi) = [(0, 1), (0, 2), (1, 2)]
+        .into_iter()
+        .find(|&(i, j)| qs[i].0 == qs[j].0)
+        .expect("two queues on one IO thread");
+    let mut z = qs.remove(zi).1;
+    let mut x = qs.remove(xi).1;
+    let mut y = qs.remove(0).1;
+    for q in [&mut x, &mut y, &mut z] {
+        q.set_max_incapsule(8192);
+    }
     let v = vec![1u8; bs];
-    assert_eq!(x.write(nsid, 7, &v, false).expect("write"), Status::SUCCESS);
+    for lba in [7, 50] {
+        assert_eq!(
+            x.write(nsid, lba, &v, false).expect("write"),
+            Status::SUCCESS
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     // Pairs done, and how many of them found the block changed (Compare Failure).
     let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -247,12 +276,16 @@ fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
         std::thread::spawn(move || {
             let mut inflight = VecDeque::new();
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut n = 0u32;
             while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
                 while inflight.len() < PAIRS_IN_FLIGHT {
+                    // Blocks 7 and 50 in turn.
+                    n += 1;
+                    let lba = if n.is_multiple_of(2) { 7 } else { 50 };
                     let mut cmp = sqe(io::COMPARE, 0b01, nsid, 1);
-                    cmp.cdw10 = 7;
+                    cmp.cdw10 = lba;
                     let mut wr = sqe(io::WRITE, 0b10, nsid, 1);
-                    wr.cdw10 = 7;
+                    wr.cdw10 = lba;
                     let c = x.submit(Request::new(cmp, Xfer::ToController, v.clone()));
                     let w = x.submit(Request::new(wr, Xfer::ToController, v.clone()));
                     inflight.push_back((c.expect("submit compare"), w.expect("submit write")));
@@ -286,9 +319,11 @@ fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
     // the pairs already in flight takes milliseconds; without the turns, the write waited
     // for more than 5 s in most runs.
     let limit = Duration::from_secs(3);
-    y.stream()
-        .set_read_timeout(Some(limit))
-        .expect("read timeout");
+    for q in [&y, &z] {
+        q.stream()
+            .set_read_timeout(Some(limit))
+            .expect("read timeout");
+    }
     let (before, t) = (done.load(Ordering::Relaxed), std::time::Instant::now());
     let m = vec![3u8; bs];
     let st = y.write(nsid, 7, &m, false);
@@ -304,6 +339,13 @@ fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
         matches!(st, Ok(Status::SUCCESS)) && dsm_took < limit,
         "a DSM on the pairs' namespace from the other IO thread: {st:?} after {dsm_took:?}"
     );
+    let t = std::time::Instant::now();
+    let st = z.dsm_deallocate(nsid, &[(100, 1)]);
+    let dsm_here_took = t.elapsed();
+    assert!(
+        matches!(st, Ok(Status::SUCCESS)) && dsm_here_took < limit,
+        "a DSM on the pairs' namespace from their own IO thread: {st:?} after {dsm_here_took:?}"
+    );
     // The pairs kept coming after the write landed (they found the block changed): the
     // write and the DSM ran in the middle of the stream, not after it.
     let t = std::time::Instant::now();
@@ -314,8 +356,8 @@ fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
     stop.store(true, Ordering::Relaxed);
     pairs.join().expect("the pairs' thread");
     println!(
-        "nsid {nsid}: write took {write_took:?}, DSM {dsm_took:?}; pairs done meanwhile {}, \
-         {} of all found the block changed",
+        "nsid {nsid}: write took {write_took:?}, DSM {dsm_took:?}, DSM on the pairs' thread \
+         {dsm_here_took:?}; pairs done meanwhile {}, {} of all found a block changed",
         after - before,
         failed.load(Ordering::Relaxed)
     );
@@ -408,6 +450,11 @@ fn a_copy_never_lands_inside_a_compare_and_write_on(nsid: u32, bs: usize) {
     assert_eq!(
         between, 0,
         "a Copy's write landed inside a compare-and-write"
+    );
+    // Both orders happened: the Copy and the pair did meet.
+    assert!(
+        pair_first > 0 && copy_first > 0,
+        "the Copy and the pair never overlapped"
     );
     d.stop();
 }

@@ -449,6 +449,9 @@ pub(super) struct NsSlot {
     /// in-capsule writes go straight into it.
     pub ram: Option<ThreadStore>,
     pub pending: VecDeque<Request>,
+    /// Requests the backend refused as closed, answered with the next poll of this
+    /// namespace like its completions (by namespace: the completion's tag does not say).
+    pub closed: Vec<Completion>,
     pub counters: Arc<NsCounters>,
     /// When the backend last completed a command of this namespace on this thread: a
     /// backend that completes is slow, not hung (`check_backend_timeouts`).
@@ -509,6 +512,7 @@ impl NsFences {
     /// The request with `tag` completed, or was dropped before the backend saw it.
     pub fn ended(&mut self, tag: u64) {
         let p = usize::from(tag & FENCE_BIT != 0);
+        debug_assert!(self.inflight[p] > 0, "a request ended twice");
         self.inflight[p] = self.inflight[p].saturating_sub(1);
         if !self.draining.is_empty() {
             self.settle();
@@ -555,17 +559,28 @@ pub(super) enum Take {
 }
 
 /// The fused pairs' ranges this thread holds on a namespace, each also claimed among all
-/// the namespace's IO threads, and the commands here that wait for a pair's range on
-/// another IO thread (with their tickets: see [`super::FusedRanges`]). Claims and waits
-/// still held when the namespace leaves this thread are given back then.
+/// the namespace's IO threads, and the commands here that wait for a pair's range. Those
+/// waiting for a pair on another IO thread are registered among all threads with their
+/// tickets (see [`super::FusedRanges`]); every waiting command here also keeps a later
+/// pair of this thread off its blocks, so waiting takes turns on one thread too. Claims
+/// and waits still held when the namespace leaves this thread are given back then.
 pub(crate) struct FusedLocks {
     shared: Arc<super::FusedRanges>,
     owner: u64,
     held: Vec<(u64, u32)>,
     /// The commands registered as waiting (`key`) with their tickets, by key.
     waiting: Vec<(u64, u64)>,
-    /// Found waiting since the last [`FusedLocks::sync_waiting`]: key and blocks.
-    found: Vec<(u64, (u64, u64))>,
+    /// Found waiting since the waiting commands were last all tried again
+    /// ([`FusedLocks::refind`]), in the order found: key, blocks, and whether it waits
+    /// for another thread.
+    found: Vec<(u64, (u64, u64), bool)>,
+    /// All the blocks `found` waits for, from the first to the last.
+    found_span: Option<(u64, u64)>,
+}
+
+/// From the first to the last block of `a` and `b`.
+fn span_union(a: Option<(u64, u64)>, b: (u64, u64)) -> (u64, u64) {
+    a.map_or(b, |a| (a.0.min(b.0), a.1.max(b.1)))
 }
 
 impl FusedLocks {
@@ -576,6 +591,7 @@ impl FusedLocks {
             held: Vec::new(),
             waiting: Vec::new(),
             found: Vec::new(),
+            found_span: None,
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -589,11 +605,21 @@ impl FusedLocks {
     pub fn overlaps(&self, r: (u64, u32)) -> bool {
         self.held.iter().any(|&l| nvmf::copy::overlaps(l, r))
     }
-    /// Claims `r` for the pair whose first command is `key`, ahead of every command that
-    /// started waiting after it.
+    /// Claims `r` for the pair whose first command is `key`, unless a pair holds an
+    /// overlapping range, a command here found waiting before it waits for overlapping
+    /// blocks, or a command on another thread that started waiting before it does.
+    /// Waiting for a command here is [`Take::BusyElsewhere`] too: it is tried again
+    /// every pass, not only when a pair here lets go.
     pub fn take(&mut self, r: (u64, u32), key: u64) -> Take {
         if self.overlaps(r) {
             return Take::BusyHere;
+        }
+        let span = super::span_of(r);
+        if self
+            .found_span
+            .is_some_and(|f| f.0 < span.1 && span.0 < f.1)
+        {
+            return Take::BusyElsewhere;
         }
         let ticket = self.ticket(key).unwrap_or(u64::MAX);
         if !self.shared.claim(r, ticket) {
@@ -612,33 +638,41 @@ impl FusedLocks {
         let i = self.waiting.binary_search_by_key(&key, |w| w.0).ok()?;
         Some(self.waiting[i].1)
     }
-    /// Command `key` waits for a pair's range on another IO thread, for blocks `span`.
-    /// It counts from the next [`FusedLocks::sync_waiting`] on.
-    pub fn wait_elsewhere(&mut self, key: u64, span: (u64, u64)) {
-        self.found.push((key, span));
+    /// Command `key` waits for a pair's range, for blocks `span`; `elsewhere`: for a pair
+    /// on another IO thread (or for a command found waiting here before it). It keeps
+    /// later pairs here off `span` at once, and those on other threads from the next
+    /// [`FusedLocks::sync_waiting`] on.
+    pub fn wait(&mut self, key: u64, span: (u64, u64), elsewhere: bool) {
+        self.found.push((key, span, elsewhere));
+        self.found_span = Some(span_union(self.found_span, span));
     }
     /// Forgets what was found waiting, before every waiting command is tried again.
     pub fn refind(&mut self) {
         self.found.clear();
+        self.found_span = None;
     }
-    /// Registers the commands found waiting among all threads, in place of the ones
-    /// registered before: a command that still waits keeps its ticket.
+    /// Registers the commands found waiting for another thread among all threads, in
+    /// place of the ones registered before: a command that still waits keeps its ticket,
+    /// and those that start waiting get theirs in the order they were found.
     pub fn sync_waiting(&mut self) {
-        if self.found.is_empty() && self.waiting.is_empty() {
+        if self.waiting.is_empty() && !self.found.iter().any(|f| f.2) {
             return;
         }
-        self.found.sort_unstable_by_key(|f| f.0);
-        self.found.dedup_by_key(|f| f.0);
         let mut now: Option<(u64, (u64, u64))> = None;
         let mut waiting = Vec::with_capacity(self.found.len());
-        for &(key, span) in &self.found {
+        for &(key, span, elsewhere) in &self.found {
+            if !elsewhere {
+                continue;
+            }
             let t = self.ticket(key).unwrap_or_else(|| self.shared.new_ticket());
             waiting.push((key, t));
-            now = Some(match now {
-                None => (t, span),
-                Some((o, s)) => (o.min(t), (s.0.min(span.0), s.1.max(span.1))),
-            });
+            now = Some((
+                now.map_or(t, |n| n.0.min(t)),
+                span_union(now.map(|n| n.1), span),
+            ));
         }
+        waiting.sort_unstable();
+        waiting.dedup_by_key(|w| w.0);
         self.waiting = waiting;
         self.shared.set_waiting(self.owner, now);
     }
@@ -1392,9 +1426,12 @@ impl Core {
             None => {
                 match ns.locks.take(range, key) {
                     Take::Taken => {}
-                    Take::BusyHere => return ns.blocked.push_back(first),
+                    Take::BusyHere => {
+                        ns.locks.wait(key, super::span_of(range), false);
+                        return ns.blocked.push_back(first);
+                    }
                     Take::BusyElsewhere => {
-                        ns.locks.wait_elsewhere(key, super::span_of(range));
+                        ns.locks.wait(key, super::span_of(range), true);
                         ns.remote_wait = true;
                         return ns.blocked.push_back(first);
                     }
@@ -1448,6 +1485,8 @@ impl Core {
             return Vec::new();
         };
         ns.locks.give_back(range);
+        // All of them are tried again (or put back for the next pass to try).
+        ns.locks.refind();
         ns.blocked.drain(..).collect()
     }
 
@@ -1912,7 +1951,7 @@ impl Core {
 
     /// [`Core::push_req`]; `continued`: the request is the next step of a command whose
     /// previous step's completion did not end its count in the fences (a Copy's next
-    /// read or its write, `Core::copy_continues`), so it keeps that step's parity: a
+    /// read or its write, from `Core::copy_step`), so it keeps that step's parity: a
     /// fence then waits for the whole command, not only the step in flight.
     fn push_req_as(&mut self, ns_idx: u32, mut req: Request, continued: bool) {
         if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
@@ -1923,7 +1962,7 @@ impl Core {
             match ns.q.submit(req) {
                 Ok(()) => {}
                 Err(SubmitError::Full(r)) => ns.pending.push_back(r),
-                Err(SubmitError::Closed(r)) => self.completions.push(Completion {
+                Err(SubmitError::Closed(r)) => ns.closed.push(Completion {
                     tag: r.tag,
                     status: IoStatus::Unavailable,
                     buf: r.buf,
@@ -1944,12 +1983,11 @@ impl Core {
             let key = (c.gen as u64) << 32 | idx as u64;
             if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
                 ns.blocked.push_back(idx);
-                if let Take::BusyElsewhere = wait.0 {
-                    // A pair on another thread: nothing here will restart it, so every
-                    // pass does; and a pair that comes later waits for it.
-                    ns.remote_wait = true;
-                    ns.locks.wait_elsewhere(key, wait.1);
-                }
+                // A pair on another thread: nothing here will restart it, so every pass
+                // does. Pairs that come later wait for it.
+                let elsewhere = wait.0 == Take::BusyElsewhere;
+                ns.remote_wait |= elsewhere;
+                ns.locks.wait(key, wait.1, elsewhere);
             }
             return;
         }
@@ -2170,8 +2208,6 @@ impl Core {
         let req = if let Some(&(lba, n)) = plan.ranges.get(plan.next) {
             let Some(mut b) = self.pool.get((n as usize) << shift) else {
                 c.status = Status::INTERNAL_ERROR;
-                // It goes no further: its count in the fences ends here.
-                self.fence_ended(ns_idx, tag);
                 return Some(Completion {
                     tag,
                     status: IoStatus::Ok,
@@ -2199,16 +2235,6 @@ impl Core {
         c.pending = 1;
         self.push_req_as(ns_idx, req, true);
         None
-    }
-
-    /// Whether `comp` is a step of a Copy that goes on (a source range read, not the
-    /// last step): its count in the namespace's fences then carries on to the next step,
-    /// so that a fused pair's fence also waits for the Copy's write.
-    fn copy_continues(&self, idx: u32, gen: u32, comp: &Completion) -> bool {
-        comp.status == IoStatus::Ok
-            && self.cmds.get(idx as usize).is_some_and(|c| {
-                c.gen == gen && c.st == St::Backend && c.copy.as_ref().is_some_and(|p| !p.writing)
-            })
     }
 
     /// A backend request of namespace slot `ns_idx` is done with (its `tag`).
@@ -2284,25 +2310,25 @@ impl Core {
                 self.ns_gone_news = true;
             }
         }
-        let idx = (comp.tag & 0xffff_ffff & !FENCE_BIT) as u32;
+        let (tag, idx) = (comp.tag, (comp.tag & 0xffff_ffff & !FENCE_BIT) as u32);
         let gen = (comp.tag >> 32) as u32;
-        if !self.copy_continues(idx, gen, &comp) {
-            self.fence_ended(ns_idx, comp.tag);
-        }
         let Some(c) = self.cmds.get_mut(idx as usize) else {
-            return;
+            return self.fence_ended(ns_idx, tag);
         };
         if c.gen != gen || c.st != St::Backend {
             // The QP went away while this was in flight (disconnect); only recycle.
             if let Some(b) = comp.buf {
                 self.pool.put(b);
             }
-            return;
+            return self.fence_ended(ns_idx, tag);
         }
+        // A Copy's step that goes on keeps its count in the fences for the next step
+        // (`push_req_as`): a fused pair's fence then waits for the Copy's write too.
         let comp = match self.copy_step(idx, ns_idx, comp) {
             Some(comp) => comp,
             None => return,
         };
+        self.fence_ended(ns_idx, tag);
         let c = &mut self.cmds[idx as usize];
         if c.op == Some(OffloadOp::Compare) {
             // buf holds the host's data, the completion returns what the media has.
@@ -2419,16 +2445,19 @@ mod fused_lock_tests {
     }
 
     /// A command waiting on one thread keeps later pairs on another off its blocks until
-    /// it goes on; pairs that both wait go in the order they started waiting.
+    /// it goes on; pairs that both wait go in the order they started waiting. (Each
+    /// `refind` is the engine trying all waiting commands again: a pair is never among
+    /// the found ones when it tries.)
     #[test]
     fn a_waiting_command_goes_before_later_pairs() {
+        let span = super::super::span_of;
         let shared = Arc::new(super::super::FusedRanges::default());
         let mut a = FusedLocks::new(shared.clone());
         let mut b = FusedLocks::new(shared.clone());
         let mut c = FusedLocks::new(shared.clone());
         assert_eq!(a.take((0, 8), 1), Take::Taken);
         // A write to blocks 4..6 on b waits for a's pair.
-        b.wait_elsewhere(10, super::super::span_of((4, 2)));
+        b.wait(10, span((4, 2)), true);
         b.sync_waiting();
         a.give_back((0, 8));
         // A later pair on a, or on c, may not take an overlapping range before it...
@@ -2438,28 +2467,58 @@ mod fused_lock_tests {
         assert_eq!(c.take((6, 4), 21), Take::Taken);
         c.give_back((6, 4));
         // Both pairs now wait, a's first; the write went on (b found it waiting no more).
-        a.wait_elsewhere(2, super::super::span_of((0, 8)));
+        a.wait(2, span((0, 8)), true);
         a.sync_waiting();
-        c.wait_elsewhere(20, super::super::span_of((5, 1)));
+        c.wait(20, span((5, 1)), true);
         c.sync_waiting();
         b.refind();
         b.sync_waiting();
-        assert_eq!(c.take((5, 1), 20), Take::BusyElsewhere, "a waited longer");
-        assert_eq!(a.take((0, 8), 2), Take::Taken);
-        // A command that waits again keeps its ticket.
         c.refind();
-        c.wait_elsewhere(20, super::super::span_of((5, 1)));
+        assert_eq!(c.take((5, 1), 20), Take::BusyElsewhere, "a waited longer");
+        c.wait(20, span((5, 1)), true);
+        a.refind();
+        assert_eq!(a.take((0, 8), 2), Take::Taken);
+        a.sync_waiting();
+        // A command that waits again keeps its ticket.
         c.sync_waiting();
         a.give_back((0, 8));
-        a.refind();
-        a.sync_waiting();
+        c.refind();
         assert_eq!(c.take((5, 1), 20), Take::Taken);
+        c.sync_waiting();
         // DSM waits for the whole namespace; dropping its thread's locks withdraws it.
         c.give_back((5, 1));
-        b.wait_elsewhere(11, (0, u64::MAX));
+        b.wait(11, (0, u64::MAX), true);
         b.sync_waiting();
         assert_eq!(a.take((1000, 1), 3), Take::BusyElsewhere);
         drop(b);
         assert_eq!(a.take((1000, 1), 3), Take::Taken);
+    }
+
+    /// On one thread: a command found waiting (for a pair here or elsewhere) keeps the
+    /// pairs tried after it off its blocks, until the waiting commands are tried again.
+    #[test]
+    fn a_waiting_command_goes_before_later_pairs_on_its_thread() {
+        let span = super::super::span_of;
+        let shared = Arc::new(super::super::FusedRanges::default());
+        let mut a = FusedLocks::new(shared.clone());
+        assert_eq!(a.take((0, 1), 1), Take::Taken);
+        assert_eq!(a.take((50, 1), 2), Take::Taken);
+        // A DSM waits for both pairs, here; the first lets go, and its next pair on the
+        // same block is tried after the DSM.
+        a.wait(9, (0, u64::MAX), false);
+        a.give_back((0, 1));
+        a.refind();
+        a.wait(9, (0, u64::MAX), false);
+        assert_eq!(a.take((0, 1), 3), Take::BusyElsewhere);
+        a.wait(3, span((0, 1)), true);
+        // The second lets go: the DSM goes on (not found again), then the pair.
+        a.give_back((50, 1));
+        a.refind();
+        assert_eq!(a.take((0, 1), 3), Take::Taken);
+        // Found waiting for a pair here only, nothing is registered for other threads.
+        a.wait(12, span((0, 1)), false);
+        a.sync_waiting();
+        let mut b = FusedLocks::new(shared.clone());
+        assert_eq!(b.take((5, 1), 30), Take::Taken);
     }
 }

@@ -957,6 +957,7 @@ impl StaIo {
                                 access,
                                 locks: FusedLocks::new(fused),
                                 blocked: VecDeque::new(),
+                                closed: Vec::new(),
                                 remote_wait: false,
                                 fences: NsFences::default(),
                             };
@@ -1072,6 +1073,7 @@ impl StaIo {
                     }
                 }
             }
+            self.core.completions.append(&mut ns.closed);
             if ns.inflight() > 0 {
                 ns.q.poll(&mut self.core.completions);
             }
@@ -1085,6 +1087,9 @@ impl StaIo {
                 self.core.on_backend_completion(&mut self.qps, i as u32, c);
             }
             self.core.batch_time = None;
+            // Nothing is pushed there meanwhile (a request the backend refuses goes to its
+            // namespace's `closed`); were anything, it would be kept, not dropped.
+            comps.append(&mut self.core.completions);
             self.core.completions = comps;
         }
         did

@@ -62,9 +62,9 @@
 //!   queue is. A fence costs a message round trip to every IO thread: each context has
 //!   an eventfd in its epoll set, so one asleep is woken, and the last to arrive wakes the
 //!   pair's context, which naps rather than spins while it waits. Waiting for a range
-//!   takes turns among threads ([`FusedRanges`]), so pairs that keep coming on one range
-//!   never hold back a write to it, or a DSM or Copy, for longer than the pairs already
-//!   running take.
+//!   takes turns, among threads ([`FusedRanges`]) and on each thread
+//!   ([`cmd::FusedLocks`]), so pairs that keep coming never hold back a write to their
+//!   range, or a DSM or Copy, for longer than the pairs already running take.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
