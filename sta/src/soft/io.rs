@@ -1073,7 +1073,9 @@ impl StaIo {
                     }
                 }
             }
-            self.core.completions.append(&mut ns.closed);
+            if !ns.closed.is_empty() {
+                self.core.completions.append(&mut ns.closed);
+            }
             if ns.inflight() > 0 {
                 ns.q.poll(&mut self.core.completions);
             }
