@@ -168,14 +168,36 @@ fn compare_and_write_is_atomic_across_io_threads_file() {
 /// for every IO thread, 170 of 2,000 such rounds on a file namespace ended with the
 /// pair's data although the plain write had been answered (audit io, F2).
 fn plain_writes_wait_for_the_pair_on(nsid: u32, bs: usize) {
+    let m = vec![3u8; bs];
+    others_wait_for_the_pair_on(
+        nsid,
+        bs,
+        "plain write",
+        |_| {},
+        || Request::write(nsid, 7, 1, m.clone(), false),
+    );
+}
+
+/// Rounds of a pair on block 7 (compare with 1s, write 2s) from one queue, and `other`
+/// from a queue on the other IO thread, sent just before or just after the pair in turn;
+/// `other` writes 3s to block 7 (`setup` runs once, on the other queue, first). The
+/// other command lands before the compare or after the pair's write, never between.
+fn others_wait_for_the_pair_on(
+    nsid: u32,
+    bs: usize,
+    what: &str,
+    setup: impl FnOnce(&mut TcpHost),
+    other: impl Fn() -> Request,
+) {
     let mut d = Daemon::start(CONFIG);
     let (_c, mut x, mut y) = queues_on_two_threads(&d, bs);
     // Data in the capsules: each command is on the wire whole when submitted (with R2Ts,
-    // the plain write's data would go only once this thread waits for it).
+    // the other command's data would go only once this thread waits for it).
     x.set_max_incapsule(8192);
     y.set_max_incapsule(8192);
-    let (v, w, m) = (vec![1u8; bs], vec![2u8; bs], vec![3u8; bs]);
-    let (mut pair_first, mut write_first, mut between) = (0, 0, 0);
+    setup(&mut y);
+    let (v, w) = (vec![1u8; bs], vec![2u8; bs]);
+    let (mut pair_first, mut other_first, mut between) = (0, 0, 0);
     for round in 0..1000 {
         assert_eq!(x.write(nsid, 7, &v, false).expect("write"), Status::SUCCESS);
         let mut cmp = sqe(io::COMPARE, 0b01, nsid, 1);
@@ -183,9 +205,9 @@ fn plain_writes_wait_for_the_pair_on(nsid: u32, bs: usize) {
         let mut wr = sqe(io::WRITE, 0b10, nsid, 1);
         wr.cdw10 = 7;
         // Either goes out first, in turn.
-        let mut plain = None;
+        let mut sent = None;
         if round % 2 == 1 {
-            plain = Some(y.submit(Request::write(nsid, 7, 1, m.clone(), false)));
+            sent = Some(y.submit(other()));
         }
         let c = x
             .submit(Request::new(cmp, Xfer::ToController, v.clone()))
@@ -193,33 +215,33 @@ fn plain_writes_wait_for_the_pair_on(nsid: u32, bs: usize) {
         let cw = x
             .submit(Request::new(wr, Xfer::ToController, w.clone()))
             .expect("submit write");
-        let p = plain
-            .unwrap_or_else(|| y.submit(Request::write(nsid, 7, 1, m.clone(), false)))
-            .expect("submit plain write");
+        let p = sent
+            .unwrap_or_else(|| y.submit(other()))
+            .unwrap_or_else(|e| panic!("submit {what}: {e:?}"));
         let (cs, ws) = (
             x.wait(c).expect("compare").cqe.status(),
             x.wait(cw).expect("write").cqe.status(),
         );
-        assert_eq!(
-            y.wait(p).expect("plain write").cqe.status(),
-            Status::SUCCESS
-        );
+        let os = y.wait(p).map(|c| c.cqe.status());
+        assert!(matches!(os, Ok(Status::SUCCESS)), "{what}: {os:?}");
         let mut b = vec![0u8; bs];
         assert_eq!(x.read(nsid, 7, 1, &mut b).expect("read"), Status::SUCCESS);
         match (cs, ws, b[0]) {
             (Status::SUCCESS, Status::SUCCESS, 3) => pair_first += 1,
-            (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED, 3) => write_first += 1,
+            (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED, 3) => other_first += 1,
             (Status::SUCCESS, Status::SUCCESS, 2) => between += 1,
             other => panic!("pair {cs:?} {ws:?}, block holds {:#x}: {other:?}", b[0]),
         }
     }
     println!(
-        "nsid {nsid}: pair first {pair_first}, plain write first {write_first}, plain write \
-         between compare and write {between}"
+        "nsid {nsid}: pair first {pair_first}, {what} first {other_first}, {what} between \
+         compare and write {between}"
     );
-    assert_eq!(
-        between, 0,
-        "a plain write landed inside a compare-and-write"
+    assert_eq!(between, 0, "a {what} landed inside a compare-and-write");
+    // Both orders happened: the two did meet.
+    assert!(
+        pair_first > 0 && other_first > 0,
+        "the {what} and the pair never overlapped"
     );
     d.stop();
 }
@@ -384,79 +406,29 @@ fn a_stream_of_pairs_starves_no_other_queue_file() {
 /// from a queue on the other IO thread, writes its destination before the pair compares
 /// or after the pair's write, never between the two. The Copy reads its sources one by
 /// one; until a pair's fence waited for the whole Copy rather than for the read in
-/// flight, its destination write could go out after the compare.
+/// flight, its destination write could go out after the compare (13 to 187 of 1,000
+/// rounds).
 fn a_copy_never_lands_inside_a_compare_and_write_on(nsid: u32, bs: usize) {
-    let mut d = Daemon::start(CONFIG);
-    let (_c, mut x, mut y) = queues_on_two_threads(&d, bs);
-    x.set_max_incapsule(8192);
-    y.set_max_incapsule(8192);
-    let (v, w, m) = (vec![1u8; bs], vec![2u8; bs], vec![3u8; bs]);
-    // Two sources of one block each, both holding `m`; the destination is block 7.
+    // Two sources of one block each, both holding 3s; the destination is block 7.
     let sources: Vec<(u64, u32)> = (0..2).map(|k| (100 + k, 1)).collect();
-    for &(lba, _) in &sources {
-        assert_eq!(
-            y.write(nsid, lba, &m, false).expect("write"),
-            Status::SUCCESS
-        );
-    }
     let ranges = nvmf::copy::encode_ranges(&sources);
-    let (mut pair_first, mut copy_first, mut between) = (0, 0, 0);
-    for round in 0..1000 {
-        assert_eq!(x.write(nsid, 7, &v, false).expect("write"), Status::SUCCESS);
-        let mut cmp = sqe(io::COMPARE, 0b01, nsid, 1);
-        cmp.cdw10 = 7;
-        let mut wr = sqe(io::WRITE, 0b10, nsid, 1);
-        wr.cdw10 = 7;
-        let mut copy = Sqe {
+    let setup = |y: &mut TcpHost| {
+        for &(lba, _) in &sources {
+            let st = y.write(nsid, lba, &vec![3u8; bs], false).expect("write");
+            assert_eq!(st, Status::SUCCESS);
+        }
+    };
+    let copy = || {
+        let mut sqe = Sqe {
             nsid,
             cdw10: 7,
             cdw12: sources.len() as u32 - 1,
             ..Default::default()
         };
-        copy.set_opcode_cid(io::COPY, 0);
-        let copy = Request::new(copy, Xfer::ToController, ranges.clone());
-        let mut sent = None;
-        let mut copy = Some(copy);
-        if round % 2 == 0 {
-            sent = Some(y.submit(copy.take().expect("copy")));
-        }
-        let c = x
-            .submit(Request::new(cmp, Xfer::ToController, v.clone()))
-            .expect("submit compare");
-        let cw = x
-            .submit(Request::new(wr, Xfer::ToController, w.clone()))
-            .expect("submit write");
-        let p = sent
-            .unwrap_or_else(|| y.submit(copy.take().expect("copy")))
-            .expect("submit copy");
-        let (cs, ws) = (
-            x.wait(c).expect("compare").cqe.status(),
-            x.wait(cw).expect("write").cqe.status(),
-        );
-        assert_eq!(y.wait(p).expect("copy").cqe.status(), Status::SUCCESS);
-        let mut b = vec![0u8; bs];
-        assert_eq!(x.read(nsid, 7, 1, &mut b).expect("read"), Status::SUCCESS);
-        match (cs, ws, b[0]) {
-            (Status::SUCCESS, Status::SUCCESS, 3) => pair_first += 1,
-            (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED, 3) => copy_first += 1,
-            (Status::SUCCESS, Status::SUCCESS, 2) => between += 1,
-            other => panic!("pair {cs:?} {ws:?}, block holds {:#x}: {other:?}", b[0]),
-        }
-    }
-    println!(
-        "nsid {nsid}: pair first {pair_first}, Copy first {copy_first}, Copy's write between \
-         compare and write {between}"
-    );
-    assert_eq!(
-        between, 0,
-        "a Copy's write landed inside a compare-and-write"
-    );
-    // Both orders happened: the Copy and the pair did meet.
-    assert!(
-        pair_first > 0 && copy_first > 0,
-        "the Copy and the pair never overlapped"
-    );
-    d.stop();
+        sqe.set_opcode_cid(io::COPY, 0);
+        Request::new(sqe, Xfer::ToController, ranges.clone())
+    };
+    others_wait_for_the_pair_on(nsid, bs, "Copy", setup, copy);
 }
 
 #[test]
