@@ -238,11 +238,10 @@ fn others_wait_for_the_pair_on(
          compare and write {between}"
     );
     assert_eq!(between, 0, "a {what} landed inside a compare-and-write");
-    // Both orders happened: the two did meet.
-    assert!(
-        pair_first > 0 && other_first > 0,
-        "the {what} and the pair never overlapped"
-    );
+    // Not required: that both orders happen. Under load every Copy may be done before the
+    // pair compares (the pair's fence waits for it), as one CI run showed (Copy first
+    // 1,000 times). That the rounds do race shows on the code before each fix: with
+    // these rounds, 9-137 plain writes and 13-187 Copies landed between.
     d.stop();
 }
 
