@@ -152,6 +152,13 @@ fn fill_lent(c: &mut Cmd) -> bool {
 }
 
 impl Cmd {
+    /// The tag of this command, in slot `idx`, on its backend requests (without the fence
+    /// bit), and the key it waits under for a fused pair's range: its generation and
+    /// slot, so a late completion for an earlier user of the slot is told apart.
+    pub(super) fn tag(&self, idx: u32) -> u64 {
+        u64::from(self.gen) << 32 | u64::from(idx)
+    }
+
     fn free(now: Instant) -> Cmd {
         Cmd {
             gen: 0,
@@ -1406,7 +1413,7 @@ impl Core {
     fn run_fused(&mut self, st: &mut QpState, first: u32) {
         let c = &self.cmds[first as usize];
         let (range, ns_idx) = ((c.sqe.slba(), c.sqe.nlb()), c.ns);
-        let key = (c.gen as u64) << 32 | first as u64;
+        let key = c.tag(first);
         let Fused::First {
             partner: Some(second),
             ..
@@ -1465,7 +1472,7 @@ impl Core {
         b.set_len(len);
         let c = &mut self.cmds[first as usize];
         c.pending = 1;
-        let tag = (c.gen as u64) << 32 | first as u64;
+        let tag = c.tag(first);
         self.push_req(
             ns_idx,
             Request {
@@ -1553,7 +1560,7 @@ impl Core {
         if status.is_success() {
             let w = &mut self.cmds[second as usize];
             w.pending = 1;
-            let tag = (w.gen as u64) << 32 | second as u64;
+            let tag = w.tag(second);
             let req = Request {
                 tag,
                 op: Op::Write { fua: w.sqe.fua() },
@@ -1980,7 +1987,7 @@ impl Core {
             let c = &mut self.cmds[idx as usize];
             c.st = St::Backend;
             let ns_idx = c.ns;
-            let key = (c.gen as u64) << 32 | idx as u64;
+            let key = c.tag(idx);
             if let Some(ns) = self.ns[ns_idx as usize].as_mut() {
                 ns.blocked.push_back(idx);
                 // A pair on another thread: nothing here will restart it, so every pass
@@ -1994,7 +2001,7 @@ impl Core {
         let c = &mut self.cmds[idx as usize];
         let sqe = c.sqe;
         let ns_idx = c.ns;
-        let tag = (c.gen as u64) << 32 | idx as u64;
+        let tag = c.tag(idx);
         c.st = St::Backend;
         let (lba, nblocks) = (sqe.slba(), sqe.nlb());
         let Some(op) = c.op else {
@@ -2160,7 +2167,7 @@ impl Core {
         first.set_len((ranges[0].1 as usize) << shift);
         let (lba, n) = ranges[0];
         let c = &mut self.cmds[idx as usize];
-        let tag = (c.gen as u64) << 32 | idx as u64;
+        let tag = c.tag(idx);
         c.pending = 1;
         c.copy = Some(Box::new(CopyPlan {
             ranges,

@@ -90,7 +90,7 @@ impl StaIo {
                 true
             }
             St::Backend => {
-                let tag = (c.gen as u64) << 32 | idx as u64;
+                let tag = c.tag(idx);
                 let (ns_idx, pending) = (c.ns, c.pending);
                 let Some(ns) = self
                     .core
