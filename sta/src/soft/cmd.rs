@@ -624,7 +624,7 @@ impl FusedLocks {
         let span = super::span_of(r);
         if self
             .found_span
-            .is_some_and(|f| f.0 < span.1 && span.0 < f.1)
+            .is_some_and(|f| super::spans_overlap(f, span))
         {
             return Take::BusyElsewhere;
         }
@@ -697,6 +697,16 @@ impl Drop for FusedLocks {
 }
 
 impl NsSlot {
+    /// The backend refused `r` as closed: it is answered Unavailable with the next poll
+    /// of this namespace (`closed`).
+    pub fn refuse(&mut self, r: Request) {
+        self.closed.push(Completion {
+            tag: r.tag,
+            status: IoStatus::Unavailable,
+            buf: r.buf,
+        });
+    }
+
     /// Backend requests in flight on this thread.
     pub fn inflight(&self) -> u32 {
         self.fences.in_flight()
@@ -1497,6 +1507,11 @@ impl Core {
         ns.blocked.drain(..).collect()
     }
 
+    /// Whether some namespace has commands waiting for another IO thread (`remote_wait`).
+    pub(super) fn any_remote_wait(&self) -> bool {
+        self.ns.iter().flatten().any(|n| n.remote_wait)
+    }
+
     /// Tries again the commands of namespaces with a pair waiting for another IO thread's
     /// range (they may wait again). Returns whether any of them went on (rather than
     /// waiting again).
@@ -1969,11 +1984,7 @@ impl Core {
             match ns.q.submit(req) {
                 Ok(()) => {}
                 Err(SubmitError::Full(r)) => ns.pending.push_back(r),
-                Err(SubmitError::Closed(r)) => ns.closed.push(Completion {
-                    tag: r.tag,
-                    status: IoStatus::Unavailable,
-                    buf: r.buf,
-                }),
+                Err(SubmitError::Closed(r)) => ns.refuse(r),
             }
         }
     }

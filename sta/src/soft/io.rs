@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backend::{Completion, IoStatus, SubmitError};
+use backend::SubmitError;
 use crossbeam_channel::{Receiver, Sender};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::EventFd;
@@ -437,7 +437,7 @@ impl StaIo {
     /// configuration) and at the QPs with output waiting ([`Core::tx_ready`]), never at
     /// every connected QP.
     pub(crate) fn busy(&self) -> bool {
-        self.busy_here() || self.core.ns.iter().flatten().any(|n| n.remote_wait)
+        self.busy_here() || self.core.any_remote_wait()
     }
 
     /// [`StaIo::busy`] but for commands that wait for other IO threads.
@@ -500,7 +500,7 @@ impl StaIo {
     pub(crate) fn progress(&mut self, max_wait: Duration) -> bool {
         let mut did = self.drain_ctrl();
         did |= self.poll_rdma();
-        let remote = self.core.ns.iter().flatten().any(|n| n.remote_wait);
+        let remote = self.core.any_remote_wait();
         let mut wait = if did || self.busy_here() {
             Duration::ZERO
         } else if remote {
@@ -606,7 +606,7 @@ impl StaIo {
         }
         did |= self.poll_rdma();
         did |= self.poll_backends();
-        if self.core.ns.iter().flatten().any(|n| n.remote_wait) {
+        if self.core.any_remote_wait() {
             did |= self.core.retry_remote_waits(&mut self.qps);
         }
         if !self.core.peers.resume.is_empty() {
@@ -1064,13 +1064,8 @@ impl StaIo {
                         ns.pending.push_front(r);
                         break;
                     }
-                    Err(SubmitError::Closed(r)) => {
-                        self.core.completions.push(Completion {
-                            tag: r.tag,
-                            status: IoStatus::Unavailable,
-                            buf: r.buf,
-                        });
-                    }
+                    // Answered just below, with the namespace's completions.
+                    Err(SubmitError::Closed(r)) => ns.refuse(r),
                 }
             }
             if !ns.closed.is_empty() {

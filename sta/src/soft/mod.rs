@@ -269,7 +269,7 @@ pub(crate) fn span_of(range: (u64, u32)) -> (u64, u64) {
     (range.0, range.0.saturating_add(u64::from(range.1)))
 }
 
-fn spans_overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+pub(crate) fn spans_overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
