@@ -4,27 +4,37 @@
 //! application on this thread and the `nvmf-initiator` host on another, over loopback.
 
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use backend::{Backend, BackendQueue, Completion, Error, IoStatus, Request, SubmitError};
-use nvmf::spec::{opcodes, Cqe, DataDirection, Status};
-use nvmf_initiator::{HostOptions, TcpHost};
+use nvmf::spec::{opcodes, Cqe, DataDirection, Sqe, Status};
+use nvmf_initiator::{HostOptions, TcpHost, Xfer};
 use sta::soft::{SoftConfig, Sta, StaIo};
 use sta::{Engine, Event, IoContext, MainEvent, SubsysId, TaskKind};
 
 const NQN: &str = "nqn.2026-11.dev.nvmf-target:hang";
 
-/// Holds every request until `release` is set (never, in this test, before the destroy).
+/// Holds every request until `release` is set (never, in these tests, before the
+/// destroy). Counts its queues dropped (`dropped`): the engine lets go of a namespace's
+/// queue once nothing of it is left on the thread.
 #[derive(Debug)]
 struct Stuck {
     release: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
 }
 
 struct StuckQueue {
     held: Vec<Request>,
     release: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Drop for StuckQueue {
+    fn drop(&mut self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Backend for Stuck {
@@ -44,6 +54,7 @@ impl Backend for Stuck {
         Ok(Box::new(StuckQueue {
             held: Vec::new(),
             release: self.release.clone(),
+            dropped: self.dropped.clone(),
         }))
     }
     fn flush_sync(&self) -> Result<(), Error> {
@@ -169,6 +180,15 @@ fn stuck_target(
     cfg: SoftConfig,
     release: &Arc<AtomicBool>,
 ) -> (Sta, SubsysId, StaIo, TcpListener, std::net::SocketAddr) {
+    stuck_target_counting(cfg, release, &Arc::default())
+}
+
+/// [`stuck_target`], counting the backend's queues dropped in `dropped`.
+fn stuck_target_counting(
+    cfg: SoftConfig,
+    release: &Arc<AtomicBool>,
+    dropped: &Arc<AtomicUsize>,
+) -> (Sta, SubsysId, StaIo, TcpListener, std::net::SocketAddr) {
     let mut sta = Sta::new(cfg);
     let subsys = sta.subsystem_create(NQN).unwrap();
     sta.ns_add(
@@ -176,6 +196,7 @@ fn stuck_target(
         1,
         Arc::new(Stuck {
             release: release.clone(),
+            dropped: dropped.clone(),
         }),
     )
     .unwrap();
@@ -519,4 +540,107 @@ fn a_fence_waits_for_the_requests_in_flight() {
     }
     assert_eq!(got, Some(Status::SUCCESS));
     host.join().unwrap();
+}
+
+/// One block of namespace 1 at LBA 0: `opcode` with `fuse` (0 none, 1 first, 2 second).
+fn block0(opcode: u8, fuse: u8) -> nvmf_initiator::Request {
+    let mut sqe = Sqe {
+        nsid: 1,
+        ..Default::default()
+    };
+    sqe.set_opcode_cid(opcode, 0);
+    sqe.cdw0 |= u32::from(fuse) << 8;
+    nvmf_initiator::Request::new(sqe, Xfer::ToController, vec![0x5a; 512])
+}
+
+/// A fused pair whose compare the backend holds keeps block 0: a second pair and a plain
+/// write to it wait on the IO thread for its range. When the backend times out and its
+/// queue is destroyed, every one of them is answered, and once the backend gives back
+/// what it held the namespace leaves the thread for good: nothing waits on for a range
+/// that no pair will ever let go of (the engine drops the backend's queue).
+#[test]
+fn queue_destroy_answers_the_commands_waiting_for_a_pairs_range_and_lets_the_namespace_go() {
+    let release = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let cfg = SoftConfig {
+        backend_timeout: Duration::from_millis(200),
+        ..SoftConfig::default()
+    };
+    let (mut sta, subsys, mut io, listener, addr) = stuck_target_counting(cfg, &release, &dropped);
+    let (tx, rx) = mpsc::channel();
+    let host = std::thread::spawn(move || {
+        use opcodes::io::{COMPARE, WRITE};
+        let mut h = io_queue_host(addr);
+        let mut cids = Vec::new();
+        // Pair A (its compare sticks in the backend), pair B, a plain write: all block 0.
+        for (op, fuse) in [
+            (COMPARE, 1),
+            (WRITE, 2),
+            (COMPARE, 1),
+            (WRITE, 2),
+            (WRITE, 0),
+        ] {
+            cids.push(h.submit(block0(op, fuse)).expect("submit"));
+        }
+        let mut got = Vec::new();
+        for _ in 0..cids.len() {
+            let c = h.poll_completion().expect("completion");
+            got.push((
+                cids.iter().position(|&x| x == c.cid).unwrap(),
+                c.cqe.status(),
+            ));
+        }
+        got.sort_by_key(|g| g.0);
+        tx.send(got.into_iter().map(|g| g.1).collect::<Vec<_>>())
+            .unwrap();
+    });
+    let destroyed = std::cell::Cell::new(false);
+    let mut statuses = None;
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |sta, ev| match ev {
+            MainEvent::BackendTimeout {
+                subsys: s, nsid, ..
+            } => {
+                assert_eq!((s, nsid), (subsys, 1));
+                sta.be_queue_destroy(subsys, 1, 5).unwrap();
+            }
+            MainEvent::BeQueueDestroyed { user: 5, .. } => destroyed.set(true),
+            other => panic!("unexpected {other:?}"),
+        },
+        || {
+            if let Ok(s) = rx.try_recv() {
+                statuses = Some(s);
+            }
+            statuses.is_some() && destroyed.get()
+        },
+    );
+    host.join().unwrap();
+    let statuses = statuses.unwrap();
+    println!("answers: {statuses:?}");
+    assert!(
+        statuses.iter().all(|s| !s.is_success()),
+        "nothing of block 0 ran: {statuses:?}"
+    );
+    assert_eq!(statuses[0], Status::ABORTED_SQ_DELETION.with_dnr(false));
+    assert_eq!(statuses[4], Status::ABORTED_SQ_DELETION.with_dnr(false));
+    assert_eq!(
+        dropped.load(Ordering::Relaxed),
+        0,
+        "the compare is still held"
+    );
+    // The backend gives back the compare's read: nothing of the namespace is left.
+    release.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dropped.load(Ordering::Relaxed) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the namespace's queue was never let go (commands still wait for the pair's range)"
+        );
+        io.progress(Duration::from_millis(1));
+    }
+    assert_eq!(sta.stats().namespace(subsys, 1).queue_depth, 0);
 }

@@ -683,16 +683,25 @@ impl FusedLocks {
         self.waiting = waiting;
         self.shared.set_waiting(self.owner, now);
     }
-}
 
-impl Drop for FusedLocks {
-    fn drop(&mut self) {
+    /// Gives back every range held here and withdraws every wait: the namespace's
+    /// commands on this thread are all answered without running (`be_queue_destroy`),
+    /// or the namespace leaves the thread.
+    pub fn abandon(&mut self) {
         for r in self.held.drain(..) {
             self.shared.release(r);
         }
         if !self.waiting.is_empty() {
+            self.waiting.clear();
             self.shared.set_waiting(self.owner, None);
         }
+        self.refind();
+    }
+}
+
+impl Drop for FusedLocks {
+    fn drop(&mut self) {
+        self.abandon();
     }
 }
 

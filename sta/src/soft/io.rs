@@ -814,6 +814,14 @@ impl StaIo {
                     core.pool.put(b);
                 }
             }
+            // The commands waiting for a fused pair's range or fence are answered below
+            // with the rest, so none is tried again (its slot may hold another command by
+            // then), and the pairs here give back their ranges and waits: nothing of the
+            // namespace runs on this thread any more, and without this its slot (and the
+            // backend's queue) would wait for good for a pair that never lets go.
+            ns.blocked.clear();
+            ns.remote_wait = false;
+            ns.locks.abandon();
             ns.publish_depth();
         }
         for idx in 0..core.cmds.len() {
