@@ -410,7 +410,9 @@ fn ptpl_is_offered_with_the_default_state_file() {
 /// file's writer has written that state, and the write does not stall the IO thread it
 /// came from: another host on the same (only) IO thread is served meanwhile. The state
 /// file's temporary is made a FIFO here, so the writer blocks in `open` until the test
-/// reads it; the FIFO then refuses the writer's fsync, which is logged.
+/// reads it; the FIFO then refuses the writer's fsync, which is logged, and the Register
+/// is answered Internal Error (its state is not on disk). With the FIFO gone, the next
+/// change is written and succeeds.
 #[test]
 fn a_ptpl_write_holds_its_command_but_not_the_io_thread() {
     let _w = watchdog("ptpl_write_off_the_io_thread", Duration::from_secs(60));
@@ -467,12 +469,21 @@ fn a_ptpl_write_holds_its_command_but_not_the_io_thread() {
     assert!(text.contains(&hex), "{text}");
     assert_eq!(
         a.wait(cid).expect("completion").cqe.status(),
-        Status::SUCCESS
+        Status::INTERNAL_ERROR,
+        "a Register whose state never reached the disk"
     );
     assert!(
         d.log().contains("cannot write the state file"),
         "the failed fsync is logged: {}",
         d.log()
     );
+    // The change is in effect all the same (as with SPDK): B sees A registered.
+    assert_eq!(report(&mut b).1, 1);
+    // Written this time: B's Register and the file hold both hosts.
+    std::fs::remove_file(&tmp).expect("remove the FIFO");
+    assert_eq!(register(&mut b, 0xb, 0b11), Status::SUCCESS);
+    let text = std::fs::read_to_string(d.dir().join("resv.ptpl")).expect("the state file");
+    let hex_b: String = ob.hostid.iter().map(|x| format!("{x:02x}")).collect();
+    assert!(text.contains(&hex) && text.contains(&hex_b), "{text}");
     d.stop();
 }

@@ -75,18 +75,18 @@ impl<I: IoContext> IoThread<I> {
                     );
                 }
                 let fence = self.fence_for(queue, sqe, &cqe);
-                let ptpl = ptpl.filter(|&v| !shared.ptpl_written(v));
-                if fence.is_some() || ptpl.is_some() {
+                let ptpl = ptpl.unwrap_or(0);
+                if fence.is_some() || !shared.ptpl_written(ptpl) {
                     self.deferred.push(Deferred {
                         fence,
-                        ptpl: ptpl.unwrap_or(0),
+                        ptpl,
                         qp,
                         token,
                         cqe,
                     });
                     return self.route_or_apply(actions);
                 }
-                self.answer(qp, token, &cqe, data_len)
+                self.answer(qp, token, &shared.ptpl_answer(ptpl, cqe), data_len)
             }
             Outcome::Deferred => {
                 // A held command with this CID is one the host sent again (an AER after a
@@ -142,7 +142,8 @@ impl<I: IoContext> IoThread<I> {
         for d in done {
             // A QP that went meanwhile: the answer is dropped with it.
             if self.qps.contains_key(&d.qp) {
-                self.answer(d.qp, d.token, &d.cqe, 0);
+                let cqe = self.shared.ptpl_answer(d.ptpl, d.cqe);
+                self.answer(d.qp, d.token, &cqe, 0);
             }
         }
         any

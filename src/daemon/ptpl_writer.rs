@@ -6,9 +6,11 @@
 //! slowed every host that shared its thread. Now the IO thread hands the new state over
 //! and goes on; the command's completion waits (with the thread's fenced completions,
 //! `commands.rs`) until the writer has put that version, or a later one, on disk. The host
-//! never sees a reservation change succeed that a restart would lose, unless the write
-//! fails: that is logged as an error naming the file, and the command is still answered
-//! with success (the change is in effect; only its persistence is in doubt).
+//! never sees a reservation change succeed that a restart would lose. When the write
+//! fails, that is logged as an error naming the file, and the commands whose state it
+//! held are answered Internal Error, as SPDK answers them: the change is in effect, but
+//! the host must not take it as persisted. A later write that succeeds holds their state
+//! too; commands answered after it succeed.
 //!
 //! Only the newest state waits to be written: a version handed over while an older one
 //! waits replaces it, so a flood of changes costs one write per write's duration, however
@@ -37,6 +39,8 @@ pub(super) struct PtplWriter {
     queued: AtomicU64,
     /// The newest version the writer is done with: on disk, or failed (and logged).
     written: AtomicU64,
+    /// The newest version on disk.
+    saved: AtomicU64,
     /// Writer threads running (0 or 1).
     alive: AtomicUsize,
 }
@@ -49,6 +53,7 @@ impl PtplWriter {
             ready: Condvar::new(),
             queued: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            saved: AtomicU64::new(0),
             alive: AtomicUsize::new(0),
         }
     }
@@ -72,6 +77,12 @@ impl PtplWriter {
     /// Whether version `v` (or a later one) is done with.
     pub fn written(&self, v: u64) -> bool {
         self.written.load(Ordering::Acquire) >= v
+    }
+
+    /// Whether version `v` (or a later one, which holds it) is on disk. Read once
+    /// [`written`](Self::written) says `v` is done with.
+    pub fn saved(&self, v: u64) -> bool {
+        self.saved.load(Ordering::Acquire) >= v
     }
 
     pub fn alive(&self) -> bool {
@@ -104,12 +115,14 @@ impl PtplWriter {
     }
 
     fn write(&self, (version, entries): Snapshot) {
-        if let Err(e) = self.store.save(version, &entries) {
-            tracing::error!(
-                "reservations: cannot write the state file {}: {e}; reservations that \
-                 persist through power loss may be lost on restart",
+        match self.store.save(version, &entries) {
+            Ok(()) => self.saved.store(version, Ordering::Release),
+            Err(e) => tracing::error!(
+                "reservations: cannot write the state file {}: {e}; the reservation \
+                 commands waiting for it are answered Internal Error, and reservations \
+                 that persist through power loss may be lost on restart",
                 self.store.path().display()
-            );
+            ),
         }
         self.written.store(version, Ordering::Release);
     }
@@ -177,11 +190,28 @@ mod tests {
         assert_eq!(s.0, 3);
         w.write(s);
         assert!(w.written(3) && !w.written(4));
+        assert!(w.saved(3) && !w.saved(4));
         // Nothing else waits: the one write took all three.
         assert!(crate::lock(&w.pending).is_none());
         let on_disk = crate::ptpl::decode(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(on_disk[0].state.registrants[0].host_id, [3; 16]);
         assert!(w.flush(Duration::ZERO));
+    }
+
+    /// A write that fails is done with, not saved: its commands are answered Internal
+    /// Error. A later write that succeeds holds the earlier versions too.
+    #[test]
+    fn a_failed_write_is_done_with_but_not_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = PtplWriter::new(PtplStore::new(dir.path().join("gone/resv.ptpl")));
+        w.write((1, state(1)));
+        assert!(w.written(1) && !w.saved(1));
+        let w = PtplWriter {
+            store: PtplStore::new(dir.path().join("resv.ptpl")),
+            ..w
+        };
+        w.write((2, state(2)));
+        assert!(w.saved(1) && w.saved(2));
     }
 
     /// The writer thread takes what is handed over; `flush` waits for it, and says when a

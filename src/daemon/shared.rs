@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_channel::Sender;
+use nvmf::spec::{Cqe, Status};
 use nvmf::target::{
     Action, CounterSource, IoCounters, ListenerInfo, NamespaceAccess, Notice, Target,
 };
@@ -144,6 +145,19 @@ impl Shared {
     /// the command that made it can be answered.
     pub fn ptpl_written(&self, v: u64) -> bool {
         self.ptpl.as_ref().is_none_or(|w| w.written(v))
+    }
+
+    /// The completion of a command that made PTPL state version `v` (0: none), once
+    /// [`ptpl_written`](Self::ptpl_written): Internal Error if that state never reached the
+    /// disk (SPDK answers so too), so no host takes the change as persisted.
+    pub fn ptpl_answer(&self, v: u64, cqe: Cqe) -> Cqe {
+        match &self.ptpl {
+            Some(w) if v > 0 && !w.saved(v) => Cqe {
+                status: Status::INTERNAL_ERROR.to_field(),
+                ..cqe
+            },
+            _ => cqe,
+        }
     }
 
     /// Hands access views to the engine's data path.
