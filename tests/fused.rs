@@ -258,7 +258,7 @@ fn a_plain_write_never_lands_inside_a_compare_and_write_file() {
 }
 
 /// A host that keeps fused pairs in flight on two blocks holds up a write to one of them,
-/// or a DSM anywhere on the namespace, from a queue on the other IO thread or on its own,
+/// or a DSM that deallocates them, from a queue on the other IO thread or on its own,
 /// only until the pairs already running are done: a command waiting for a pair's range
 /// goes before the pairs that come after it. Before, each pair took its block again as
 /// the one before it let go, and the write and the DSMs waited as long as the pairs kept
@@ -354,18 +354,18 @@ fn a_stream_of_pairs_starves_no_other_queue_on(nsid: u32, bs: usize) {
         "a write to the pairs' block from the other IO thread: {st:?} after {write_took:?}"
     );
     let t = std::time::Instant::now();
-    let st = y.dsm_deallocate(nsid, &[(100, 1)]);
+    let st = y.dsm_deallocate(nsid, &[(0, 64)]);
     let dsm_took = t.elapsed();
     assert!(
         matches!(st, Ok(Status::SUCCESS)) && dsm_took < limit,
-        "a DSM on the pairs' namespace from the other IO thread: {st:?} after {dsm_took:?}"
+        "a DSM of the pairs' blocks from the other IO thread: {st:?} after {dsm_took:?}"
     );
     let t = std::time::Instant::now();
-    let st = z.dsm_deallocate(nsid, &[(100, 1)]);
+    let st = z.dsm_deallocate(nsid, &[(0, 64)]);
     let dsm_here_took = t.elapsed();
     assert!(
         matches!(st, Ok(Status::SUCCESS)) && dsm_here_took < limit,
-        "a DSM on the pairs' namespace from their own IO thread: {st:?} after {dsm_here_took:?}"
+        "a DSM of the pairs' blocks from their own IO thread: {st:?} after {dsm_here_took:?}"
     );
     // The pairs kept coming after the write landed (they found the block changed): the
     // write and the DSM ran in the middle of the stream, not after it.

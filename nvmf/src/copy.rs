@@ -64,6 +64,19 @@ pub fn destination(sqe: &Sqe) -> u64 {
     sqe.slba()
 }
 
+/// The blocks a Copy writes: its destination and the sum of its (format 0) source
+/// ranges' lengths, read from `data` without any check (`None` if `data` is short). The
+/// command may still be refused ([`source_ranges`]); it then writes nothing.
+pub fn destination_range(sqe: &Sqe, data: &[u8]) -> Option<(u64, u32)> {
+    let n = range_count(sqe);
+    let descs = data.get(..n * RANGE_LEN)?;
+    let total = descs
+        .chunks_exact(RANGE_LEN)
+        .map(|d| u32::from(u16::from_le_bytes([d[16], d[17]])) + 1)
+        .fold(0u32, u32::saturating_add);
+    Some((destination(sqe), total))
+}
+
 /// Bytes of host data a Copy carries.
 pub fn data_len(sqe: &Sqe) -> usize {
     range_count(sqe) * RANGE_LEN
@@ -185,6 +198,9 @@ mod tests {
             source_ranges(&s, &d, &l, 1 << 20),
             Ok((vec![(0x10, 8), (0x100, 1)], 9))
         );
+        // What it writes: 9 blocks at the destination; nothing known from half the data.
+        assert_eq!(destination_range(&s, &d), Some((0x1000, 9)));
+        assert_eq!(destination_range(&s, &d[..32]), None);
         // Past the end: a source, then the destination.
         assert_eq!(
             source_ranges(&s, &d, &l, 0x100),

@@ -475,8 +475,8 @@ pub(super) struct NsSlot {
     pub view_epoch: u64,
     /// LBA ranges of fused Compare and Write pairs running on this thread, and the
     /// commands that wait for a pair's range, on this thread or another ([`FusedLocks`]):
-    /// writes to an overlapping range (any write for DSM and Copy), other fused pairs, and
-    /// pairs waiting for their fence.
+    /// writes, deallocations and Copy destinations that overlap a pair's range, other fused
+    /// pairs, and pairs waiting for their fence.
     pub locks: FusedLocks,
     pub blocked: VecDeque<u32>,
     /// A command in `blocked` waits for a pair on another IO thread, or a pair waits for
@@ -1365,28 +1365,65 @@ impl Core {
     }
 
     /// Whether command `idx` must wait for a fused pair's range on its namespace, for a
-    /// pair on which thread, and for which blocks: writes to an overlapping range, and
-    /// any DSM or Copy (for the whole namespace).
+    /// pair on which thread, and for which blocks (from the first to the last): writes,
+    /// deallocations and Copies whose blocks overlap a pair's range.
     #[inline]
     fn lock_wait(&self, idx: u32) -> Option<(Take, (u64, u64))> {
         let c = &self.cmds[idx as usize];
-        let range = match c.op? {
-            OffloadOp::Write | OffloadOp::WriteZeroes => Some((c.sqe.slba(), c.sqe.nlb())),
-            OffloadOp::DatasetManagement | OffloadOp::Copy => None,
-            _ => return None,
-        };
+        let op = c.op?;
+        if !matches!(
+            op,
+            OffloadOp::Write
+                | OffloadOp::WriteZeroes
+                | OffloadOp::DatasetManagement
+                | OffloadOp::Copy
+        ) {
+            return None;
+        }
         let ns = self.ns.get(c.ns as usize).and_then(|n| n.as_ref())?;
         let elsewhere = ns.locks.shared().any_claimed();
         if ns.locks.is_empty() && !elsewhere {
             return None;
         }
-        let span = range.map_or((0, u64::MAX), super::span_of);
-        let here = range.map_or(!ns.locks.is_empty(), |r| ns.locks.overlaps(r));
-        if here {
+        let mut buf = [(0u64, 0u32); command::DSM_MAX_RANGES];
+        // The blocks it writes; `None`: any (the whole namespace).
+        let ranges: Option<&[(u64, u32)]> = match op {
+            OffloadOp::DatasetManagement if !command::dsm_deallocate(&c.sqe) => return None,
+            OffloadOp::DatasetManagement => {
+                // A list that is refused (a range past the end) deallocates nothing.
+                let n = command::dsm_ranges(&c.sqe, c.data(c.len), ns.nblocks, &mut buf).ok()?;
+                Some(&buf[..n])
+            }
+            // Only the destination is written. Descriptors not all there or of another
+            // format: any blocks (the Copy is refused when it starts).
+            OffloadOp::Copy => nvmf::copy::destination_range(&c.sqe, c.data(c.len))
+                .filter(|_| nvmf::copy::descriptor_format(&c.sqe) == 0)
+                .map(|r| {
+                    buf[0] = r;
+                    &buf[..1]
+                }),
+            _ => {
+                buf[0] = (c.sqe.slba(), c.sqe.nlb());
+                Some(&buf[..1])
+            }
+        };
+        let Some(ranges) = ranges else {
+            let span = (0, u64::MAX);
+            if !ns.locks.is_empty() {
+                return Some((Take::BusyHere, span));
+            }
+            return elsewhere.then_some((Take::BusyElsewhere, span));
+        };
+        // Nothing to write (every range of length 0): nothing to wait for.
+        let span = ranges
+            .iter()
+            .map(|&r| super::span_of(r))
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))?;
+        if ranges.iter().any(|&r| ns.locks.overlaps(r)) {
             return Some((Take::BusyHere, span));
         }
         // This thread's own ranges are among the shared ones, and do not overlap.
-        let there = elsewhere && range.is_none_or(|r| ns.locks.shared().overlaps(r));
+        let there = elsewhere && ns.locks.shared().overlaps(ranges);
         there.then_some((Take::BusyElsewhere, span))
     }
 
@@ -2512,7 +2549,8 @@ mod fused_lock_tests {
         c.refind();
         assert_eq!(c.take((5, 1), 20), Take::Taken);
         c.sync_waiting();
-        // DSM waits for the whole namespace; dropping its thread's locks withdraws it.
+        // A command waiting for the whole namespace (a Copy whose descriptors it cannot
+        // read); dropping its thread's locks withdraws it.
         c.give_back((5, 1));
         b.wait(11, (0, u64::MAX), true);
         b.sync_waiting();

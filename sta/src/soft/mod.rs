@@ -63,8 +63,10 @@
 //!   an eventfd in its epoll set, so one asleep is woken, and the last to arrive wakes the
 //!   pair's context, which naps rather than spins while it waits. Waiting for a range
 //!   takes turns, among threads ([`FusedRanges`]) and on each thread
-//!   ([`cmd::FusedLocks`]), so pairs that keep coming never hold back a write to their
-//!   range, or a DSM or Copy, for longer than the pairs already running take.
+//!   ([`cmd::FusedLocks`]), so pairs that keep coming never hold back a write, a
+//!   deallocation or a Copy to their range for longer than the pairs already running
+//!   take. Writes that do not touch a pair's range (a DSM's ranges, a Copy's
+//!   destination) never wait for it.
 //! - RAM namespaces ([`backend::BackendQueue::ram_store`]) skip the backend queue both
 //!   ways. A Read on a plain TCP queue without data digest is answered at once and its
 //!   C2HData goes out straight from the store: the `writev` that carries it holds the
@@ -243,7 +245,7 @@ pub(crate) enum Ctrl {
 /// and a pair may claim a range only if no command with an older ticket waits for an
 /// overlapping one. Without that, a host that kept a few pairs in flight on one range
 /// held it for good (each pair claimed it again as the one before let go), and a write
-/// to that range, or any DSM or Copy on the namespace, from another IO thread never ran.
+/// or a deallocation or Copy to that range, from another IO thread never ran.
 /// Each IO thread shows its waiting commands as one entry, their oldest ticket and all
 /// the blocks they wait for (from the first to the last), so a claim looks at one entry
 /// per thread however many commands wait. That holds back some pairs that need not
@@ -348,13 +350,13 @@ impl FusedRanges {
         self.claimed.load(Ordering::Relaxed) > 0
     }
 
-    /// Whether a pair on some IO thread holds a range overlapping `range`.
-    pub fn overlaps(&self, range: (u64, u32)) -> bool {
-        let span = span_of(range);
-        self.inner()
-            .held
-            .iter()
-            .any(|&l| spans_overlap(span_of(l), span))
+    /// Whether a pair on some IO thread holds a range overlapping one of `ranges`.
+    pub fn overlaps(&self, ranges: &[(u64, u32)]) -> bool {
+        let c = self.inner();
+        ranges.iter().any(|&r| {
+            let span = span_of(r);
+            c.held.iter().any(|&l| spans_overlap(span_of(l), span))
+        })
     }
 }
 
