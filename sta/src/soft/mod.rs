@@ -244,8 +244,8 @@ pub(crate) enum Ctrl {
 /// Waiting takes turns: a command that waits for a pair on another thread gets a ticket,
 /// and a pair may claim a range only if no command with an older ticket waits for an
 /// overlapping one. Without that, a host that kept a few pairs in flight on one range
-/// held it for good (each pair claimed it again as the one before let go), and a write
-/// or a deallocation or Copy to that range, from another IO thread never ran.
+/// held it for good (each pair claimed it again as the one before let go), and a write,
+/// deallocation or Copy to that range from another IO thread never ran.
 /// Each IO thread shows its waiting commands as one entry, their oldest ticket and all
 /// the blocks they wait for (from the first to the last), so a claim looks at one entry
 /// per thread however many commands wait. That holds back some pairs that need not
