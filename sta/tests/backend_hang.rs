@@ -1,7 +1,8 @@
 //! A backend that never answers: the soft engine reports the backend timeout to the main
 //! context, and `be_queue_destroy` answers the host at once and frees the queue; the
-//! namespace's I/O then reaches the application (non-offloaded). Driven by a minimal
-//! application on this thread and the `nvmf-initiator` host on another, over loopback.
+//! namespace's I/O then reaches the application (non-offloaded). Also a namespace removed
+//! while a write waits for its data. Driven by a minimal application on this thread and
+//! the `nvmf-initiator` host on another, over loopback.
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -783,4 +784,115 @@ fn deallocate_and_copy_wait_only_for_pairs_on_their_blocks() {
     let at = |what: &str| all.iter().position(|f| f.0 == what).unwrap();
     assert!(at("write") < at("near dsm"), "{all:?}");
     assert!(at("write") < at("near copy"), "{all:?}");
+}
+
+/// The 4 KiB at LBA 100 of `ram` (512-byte blocks).
+fn ram_bytes(ram: &backend::RamBackend) -> Vec<u8> {
+    let (off, len) = ram.byte_range(100, 8).unwrap();
+    let mut out = vec![0u8; len];
+    let mut set = backend::ram::LendSet::default();
+    assert!(set.add(off, len));
+    assert!(ram.lend(&set, |l| l.copy_to(off, &mut out)));
+    out
+}
+
+/// A write whose data the host holds back past its namespace's removal (the target sent
+/// its R2T) finishes on that namespace's backend, and the removal waits for it. Before,
+/// the removal went through at once, the write never completed, and a namespace added
+/// meanwhile took the removed one's slot: the late data landed in it.
+#[test]
+fn a_write_waiting_for_its_data_when_its_namespace_goes_lands_there_only() {
+    let old = backend::RamBackend::new(1 << 20, 512).unwrap();
+    let new = backend::RamBackend::new(1 << 20, 512).unwrap();
+    let mut sta = Sta::new(SoftConfig::default());
+    let subsys = sta.subsystem_create(NQN).unwrap();
+    sta.ns_add(subsys, 1, old.clone()).unwrap();
+    let mut io = sta.io_create().unwrap().start().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let host = std::thread::spawn(move || {
+        let mut h = io_queue_host(addr);
+        // No in-capsule data: the target asks for it (R2T), which the host answers only
+        // when it polls, after the removal.
+        h.set_max_incapsule(0);
+        let cid = h
+            .submit(nvmf_initiator::Request::write(
+                1,
+                100,
+                8,
+                vec![0xa7; 4096],
+                false,
+            ))
+            .expect("submit");
+        tx.send(None).unwrap();
+        go_rx.recv().unwrap();
+        tx.send(Some(h.wait(cid).expect("completion").cqe.status()))
+            .unwrap();
+    });
+    let removed = std::cell::Cell::new(false);
+    let mut submitted = false;
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |_, ev| panic!("unexpected {ev:?}"),
+        || {
+            submitted |= rx.try_recv().is_ok();
+            submitted
+        },
+    );
+    // The capsule reaches the engine, which asks for the data.
+    for _ in 0..50 {
+        io.progress(Duration::from_millis(1));
+    }
+    sta.ns_remove(subsys, 1, 3).unwrap();
+    for _ in 0..50 {
+        io.progress(Duration::from_millis(1));
+        while let Some(ev) = sta.progress() {
+            assert!(matches!(ev, MainEvent::NsRemoved { user: 3, .. }), "{ev:?}");
+            removed.set(true);
+        }
+    }
+    assert!(
+        !removed.get(),
+        "the removal waits for the write bound to the namespace"
+    );
+    // Another namespace comes while the write waits.
+    sta.ns_add(subsys, 1, new.clone()).unwrap();
+    for _ in 0..20 {
+        io.progress(Duration::from_millis(1));
+    }
+    go_tx.send(()).unwrap();
+    let mut status = None;
+    serve(
+        &mut sta,
+        &mut io,
+        &listener,
+        subsys,
+        |_, ev| match ev {
+            MainEvent::NsRemoved { user: 3, .. } => removed.set(true),
+            other => panic!("unexpected {other:?}"),
+        },
+        || {
+            status = status.or_else(|| rx.try_recv().ok().flatten());
+            status.is_some() && removed.get()
+        },
+    );
+    host.join().unwrap();
+    println!("the late write: {status:?}");
+    assert_eq!(status, Some(Status::SUCCESS));
+    assert_eq!(
+        ram_bytes(&old),
+        vec![0xa7; 4096],
+        "it landed where it was sent"
+    );
+    assert_eq!(
+        ram_bytes(&new),
+        vec![0; 4096],
+        "nothing of it in the new namespace"
+    );
 }

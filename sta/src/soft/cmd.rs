@@ -1553,6 +1553,21 @@ impl Core {
         ns.blocked.drain(..).collect()
     }
 
+    /// The namespace slots some command is bound to (an offloaded command not yet freed,
+    /// in any state: waiting for its data or a buffer, at the backend, answering): a
+    /// removed namespace's slot stays until none is, so that it is not reused meanwhile.
+    pub(super) fn bound_slots(&self) -> Vec<bool> {
+        let mut bound = vec![false; self.ns.len()];
+        for c in &self.cmds {
+            if c.st != St::Free && c.op.is_some() {
+                if let Some(b) = bound.get_mut(c.ns as usize) {
+                    *b = true;
+                }
+            }
+        }
+        bound
+    }
+
     /// Whether some namespace has commands waiting for another IO thread (`remote_wait`).
     pub(super) fn any_remote_wait(&self) -> bool {
         self.ns.iter().flatten().any(|n| n.remote_wait)
@@ -2037,6 +2052,15 @@ impl Core {
 
     /// All host data is in: hand the command to the backend.
     fn submit_offload(&mut self, st: &mut QpState, idx: u32) {
+        // A namespace being removed keeps its slot while commands are bound to it
+        // (`Core::bound_slots`), so the data of a write that came after the removal goes
+        // to that namespace's backend, never to another one's. Its queues destroyed
+        // (`be_queue_destroy`), nothing more goes down.
+        match self.ns.get(self.cmds[idx as usize].ns as usize) {
+            Some(Some(ns)) if !ns.acked => {}
+            Some(Some(_)) => return self.fail_with_partner(st, idx, Status::ABORTED_SQ_DELETION),
+            _ => return self.fail_with_partner(st, idx, Status::INVALID_NAMESPACE),
+        }
         if self.cmds[idx as usize].fused != Fused::None {
             return self.fused_ready(st, idx);
         }
