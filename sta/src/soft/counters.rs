@@ -159,20 +159,63 @@ impl ThreadCounters {
 
 /// Every thread's counters, registered as threads and namespaces appear (the only lock,
 /// taken at registration and by readers, never on the data path).
+///
+/// A namespace's counters on one thread live as long as the thread serves it. Counters
+/// no thread uses any more are handed to the next thread that serves the same namespace
+/// (its totals stay cumulative across a removal and re-add), and those of a destroyed
+/// subsystem are dropped: adding and removing namespaces by reload, however often,
+/// keeps this bounded.
 #[derive(Default)]
 pub(crate) struct StatsRegistry {
-    ns: Mutex<Vec<(SubsysId, u32, Arc<NsCounters>)>>,
+    ns: Mutex<NsRegistry>,
     threads: Mutex<Vec<Arc<ThreadCounters>>>,
+}
+
+#[derive(Default)]
+struct NsRegistry {
+    list: Vec<(SubsysId, u32, Arc<NsCounters>)>,
+    /// Destroyed subsystems whose counters some thread may still hold.
+    gone: Vec<SubsysId>,
+}
+
+impl NsRegistry {
+    /// Drops the counters of destroyed subsystems that no thread holds.
+    fn prune(&mut self) {
+        if self.gone.is_empty() {
+            return;
+        }
+        let gone = &self.gone;
+        self.list
+            .retain(|(s, _, c)| !gone.contains(s) || Arc::strong_count(c) > 1);
+        let list = &self.list;
+        self.gone.retain(|g| list.iter().any(|(s, _, _)| s == g));
+    }
 }
 
 impl StatsRegistry {
     pub(crate) fn register_ns(&self, subsys: SubsysId, nsid: u32) -> Arc<NsCounters> {
+        let mut r = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        r.prune();
+        // Counters of this namespace that no thread holds (it was removed here before).
+        let idle = r
+            .list
+            .iter()
+            .find(|(s, n, c)| *s == subsys && *n == nsid && Arc::strong_count(c) == 1);
+        if let Some((_, _, c)) = idle {
+            // A gauge, not a total: the new holder publishes its own.
+            c.queue_depth.store(0, Ordering::Relaxed);
+            return c.clone();
+        }
         let c = Arc::new(NsCounters::default());
-        self.ns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((subsys, nsid, c.clone()));
+        r.list.push((subsys, nsid, c.clone()));
         c
+    }
+
+    /// The subsystem is destroyed: its counters go once no thread holds them.
+    pub(crate) fn forget_subsystem(&self, subsys: SubsysId) {
+        let mut r = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        r.gone.push(subsys);
+        r.prune();
     }
 
     pub(crate) fn register_thread(&self) -> Arc<ThreadCounters> {
@@ -187,17 +230,17 @@ impl StatsRegistry {
 
 impl StatsSource for StatsRegistry {
     fn namespace(&self, subsys: SubsysId, nsid: u32) -> NsTotals {
-        let list = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.ns.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = NsTotals::default();
-        for (_, _, c) in list.iter().filter(|(s, n, _)| *s == subsys && *n == nsid) {
+        for (_, _, c) in r.list.iter().filter(|(s, n, _)| *s == subsys && *n == nsid) {
             c.add_to(&mut t);
         }
         t
     }
 
     fn namespaces(&self) -> Vec<(SubsysId, u32)> {
-        let list = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<(SubsysId, u32)> = list.iter().map(|(s, n, _)| (*s, *n)).collect();
+        let r = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(SubsysId, u32)> = r.list.iter().map(|(s, n, _)| (*s, *n)).collect();
         v.sort_by_key(|(s, n)| (s.0, *n));
         v.dedup();
         v
@@ -260,5 +303,40 @@ mod tests {
         let q = reg.queues();
         assert_eq!(q.len(), 1);
         assert_eq!(q[0].thread, 1);
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+
+    /// Counters no thread holds are handed on for the same namespace (totals stay
+    /// cumulative), and a destroyed subsystem's go once nothing holds them: adding and
+    /// removing namespaces over and over keeps the registry's size.
+    #[test]
+    fn removed_namespaces_leave_nothing_behind() {
+        let r = StatsRegistry::default();
+        let len = || r.ns.lock().unwrap().list.len();
+        let (a, b) = (SubsysId(0), SubsysId(1));
+        for _ in 0..100 {
+            let one = r.register_ns(a, 1);
+            let two = r.register_ns(a, 1);
+            bump(&one.read_cmds, 1);
+            drop((one, two));
+        }
+        assert_eq!(len(), 2, "two threads' counters for a's namespace 1");
+        assert_eq!(
+            r.namespace(a, 1).read_cmds,
+            100,
+            "totals are kept across re-adds"
+        );
+        let held = r.register_ns(b, 1);
+        drop(r.register_ns(b, 2));
+        r.forget_subsystem(b);
+        assert_eq!(len(), 3, "b's namespace 1 is still held");
+        drop(held);
+        drop(r.register_ns(a, 2));
+        assert_eq!(len(), 3, "b's went once let go; a's namespace 2 came");
+        assert!(r.ns.lock().unwrap().gone.is_empty());
     }
 }

@@ -549,6 +549,7 @@ impl crate::Engine for Sta {
         match self.subsystems.get_mut(id.0 as usize) {
             Some(s @ Some(_)) => {
                 *s = None;
+                self.stats.forget_subsystem(id);
                 Ok(())
             }
             _ => Err(EngineError::NoSubsystem),
