@@ -17,9 +17,12 @@
 //! - a subsystem by `nqn`;
 //! - a namespace by (subsystem NQN, nsid). **Decision:** any change to a namespace
 //!   (backend, uuid, nguid or eui64) is removed + added, never a restart: the target
-//!   removes the namespace (hosts get a Namespace Attribute Changed notice and drop it)
-//!   and adds it back with its new identity, which hosts see as a new namespace. A
-//!   namespace is "surviving" when it is identical in both configs.
+//!   removes the namespace and adds it back, and hosts get a Namespace Attribute Changed
+//!   notice. With a new identity hosts see a new namespace. A new backend under the same
+//!   identity (the default uuid comes from the NQN and nsid alone) is the same namespace
+//!   to them, now holding the new backend's data; the summary says so
+//!   (`namespaces_same_identity`). A namespace is "surviving" when it is identical in
+//!   both configs.
 //!
 //! # Applying a diff
 //!
@@ -90,6 +93,10 @@ pub struct ConfigDiff {
     pub namespaces_added: Vec<(String, NamespaceConfig)>,
     /// (subsystem NQN, nsid).
     pub namespaces_removed: Vec<(String, u32)>,
+    /// (subsystem NQN, nsid) of namespaces removed and added again on another backend
+    /// with the same identity (uuid, nguid, eui64): hosts take them for the same
+    /// namespace, so [`ConfigDiff::summary`] says so.
+    pub namespaces_same_identity: Vec<(String, u32)>,
     /// (subsystem NQN, allow_any_host, hosts) for subsystems in both configs whose access
     /// list changed; the new full list, in the new config's order.
     pub hosts_changed: Vec<(String, bool, Vec<String>)>,
@@ -166,6 +173,18 @@ impl ConfigDiff {
                 ns.backend,
                 uuid::Uuid::from_bytes(ns.uuid).hyphenated()
             ));
+            if self
+                .namespaces_same_identity
+                .contains(&(nqn.clone(), ns.nsid))
+            {
+                out.push(format!(
+                    "subsystem {nqn} namespace {}: note: same identity on another backend: \
+                     connected hosts keep it as the same namespace and read the new \
+                     backend's data in place of the old (give it a new uuid, or another \
+                     nsid, for hosts to see a new namespace)",
+                    ns.nsid
+                ));
+            }
         }
         for (nqn, any, hosts) in &self.hosts_changed {
             out.push(format!("subsystem {nqn}: {}", hosts_text(*any, hosts)));
@@ -319,6 +338,14 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         .iter()
         .filter(|(key, ns)| !old_ns.get(key).is_some_and(|o| same(o, ns)))
         .map(|(&(nqn, _), &ns)| (nqn.to_string(), ns.clone()))
+        .collect();
+    d.namespaces_same_identity = new_ns
+        .iter()
+        .filter_map(|(key, ns)| {
+            let o = old_ns.get(key)?;
+            (o.backend != ns.backend && (o.uuid, o.nguid, o.eui64) == (ns.uuid, ns.nguid, ns.eui64))
+                .then(|| (key.0.to_string(), key.1))
+        })
         .collect();
     d.namespace_hosts_changed = new_ns
         .iter()

@@ -444,10 +444,26 @@ fn namespace_moved_to_another_backend_is_removed_and_added() {
         ConfigDiff {
             namespaces_removed: vec![(A.into(), 2)],
             namespaces_added: vec![(A.into(), ns(&new, A, 2))],
+            namespaces_same_identity: vec![(A.into(), 2)],
             ..ConfigDiff::default()
         }
     );
     assert_eq!(ns(&new, A, 2).backend, "spare");
+    // Its identity is derived from the NQN and nsid: hosts keep it as the same namespace,
+    // and the summary says so.
+    let summary = d.summary();
+    assert!(
+        summary[2].starts_with(&format!(
+            "subsystem {A} namespace 2: note: same identity on another backend"
+        )),
+        "{summary:?}"
+    );
+    // With a new uuid it is a new namespace to hosts: nothing to note.
+    let renamed = edit(
+        "{nsid: 2, backend: ram1}",
+        "{nsid: 2, backend: spare, uuid: 0e9c1b7a-3d4f-4a5b-8c6d-7e8f9a0b1c2d}",
+    );
+    assert!(from_base(&renamed).namespaces_same_identity.is_empty());
 
     // Two namespaces trading backends: both removed, then both added.
     let swapped = parse(
@@ -457,6 +473,7 @@ fn namespace_moved_to_another_backend_is_removed_and_added() {
     );
     let d = from_base(&swapped);
     assert_eq!(d.namespaces_removed, [(A.into(), 1), (A.into(), 2)]);
+    assert_eq!(d.namespaces_same_identity, [(A.into(), 1), (A.into(), 2)]);
     assert_eq!(
         d.namespaces_added,
         [
