@@ -34,6 +34,16 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
     };
     Ok(match &b.kind {
         BackendKind::Ram { size, block_size } => {
+            // Memory is taken as blocks are written: one larger than the machine could
+            // ever hold would end, once hosts filled it, with the daemon killed for
+            // everyone. Such a size is a typo (TiB for GiB), refused here.
+            if let Some(limit) = memory_and_swap().filter(|&m| *size > m) {
+                return Err(err(Some("RAM".into()))(backend::Error::Invalid(format!(
+                    "{} is more than this machine's memory and swap together ({})",
+                    gib(*size),
+                    gib(limit)
+                ))));
+            }
             backend::ram::RamBackend::new(*size, *block_size).map_err(err(Some("RAM".into())))?
         }
         BackendKind::File {
@@ -73,6 +83,21 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
     })
 }
 
+/// MemTotal plus SwapTotal, in bytes (`None` where /proc/meminfo does not say).
+fn memory_and_swap() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +119,28 @@ mod tests {
         let shown = path.display().to_string();
         assert_eq!(msg.matches(&shown).count(), 1, "{msg}");
         assert!(msg.starts_with(&format!("backend f0: {shown}: ")), "{msg}");
+    }
+
+    /// A RAM backend larger than memory and swap together is refused, saying both sizes;
+    /// one that fits opens.
+    #[test]
+    fn a_ram_backend_larger_than_the_machine_is_refused() {
+        let ram = |size: u64| BackendConfig {
+            name: "r0".into(),
+            kind: BackendKind::Ram {
+                size,
+                block_size: 512,
+            },
+        };
+        let limit = memory_and_swap().expect("/proc/meminfo");
+        let msg = open_backend(&ram(64 << 40))
+            .expect_err("64 TiB")
+            .to_string();
+        assert!(
+            msg.starts_with("backend r0: RAM: 65536.0 GiB is more than this machine's memory"),
+            "{msg}"
+        );
+        assert!(msg.contains(&gib(limit)), "{msg}");
+        assert!(open_backend(&ram(1 << 20)).is_ok());
     }
 }
