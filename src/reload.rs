@@ -206,7 +206,14 @@ impl ConfigDiff {
                     format!("group {} [{}]", g.id, states.join(", "))
                 })
                 .collect();
-            out.push(format!("subsystem {nqn}: ANA {}", text.join("; ")));
+            if text.is_empty() {
+                out.push(format!(
+                    "subsystem {nqn}: ANA groups removed (every namespace optimized on \
+                     every listener)"
+                ));
+            } else {
+                out.push(format!("subsystem {nqn}: ANA {}", text.join("; ")));
+            }
         }
         if let Some(r) = &self.referrals_changed {
             out.push(format!("referrals: {} entr(ies)", r.len()));

@@ -679,6 +679,13 @@ fn visibility_ana_and_referrals_change_live() {
     assert_eq!(d.ana_groups_changed.len(), 1);
     assert_eq!(d.ana_groups_changed[0].1[0].states[0].0, "tcp0");
     assert!(d.restart_required.is_empty());
+    // And back: the summary says the groups went, not an empty list.
+    assert_eq!(
+        diff(&new, &parse(BASE)).summary(),
+        [format!(
+            "subsystem {A}: ANA groups removed (every namespace optimized on every listener)"
+        )]
+    );
     let new = edit(
         "metrics:\n",
         "referrals: [{transport: tcp, address: 192.0.2.1, port: 8009}]\nreservations: {state_file: /tmp/x}\nmetrics:\n",
