@@ -99,12 +99,15 @@ impl BackendQueue for StuckQueue {
 
 #[test]
 fn hung_backend_times_out_and_queue_destroy_answers_the_host() {
-    let release = Arc::new(AtomicBool::new(false));
-    let cfg = SoftConfig {
-        backend_timeout: Duration::from_millis(200),
-        ..SoftConfig::default()
-    };
-    let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
+    let StuckTarget {
+        mut sta,
+        subsys,
+        mut io,
+        listener,
+        addr,
+        release,
+        ..
+    } = stuck_target(Duration::from_millis(200));
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         let mut h = io_queue_host(addr);
@@ -187,29 +190,33 @@ fn io_queue_host(addr: std::net::SocketAddr) -> TcpHost {
     h
 }
 
-/// An engine with one namespace on a [`Stuck`] backend (held until `release`), its IO
-/// context, and a listener for the host.
-fn stuck_target(
-    cfg: SoftConfig,
-    release: &Arc<AtomicBool>,
-) -> (Sta, SubsysId, StaIo, TcpListener, std::net::SocketAddr) {
-    stuck_target_counting(cfg, release, &Arc::default())
+/// An engine with one namespace on a [`Stuck`] backend, its IO context, a listener for
+/// the host, and the backend's switches: `release` lets it answer what it holds,
+/// `dropped` counts its queues dropped.
+struct StuckTarget {
+    sta: Sta,
+    subsys: SubsysId,
+    io: StaIo,
+    listener: TcpListener,
+    addr: std::net::SocketAddr,
+    release: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
 }
 
-/// [`stuck_target`], counting the backend's queues dropped in `dropped`.
-fn stuck_target_counting(
-    cfg: SoftConfig,
-    release: &Arc<AtomicBool>,
-    dropped: &Arc<AtomicUsize>,
-) -> (Sta, SubsysId, StaIo, TcpListener, std::net::SocketAddr) {
-    let mut sta = Sta::new(cfg);
+/// A [`StuckTarget`] whose engine reports a backend timeout after `backend_timeout`.
+fn stuck_target(backend_timeout: Duration) -> StuckTarget {
+    let (release, dropped) = (Arc::default(), Arc::default());
+    let mut sta = Sta::new(SoftConfig {
+        backend_timeout,
+        ..SoftConfig::default()
+    });
     let subsys = sta.subsystem_create(NQN).unwrap();
     sta.ns_add(
         subsys,
         1,
         Arc::new(Stuck {
-            release: release.clone(),
-            dropped: dropped.clone(),
+            release: Arc::clone(&release),
+            dropped: Arc::clone(&dropped),
         }),
     )
     .unwrap();
@@ -217,7 +224,15 @@ fn stuck_target_counting(
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
-    (sta, subsys, io, listener, addr)
+    StuckTarget {
+        sta,
+        subsys,
+        io,
+        listener,
+        addr,
+        release,
+        dropped,
+    }
 }
 
 /// Plays the application on this thread until `done`: accepts connections, answers
@@ -508,12 +523,15 @@ fn a_lost_command_is_reported_at_ten_times_the_limit_while_others_complete() {
 /// lets both fences made meanwhile through.
 #[test]
 fn a_fence_waits_for_the_requests_in_flight() {
-    let release = Arc::new(AtomicBool::new(false));
-    let cfg = SoftConfig {
-        backend_timeout: Duration::from_secs(60),
-        ..SoftConfig::default()
-    };
-    let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
+    let StuckTarget {
+        mut sta,
+        subsys,
+        mut io,
+        listener,
+        addr,
+        release,
+        ..
+    } = stuck_target(Duration::from_secs(60));
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         let mut h = io_queue_host(addr);
@@ -600,13 +618,15 @@ fn block0(opcode: u8, fuse: u8) -> nvmf_initiator::Request {
 /// that no pair will ever let go of (the engine drops the backend's queue).
 #[test]
 fn queue_destroy_answers_the_commands_waiting_for_a_pairs_range_and_lets_the_namespace_go() {
-    let release = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let cfg = SoftConfig {
-        backend_timeout: Duration::from_millis(200),
-        ..SoftConfig::default()
-    };
-    let (mut sta, subsys, mut io, listener, addr) = stuck_target_counting(cfg, &release, &dropped);
+    let StuckTarget {
+        mut sta,
+        subsys,
+        mut io,
+        listener,
+        addr,
+        release,
+        dropped,
+    } = stuck_target(Duration::from_millis(200));
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         use opcodes::io::{COMPARE, WRITE};
@@ -690,12 +710,15 @@ fn queue_destroy_answers_the_commands_waiting_for_a_pairs_range_and_lets_the_nam
 /// for the pair: it is answered after the pair's write, not beside its compare.
 #[test]
 fn deallocate_and_copy_wait_only_for_pairs_on_their_blocks() {
-    let release = Arc::new(AtomicBool::new(false));
-    let cfg = SoftConfig {
-        backend_timeout: Duration::from_secs(60),
-        ..SoftConfig::default()
-    };
-    let (mut sta, subsys, mut io, listener, addr) = stuck_target(cfg, &release);
+    let StuckTarget {
+        mut sta,
+        subsys,
+        mut io,
+        listener,
+        addr,
+        release,
+        ..
+    } = stuck_target(Duration::from_secs(60));
     let (tx, rx) = mpsc::channel();
     let host = std::thread::spawn(move || {
         use opcodes::io::{COMPARE, WRITE};
