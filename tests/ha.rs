@@ -487,3 +487,66 @@ fn a_ptpl_write_holds_its_command_but_not_the_io_thread() {
     assert!(text.contains(&hex) && text.contains(&hex_b), "{text}");
     d.stop();
 }
+
+/// A reload that moves a namespace to another backend under the same identity (hosts
+/// keep it as the same namespace) keeps its reservation: the holder still holds it, a
+/// host it fenced stays fenced, and persisting state is written again. Before, the
+/// reservation was dropped and the fenced host's write succeeded.
+#[test]
+fn a_namespace_moved_to_another_backend_keeps_its_reservation() {
+    let _w = watchdog("resv_kept_on_backend_move", Duration::from_secs(60));
+    let two = HA_CONFIG.replace(
+        "  - {name: ram0, type: ram, size: 16MiB, block_size: 512}\n",
+        "  - {name: ram0, type: ram, size: 16MiB, block_size: 512}\n  \
+         - {name: ram1, type: ram, size: 16MiB, block_size: 512}\n",
+    );
+    let mut d = Daemon::start(&two);
+    let (oa, ob) = (host_opts(), host_opts());
+    let (_aa, mut a) = host(&d, &oa);
+    let (_ab, mut b) = host(&d, &ob);
+    assert_eq!(register(&mut a, 0xa, 0b11), Status::SUCCESS);
+    assert_eq!(acquire(&mut a, 0, 1, 0xa, 0), Status::SUCCESS);
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT
+    );
+    write_config(
+        &d,
+        &two.replace("{nsid: 1, backend: ram0}", "{nsid: 1, backend: ram1}"),
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_log(&d, "kept on its new backend", 1);
+    assert!(
+        d.log().contains("same identity on another backend"),
+        "{}",
+        d.log()
+    );
+    // The hosts may first hear of the change (Namespace Attribute Changed): retry while
+    // the namespace is away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = b.write(1, 0, &[7; 512], false).unwrap();
+        if st != Status::INVALID_NAMESPACE || std::time::Instant::now() > deadline {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(st, Status::RESERVATION_CONFLICT, "B is still fenced");
+    let (rtype, n, ptpls, holders) = report(&mut b);
+    assert_eq!((rtype, n, ptpls, holders), (1, 1, 1, vec![oa.hostid]));
+    assert_eq!(a.write(1, 0, &[8; 512], false).unwrap(), Status::SUCCESS);
+    let hex: String = oa.hostid.iter().map(|x| format!("{x:02x}")).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(d.dir().join("resv.ptpl")).unwrap_or_default();
+        if text.contains(&hex) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the state file never held the reservation again: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.stop();
+}

@@ -109,6 +109,9 @@ pub(super) struct Runtime<E: Engine> {
     /// Reservations read from the PTPL state file at start-up, restored as their
     /// namespaces are added (before any host can reach them).
     persisted: Vec<PersistedReservation>,
+    /// Reservations of namespaces this reload removes and adds again under the same
+    /// identity, until they are added (`restore_reservation`).
+    carried: Vec<PersistedReservation>,
     /// Reads the SMART / Health log of `nvme` backends; started with the first one.
     health: Option<HealthPoller>,
 }
@@ -152,6 +155,7 @@ impl<E: Engine> Runtime<E> {
             retiring: Vec::new(),
             hung: Default::default(),
             persisted,
+            carried: Vec::new(),
             health: None,
         }
     }
@@ -209,6 +213,14 @@ impl<E: Engine> Runtime<E> {
         policy::rebuild_psk_table(&self.shared, new);
         self.add_subsystems(d, new, &mut errors);
         self.add_namespaces(d, &mut errors);
+        for p in std::mem::take(&mut self.carried) {
+            tracing::warn!(
+                "reservations: subsystem {} namespace {}: dropped; the namespace was not \
+                 added again (see above)",
+                p.subnqn,
+                p.nsid
+            );
+        }
         for (nqn, any, hosts) in &d.hosts_changed {
             let live = |t: &nvmf::target::Target| -> Vec<(u16, String)> {
                 t.report()
@@ -267,6 +279,12 @@ impl<E: Engine> Runtime<E> {
     fn remove_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
         for (nqn, nsid) in &d.namespaces_removed {
             if !d.subsystems_removed.contains(nqn) {
+                // Added again under the same identity: hosts take it for the same
+                // namespace, so it keeps its reservations (`add_namespaces`).
+                if d.namespaces_same_identity.contains(&(nqn.clone(), *nsid)) {
+                    let r = self.shared.target().reservation(nqn, *nsid);
+                    self.carried.extend(r);
+                }
                 if let Err(source) = self.shared.target().remove_namespace(nqn, *nsid) {
                     errors.push(ApplyError::RemoveNamespace {
                         nqn: nqn.clone(),
@@ -520,8 +538,27 @@ impl<E: Engine> Runtime<E> {
         }
     }
 
-    /// The reservation the state file kept for a namespace just added, if any.
+    /// The reservation the state file kept for a namespace just added, if any, or the
+    /// one it had before this reload moved it to another backend (`carried`).
     fn restore_reservation(&mut self, nqn: &str, nsid: u32, errors: &mut Errors) {
+        if let Some(i) = self
+            .carried
+            .iter()
+            .position(|p| p.subnqn == nqn && p.nsid == nsid)
+        {
+            let p = self.carried.swap_remove(i);
+            match self.shared.target().carry_reservation(p) {
+                Ok(()) => tracing::info!(
+                    "reservations: subsystem {nqn} namespace {nsid}: kept on its new backend"
+                ),
+                Err(source) => errors.push(ApplyError::RestoreReservation {
+                    nqn: nqn.to_string(),
+                    nsid,
+                    source,
+                }),
+            }
+            return;
+        }
         let Some(i) = self
             .persisted
             .iter()

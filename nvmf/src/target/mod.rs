@@ -2121,6 +2121,29 @@ impl Target {
         (self.ptpl_version, out)
     }
 
+    /// A namespace's reservation state (registrants, holder, PTPL), if it has one.
+    pub fn reservation(&self, subnqn: &str, nsid: u32) -> Option<PersistedReservation> {
+        let s = self.subsystems.get(subnqn)?;
+        let state = s.resv.get(&nsid)?.clone();
+        Some(PersistedReservation {
+            subnqn: subnqn.to_string(),
+            nsid,
+            state,
+        })
+    }
+
+    /// Gives a namespace that was removed and added again (as the same namespace to
+    /// hosts) the reservation state it had, [`Target::reservation`]: a fenced host stays
+    /// fenced. State that persists is written again (its removal took it out of the file).
+    pub fn carry_reservation(&mut self, p: PersistedReservation) -> Result<(), TargetError> {
+        let ptpl = p.state.ptpl;
+        self.restore_reservation(p)?;
+        if ptpl {
+            self.ptpl_version += 1;
+        }
+        Ok(())
+    }
+
     /// Restores a namespace's reservation state from the PTPL file (at start-up, after
     /// the namespace was added). The engine gets the new access view.
     pub fn restore_reservation(&mut self, p: PersistedReservation) -> Result<(), TargetError> {
