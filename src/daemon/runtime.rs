@@ -541,34 +541,24 @@ impl<E: Engine> Runtime<E> {
     /// The reservation the state file kept for a namespace just added, if any, or the
     /// one it had before this reload moved it to another backend (`carried`).
     fn restore_reservation(&mut self, nqn: &str, nsid: u32, errors: &mut Errors) {
-        if let Some(i) = self
-            .carried
-            .iter()
-            .position(|p| p.subnqn == nqn && p.nsid == nsid)
-        {
-            let p = self.carried.swap_remove(i);
-            match self.shared.target().carry_reservation(p) {
-                Ok(()) => tracing::info!(
-                    "reservations: subsystem {nqn} namespace {nsid}: kept on its new backend"
-                ),
-                Err(source) => errors.push(ApplyError::RestoreReservation {
-                    nqn: nqn.to_string(),
-                    nsid,
-                    source,
-                }),
-            }
-            return;
-        }
-        let Some(i) = self
-            .persisted
-            .iter()
-            .position(|p| p.subnqn == nqn && p.nsid == nsid)
-        else {
+        let take = |list: &mut Vec<PersistedReservation>| {
+            let i = list
+                .iter()
+                .position(|p| p.subnqn == nqn && p.nsid == nsid)?;
+            Some(list.swap_remove(i))
+        };
+        let (r, done) = if let Some(p) = take(&mut self.carried) {
+            (
+                self.shared.target().carry_reservation(p),
+                "kept on its new backend",
+            )
+        } else if let Some(p) = take(&mut self.persisted) {
+            (self.shared.target().restore_reservation(p), "restored")
+        } else {
             return;
         };
-        let p = self.persisted.swap_remove(i);
-        match self.shared.target().restore_reservation(p) {
-            Ok(()) => tracing::info!("reservations: subsystem {nqn} namespace {nsid}: restored"),
+        match r {
+            Ok(()) => tracing::info!("reservations: subsystem {nqn} namespace {nsid}: {done}"),
             Err(source) => errors.push(ApplyError::RestoreReservation {
                 nqn: nqn.to_string(),
                 nsid,

@@ -1394,14 +1394,13 @@ impl Core {
                 let n = command::dsm_ranges(&c.sqe, c.data(c.len), ns.nblocks, &mut buf).ok()?;
                 Some(&buf[..n])
             }
-            // Only the destination is written. Descriptors not all there or of another
-            // format: any blocks (the Copy is refused when it starts).
-            OffloadOp::Copy => nvmf::copy::destination_range(&c.sqe, c.data(c.len))
-                .filter(|_| nvmf::copy::descriptor_format(&c.sqe) == 0)
-                .map(|r| {
-                    buf[0] = r;
-                    &buf[..1]
-                }),
+            // Only the destination is written (formats other than 0 were refused before
+            // their data came). Descriptors not all there: any blocks (the Copy is
+            // refused when it starts).
+            OffloadOp::Copy => nvmf::copy::destination_range(&c.sqe, c.data(c.len)).map(|r| {
+                buf[0] = r;
+                &buf[..1]
+            }),
             _ => {
                 buf[0] = (c.sqe.slba(), c.sqe.nlb());
                 Some(&buf[..1])

@@ -1037,37 +1037,35 @@ impl StaIo {
         // Removed namespaces whose in-flight I/O is done: destroy the queue, acknowledge.
         if self.ns_removals {
             self.ns_removals = false;
+            // Nothing left of it at the backend. Commands waiting for a fused pair's range
+            // or fence (`blocked`) have nothing in flight yet; they are retried and
+            // answered first.
+            let idle =
+                |s: &NsSlot| s.inflight() == 0 && s.pending.is_empty() && s.blocked.is_empty();
             // Commands still bound to a slot (a write waiting for its data, say) keep it:
             // they finish on its backend, and no namespace added meanwhile takes it. (All
             // commands are looked at only once some slot has nothing else left.)
-            let idle = |s: &NsSlot| {
-                s.removing.is_some()
-                    && s.inflight() == 0
-                    && s.pending.is_empty()
-                    && s.blocked.is_empty()
-            };
-            let bound = if self.core.ns.iter().flatten().any(idle) {
+            let bound = if self
+                .core
+                .ns
+                .iter()
+                .flatten()
+                .any(|s| s.removing.is_some() && idle(s))
+            {
                 self.core.bound_slots()
             } else {
                 Vec::new()
             };
             for (i, slot) in self.core.ns.iter_mut().enumerate() {
-                let bound = bound.get(i).copied().unwrap_or(true);
-                if let Some(s) = slot {
-                    // Commands waiting for a fused pair's range or fence (`blocked`) have
-                    // nothing in flight yet; they are retried and answered first.
-                    if let (Some(task), 0, true) = (
-                        s.removing,
-                        s.inflight(),
-                        s.pending.is_empty() && s.blocked.is_empty() && !bound,
-                    ) {
-                        if !s.acked {
-                            send_ack(&self.ack, Ack::NsRemoved { task });
-                        }
-                        *slot = None;
-                    } else if s.removing.is_some() {
-                        self.ns_removals = true;
+                let Some(s) = slot else { continue };
+                let Some(task) = s.removing else { continue };
+                if idle(s) && !bound.get(i).copied().unwrap_or(true) {
+                    if !s.acked {
+                        send_ack(&self.ack, Ack::NsRemoved { task });
                     }
+                    *slot = None;
+                } else {
+                    self.ns_removals = true;
                 }
             }
         }
