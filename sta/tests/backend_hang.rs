@@ -4,6 +4,7 @@
 //! while a write waits for its data. Driven by a minimal application on this thread and
 //! the `nvmf-initiator` host on another, over loopback.
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -573,6 +574,32 @@ fn a_fence_waits_for_the_requests_in_flight() {
     host.join().unwrap();
 }
 
+/// Sends each request on `h`, remembering its name by CID in `names` (for [`answers`]).
+fn submit_named<const N: usize>(
+    h: &mut TcpHost,
+    names: &mut HashMap<u16, &'static str>,
+    reqs: [(&'static str, nvmf_initiator::Request); N],
+) {
+    for (what, req) in reqs {
+        names.insert(h.submit(req).expect("submit"), what);
+    }
+}
+
+/// The next `n` completions on `h`, by the name their command was sent under, in the
+/// order they came.
+fn answers(
+    h: &mut TcpHost,
+    names: &HashMap<u16, &'static str>,
+    n: usize,
+) -> Vec<(&'static str, Status)> {
+    (0..n)
+        .map(|_| {
+            let c = h.poll_completion().expect("completion");
+            (names[&c.cid], c.cqe.status())
+        })
+        .collect()
+}
+
 /// A Dataset Management that deallocates `nlb` blocks at `slba` of namespace 1.
 fn deallocate(slba: u64, nlb: u32) -> nvmf_initiator::Request {
     let mut sqe = Sqe {
@@ -631,28 +658,17 @@ fn queue_destroy_answers_the_commands_waiting_for_a_pairs_range_and_lets_the_nam
     let host = std::thread::spawn(move || {
         use opcodes::io::{COMPARE, WRITE};
         let mut h = io_queue_host(addr);
-        let mut cids = Vec::new();
+        let mut names = HashMap::new();
         // Pair A (its compare sticks in the backend), pair B, a plain write: all block 0.
-        for (op, fuse) in [
-            (COMPARE, 1),
-            (WRITE, 2),
-            (COMPARE, 1),
-            (WRITE, 2),
-            (WRITE, 0),
-        ] {
-            cids.push(h.submit(block0(op, fuse)).expect("submit"));
-        }
-        let mut got = Vec::new();
-        for _ in 0..cids.len() {
-            let c = h.poll_completion().expect("completion");
-            got.push((
-                cids.iter().position(|&x| x == c.cid).unwrap(),
-                c.cqe.status(),
-            ));
-        }
-        got.sort_by_key(|g| g.0);
-        tx.send(got.into_iter().map(|g| g.1).collect::<Vec<_>>())
-            .unwrap();
+        let sent = [
+            ("compare a", block0(COMPARE, 1)),
+            ("write a", block0(WRITE, 2)),
+            ("compare b", block0(COMPARE, 1)),
+            ("write b", block0(WRITE, 2)),
+            ("write", block0(WRITE, 0)),
+        ];
+        submit_named(&mut h, &mut names, sent);
+        tx.send(answers(&mut h, &names, 5)).unwrap();
     });
     let destroyed = std::cell::Cell::new(false);
     let mut statuses = None;
@@ -682,11 +698,12 @@ fn queue_destroy_answers_the_commands_waiting_for_a_pairs_range_and_lets_the_nam
     let statuses = statuses.unwrap();
     println!("answers: {statuses:?}");
     assert!(
-        statuses.iter().all(|s| !s.is_success()),
+        statuses.iter().all(|s| !s.1.is_success()),
         "nothing of block 0 ran: {statuses:?}"
     );
-    assert_eq!(statuses[0], Status::ABORTED_SQ_DELETION.with_dnr(false));
-    assert_eq!(statuses[4], Status::ABORTED_SQ_DELETION.with_dnr(false));
+    let st = |what: &str| statuses.iter().find(|s| s.0 == what).unwrap().1;
+    assert_eq!(st("compare a"), Status::ABORTED_SQ_DELETION.with_dnr(false));
+    assert_eq!(st("write"), Status::ABORTED_SQ_DELETION.with_dnr(false));
     assert_eq!(
         dropped.load(Ordering::Relaxed),
         0,
@@ -723,32 +740,23 @@ fn deallocate_and_copy_wait_only_for_pairs_on_their_blocks() {
     let host = std::thread::spawn(move || {
         use opcodes::io::{COMPARE, WRITE};
         let mut h = io_queue_host(addr);
-        let mut name = std::collections::HashMap::new();
-        for (what, req) in [
+        let mut names = HashMap::new();
+        let sent = [
             ("compare", block0(COMPARE, 1)),
             ("write", block0(WRITE, 2)),
             ("far dsm", deallocate(1000, 8)),
             ("far copy", copy_block(2000, 3000)),
-        ] {
-            name.insert(h.submit(req).expect("submit"), what);
-        }
-        let mut order = Vec::new();
-        for _ in 0..2 {
-            let c = h.poll_completion().expect("completion");
-            order.push((name[&c.cid], c.cqe.status()));
-        }
+        ];
+        submit_named(&mut h, &mut names, sent);
+        let mut order = answers(&mut h, &names, 2);
         // Both went on while the pair holds block 0.
         tx.send(order.clone()).unwrap();
-        for (what, req) in [
+        let sent = [
             ("near dsm", deallocate(0, 1)),
             ("near copy", copy_block(2000, 0)),
-        ] {
-            name.insert(h.submit(req).expect("submit"), what);
-        }
-        for _ in 0..4 {
-            let c = h.poll_completion().expect("completion");
-            order.push((name[&c.cid], c.cqe.status()));
-        }
+        ];
+        submit_named(&mut h, &mut names, sent);
+        order.extend(answers(&mut h, &names, 4));
         tx.send(order).unwrap();
     });
     let mut first = None;

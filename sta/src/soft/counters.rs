@@ -304,11 +304,6 @@ mod tests {
         assert_eq!(q.len(), 1);
         assert_eq!(q[0].thread, 1);
     }
-}
-
-#[cfg(test)]
-mod registry_tests {
-    use super::*;
 
     /// Counters no thread holds are handed on for the same namespace (totals stay
     /// cumulative), and a destroyed subsystem's go once nothing holds them: adding and
