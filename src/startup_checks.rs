@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use crate::config::Config;
+use crate::config::{BackendKind, Config};
 
 /// Mode bits that let someone other than the file's owner change it (group or others
 /// write).
@@ -42,15 +42,40 @@ fn writable_by_others(mode: u32) -> bool {
 /// - a subsystem with `allow_any_host: true` and a `hosts:` list, which then restricts
 ///   nothing;
 /// - more IO threads than CPUs this process may run on (`cpus` available), each of
-///   which polls.
+///   which polls;
+/// - a RAM backend larger than memory and swap together (refused when it opens: said
+///   here too so that `--check-config` tells), or RAM backends that are together: a RAM
+///   namespace takes memory as hosts write it, so thin provisioning is allowed, but
+///   hosts filling them all would meet the out-of-memory killer.
 ///
 /// `--check-config` prints these, the daemon logs them at start-up and reload.
 pub fn config_warnings(cfg: &Config) -> Vec<String> {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    warnings_for(cfg, cpus)
+    warnings_for(cfg, cpus, memory_and_swap())
 }
 
-fn warnings_for(cfg: &Config, cpus: usize) -> Vec<String> {
+/// MemTotal plus SwapTotal, in bytes (`None` where /proc/meminfo does not say).
+pub(crate) fn memory_and_swap() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
+}
+
+/// `bytes` in GiB, or TiB from 1 TiB up (a typo's 64 TiB reads as such).
+pub(crate) fn gib(bytes: u64) -> String {
+    let (unit, shift) = if bytes >= 1 << 40 {
+        ("TiB", 40)
+    } else {
+        ("GiB", 30)
+    };
+    format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64)
+}
+
+fn warnings_for(cfg: &Config, cpus: usize, memory: Option<u64>) -> Vec<String> {
     let mut w = Vec::new();
     for s in &cfg.subsystems {
         if !s.allow_any_host && s.hosts.is_empty() {
@@ -79,7 +104,51 @@ fn warnings_for(cfg: &Config, cpus: usize) -> Vec<String> {
             if cpus == 1 { "" } else { "s" }
         ));
     }
+    if let Some(limit) = memory {
+        w.extend(ram_warnings(cfg, limit));
+    }
     w
+}
+
+/// RAM backends against `limit` (memory and swap, bytes): each one larger, by name; else,
+/// when there are several, their sum.
+fn ram_warnings(cfg: &Config, limit: u64) -> Vec<String> {
+    let ram: Vec<(&str, u64)> = cfg
+        .backends
+        .iter()
+        .filter_map(|b| match b.kind {
+            BackendKind::Ram { size, .. } => Some((b.name.as_str(), size)),
+            _ => None,
+        })
+        .collect();
+    let too_big: Vec<String> = ram
+        .iter()
+        .filter(|&&(_, size)| size > limit)
+        .map(|&(name, size)| {
+            format!(
+                "backend {name}: {} of RAM is more than this machine's memory and swap \
+                 together ({}); it is refused when it opens",
+                gib(size),
+                gib(limit)
+            )
+        })
+        .collect();
+    if !too_big.is_empty() {
+        return too_big;
+    }
+    let total: u64 = ram.iter().map(|&(_, size)| size).sum();
+    if ram.len() < 2 || total <= limit {
+        return Vec::new();
+    }
+    let names: Vec<&str> = ram.iter().map(|&(name, _)| name).collect();
+    vec![format!(
+        "RAM backends {} take {} together, more than this machine's memory and swap ({}): \
+         a RAM namespace takes memory as hosts write it, so hosts that fill them all would \
+         bring the out-of-memory killer; make them smaller or use file backends",
+        names.join(", "),
+        gib(total),
+        gib(limit)
+    )]
 }
 
 /// The warning for a metrics endpoint on `addr` (it has no authentication), unless it is
@@ -199,17 +268,61 @@ subsystems:
             );
             Config::parse(&y, "t.yaml").unwrap_or_else(|e| panic!("{e}"))
         };
-        assert!(warnings_for(&cfg(2), 2).is_empty());
+        assert!(warnings_for(&cfg(2), 2, None).is_empty());
         assert_eq!(
-            warnings_for(&cfg(64), 2),
+            warnings_for(&cfg(64), 2, None),
             [
                 "io_threads: 64 IO threads on 2 CPUs this process may use: each thread polls, \
               so the ones past the CPUs add wake-ups and CPU time, not I/O"
             ]
         );
         assert!(
-            warnings_for(&cfg(64), 0).is_empty(),
+            warnings_for(&cfg(64), 0, None).is_empty(),
             "CPUs unknown: no guess"
+        );
+    }
+
+    /// One RAM backend past memory and swap is named (it will be refused); several that
+    /// fit one by one but not together get one warning with their sum; file backends and
+    /// a single RAM backend that fits get none.
+    #[test]
+    fn ram_backends_past_the_machines_memory_are_a_warning() {
+        let cfg = |backends: &str| {
+            let y = format!(
+                "listeners: [{{name: l, transport: tcp, address: 127.0.0.1, port: 4420}}]\n\
+                 backends:\n{backends}"
+            );
+            Config::parse(&y, "t.yaml").unwrap_or_else(|e| panic!("{e}"))
+        };
+        let gib = 1u64 << 30;
+        let three = cfg("  - {name: r0, type: ram, size: 8GiB}\n  \
+                         - {name: r1, type: ram, size: 8GiB}\n  \
+                         - {name: f0, type: file, path: /tmp/x.img, size: 1GiB}\n  \
+                         - {name: r2, type: ram, size: 8GiB}\n");
+        assert!(warnings_for(&three, 2, Some(24 * gib)).is_empty());
+        assert_eq!(
+            warnings_for(&three, 2, Some(20 * gib)),
+            [
+                "RAM backends r0, r1, r2 take 24.0 GiB together, more than this machine's \
+              memory and swap (20.0 GiB): a RAM namespace takes memory as hosts write it, so \
+              hosts that fill them all would bring the out-of-memory killer; make them \
+              smaller or use file backends"
+            ]
+        );
+        assert_eq!(
+            warnings_for(&three, 2, Some(4 * gib)),
+            ["r0", "r1", "r2"].map(|n| format!(
+                "backend {n}: 8.0 GiB of RAM is more than this machine's memory and swap \
+                 together (4.0 GiB); it is refused when it opens"
+            )),
+            "each one too big is named; the sum is then not repeated"
+        );
+        let one = cfg("  - {name: r0, type: ram, size: 8GiB}\n");
+        assert!(warnings_for(&one, 2, Some(8 * gib)).is_empty());
+        assert_eq!(warnings_for(&one, 2, Some(7 * gib)).len(), 1);
+        assert!(
+            warnings_for(&three, 2, None).is_empty(),
+            "memory unknown: no guess"
         );
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use backend::Backend;
 
 use crate::config::{BackendConfig, BackendKind};
+use crate::startup_checks::{gib, memory_and_swap};
 
 /// A backend that could not be opened: which one, what it is (unless the backend's own
 /// error already says it), why.
@@ -83,21 +84,6 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
     })
 }
 
-/// MemTotal plus SwapTotal, in bytes (`None` where /proc/meminfo does not say).
-fn memory_and_swap() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    };
-    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
-}
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +123,7 @@ mod tests {
             .expect_err("64 TiB")
             .to_string();
         assert!(
-            msg.starts_with("backend r0: RAM: 65536.0 GiB is more than this machine's memory"),
+            msg.starts_with("backend r0: RAM: 64.0 TiB is more than this machine's memory"),
             "{msg}"
         );
         assert!(msg.contains(&gib(limit)), "{msg}");
