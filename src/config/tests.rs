@@ -531,6 +531,29 @@ fn syntax_errors_have_a_field() {
     );
 }
 
+/// A flow mapping or list left open is reported at its bracket, not lines later where
+/// the parser gave up; brackets in quotes, comments and plain text do not count.
+#[test]
+fn an_unclosed_bracket_is_reported_where_it_opens() {
+    let e = errors(
+        "backends:\n  - {name: b, type: ram, size: 1MiB\nsubsystems:\n  - nqn: nqn.2026-01.io.x:a\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("t.yaml:2:5: ")
+            && e[0].contains("`{` is not closed (the parser stopped at line 4"),
+        "{e:?}"
+    );
+    let e = errors(
+        "# a comment with [ and {\nbackends: [{name: 'b{', type: ram, size: 1MiB}]\n\
+         subsystems:\n  - nqn: nqn.2026-01.io.x:a\n    hosts: [nqn.2026-01.io.x:h\n  - nqn: x\n",
+    );
+    assert!(
+        e[0].starts_with("t.yaml:5:12: ") && e[0].contains("`[` is not closed"),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn nqn_syntax() {
     for good in [

@@ -237,10 +237,22 @@ fn syntax_diagnostic(
             }
             (field, m)
         }
-        other => (
-            index.node_at(line, column),
-            UserMessageFormatter.format_message(other).into_owned(),
-        ),
+        other => {
+            let said = UserMessageFormatter.format_message(other).into_owned();
+            match unclosed_flow(text, line, column) {
+                // The parser stops lines later, where the next block entry shows the
+                // bracket was never closed: point at the bracket.
+                Some((open, l, c)) => {
+                    let m = format!(
+                        "`{open}` is not closed (the parser stopped at line {line}, column \
+                         {column}: {said})"
+                    );
+                    (line, column) = (l, c);
+                    (index.node_at(line, column), m)
+                }
+                None => (index.node_at(line, column), said),
+            }
+        }
     };
     Diagnostic {
         source: source.to_owned(),
@@ -249,6 +261,54 @@ fn syntax_diagnostic(
         field,
         message: sanitize(&message),
     }
+}
+
+/// The innermost flow collection (`{` or `[`, with its 1-based line and column) still
+/// open at `line`:`column` of `text`, if any. Brackets count only where YAML reads them as
+/// such: at the start of a value (after `key:`, `- `, `,`, another bracket or the
+/// indentation) or inside a flow collection; not in quoted strings, comments or plain
+/// text like `a{b`.
+fn unclosed_flow(text: &str, line: u64, column: u64) -> Option<(char, u64, u64)> {
+    let mut open: Vec<(char, u64, u64)> = Vec::new();
+    for (l_no, l) in (1u64..=line).zip(text.lines()) {
+        // Last character that was not a space on this line, outside quotes.
+        let mut prev: Option<char> = None;
+        let mut quote: Option<char> = None;
+        let mut chars = l.chars().enumerate().peekable();
+        while let Some((j, ch)) = chars.next() {
+            let col = j as u64 + 1;
+            if l_no == line && col >= column {
+                break;
+            }
+            if let Some(q) = quote {
+                if ch == q {
+                    // '' inside single quotes is an escaped quote.
+                    if q == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\'') {
+                        chars.next();
+                    } else {
+                        quote = None;
+                        prev = Some(ch);
+                    }
+                } else if q == '"' && ch == '\\' {
+                    chars.next();
+                }
+                continue;
+            }
+            let at_value_start = matches!(prev, None | Some(':' | '-' | ',' | '[' | '{' | '?'));
+            match ch {
+                ' ' | '\t' => continue,
+                '#' if prev.is_none() || l[..j].ends_with([' ', '\t']) => break,
+                '\'' | '"' if at_value_start => quote = Some(ch),
+                '{' | '[' if at_value_start || !open.is_empty() => open.push((ch, l_no, col)),
+                '}' | ']' if !open.is_empty() => {
+                    open.pop();
+                }
+                _ => {}
+            }
+            prev = Some(ch);
+        }
+    }
+    open.pop()
 }
 
 /// The expected field a misspelt one most likely meant: within two edits (a letter
