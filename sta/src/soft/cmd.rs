@@ -1706,23 +1706,61 @@ impl Core {
             return self.fail(st, idx, Status::INVALID_FIELD);
         }
         let in_capsule = matches!(sgl, DataSgl::InCapsule { .. }) && len > 0;
+        self.cmds[idx as usize].len = len;
+        if len > 0 && !in_capsule {
+            // Room for data the application will read or write (a Get Log Page, an
+            // Identify, Connect data to fetch) counts against the same budgets as I/O: a
+            // peer with many large admin commands outstanding must not empty the pool
+            // that other hosts' Connects and I/O draw from. Past them it waits, as I/O
+            // does (`resume_waiting`). (In-capsule data is here already: taken as is.)
+            let limit = if st.buf_bytes > 0 && st.buf_bytes + len as usize > self.budget() {
+                Some(Limit::ConnectionBuffers)
+            } else if self.peer_full(st, len as usize) {
+                Some(Limit::PeerBuffers)
+            } else {
+                None
+            };
+            if let Some(limit) = limit {
+                self.counters.hit(limit);
+                self.cmds[idx as usize].st = St::WaitBuf;
+                st.waiting.push_back(idx);
+                return;
+            }
+        }
+        self.hand_up(qp, st, idx, in_capsule.then_some(data));
+    }
+
+    /// [`Core::start_non_offload`], once within the budgets: take the payload buffer
+    /// (`in_capsule`: filled with the data that came with the capsule; else zeroed) and
+    /// hand the command up.
+    fn hand_up(&mut self, qp: QpHandle, st: &mut QpState, idx: u32, in_capsule: Option<&[u8]>) {
+        let c = &self.cmds[idx as usize];
+        let len = c.len;
         if len > 0 {
-            let Some(mut b) = self.pool.get(len as usize) else {
+            let pooled = self.pool.get(len as usize);
+            if pooled.is_none() {
                 self.counters.hit(Limit::BufferPool);
+            }
+            // A Connect's data came with it (a queue has one Connect at a time, its data
+            // at most the admin in-capsule size): with the pool emptied by other peers it
+            // is kept on the heap, so that no one else's load refuses a host's Connect.
+            // (`BufPool::put` frees such a buffer.)
+            let connect = in_capsule.is_some() && st.qid.is_none();
+            let Some(mut b) =
+                pooled.or_else(|| connect.then(|| IoBuf::try_new(len as usize)).flatten())
+            else {
                 return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
             };
             let s = &mut b.as_mut_slice()[..len as usize];
-            if in_capsule {
-                s.copy_from_slice(&data[..len as usize]);
-            } else {
-                s.fill(0);
+            match in_capsule {
+                Some(data) => s.copy_from_slice(&data[..len as usize]),
+                None => s.fill(0),
             }
             self.cmds[idx as usize].buf = Some(b);
             self.charge(st, idx, len as usize);
         }
         let c = &mut self.cmds[idx as usize];
-        c.len = len;
-        c.got = if in_capsule { len } else { 0 };
+        c.got = if in_capsule.is_some() { len } else { 0 };
         c.st = St::App;
         self.events.push_back(Event::NonOffload {
             qp,
@@ -1730,7 +1768,7 @@ impl Core {
             token: CmdToken { idx, gen: c.gen },
             sqe: c.sqe,
             payload_len: len,
-            payload_valid: in_capsule || len == 0,
+            payload_valid: in_capsule.is_some() || len == 0,
         });
     }
 
@@ -1818,6 +1856,10 @@ impl Core {
             return;
         }
         let op = c.op;
+        if op.is_none() {
+            // A command for the application that waited for the budgets.
+            return self.hand_up(st.handle, st, idx, None);
+        }
         self.charge(st, idx, len as usize);
         let Some(op) = op else {
             return self.fail(st, idx, Status::INTERNAL_ERROR);

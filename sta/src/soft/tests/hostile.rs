@@ -821,6 +821,92 @@ fn one_peer_holds_at_most_its_share_of_the_pool() {
     assert!(matches!(w.first(), Some(Out::R2T { cid: 1, .. })), "{w:?}");
 }
 
+/// A Get Log Page of `len` bytes (Error Information, past its end zeros).
+fn log_page(cid: u16, len: u32) -> Sqe {
+    let numd = len / 4 - 1;
+    let mut s = Sqe::default();
+    s.set_opcode_cid(admin::GET_LOG_PAGE, cid);
+    s.nsid = 0xFFFF_FFFF;
+    s.cdw10 = 0x01 | (numd & 0xFFFF) << 16;
+    s.cdw11 = numd >> 16;
+    s
+}
+
+/// Admin commands count against a peer's share as I/O does: with its share taken by
+/// half a write, the address's 1 MiB Get Log Page waits (no buffer) instead of taking
+/// the rest of the pool, so another host's 1 MiB Get Log Page gets one; once the write
+/// completes, the waiting command is answered. (Before, admin commands took buffers
+/// past every budget, and one address could empty the pool that others' Connects and
+/// I/O draw from.)
+#[test]
+fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        buffer_pool_bytes: 2 << 20,
+        ..Default::default()
+    });
+    let (a, _) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
+    let attacker: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    for c in [a, hog] {
+        let h = p.conns[c].qp;
+        p.io.set_qp_peer(h, attacker);
+    }
+    let b = p.admin(Digests::NONE, 31, 0);
+    let h = p.conns[b].qp;
+    p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+
+    let len = 1 << 20;
+    let ttag = half_a_write(&mut p, hog, 0, len);
+    let waiting = p.submit(
+        a,
+        log_page(0, len),
+        Xfer::FromController,
+        vec![0; len as usize],
+    );
+    p.pump();
+    assert!(
+        !p.conns[a].completions.iter().any(|x| x.0 == waiting),
+        "no answer past the share"
+    );
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::PeerBuffers.label() && n == 1),
+        "{hits:?}"
+    );
+
+    // The other host's log page finds the pool's other half.
+    let (cqe, back) = p.exec(
+        b,
+        log_page(0, len),
+        Xfer::FromController,
+        vec![1; len as usize],
+    );
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(back.len(), len as usize);
+
+    // The write's data ends; the waiting log page is answered.
+    for k in 1..16u32 {
+        let mut pdu = Vec::new();
+        tcp::encode_h2c_data(
+            &mut pdu,
+            0,
+            ttag,
+            k * 65536,
+            &[2u8; 65536],
+            k == 15,
+            Digests::NONE,
+            0,
+        );
+        p.conns[hog].send_raw(&pdu);
+        p.pump();
+    }
+    let (cqe, _) = p.wait(a, waiting);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(p.io.commands_in_flight(), 0);
+}
+
 /// The thread's pool is exhausted by a host that sent half of a large write: another
 /// host's write whose data arrives then gets Command Interrupted (retryable, no DNR),
 /// its data is taken off the wire, and its connection keeps working.
@@ -845,6 +931,10 @@ fn pool_exhaustion_fails_the_write_not_the_connection() {
         cqe.status()
     );
     assert!(!cqe.status().dnr);
+    // A new host's Connect (its data in the capsule) still succeeds: an empty pool
+    // refuses no one's Connect.
+    let other = p.admin(Digests::NONE, 31, 0);
+    assert!(!p.conns[other].target_closed());
     // The reads the host retries with still need buffers: the hog goes (its deadline).
     p.advance(FOREVER);
     assert!(p.conns[hog].target_closed());
