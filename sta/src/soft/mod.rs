@@ -434,7 +434,9 @@ type NsEntry = (SubsysId, u32, Arc<dyn Backend>, Arc<FusedRanges>);
 
 pub struct Sta {
     cfg: SoftConfig,
-    subsystems: Vec<Option<String>>,
+    /// Live subsystems by id; ids are never reused (`next_subsystem`).
+    subsystems: std::collections::HashMap<u32, String>,
+    next_subsystem: u32,
     namespaces: Vec<NsEntry>,
     io_tx: Vec<Sender<Ctrl>>,
     /// The same senders, for IO contexts to reach each other (`ns_fence`).
@@ -452,7 +454,8 @@ impl Sta {
         let (ack_tx, ack_rx) = unbounded();
         Sta {
             cfg,
-            subsystems: Vec::new(),
+            subsystems: std::collections::HashMap::new(),
+            next_subsystem: 0,
             namespaces: Vec::new(),
             io_tx: Vec::new(),
             contexts: Contexts::default(),
@@ -537,8 +540,14 @@ impl crate::Engine for Sta {
     fn subsystem_create(&mut self, nqn: &str) -> Result<SubsysId, EngineError> {
         // A new object each time, as DOCA's: a subsystem removed and added again while the
         // old one still drains is another subsystem.
-        self.subsystems.push(Some(nqn.to_string()));
-        Ok(SubsysId(self.subsystems.len() as u32 - 1))
+        // (Only what is live is kept: a reload loop that removes and adds subsystems
+        // leaves nothing behind.)
+        let id = self.next_subsystem;
+        self.next_subsystem = id.checked_add(1).ok_or_else(|| {
+            EngineError::Unsupported("no subsystem ids left (2^32 were created)".into())
+        })?;
+        self.subsystems.insert(id, nqn.to_string());
+        Ok(SubsysId(id))
     }
 
     /// DOCA: `doca_sta_subsystem_destroy`; only once it has no namespaces.
@@ -546,13 +555,12 @@ impl crate::Engine for Sta {
         if self.namespaces.iter().any(|(s, _, _, _)| *s == id) {
             return Err(EngineError::SubsystemInUse);
         }
-        match self.subsystems.get_mut(id.0 as usize) {
-            Some(s @ Some(_)) => {
-                *s = None;
+        match self.subsystems.remove(&id.0) {
+            Some(_) => {
                 self.stats.forget_subsystem(id);
                 Ok(())
             }
-            _ => Err(EngineError::NoSubsystem),
+            None => Err(EngineError::NoSubsystem),
         }
     }
 
@@ -565,7 +573,7 @@ impl crate::Engine for Sta {
         nsid: u32,
         backend: Arc<dyn Backend>,
     ) -> Result<(), EngineError> {
-        if !matches!(self.subsystems.get(subsys.0 as usize), Some(Some(_))) {
+        if !self.subsystems.contains_key(&subsys.0) {
             return Err(EngineError::NoSubsystem);
         }
         let bs = backend.block_size();
