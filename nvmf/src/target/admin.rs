@@ -78,9 +78,10 @@ pub(super) fn execute(
                 (false, lid::ANA) => ana_log(ctrl, subsys, g.lsp & 1 != 0),
                 (false, lid::RESERVATION_NOTIFICATION) => {
                     // Each read returns the oldest page and removes it (RAE or not: RAE
-                    // only keeps the event masked).
-                    let e = ctrl.resv_log.pop_front().unwrap_or_default();
-                    let left = ctrl.resv_log.len().min(255) as u8;
+                    // only keeps the event masked), once the read is answered (below): a
+                    // refused read loses nothing.
+                    let e = ctrl.resv_log.front().copied().unwrap_or_default();
+                    let left = ctrl.resv_log.len().saturating_sub(1).min(255) as u8;
                     e.encode(left).to_vec()
                 }
                 (false, lid::SMART_HEALTH) => {
@@ -97,6 +98,9 @@ pub(super) fn execute(
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
             let reply = copy_log(&g, &page, data)?;
+            if g.lid == lid::RESERVATION_NOTIFICATION {
+                ctrl.resv_log.pop_front();
+            }
             if !g.rae {
                 log_read(ctrl, g.lid);
                 // More reservation pages wait: tell the host again.

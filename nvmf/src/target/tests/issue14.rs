@@ -228,6 +228,19 @@ fn two_hosts_register_reserve_preempt_with_notifications() {
     let ev = events(&t.take_actions());
     assert_eq!(ev, vec![(a.admin_key, RESV_EVENT)]);
     let _ = aer;
+    // A read refused for its offset (past the 64-byte page) loses no entry.
+    let mut s = admin_sqe(admin::GET_LOG_PAGE, 0xffff_ffff);
+    GetLogPage {
+        lid: lid::RESERVATION_NOTIFICATION,
+        numd: 64 / 4 - 1,
+        lpo: 128,
+        ..Default::default()
+    }
+    .write_to(&mut s);
+    assert_eq!(
+        a.status(&mut t, a.admin, s, &mut [0; 64]),
+        Status::INVALID_FIELD
+    );
     let page = a.log(&mut t, lid::RESERVATION_NOTIFICATION, 64, 0, false);
     assert_eq!(
         &page[..16],
