@@ -763,6 +763,12 @@ impl NsSlot {
 /// always one largest transfer.
 pub(super) const PEER_POOL_SHARE: usize = 4;
 
+/// Largest transfer of an application command served from [`Core::reserve`]: the admin
+/// in-capsule size (a Connect's data), an Identify or a discovery log of a few entries.
+pub(super) const ADMIN_RESERVE_MAX: usize = ADMIN_INCAPSULE as usize;
+/// Bytes of [`Core::reserve`] per IO thread: 512 transfers of 8 KiB.
+pub(super) const ADMIN_RESERVE_BYTES: usize = 4 << 20;
+
 /// What the connections from one peer address hold of a thread's pool.
 struct PeerShare {
     addr: IpAddr,
@@ -885,6 +891,11 @@ pub(super) struct Core {
     pub cmds: Vec<Cmd>,
     pub free_cmds: Vec<u32>,
     pub pool: BufPool,
+    /// Small buffers for the application's commands (Connect data, Identify, most log
+    /// pages: up to [`ADMIN_RESERVE_MAX`]) when `pool` is empty, so that hosts can still
+    /// connect and manage while many peers together hold the pool (each at most its
+    /// share). [`ADMIN_RESERVE_BYTES`] in all.
+    pub reserve: BufPool,
     pub ns: Vec<Option<NsSlot>>,
     pub ns_map: HashMap<(u32, u32), u32>,
     pub events: VecDeque<Event>,
@@ -950,12 +961,14 @@ impl Core {
             cfg.max_io_size.max(ADMIN_INCAPSULE) as usize,
             cfg.buffer_pool_bytes,
         );
+        let reserve = BufPool::new(ADMIN_RESERVE_MAX, ADMIN_RESERVE_BYTES);
         Core {
             cfg,
             peers: PeerShares::default(),
             cmds: Vec::new(),
             free_cmds: Vec::new(),
             pool,
+            reserve,
             ns: Vec::new(),
             ns_map: HashMap::new(),
             events: VecDeque::new(),
@@ -1737,18 +1750,13 @@ impl Core {
         let c = &self.cmds[idx as usize];
         let len = c.len;
         if len > 0 {
-            let pooled = self.pool.get(len as usize);
-            if pooled.is_none() {
+            // With the pool held by other peers, a small transfer (a Connect's data, an
+            // Identify) takes one of the reserve's buffers. (`BufPool::put` frees a
+            // buffer of the other pool; its bytes go back to the reserve.)
+            let Some(mut b) = self.pool.get(len as usize).or_else(|| {
                 self.counters.hit(Limit::BufferPool);
-            }
-            // A Connect's data came with it (a queue has one Connect at a time, its data
-            // at most the admin in-capsule size): with the pool emptied by other peers it
-            // is kept on the heap, so that no one else's load refuses a host's Connect.
-            // (`BufPool::put` frees such a buffer.)
-            let connect = in_capsule.is_some() && st.qid.is_none();
-            let Some(mut b) =
-                pooled.or_else(|| connect.then(|| IoBuf::try_new(len as usize)).flatten())
-            else {
+                self.reserve.get(len as usize)
+            }) else {
                 return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
             };
             let s = &mut b.as_mut_slice()[..len as usize];

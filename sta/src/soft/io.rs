@@ -364,6 +364,7 @@ impl StaIo {
                 Ok(rt) => {
                     // Pool buffers get memory regions: hear of the ones freed.
                     self.core.pool.track_drops();
+                    self.core.reserve.track_drops();
                     self.rdma = Some(rt)
                 }
                 Err(error) => {
@@ -703,6 +704,7 @@ impl StaIo {
                 );
             }
             self.core.pool.take_dropped(&mut self.dropped_bufs);
+            self.core.reserve.take_dropped(&mut self.dropped_bufs);
             if !self.dropped_bufs.is_empty() {
                 rt.forget_buffers(&self.dropped_bufs);
                 self.dropped_bufs.clear();

@@ -909,7 +909,8 @@ fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
 
 /// The thread's pool is exhausted by a host that sent half of a large write: another
 /// host's write whose data arrives then gets Command Interrupted (retryable, no DNR),
-/// its data is taken off the wire, and its connection keeps working.
+/// its data is taken off the wire, and its connection keeps working; a new host can
+/// still connect and identify the controller.
 #[test]
 fn pool_exhaustion_fails_the_write_not_the_connection() {
     let mut p = Pair::with_config(crate::soft::SoftConfig {
@@ -931,10 +932,15 @@ fn pool_exhaustion_fails_the_write_not_the_connection() {
         cqe.status()
     );
     assert!(!cqe.status().dnr);
-    // A new host's Connect (its data in the capsule) still succeeds: an empty pool
-    // refuses no one's Connect.
+    // A new host's Connect (its data in the capsule) and its Identify still succeed:
+    // small transfers of the application's commands have a reserve of their own.
     let other = p.admin(Digests::NONE, 31, 0);
-    assert!(!p.conns[other].target_closed());
+    let mut identify = Sqe::default();
+    identify.set_opcode_cid(admin::IDENTIFY, 0);
+    identify.cdw10 = 1;
+    let (cqe, data) = p.exec(other, identify, Xfer::FromController, vec![0; 4096]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(data.len(), 4096);
     // The reads the host retries with still need buffers: the hog goes (its deadline).
     p.advance(FOREVER);
     assert!(p.conns[hog].target_closed());
