@@ -28,7 +28,9 @@
 //! soon as it connects and reads the answer at once. Only when no connection may be cut
 //! is the new one answered 503 and closed. Both are counted in
 //! `metrics_connections_cut_total{reason=evicted/busy}`. A response must be written
-//! within [`WRITE_TIMEOUT`] in all.
+//! within [`WRITE_TIMEOUT`] in all. Refused requests (400, 404, 405, 431, the head
+//! deadline) are counted in `metrics_requests_refused_total{reason}`; refusals and cuts are
+//! logged at info, at most one line per 10 s.
 //!
 //! Metrics (all prefixed `nvmft_`):
 //!
@@ -58,6 +60,7 @@
 //! | `auth_dh_jobs_waiting` | gauge | (DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads) |
 //! | `auth_dh_jobs_total` | counter | state=run/skipped (skipped: the queue went or its transaction started over before its turn) |
 //! | `metrics_connections_cut_total` | counter | reason=evicted/busy (this endpoint's own connections, see above) |
+//! | `metrics_requests_refused_total` | counter | reason=bad_request/not_found/method_not_allowed/head_too_large/head_timeout |
 //! | `start_time_seconds` | gauge | |
 //! | `uptime_seconds` | gauge | |
 //! | `build_info` | gauge (1) | version |
@@ -161,7 +164,8 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
                 let id = match lock(&live).admit(&stream, peer.ip(), Instant::now()) {
                     Some(id) => id,
                     None => {
-                        CUT_BUSY.fetch_add(1, Ordering::Relaxed);
+                        let n = CUT_BUSY.fetch_add(1, Ordering::Relaxed) + 1;
+                        log_cut(Some(peer.ip()), "busy (answered 503)", n);
                         let mut s = stream;
                         // A scraper that cannot be told "busy" gets the close instead.
                         let by = Instant::now() + Duration::from_secs(1);
@@ -192,6 +196,45 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
 static CUT_BUSY: AtomicU64 = AtomicU64::new(0);
 static CUT_EVICTED: AtomicU64 = AtomicU64::new(0);
 
+/// Requests answered with an error, or closed at the request-head deadline, by reason
+/// (`REFUSED_REASONS` order).
+static REFUSED: [AtomicU64; REFUSED_REASONS.len()] = [const { AtomicU64::new(0) }; 5];
+const REFUSED_REASONS: [&str; 5] = [
+    "bad_request",
+    "not_found",
+    "method_not_allowed",
+    "head_too_large",
+    "head_timeout",
+];
+/// When a refusal or cut was last logged: at most one line per [`REFUSAL_LOG_EVERY`].
+static REFUSAL_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts a refused request from `peer` (`reason`: an index into `REFUSED_REASONS`) and
+/// logs it, rate-limited: the line says how many there were in all.
+fn refused(peer: Option<IpAddr>, reason: usize) {
+    let n = REFUSED[reason].fetch_add(1, Ordering::Relaxed) + 1;
+    log_cut(peer, REFUSED_REASONS[reason], n);
+}
+
+/// Logs (at info, at most once per [`REFUSAL_LOG_EVERY`]) that a connection from `peer`
+/// was refused or cut for `what`, the `n`th so.
+fn log_cut(peer: Option<IpAddr>, what: &str, n: u64) {
+    let now = Instant::now();
+    let mut last = lock(&REFUSAL_LOGGED);
+    if last.is_some_and(|t| now.duration_since(t) < REFUSAL_LOG_EVERY) {
+        return;
+    }
+    *last = Some(now);
+    let from = peer.map_or_else(|| "?".to_string(), |ip| ip.to_string());
+    tracing::info!(
+        "metrics: connection from {from} refused or cut: {what} ({n} so far for this \
+         reason; nvmft_metrics_requests_refused_total and nvmft_metrics_connections_cut_total \
+         count them all; logged at most every {}s)",
+        REFUSAL_LOG_EVERY.as_secs()
+    );
+}
+
 /// The connections being served.
 #[derive(Default)]
 struct Live {
@@ -221,8 +264,12 @@ impl Live {
             if let Some(s) = c.stream {
                 let _ = s.shutdown(Shutdown::Both);
             }
-            CUT_EVICTED.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!("metrics: connection from {} closed for a new one", c.ip);
+            let n = CUT_EVICTED.fetch_add(1, Ordering::Relaxed) + 1;
+            log_cut(
+                Some(c.ip),
+                "evicted (closed unanswered for a new connection)",
+                n,
+            );
         }
         self.next += 1;
         self.conns.push(LiveConn {
@@ -270,9 +317,11 @@ impl Live {
 fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce()) {
     // Results on this socket are the scraper's problem: a failed timeout setting or reply
     // ends in the close, and the next scrape starts over.
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let head = match read_head(&mut stream) {
         Ok(h) => h,
         Err(HeadError::TooLarge) => {
+            refused(peer, 3);
             let _ = respond(
                 &mut stream,
                 Instant::now() + WRITE_TIMEOUT,
@@ -283,6 +332,7 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
             );
             return;
         }
+        Err(HeadError::Deadline) => return refused(peer, 4),
         Err(HeadError::Closed) => return,
     };
     head_read();
@@ -312,12 +362,20 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
             }
         }
     };
+    match status {
+        400 => refused(peer, 0),
+        404 => refused(peer, 1),
+        405 => refused(peer, 2),
+        _ => {}
+    }
     let by = Instant::now() + WRITE_TIMEOUT;
     let _ = respond(&mut stream, by, status, ctype, &body, head_only);
 }
 
 enum HeadError {
     TooLarge,
+    /// Not in within [`REQUEST_DEADLINE`].
+    Deadline,
     Closed,
 }
 
@@ -330,7 +388,7 @@ fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, HeadError> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(HeadError::Closed);
+            return Err(HeadError::Deadline);
         }
         if stream.set_read_timeout(Some(left)).is_err() {
             return Err(HeadError::Closed);
@@ -339,11 +397,18 @@ fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, HeadError> {
             Ok(0) => return Err(HeadError::Closed),
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(HeadError::Deadline)
+            }
             Err(_) => return Err(HeadError::Closed),
         };
         let from = buf.len().saturating_sub(3);
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = find_head_end(&buf[from..]) {
+            // (The head can end in the read that took it past the bound.)
+            if from + end > MAX_REQUEST_HEAD {
+                return Err(HeadError::TooLarge);
+            }
             buf.truncate(from + end);
             return Ok(buf);
         }
@@ -585,6 +650,7 @@ struct Snapshot {
     dh_jobs: Vec<(Labels, u64)>,
     rdma_late_events: u64,
     metrics_cut: Vec<(Labels, u64)>,
+    metrics_refused: Vec<(Labels, u64)>,
     start_time: f64,
     uptime: f64,
 }
@@ -726,6 +792,11 @@ impl Snapshot {
                 CUT_BUSY.load(Ordering::Relaxed),
             ),
         ];
+        s.metrics_refused = REFUSED_REASONS
+            .iter()
+            .zip(&REFUSED)
+            .map(|(r, n)| (vec![("reason", r.to_string())], n.load(Ordering::Relaxed)))
+            .collect();
         let (connected, unconnected) = (src.peer_connections)();
         s.peer_connections = vec![
             (vec![("state", "connected".to_string())], connected),
@@ -971,6 +1042,13 @@ impl Collector for Snapshot {
             "Connections to this endpoint closed unanswered for a new one while all were taken (evicted: it had not sent its request yet), or answered 503 (busy: every connection was past its request).",
             None,
             &self.metrics_cut,
+        )?;
+        counters(
+            e,
+            "metrics_requests_refused",
+            "Requests to this endpoint refused: malformed (bad_request), another path (not_found), another method (method_not_allowed), a head over 8 KiB (head_too_large), or not sent within the deadline (head_timeout).",
+            None,
+            &self.metrics_refused,
         )?;
         gauge(
             e,

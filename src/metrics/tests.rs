@@ -264,6 +264,11 @@ fn http_status_codes_and_bounds() {
     assert!(get(addr, "hello\r\n\r\n").starts_with("HTTP/1.1 400 "));
     let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
     assert!(get(addr, &huge).starts_with("HTTP/1.1 431 "));
+    // The bound is exact: one byte past it is refused, whatever the reads' sizes.
+    let head = |n: usize| format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(n));
+    let fits = MAX_REQUEST_HEAD - head(0).len();
+    assert!(get(addr, &head(fits)).starts_with("HTTP/1.1 200 "));
+    assert!(get(addr, &head(fits + 1)).starts_with("HTTP/1.1 431 "));
 
     // A client that never finishes its request does not block others.
     let mut silent = TcpStream::connect(addr).unwrap();
@@ -280,6 +285,26 @@ fn http_status_codes_and_bounds() {
     let n = silent.read(&mut buf).unwrap_or(0);
     assert_eq!(n, 0, "closed without an answer");
     assert!(t0.elapsed() <= REQUEST_DEADLINE + Duration::from_secs(1));
+
+    // Each refusal above is counted by its reason (other tests in this process may add
+    // to them: at least).
+    let text = get(addr, "GET /metrics HTTP/1.1\r\n\r\n");
+    for (reason, least) in [
+        ("bad_request", 1),
+        ("not_found", 2),
+        ("method_not_allowed", 1),
+        ("head_too_large", 2),
+        ("head_timeout", 1),
+    ] {
+        let prefix = format!("nvmft_metrics_requests_refused_total{{reason=\"{reason}\"}} ");
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{prefix} missing"))
+            .parse()
+            .expect("a count");
+        assert!(n >= least, "{reason}: {n}");
+    }
 }
 
 /// When every place is taken, a new connection replaces one still waiting for its
