@@ -493,14 +493,16 @@ fn refusals_are_logged_with_who_and_why() {
     let short = lines("refused_before_connect");
     assert_eq!(short.len(), 2, "{log}");
     assert!(
-        short[1].contains("a command (opcode 0x06) before the queue's Fabrics Connect"),
+        short[1].contains("a command (opcode 0x06) before the queue's Fabrics Connect")
+            && short[1].contains("a queue's first command must be a Fabrics Connect"),
         "{}",
         short[1]
     );
     assert!(
         short[0].contains("peer 127.0.0.1:")
             && short[0].contains("listener tcp0")
-            && short[0].contains("Fabrics Connect (qid 0)"),
+            && short[0].contains("Fabrics Connect (qid 0)")
+            && short[0].contains("a Connect carries 1024 bytes"),
         "{}",
         short[0]
     );

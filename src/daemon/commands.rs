@@ -315,8 +315,9 @@ impl<I: IoContext> IoThread<I> {
             )
         };
         let line = format!(
-            "refused {}: host -, subsystem -, cntlid -, qid -: {what} (answered {status})",
-            r::where_from(c.as_ref())
+            "refused {}: host -, subsystem -, cntlid -, qid -: {what} (answered {status}){}",
+            r::where_from(c.as_ref()),
+            why_refused_before_connect(status)
         );
         self.shared
             .refusals
@@ -408,5 +409,28 @@ fn fes_text(fes: u16) -> &'static str {
         fes::DATA_TRANSFER_LIMIT_EXCEEDED => "data transfer limit exceeded",
         fes::UNSUPPORTED_PARAMETER => "unsupported parameter",
         _ => "unknown",
+    }
+}
+
+/// What the engine's answer to a command before Connect means, for the refusal line
+/// (`: ...`), or nothing where the status says it all.
+fn why_refused_before_connect(status: nvmf::spec::Status) -> &'static str {
+    use nvmf::spec::Status as S;
+    match status {
+        s if s == S::COMMAND_INTERRUPTED => {
+            ": no data buffer was free on its IO thread (held by other connections); the \
+             host may retry"
+        }
+        s if s == S::DATA_SGL_LENGTH_INVALID => {
+            ": its data length is not the command's (a Connect carries 1024 bytes)"
+        }
+        s if s == S::SGL_DESCRIPTOR_TYPE_INVALID || s == S::SGL_OFFSET_INVALID => {
+            ": its data descriptor is malformed"
+        }
+        s if s == S::INVALID_FIELD => ": its data is larger than any transfer allowed",
+        s if s == S::COMMAND_SEQUENCE_ERROR => {
+            ": a queue's first command must be a Fabrics Connect"
+        }
+        _ => "",
     }
 }
