@@ -45,8 +45,8 @@
 //! | `namespace_size_bytes` | gauge | subsystem, nsid |
 //! | `subsystem_namespaces` | gauge | subsystem |
 //! | `subsystems` | gauge | |
-//! | `controllers` | gauge | subsystem, host, transport |
-//! | `connections` | gauge | subsystem, host, transport (one per queue: admin + I/O) |
+//! | `controllers` | gauge | subsystem, host, transport (past 128 hosts of a subsystem, the rest as `host="(others)"`) |
+//! | `connections` | gauge | subsystem, host, transport (one per queue: admin + I/O; hosts as for `controllers`) |
 //! | `listeners` | gauge | transport |
 //! | `discovery_generation` | gauge | |
 //! | `io_threads` | gauge | |
@@ -191,6 +191,12 @@ pub fn serve(addr: SocketAddr, source: MetricsSource) -> std::io::Result<JoinHan
         })?;
     Ok(h)
 }
+
+/// Distinct `host` label values per subsystem in `controllers` and `connections`; the
+/// rest are summed under [`OTHER_HOSTS`].
+pub const MAX_HOST_LABELS: usize = 128;
+/// The `host` label of the hosts past [`MAX_HOST_LABELS`] (not a valid NQN: no clash).
+pub const OTHER_HOSTS: &str = "(others)";
 
 /// Connections cut: answered 503 (every one was past its request head), or evicted.
 static CUT_BUSY: AtomicU64 = AtomicU64::new(0);
@@ -735,10 +741,38 @@ impl Snapshot {
             e.0 += 1;
             e.1 += c.queue_count() as u64;
         }
+        // Host NQNs are the peers' to choose (any host may open discovery controllers): past
+        // the first MAX_HOST_LABELS of a subsystem (in NQN order), they are summed under
+        // one `host="(others)"`, so a peer inventing NQNs cannot grow every scrape and the
+        // monitoring's series without bound. Totals stay exact.
+        let mut hosts_seen: std::collections::HashMap<String, usize> = Default::default();
+        let mut others: std::collections::BTreeMap<(String, &'static str), (u64, u64)> =
+            Default::default();
+        let mut last_host: Option<(String, String)> = None;
         for ((sub, host, tr), (ctrls, queues)) in by_host {
+            // (One host may come once per transport: count it once.)
+            if last_host.as_ref() != Some(&(sub.clone(), host.clone())) {
+                *hosts_seen.entry(sub.clone()).or_default() += 1;
+                last_host = Some((sub.clone(), host.clone()));
+            }
+            if hosts_seen[&sub] > MAX_HOST_LABELS {
+                let e = others.entry((sub, tr)).or_default();
+                e.0 += ctrls;
+                e.1 += queues;
+                continue;
+            }
             let l: Labels = vec![
                 ("subsystem", sub),
                 ("host", host),
+                ("transport", tr.to_string()),
+            ];
+            s.controllers.push((l.clone(), ctrls));
+            s.connections.push((l, queues));
+        }
+        for ((sub, tr), (ctrls, queues)) in others {
+            let l: Labels = vec![
+                ("subsystem", sub),
+                ("host", OTHER_HOSTS.to_string()),
                 ("transport", tr.to_string()),
             ];
             s.controllers.push((l.clone(), ctrls));

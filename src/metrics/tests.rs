@@ -357,3 +357,58 @@ fn a_new_connection_replaces_the_oldest_idle_one_of_the_busiest_address() {
     assert!(live.conns.iter().all(|x| x.id != ids[4].1));
     assert_eq!(live.conns.len(), MAX_CONNECTIONS);
 }
+
+/// Hosts past the first MAX_HOST_LABELS of a subsystem are summed under one
+/// `host="(others)"` series (peers choose host NQNs, discovery needs no allow list), and
+/// the totals stay exact.
+#[test]
+fn host_labels_are_capped_per_subsystem() {
+    use nvmf::target::report::ControllerReport;
+    let ctrl = |i: usize, sub: &str| ControllerReport {
+        cntlid: i as u16,
+        subnqn: sub.to_string(),
+        hostnqn: format!("nqn.2026-11.dev.example:h{i:04}"),
+        is_discovery: false,
+        enabled: true,
+        admin_queue: i as u64,
+        io_queues: vec![(1, 10_000 + i as u64)],
+        errors: 0,
+        kato_ms: 0,
+        retired: false,
+    };
+    let n = MAX_HOST_LABELS + 72;
+    let mut controllers: Vec<ControllerReport> = (0..n)
+        .map(|i| ctrl(i, "nqn.2026-11.dev.example:a"))
+        .collect();
+    controllers.push(ctrl(1, "nqn.2026-11.dev.example:b"));
+    let sta = crate::engine::for_tests();
+    let mut src = source(sta.stats());
+    src.report = Box::new(move || TargetReport {
+        controllers: controllers.clone(),
+        ..Default::default()
+    });
+    let text = openmetrics_to_text(&scrape(&src));
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("nvmft_controllers{"))
+        .collect();
+    let of_a: Vec<&&str> = series.iter().filter(|l| l.contains(":a\"")).collect();
+    assert_eq!(of_a.len(), MAX_HOST_LABELS + 1, "{series:#?}");
+    assert!(
+        of_a.iter()
+            .any(|l| l.contains("host=\"(others)\"") && l.ends_with(" 72")),
+        "{series:#?}"
+    );
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains(":b\"") && l.contains("h0001") && l.ends_with(" 1")),
+        "another subsystem has its own count: {series:#?}"
+    );
+    let queues: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("nvmft_connections{") && l.contains(":a\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(queues, 2 * n as u64, "every queue counted once");
+}
