@@ -552,6 +552,20 @@ fn an_unclosed_bracket_is_reported_where_it_opens() {
         e[0].starts_with("t.yaml:5:12: ") && e[0].contains("`[` is not closed"),
         "{e:?}"
     );
+    // No bracket is open in these; each has an error further on, which is reported where
+    // the parser found it. (A line with text like `ñandú` before a comment
+    // once made the finder slice inside a character and panic: a reload of such a file
+    // stopped the daemon.)
+    for (yaml, at) in [
+        ("subsystems:\n  - nqn: nqn.2026-01.io.x:a\n    serial: x-{1\n  model: m\n   bad: 1\n", "t.yaml:4:3:"),
+        ("subsystems:\n  - nqn: nqn.2026-01.io.x:a # ñandú [ü\n    model: ñandú # [the model\n  x: 1\n   bad: 1\n", "t.yaml:4:3:"),
+        ("subsystems:\n  - nqn: \"nqn.2026-01.io.x:a\n\n    [x\"\n  x: 1\n   bad: 1\n", "t.yaml:4:5:"),
+        ("subsystems:\n  - nqn: nqn.2026-01.io.x:a\n    model: |\n      {x\n      [y\n  x: 1\n   bad: 1\n", "t.yaml:6:3:"),
+    ] {
+        let e = errors(yaml);
+        assert!(!e[0].contains("is not closed"), "{yaml}: {e:?}");
+        assert!(e[0].starts_with(at), "{yaml}: {e:?}");
+    }
 }
 
 #[test]

@@ -264,48 +264,71 @@ fn syntax_diagnostic(
 }
 
 /// The innermost flow collection (`{` or `[`, with its 1-based line and column) still
-/// open at `line`:`column` of `text`, if any. Brackets count only where YAML reads them as
-/// such: at the start of a value (after `key:`, `- `, `,`, another bracket or the
-/// indentation) or inside a flow collection; not in quoted strings, comments or plain
-/// text like `a{b`.
+/// open at `line`:`column` of `text`, if any: a hint for an error the parser reports
+/// only lines later. Conservative: a bracket counts only where YAML starts a flow
+/// collection (at the start of a value: after the indentation, `- `, `? `, `key: `, or
+/// inside another flow collection), never inside quoted strings (which may span
+/// lines), comments, block scalars (`|`, `>`) or plain text like `x-{1`; anything it
+/// cannot place (tags, anchors) is left alone.
 fn unclosed_flow(text: &str, line: u64, column: u64) -> Option<(char, u64, u64)> {
     let mut open: Vec<(char, u64, u64)> = Vec::new();
+    let mut quote: Option<char> = None;
+    // The indentation of the line that began a block scalar: more indented lines (and
+    // blank ones) are its text.
+    let mut block: Option<usize> = None;
     for (l_no, l) in (1u64..=line).zip(text.lines()) {
-        // Last character that was not a space on this line, outside quotes.
-        let mut prev: Option<char> = None;
-        let mut quote: Option<char> = None;
-        let mut chars = l.chars().enumerate().peekable();
-        while let Some((j, ch)) = chars.next() {
-            let col = j as u64 + 1;
+        let indent = l.len() - l.trim_start_matches([' ', '\t']).len();
+        if let Some(b) = block {
+            if l.trim().is_empty() || indent > b {
+                continue;
+            }
+            block = None;
+        }
+        let mut value_start = quote.is_none();
+        let mut before: Option<char> = None;
+        let mut chars = l.chars().zip(1u64..).peekable();
+        while let Some((ch, col)) = chars.next() {
             if l_no == line && col >= column {
                 break;
             }
+            let last = before.replace(ch);
             if let Some(q) = quote {
                 if ch == q {
                     // '' inside single quotes is an escaped quote.
-                    if q == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\'') {
+                    if q == '\'' && chars.peek().is_some_and(|&(n, _)| n == '\'') {
                         chars.next();
                     } else {
                         quote = None;
-                        prev = Some(ch);
+                        value_start = false;
                     }
                 } else if q == '"' && ch == '\\' {
                     chars.next();
                 }
                 continue;
             }
-            let at_value_start = matches!(prev, None | Some(':' | '-' | ',' | '[' | '{' | '?'));
+            let spaced = chars.peek().is_none_or(|&(n, _)| n == ' ' || n == '\t');
+            let flow = !open.is_empty();
             match ch {
-                ' ' | '\t' => continue,
-                '#' if prev.is_none() || l[..j].ends_with([' ', '\t']) => break,
-                '\'' | '"' if at_value_start => quote = Some(ch),
-                '{' | '[' if at_value_start || !open.is_empty() => open.push((ch, l_no, col)),
-                '}' | ']' if !open.is_empty() => {
-                    open.pop();
+                ' ' | '\t' => {}
+                '#' if last.is_none_or(|c| c == ' ' || c == '\t') => break,
+                '\'' | '"' if value_start => quote = Some(ch),
+                '{' | '[' if value_start || flow => {
+                    open.push((ch, l_no, col));
+                    value_start = true;
                 }
-                _ => {}
+                '}' | ']' if flow => {
+                    open.pop();
+                    value_start = false;
+                }
+                ',' if flow => value_start = true,
+                ':' if flow || spaced => value_start = true,
+                '-' | '?' if value_start && spaced => {}
+                '|' | '>' if value_start && !flow => {
+                    block = Some(indent);
+                    break;
+                }
+                _ => value_start = false,
             }
-            prev = Some(ch);
         }
     }
     open.pop()
