@@ -640,11 +640,24 @@ impl<E: Engine> Runtime<E> {
         if let Some(w) = crate::startup_checks::config_permissions(path) {
             tracing::warn!("{w}");
         }
-        let (new, text) = match Config::load_with_text(path) {
-            Ok(c) => c,
-            Err(e) => {
+        // Reading the file touches nothing running: a bug in the parser that panics on
+        // some input rejects the reload instead of stopping the daemon for every host.
+        let loaded = std::panic::catch_unwind(|| Config::load_with_text(path));
+        let (new, text) = match loaded {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
                 tracing::error!("reload rejected, configuration unchanged: {e}");
                 return Err(format!("reload rejected, configuration unchanged:\n{e}"));
+            }
+            Err(_) => {
+                let why = format!(
+                    "reload rejected, configuration unchanged: reading {} failed inside the \
+                     daemon (a bug: the panic message above says where; please report it \
+                     with the file)",
+                    path.display()
+                );
+                tracing::error!("{why}");
+                return Err(why);
             }
         };
         for w in crate::startup_checks::config_warnings(&new) {
