@@ -1735,6 +1735,14 @@ impl Core {
             };
             if let Some(limit) = limit {
                 self.counters.hit(limit);
+                // A small transfer past its address's share (an Identify, or RDMA Connect
+                // data, while the host's own I/O holds the share) takes a reserve buffer
+                // rather than wait behind that I/O for as long as it keeps coming.
+                if limit == Limit::PeerBuffers && len as usize <= ADMIN_RESERVE_MAX {
+                    if let Some(b) = self.reserve.get(len as usize) {
+                        return self.hand_up_in(qp, st, idx, None, Some(b));
+                    }
+                }
                 self.cmds[idx as usize].st = St::WaitBuf;
                 st.waiting.push_back(idx);
                 return;
@@ -1747,18 +1755,33 @@ impl Core {
     /// (`in_capsule`: filled with the data that came with the capsule; else zeroed) and
     /// hand the command up.
     fn hand_up(&mut self, qp: QpHandle, st: &mut QpState, idx: u32, in_capsule: Option<&[u8]>) {
-        let c = &self.cmds[idx as usize];
-        let len = c.len;
-        if len > 0 {
-            // With the pool held by other peers, a small transfer (a Connect's data, an
-            // Identify) takes one of the reserve's buffers. (`BufPool::put` frees a
-            // buffer of the other pool; its bytes go back to the reserve.)
-            let Some(mut b) = self.pool.get(len as usize).or_else(|| {
-                self.counters.hit(Limit::BufferPool);
-                self.reserve.get(len as usize)
-            }) else {
-                return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
-            };
+        let len = self.cmds[idx as usize].len as usize;
+        if len == 0 {
+            return self.hand_up_in(qp, st, idx, in_capsule, None);
+        }
+        // With the pool held by other peers, a small transfer (a Connect's data, an
+        // Identify) takes one of the reserve's buffers. (`BufPool::put` frees a buffer of
+        // the other pool; its bytes go back to the reserve.)
+        let Some(b) = self.pool.get(len).or_else(|| {
+            self.counters.hit(Limit::BufferPool);
+            self.reserve.get(len)
+        }) else {
+            return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+        };
+        self.hand_up_in(qp, st, idx, in_capsule, Some(b));
+    }
+
+    /// [`Core::hand_up`] with the payload buffer (`None` for no data) taken.
+    fn hand_up_in(
+        &mut self,
+        qp: QpHandle,
+        st: &mut QpState,
+        idx: u32,
+        in_capsule: Option<&[u8]>,
+        buf: Option<IoBuf>,
+    ) {
+        let len = self.cmds[idx as usize].len;
+        if let Some(mut b) = buf {
             let s = &mut b.as_mut_slice()[..len as usize];
             match in_capsule {
                 Some(data) => s.copy_from_slice(&data[..len as usize]),

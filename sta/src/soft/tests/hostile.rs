@@ -834,8 +834,9 @@ fn log_page(cid: u16, len: u32) -> Sqe {
 
 /// Admin commands count against a peer's share as I/O does: with its share taken by
 /// half a write, the address's 1 MiB Get Log Page waits (no buffer) instead of taking
-/// the rest of the pool, so another host's 1 MiB Get Log Page gets one; once the write
-/// completes, the waiting command is answered. (Before, admin commands took buffers
+/// the rest of the pool, so another host's 1 MiB Get Log Page gets one; its small
+/// Identify is served from the reserve meanwhile; once the write completes, the waiting
+/// command is answered. (Before, admin commands took buffers
 /// past every budget, and one address could empty the pool that others' Connects and
 /// I/O draw from.)
 #[test]
@@ -875,6 +876,15 @@ fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
             .any(|&(l, n)| l == crate::Limit::PeerBuffers.label() && n == 1),
         "{hits:?}"
     );
+
+    // A small one of the same address (an Identify) is answered at once, from the
+    // reserve: it does not wait behind the address's own held buffers.
+    let mut identify = Sqe::default();
+    identify.set_opcode_cid(admin::IDENTIFY, 1);
+    identify.cdw10 = 1;
+    let (cqe, data) = p.exec(a, identify, Xfer::FromController, vec![0; 4096]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    assert_eq!(data.len(), 4096);
 
     // The other host's log page finds the pool's other half.
     let (cqe, back) = p.exec(
