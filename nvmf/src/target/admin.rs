@@ -79,7 +79,7 @@ pub(super) fn execute(
                 (false, lid::RESERVATION_NOTIFICATION) => {
                     // Each read returns the oldest page and removes it (RAE or not: RAE
                     // only keeps the event masked), once the read is answered (below): a
-                    // refused read loses nothing.
+                    // refused read, or one from past the page's end, loses nothing.
                     let e = ctrl.resv_log.front().copied().unwrap_or_default();
                     let left = ctrl.resv_log.len().saturating_sub(1).min(255) as u8;
                     e.encode(left).to_vec()
@@ -98,7 +98,8 @@ pub(super) fn execute(
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
             let reply = copy_log(&g, &page, data)?;
-            if g.lid == lid::RESERVATION_NOTIFICATION {
+            // Read: only a read that returned some of the page (not one from its end).
+            if g.lid == lid::RESERVATION_NOTIFICATION && g.lpo < page.len() as u64 {
                 ctrl.resv_log.pop_front();
             }
             if !g.rae {

@@ -241,6 +241,16 @@ fn two_hosts_register_reserve_preempt_with_notifications() {
         a.status(&mut t, a.admin, s, &mut [0; 64]),
         Status::INVALID_FIELD
     );
+    // Nor does one from the page's end (offset 64: allowed, all zeroes).
+    let mut s = admin_sqe(admin::GET_LOG_PAGE, 0xffff_ffff);
+    GetLogPage {
+        lid: lid::RESERVATION_NOTIFICATION,
+        numd: 64 / 4 - 1,
+        lpo: 64,
+        ..Default::default()
+    }
+    .write_to(&mut s);
+    assert_eq!(a.status(&mut t, a.admin, s, &mut [0; 64]), Status::SUCCESS);
     let page = a.log(&mut t, lid::RESERVATION_NOTIFICATION, 64, 0, false);
     assert_eq!(
         &page[..16],
