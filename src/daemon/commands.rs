@@ -418,8 +418,8 @@ fn why_refused_before_connect(status: nvmf::spec::Status) -> &'static str {
     use nvmf::spec::Status as S;
     match status {
         s if s == S::COMMAND_INTERRUPTED => {
-            ": no data buffer was free on its IO thread (held by other connections); the \
-             host may retry"
+            ": no data buffer or command slot was free on its IO thread (held by other \
+             connections); the host may retry"
         }
         s if s == S::DATA_SGL_LENGTH_INVALID => {
             ": its data length is not the command's (a Connect carries 1024 bytes)"
@@ -427,7 +427,6 @@ fn why_refused_before_connect(status: nvmf::spec::Status) -> &'static str {
         s if s == S::SGL_DESCRIPTOR_TYPE_INVALID || s == S::SGL_OFFSET_INVALID => {
             ": its data descriptor is malformed"
         }
-        s if s == S::INVALID_FIELD => ": its data is larger than any transfer allowed",
         s if s == S::COMMAND_SEQUENCE_ERROR => {
             ": a queue's first command must be a Fabrics Connect"
         }
