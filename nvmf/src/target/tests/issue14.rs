@@ -228,29 +228,27 @@ fn two_hosts_register_reserve_preempt_with_notifications() {
     let ev = events(&t.take_actions());
     assert_eq!(ev, vec![(a.admin_key, RESV_EVENT)]);
     let _ = aer;
-    // A read refused for its offset (past the 64-byte page) loses no entry.
-    let mut s = admin_sqe(admin::GET_LOG_PAGE, 0xffff_ffff);
-    GetLogPage {
-        lid: lid::RESERVATION_NOTIFICATION,
-        numd: 64 / 4 - 1,
-        lpo: 128,
-        ..Default::default()
-    }
-    .write_to(&mut s);
+    // A read refused for its offset (past the 64-byte page) loses no entry, nor does one
+    // from the page's end (offset 64: allowed, all zeroes).
+    let at = |lpo: u64| {
+        let mut s = admin_sqe(admin::GET_LOG_PAGE, 0xffff_ffff);
+        GetLogPage {
+            lid: lid::RESERVATION_NOTIFICATION,
+            numd: 64 / 4 - 1,
+            lpo,
+            ..Default::default()
+        }
+        .write_to(&mut s);
+        s
+    };
     assert_eq!(
-        a.status(&mut t, a.admin, s, &mut [0; 64]),
+        a.status(&mut t, a.admin, at(128), &mut [0; 64]),
         Status::INVALID_FIELD
     );
-    // Nor does one from the page's end (offset 64: allowed, all zeroes).
-    let mut s = admin_sqe(admin::GET_LOG_PAGE, 0xffff_ffff);
-    GetLogPage {
-        lid: lid::RESERVATION_NOTIFICATION,
-        numd: 64 / 4 - 1,
-        lpo: 64,
-        ..Default::default()
-    }
-    .write_to(&mut s);
-    assert_eq!(a.status(&mut t, a.admin, s, &mut [0; 64]), Status::SUCCESS);
+    assert_eq!(
+        a.status(&mut t, a.admin, at(64), &mut [0; 64]),
+        Status::SUCCESS
+    );
     let page = a.log(&mut t, lid::RESERVATION_NOTIFICATION, 64, 0, false);
     assert_eq!(
         &page[..16],

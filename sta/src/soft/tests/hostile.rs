@@ -749,6 +749,34 @@ fn half_a_write(p: &mut Pair, c: usize, cid: u16, len: u32) -> u16 {
     ttag
 }
 
+/// Sends the rest (past the first 64 KiB) of the data of `half_a_write`'s write of `len`
+/// bytes, CID `cid`, R2T `ttag`, on connection `c`.
+fn rest_of_the_write(p: &mut Pair, c: usize, cid: u16, ttag: u16, len: u32) {
+    for k in 1..len / 65536 {
+        let mut pdu = Vec::new();
+        tcp::encode_h2c_data(
+            &mut pdu,
+            cid,
+            ttag,
+            k * 65536,
+            &[2u8; 65536],
+            k == len / 65536 - 1,
+            Digests::NONE,
+            0,
+        );
+        p.conns[c].send_raw(&pdu);
+        p.pump();
+    }
+}
+
+/// Identify Controller as CID `cid`.
+fn identify_controller(cid: u16) -> Sqe {
+    let mut s = Sqe::default();
+    s.set_opcode_cid(admin::IDENTIFY, cid);
+    s.cdw10 = 1;
+    s
+}
+
 /// One peer address cannot take the thread's pool from the others: its connections
 /// together hold at most their share (here 1 MiB of a 2 MiB pool, one largest
 /// transfer). A second 1 MiB write on another of its queues waits (no R2T, no buffer)
@@ -795,22 +823,7 @@ fn one_peer_holds_at_most_its_share_of_the_pool() {
     assert_eq!(disk(&p, 0, 8), pattern(1, 4096));
 
     // The first write's data ends: it completes, and the second gets its R2T.
-    for k in 1..16u32 {
-        let mut pdu = Vec::new();
-        let chunk = [2u8; 65536];
-        tcp::encode_h2c_data(
-            &mut pdu,
-            0,
-            ttag,
-            k * 65536,
-            &chunk,
-            k == 15,
-            Digests::NONE,
-            0,
-        );
-        p.conns[hog].send_raw(&pdu);
-        p.pump();
-    }
+    rest_of_the_write(&mut p, hog, 0, ttag, len);
     let w = take_wire(&mut p, hog);
     assert!(
         matches!(w.as_slice(), [Out::Resp { status, .. }] if status.is_success()),
@@ -836,9 +849,8 @@ fn log_page(cid: u16, len: u32) -> Sqe {
 /// half a write, the address's 1 MiB Get Log Page waits (no buffer) instead of taking
 /// the rest of the pool, so another host's 1 MiB Get Log Page gets one; its small
 /// Identify is served from the reserve meanwhile; once the write completes, the waiting
-/// command is answered. (Before, admin commands took buffers
-/// past every budget, and one address could empty the pool that others' Connects and
-/// I/O draw from.)
+/// command is answered. (Before, admin commands took buffers past every budget, and one
+/// address could empty the pool that others' Connects and I/O draw from.)
 #[test]
 fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
     let mut p = Pair::with_config(crate::soft::SoftConfig {
@@ -879,10 +891,12 @@ fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
 
     // A small one of the same address (an Identify) is answered at once, from the
     // reserve: it does not wait behind the address's own held buffers.
-    let mut identify = Sqe::default();
-    identify.set_opcode_cid(admin::IDENTIFY, 1);
-    identify.cdw10 = 1;
-    let (cqe, data) = p.exec(a, identify, Xfer::FromController, vec![0; 4096]);
+    let (cqe, data) = p.exec(
+        a,
+        identify_controller(1),
+        Xfer::FromController,
+        vec![0; 4096],
+    );
     assert!(cqe.status().is_success(), "{}", cqe.status());
     assert_eq!(data.len(), 4096);
 
@@ -897,21 +911,7 @@ fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
     assert_eq!(back.len(), len as usize);
 
     // The write's data ends; the waiting log page is answered.
-    for k in 1..16u32 {
-        let mut pdu = Vec::new();
-        tcp::encode_h2c_data(
-            &mut pdu,
-            0,
-            ttag,
-            k * 65536,
-            &[2u8; 65536],
-            k == 15,
-            Digests::NONE,
-            0,
-        );
-        p.conns[hog].send_raw(&pdu);
-        p.pump();
-    }
+    rest_of_the_write(&mut p, hog, 0, ttag, len);
     let (cqe, _) = p.wait(a, waiting);
     assert!(cqe.status().is_success(), "{}", cqe.status());
     assert_eq!(p.io.commands_in_flight(), 0);
@@ -945,10 +945,12 @@ fn pool_exhaustion_fails_the_write_not_the_connection() {
     // A new host's Connect (its data in the capsule) and its Identify still succeed:
     // small transfers of the application's commands have a reserve of their own.
     let other = p.admin(Digests::NONE, 31, 0);
-    let mut identify = Sqe::default();
-    identify.set_opcode_cid(admin::IDENTIFY, 0);
-    identify.cdw10 = 1;
-    let (cqe, data) = p.exec(other, identify, Xfer::FromController, vec![0; 4096]);
+    let (cqe, data) = p.exec(
+        other,
+        identify_controller(0),
+        Xfer::FromController,
+        vec![0; 4096],
+    );
     assert!(cqe.status().is_success(), "{}", cqe.status());
     assert_eq!(data.len(), 4096);
     // The reads the host retries with still need buffers: the hog goes (its deadline).
