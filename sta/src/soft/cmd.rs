@@ -1122,6 +1122,19 @@ impl Core {
             .is_some_and(|s| self.peers.full(s, len, budget, st.handle))
     }
 
+    /// The budget `len` more bytes would take `st` past, if any: its connection's (one
+    /// holding nothing always gets one command's worth), else its address's share
+    /// ([`Core::peer_full`], which then has `st` wait on the share).
+    fn over_budget(&mut self, st: &QpState, len: usize) -> Option<Limit> {
+        if st.buf_bytes > 0 && st.buf_bytes + len > self.budget() {
+            Some(Limit::ConnectionBuffers)
+        } else if self.peer_full(st, len) {
+            Some(Limit::PeerBuffers)
+        } else {
+            None
+        }
+    }
+
     /// Command `idx` of `st` takes `len` bytes of its budgets (its QP's and its
     /// address's); `free_cmd` gives the address's part back.
     fn charge(&mut self, st: &mut QpState, idx: u32, len: usize) {
@@ -1138,13 +1151,9 @@ impl Core {
         if st.disconnect.is_some() || st.rx_stopped {
             return;
         }
-        let budget = self.budget();
         while let Some(&idx) = st.waiting.front() {
             let len = self.cmds[idx as usize].len as usize;
-            if st.buf_bytes > 0 && st.buf_bytes + len > budget {
-                break;
-            }
-            if self.peer_full(st, len) {
+            if self.over_budget(st, len).is_some() {
                 break;
             }
             st.waiting.pop_front();
@@ -1726,14 +1735,7 @@ impl Core {
             // peer with many large admin commands outstanding must not empty the pool
             // that other hosts' Connects and I/O draw from. Past them it waits, as I/O
             // does (`resume_waiting`). (In-capsule data is here already: taken as is.)
-            let limit = if st.buf_bytes > 0 && st.buf_bytes + len as usize > self.budget() {
-                Some(Limit::ConnectionBuffers)
-            } else if self.peer_full(st, len as usize) {
-                Some(Limit::PeerBuffers)
-            } else {
-                None
-            };
-            if let Some(limit) = limit {
+            if let Some(limit) = self.over_budget(st, len as usize) {
                 self.counters.hit(limit);
                 // A small transfer past its address's share (an Identify, or RDMA Connect
                 // data, while the host's own I/O holds the share) takes a reserve buffer
@@ -1868,15 +1870,8 @@ impl Core {
     /// Take command `idx`'s share of `st`'s buffer budget and go on (fetch the host's
     /// data, or read from the backend), or wait for the budget.
     fn reserve_and_start(&mut self, st: &mut QpState, idx: u32) {
-        let budget = self.budget();
         let len = self.cmds[idx as usize].len;
-        let limit = if st.buf_bytes > 0 && st.buf_bytes + len as usize > budget {
-            Some(Limit::ConnectionBuffers)
-        } else if self.peer_full(st, len as usize) {
-            Some(Limit::PeerBuffers)
-        } else {
-            None
-        };
+        let limit = self.over_budget(st, len as usize);
         let c = &mut self.cmds[idx as usize];
         if let Some(limit) = limit {
             if c.st != St::WaitBuf {
@@ -1886,15 +1881,11 @@ impl Core {
             st.waiting.push_back(idx);
             return;
         }
-        let op = c.op;
-        if op.is_none() {
+        let Some(op) = c.op else {
             // A command for the application that waited for the budgets.
             return self.hand_up(st.handle, st, idx, None);
-        }
-        self.charge(st, idx, len as usize);
-        let Some(op) = op else {
-            return self.fail(st, idx, Status::INTERNAL_ERROR);
         };
+        self.charge(st, idx, len as usize);
         let h2c = op.direction() == DataDirection::HostToController;
         if h2c && matches!(st.link, Link::Tcp(_)) {
             // The buffer is taken when the data arrives (`on_host_data`).
