@@ -202,25 +202,47 @@ pub const OTHER_HOSTS: &str = "(others)";
 static CUT_BUSY: AtomicU64 = AtomicU64::new(0);
 static CUT_EVICTED: AtomicU64 = AtomicU64::new(0);
 
-/// Requests answered with an error, or closed at the request-head deadline, by reason
-/// (`REFUSED_REASONS` order).
-static REFUSED: [AtomicU64; REFUSED_REASONS.len()] = [const { AtomicU64::new(0) }; 5];
-const REFUSED_REASONS: [&str; 5] = [
-    "bad_request",
-    "not_found",
-    "method_not_allowed",
-    "head_too_large",
-    "head_timeout",
-];
+/// Why a request to this endpoint was refused (`metrics_requests_refused_total{reason}`).
+#[derive(Clone, Copy)]
+enum Refused {
+    BadRequest,
+    NotFound,
+    MethodNotAllowed,
+    HeadTooLarge,
+    HeadTimeout,
+}
+
+impl Refused {
+    const ALL: [Refused; 5] = [
+        Refused::BadRequest,
+        Refused::NotFound,
+        Refused::MethodNotAllowed,
+        Refused::HeadTooLarge,
+        Refused::HeadTimeout,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Refused::BadRequest => "bad_request",
+            Refused::NotFound => "not_found",
+            Refused::MethodNotAllowed => "method_not_allowed",
+            Refused::HeadTooLarge => "head_too_large",
+            Refused::HeadTimeout => "head_timeout",
+        }
+    }
+}
+
+/// Requests refused so far, by [`Refused`] (its discriminant).
+static REFUSED: [AtomicU64; Refused::ALL.len()] = [const { AtomicU64::new(0) }; 5];
 /// When a refusal or cut was last logged: at most one line per [`REFUSAL_LOG_EVERY`].
 static REFUSAL_LOGGED: Mutex<Option<Instant>> = Mutex::new(None);
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Counts a refused request from `peer` (`reason`: an index into `REFUSED_REASONS`) and
-/// logs it, rate-limited: the line says how many there were in all.
-fn refused(peer: Option<IpAddr>, reason: usize) {
-    let n = REFUSED[reason].fetch_add(1, Ordering::Relaxed) + 1;
-    log_cut(peer, REFUSED_REASONS[reason], n);
+/// Counts a refused request from `peer` and logs it, rate-limited: the line says how many
+/// there were in all.
+fn refused(peer: Option<IpAddr>, why: Refused) {
+    let n = REFUSED[why as usize].fetch_add(1, Ordering::Relaxed) + 1;
+    log_cut(peer, why.label(), n);
 }
 
 /// Logs (at info, at most once per [`REFUSAL_LOG_EVERY`]) that a connection from `peer`
@@ -327,7 +349,7 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
     let head = match read_head(&mut stream) {
         Ok(h) => h,
         Err(HeadError::TooLarge) => {
-            refused(peer, 3);
+            refused(peer, Refused::HeadTooLarge);
             let _ = respond(
                 &mut stream,
                 Instant::now() + WRITE_TIMEOUT,
@@ -338,7 +360,7 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
             );
             return;
         }
-        Err(HeadError::Deadline) => return refused(peer, 4),
+        Err(HeadError::Deadline) => return refused(peer, Refused::HeadTimeout),
         Err(HeadError::Closed) => return,
     };
     head_read();
@@ -369,9 +391,9 @@ fn handle(mut stream: TcpStream, source: &MetricsSource, head_read: impl FnOnce(
         }
     };
     match status {
-        400 => refused(peer, 0),
-        404 => refused(peer, 1),
-        405 => refused(peer, 2),
+        400 => refused(peer, Refused::BadRequest),
+        404 => refused(peer, Refused::NotFound),
+        405 => refused(peer, Refused::MethodNotAllowed),
         _ => {}
     }
     let by = Instant::now() + WRITE_TIMEOUT;
@@ -745,34 +767,29 @@ impl Snapshot {
         // the first MAX_HOST_LABELS of a subsystem (in NQN order), they are summed under
         // one `host="(others)"`, so a peer inventing NQNs cannot grow every scrape and the
         // monitoring's series without bound. Totals stay exact.
-        let mut hosts_seen: std::collections::HashMap<String, usize> = Default::default();
-        let mut others: std::collections::BTreeMap<(String, &'static str), (u64, u64)> =
+        let mut series: std::collections::BTreeMap<(String, String, &'static str), (u64, u64)> =
             Default::default();
-        let mut last_host: Option<(String, String)> = None;
-        for ((sub, host, tr), (ctrls, queues)) in by_host {
-            // (One host may come once per transport: count it once.)
-            if last_host.as_ref() != Some(&(sub.clone(), host.clone())) {
-                *hosts_seen.entry(sub.clone()).or_default() += 1;
-                last_host = Some((sub.clone(), host.clone()));
+        // This host's rank among its subsystem's (one host may come once per transport).
+        let (mut prev, mut rank) = (None::<(&String, &String)>, 0usize);
+        for ((sub, host, tr), &(ctrls, queues)) in &by_host {
+            match prev {
+                Some((s, h)) if s == sub => rank += usize::from(h != host),
+                _ => rank = 0,
             }
-            if hosts_seen[&sub] > MAX_HOST_LABELS {
-                let e = others.entry((sub, tr)).or_default();
-                e.0 += ctrls;
-                e.1 += queues;
-                continue;
-            }
+            prev = Some((sub, host));
+            let label = if rank < MAX_HOST_LABELS {
+                host.clone()
+            } else {
+                OTHER_HOSTS.to_string()
+            };
+            let e = series.entry((sub.clone(), label, *tr)).or_default();
+            e.0 += ctrls;
+            e.1 += queues;
+        }
+        for ((sub, host, tr), (ctrls, queues)) in series {
             let l: Labels = vec![
                 ("subsystem", sub),
                 ("host", host),
-                ("transport", tr.to_string()),
-            ];
-            s.controllers.push((l.clone(), ctrls));
-            s.connections.push((l, queues));
-        }
-        for ((sub, tr), (ctrls, queues)) in others {
-            let l: Labels = vec![
-                ("subsystem", sub),
-                ("host", OTHER_HOSTS.to_string()),
                 ("transport", tr.to_string()),
             ];
             s.controllers.push((l.clone(), ctrls));
@@ -826,10 +843,12 @@ impl Snapshot {
                 CUT_BUSY.load(Ordering::Relaxed),
             ),
         ];
-        s.metrics_refused = REFUSED_REASONS
+        s.metrics_refused = Refused::ALL
             .iter()
-            .zip(&REFUSED)
-            .map(|(r, n)| (vec![("reason", r.to_string())], n.load(Ordering::Relaxed)))
+            .map(|&r| {
+                let n = REFUSED[r as usize].load(Ordering::Relaxed);
+                (vec![("reason", r.label().to_string())], n)
+            })
             .collect();
         let (connected, unconnected) = (src.peer_connections)();
         s.peer_connections = vec![
