@@ -417,19 +417,17 @@ fn fes_text(fes: u16) -> &'static str {
 fn why_refused_before_connect(status: nvmf::spec::Status) -> &'static str {
     use nvmf::spec::Status as S;
     match status {
-        s if s == S::COMMAND_INTERRUPTED => {
+        S::COMMAND_INTERRUPTED => {
             ": no data buffer or command slot was free on its IO thread (held by other \
              connections); the host may retry"
         }
-        s if s == S::DATA_SGL_LENGTH_INVALID => {
+        S::DATA_SGL_LENGTH_INVALID => {
             ": its data length is not the command's (a Connect carries 1024 bytes)"
         }
-        s if s == S::SGL_DESCRIPTOR_TYPE_INVALID || s == S::SGL_OFFSET_INVALID => {
+        S::SGL_DESCRIPTOR_TYPE_INVALID | S::SGL_OFFSET_INVALID => {
             ": its data descriptor is malformed"
         }
-        s if s == S::COMMAND_SEQUENCE_ERROR => {
-            ": a queue's first command must be a Fabrics Connect"
-        }
+        S::COMMAND_SEQUENCE_ERROR => ": a queue's first command must be a Fabrics Connect",
         _ => "",
     }
 }
