@@ -277,14 +277,17 @@ impl BufPool {
         }
     }
 
+    /// Whether `buf` was made by this pool (and so [`put`](Self::put) would keep it).
+    pub fn owns(&self, buf: &IoBuf) -> bool {
+        buf.origin
+            .as_ref()
+            .is_some_and(|o| Arc::ptr_eq(o, &self.shared))
+    }
+
     /// Return a buffer. A buffer this pool did not make is dropped (freed), not adopted,
     /// so the cap keeps meaning what it says.
     pub fn put(&mut self, buf: IoBuf) {
-        let ours = buf
-            .origin
-            .as_ref()
-            .is_some_and(|o| Arc::ptr_eq(o, &self.shared));
-        if !ours {
+        if !self.owns(&buf) {
             return;
         }
         // A pooled buffer's capacity is always exactly a class size.

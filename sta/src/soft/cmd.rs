@@ -228,12 +228,23 @@ pub(super) struct CopyPlan {
     pub writing: bool,
 }
 
-pub(super) fn free_cmd(c: &mut Cmd, pool: &mut BufPool, peers: &mut PeerShares) {
+/// Free command slot `c`: its buffers go back to the pool that made them (`pool`, or
+/// the application commands' `reserve`), its bytes to its peer's share.
+pub(super) fn free_cmd(
+    c: &mut Cmd,
+    pool: &mut BufPool,
+    reserve: &mut BufPool,
+    peers: &mut PeerShares,
+) {
     if let Some(p) = c.peer.take() {
         peers.give_back(p, c.reserved as usize);
     }
     if let Some(b) = c.buf.take() {
-        pool.put(b);
+        if reserve.owns(&b) {
+            reserve.put(b);
+        } else {
+            pool.put(b);
+        }
     }
     if let Some(b) = c.copy.take().and_then(|p| p.data) {
         pool.put(b);
@@ -1088,7 +1099,7 @@ impl Core {
             _ => {}
         }
         st.buf_bytes = st.buf_bytes.saturating_sub(c.reserved as usize);
-        free_cmd(c, &mut self.pool, &mut self.peers);
+        free_cmd(c, &mut self.pool, &mut self.reserve, &mut self.peers);
         self.free_cmds.push(idx);
         st.inflight = st.inflight.saturating_sub(1);
         st.link.command_released();
@@ -1165,7 +1176,7 @@ impl Core {
     pub fn release_orphan(&mut self, idx: u32) {
         if let Some(c) = self.cmds.get_mut(idx as usize) {
             if c.st != St::Free {
-                free_cmd(c, &mut self.pool, &mut self.peers);
+                free_cmd(c, &mut self.pool, &mut self.reserve, &mut self.peers);
                 self.free_cmds.push(idx);
             }
         }
@@ -1762,8 +1773,7 @@ impl Core {
             return self.hand_up_in(qp, st, idx, in_capsule, None);
         }
         // With the pool held by other peers, a small transfer (a Connect's data, an
-        // Identify) takes one of the reserve's buffers. (`BufPool::put` frees a buffer of
-        // the other pool; its bytes go back to the reserve.)
+        // Identify) takes one of the reserve's buffers (`free_cmd` gives it back there).
         let Some(b) = self.pool.get(len).or_else(|| {
             self.counters.hit(Limit::BufferPool);
             self.reserve.get(len)

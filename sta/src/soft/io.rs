@@ -166,6 +166,13 @@ impl StaIo {
         self.core.pool.allocated_bytes()
     }
 
+    /// The application commands' reserve: bytes allocated, buffers idle.
+    #[cfg(test)]
+    pub(crate) fn reserve_use(&self) -> (usize, usize) {
+        let r = &self.core.reserve;
+        (r.allocated_bytes(), r.idle_buffers())
+    }
+
     /// Bytes of receive buffers held by this context's TCP connections.
     pub fn rx_buffer_bytes(&self) -> usize {
         self.qps
@@ -1266,7 +1273,12 @@ impl StaIo {
                 for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                     if c.st != St::Free && c.qp == h {
                         self.core.free_cmds.push(ci as u32);
-                        free_cmd(c, &mut self.core.pool, &mut self.core.peers);
+                        free_cmd(
+                            c,
+                            &mut self.core.pool,
+                            &mut self.core.reserve,
+                            &mut self.core.peers,
+                        );
                     }
                 }
                 self.disconnecting.swap_remove(k);
@@ -1277,7 +1289,12 @@ impl StaIo {
             for (ci, c) in self.core.cmds.iter_mut().enumerate() {
                 if c.st != St::Free && c.st != St::Backend && c.qp == h {
                     self.core.free_cmds.push(ci as u32);
-                    free_cmd(c, &mut self.core.pool, &mut self.core.peers);
+                    free_cmd(
+                        c,
+                        &mut self.core.pool,
+                        &mut self.core.reserve,
+                        &mut self.core.peers,
+                    );
                     qp.st.inflight -= 1;
                 }
             }

@@ -899,6 +899,18 @@ fn a_peers_admin_commands_hold_at_most_its_share_of_the_pool() {
     );
     assert!(cqe.status().is_success(), "{}", cqe.status());
     assert_eq!(data.len(), 4096);
+    // Its buffer went back to the reserve, and the next one reuses it.
+    assert_eq!(p.io.reserve_use(), (4096, 1));
+    for _ in 0..3 {
+        let (cqe, _) = p.exec(
+            a,
+            identify_controller(1),
+            Xfer::FromController,
+            vec![0; 4096],
+        );
+        assert!(cqe.status().is_success(), "{}", cqe.status());
+    }
+    assert_eq!(p.io.reserve_use(), (4096, 1));
 
     // The other host's log page finds the pool's other half.
     let (cqe, back) = p.exec(
