@@ -143,6 +143,9 @@ fn dhchap_end_to_end() {
     )
     .expect("bidirectional authentication");
     a.enable_controller().expect("CC.EN after authentication");
+    // The DH threads ran that authentication at a lower priority than the IO threads.
+    assert_eq!(thread_nices(&d, "nvmft-dh"), vec![10, 10]);
+    assert!(thread_nices(&d, "nvmft-io").iter().all(|&n| n == 0));
     let _ = request_queues(&mut a, 1);
     // The I/O queue authenticates too, then carries I/O.
     let mut io = TcpHost::connect(d.addr(), opts(H1)).expect("ICReq (I/O)");
@@ -213,6 +216,28 @@ fn dhchap_end_to_end() {
     let (mut b, _, _) = connect(&d, H2);
     authenticate(&mut b, H2, key(None, 0x44, 32), None).expect("rotated secret");
     d.stop();
+}
+
+/// Nice values of the daemon's threads whose names start with `prefix`.
+fn thread_nices(d: &Daemon, prefix: &str) -> Vec<i64> {
+    let pid = d.pid().expect("running");
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ... : fields after the comm's ')', nice is the 19th of stat.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let comm = head.split_once('(').map_or("", |(_, c)| c);
+        if comm.starts_with(prefix) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            out.push(f[16].parse().unwrap());
+        }
+    }
+    out
 }
 
 fn write_secret(path: &std::path::Path, k: &DhchapKey) {
