@@ -90,6 +90,7 @@ stage "release build for the interop guest"
 cargo build --release --bin nvmf-target
 cargo build --release -p doca-double           # libdoca_sta.so beside it, for nvmft-doca
 cargo build --release -p backend --examples   # dmabuf_check for the VFIO scenarios
+cargo build --release --example rdma_silent_host   # a host that takes no answers (nvmft-rdma)
 
 stage "systemd unit: systemd-analyze verify"
 systemd/verify.sh target/release/nvmf-target

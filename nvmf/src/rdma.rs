@@ -217,6 +217,7 @@ impl KeyedSgl {
 pub struct SqCredits {
     sq_free: u32,
     rd_free: u32,
+    sq_total: u32,
 }
 
 impl SqCredits {
@@ -224,6 +225,7 @@ impl SqCredits {
         SqCredits {
             sq_free: sq,
             rd_free: reads.max(1),
+            sq_total: sq,
         }
     }
     /// Take the credits of one WR (`read`: an RDMA READ); false when it must wait.
@@ -249,6 +251,10 @@ impl SqCredits {
     }
     pub fn rd_free(&self) -> u32 {
         self.rd_free
+    }
+    /// Work requests posted and not completed yet.
+    pub fn in_flight(&self) -> u32 {
+        self.sq_total.saturating_sub(self.sq_free)
     }
 }
 
@@ -415,6 +421,13 @@ impl RdmaQueue {
         self.ops.front().is_some_and(|op| {
             self.credits.sq_free() > 0 && (!op.is_read() || self.credits.rd_free() > 0)
         })
+    }
+
+    /// Send-side work waiting for credits or posted and not completed: what a peer
+    /// that stops taking our SENDs (posts no receives) or answering our READs holds. The
+    /// engine runs its drain deadline while this is true and no completion comes.
+    pub fn send_side_busy(&self) -> bool {
+        self.has_work() || self.credits.in_flight() > 0
     }
 
     /// Work requests waiting to be posted.

@@ -130,8 +130,9 @@ if [[ -x $TARGET_BIN ]]; then
 else
     log "daemon binary $TARGET_BIN not found: nvmft-* scenarios will fail"
 fi
-# Helper programs some scenarios run (cargo build --release -p backend --examples).
-for ex in dmabuf_check; do
+# Helper programs some scenarios run (cargo build --release -p backend --examples;
+# cargo build --release --example rdma_silent_host).
+for ex in dmabuf_check rdma_silent_host; do
     [[ -x $REPO_ROOT/target/release/examples/$ex ]] && cp "$REPO_ROOT/target/release/examples/$ex" "$SHARE/"
 done
 total_t=0

@@ -142,6 +142,29 @@ fn capsule(cid: u16, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
     b
 }
 
+/// Work the engine posted stays "busy" until its completion comes back: a peer that
+/// posts no receives for our SENDs (all of a queue's answers fit in its send queue, so
+/// none waits for credits) must still be seen holding the queue, or no deadline runs.
+#[test]
+fn posted_work_keeps_the_send_side_busy_until_it_completes() {
+    let mut q = RdmaQueue::new(64, SqCredits::new(8, 1), 8);
+    assert!(!q.send_side_busy());
+    for cid in 0..3 {
+        q.respond_untracked(Cqe::success(cid));
+    }
+    assert!(q.send_side_busy(), "queued");
+    while q.next_work().is_some() {}
+    assert_eq!(q.queued(), 0);
+    assert!(!q.has_work());
+    assert_eq!(q.credits().in_flight(), 3);
+    assert!(q.send_side_busy(), "posted, not completed");
+    for left in [2, 1, 0] {
+        q.work_completed(false);
+        assert_eq!(q.credits().in_flight(), left);
+    }
+    assert!(!q.send_side_busy());
+}
+
 #[test]
 fn recv_length_checks_and_sqhd() {
     let mut q = RdmaQueue::new(64 + 8192, SqCredits::new(16, 4), 32);

@@ -739,8 +739,8 @@ impl StaIo {
                 continue;
             }
             let Link::Tcp(t) = &mut q.st.link else {
-                // An RDMA READ the host does not answer fails the QP by itself (transport
-                // retries), and its send queue is under the drain deadline.
+                // An RDMA READ of host data is send-side work: the drain deadline covers
+                // it while it waits for credits or for its completion (`flush_all`).
                 continue;
             };
             if let Some(nvmf::tcp::ControllerEvent::Fatal { fes, fei, .. }) = t
@@ -778,6 +778,13 @@ impl StaIo {
             }
             if q.st.disconnect.is_some() || q.st.error_reported {
                 continue;
+            }
+            if let Link::Rdma(r) = &q.st.link {
+                // Send-side work outstanding since the last completion (which stopped the
+                // clock: `on_wc`) is under the drain deadline from here on.
+                if r.machine.send_side_busy() {
+                    q.st.tx_stalled_since.get_or_insert(now);
+                }
             }
             let age = now.saturating_duration_since(q.st.accepted);
             let icreq_pending = matches!(&q.st.link, Link::Tcp(t) if t.machine.awaiting_icreq());
@@ -1160,8 +1167,12 @@ impl StaIo {
                     let posted = before - r.machine.queued().min(before);
                     did |= posted > 0 || recvs;
                     // Work waiting for send-queue credits goes out when a completion
-                    // returns them (`on_wc` marks the QP then): no polling.
-                    if !r.machine.has_work() {
+                    // returns them (`on_wc` marks the QP then): no polling. The drain
+                    // clock runs while work waits or is posted and not completed (a host
+                    // that posts no receives RNR-NAKs our SENDs, and the REQ it sent
+                    // may have told our QP to retry them forever); posting starts it
+                    // over, so does a completion (`on_wc`, `check_deadlines`).
+                    if !r.machine.send_side_busy() {
                         st.tx_stalled_since = None;
                     } else if posted > 0 {
                         st.tx_stalled_since = Some(now);

@@ -351,11 +351,13 @@ impl RdmaThread {
             responder_resources: req.responder_resources.min(MAX_RD_ATOMIC),
             initiator_depth: req.initiator_depth.min(MAX_RD_ATOMIC),
             flow_control: 1,
+            // These two go into the REP for the *host's* QP: how often it retries a
+            // SEND we have no receive for, and its transport retries. Ours were set by
+            // the host's REQ (Linux and SPDK ask for RNR retry 7: forever), so a host
+            // that posts no receives for our answers is bounded by the drain deadline
+            // instead (`flush_all`, `on_wc`). We post a receive per command slot, so
+            // a host within its queue depth never meets an RNR NAK; 6 bounds one past it.
             retry_count: 7,
-            // 7 would retry forever against a host that posts no receives (its RNR NAKs
-            // hold our sends, and their credits, without end). 6 retries at the host's
-            // RNR timer (IB CM default: 655 ms) give it seconds; a host that posts its
-            // receives (Linux and SPDK keep one per command) never needs one.
             rnr_retry_count: 6,
             srq: 0,
             qp_num: 0,
@@ -690,6 +692,10 @@ pub(super) fn on_wc(
     };
     if kind != WR_RECV {
         r.machine.work_completed(kind == WR_READ);
+        // The peer took (or answered) work: the drain clock stops. `check_deadlines`
+        // starts it again, at its own reading of the clock, while work is outstanding
+        // (`core.now` may be from before a long sleep or a stopped process).
+        st.tx_stalled_since = None;
         if r.machine.has_work() {
             // Work that waited for send-queue credits goes out at the next flush.
             core.mark_tx(st);
@@ -758,7 +764,11 @@ pub(super) fn on_wc(
             }
             core.mark_tx(st);
         }
-        WR_SEND if slot != NO_SLOT => core.release(st, slot),
+        // The slot is this QP's (a completion only ever names its own QP's slots; the
+        // check keeps a stray one from releasing another QP's command).
+        WR_SEND if slot != NO_SLOT && core.cmds.get(slot as usize).is_some_and(|c| c.qp == qp) => {
+            core.release(st, slot)
+        }
         WR_READ => {
             // An RDMA READ of host data finished: the command's data is in.
             let ok = core

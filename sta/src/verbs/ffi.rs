@@ -188,6 +188,8 @@ pub struct IbvQpInitAttr {
 
 pub const IBV_QPT_RC: c_uint = 2;
 pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
+pub const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
+pub const IBV_ACCESS_REMOTE_READ: c_int = 4;
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
 pub const IBV_WR_SEND: c_uint = 2;
 pub const IBV_WR_RDMA_READ: c_uint = 4;
@@ -248,6 +250,8 @@ pub struct RdmaCmEventRaw {
 const _: () = assert!(std::mem::offset_of!(RdmaCmEventRaw, conn) == 24);
 
 pub const RDMA_PS_TCP: c_int = 0x0106;
+pub const RDMA_CM_EVENT_ADDR_RESOLVED: c_uint = 0;
+pub const RDMA_CM_EVENT_ROUTE_RESOLVED: c_uint = 2;
 pub const RDMA_CM_EVENT_CONNECT_REQUEST: c_uint = 4;
 pub const RDMA_CM_EVENT_CONNECT_ERROR: c_uint = 6;
 pub const RDMA_CM_EVENT_UNREACHABLE: c_uint = 7;
@@ -300,6 +304,15 @@ pub struct Lib {
     pub accept: unsafe extern "C" fn(*mut RdmaCmIdRaw, *mut RdmaConnParam) -> c_int,
     pub reject: unsafe extern "C" fn(*mut RdmaCmIdRaw, *const c_void, u8) -> c_int,
     pub disconnect: unsafe extern "C" fn(*mut RdmaCmIdRaw) -> c_int,
+    /// The active side (the test hosts in `examples/`; the target never connects).
+    pub resolve_addr: unsafe extern "C" fn(
+        *mut RdmaCmIdRaw,
+        *const libc::sockaddr,
+        *const libc::sockaddr,
+        c_int,
+    ) -> c_int,
+    pub resolve_route: unsafe extern "C" fn(*mut RdmaCmIdRaw, c_int) -> c_int,
+    pub connect: unsafe extern "C" fn(*mut RdmaCmIdRaw, *mut RdmaConnParam) -> c_int,
     /// The libraries the pointers above come from, kept loaded with them.
     _verbs: Library,
     _cm: Library,
@@ -379,6 +392,9 @@ impl Lib {
             accept: load!(c, cm, "rdma_accept"),
             reject: load!(c, cm, "rdma_reject"),
             disconnect: load!(c, cm, "rdma_disconnect"),
+            resolve_addr: load!(c, cm, "rdma_resolve_addr"),
+            resolve_route: load!(c, cm, "rdma_resolve_route"),
+            connect: load!(c, cm, "rdma_connect"),
             _verbs: v,
             _cm: c,
         })

@@ -308,7 +308,8 @@ fn socket_addr_from(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+/// `addr` as a `sockaddr_storage` and its length, for librdmacm's calls.
+pub fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     match addr {

@@ -213,6 +213,28 @@ else
     fail ipv6-address "cannot add $ADDR6 to dummy0"
 fi
 
+# --- a host that posts no receives for our answers (and asked, as Linux does, for RNR
+# retry 7: our QP retries its SENDs forever): the drain deadline (8 s here) ends its
+# queue, and a well-behaved host keeps working ---
+if [ -x "$SHARE/rdma_silent_host" ]; then
+    drains0=$(curl -sf --max-time 10 http://127.0.0.1:9103/metrics |
+        awk '/^nvmft_limit_hits_total\{limit="drain_timeout"\}/ {print $2}')
+    out=$(timeout 60 "$SHARE/rdma_silent_host" --addr "$ADDR:$PORT" --subnqn "$NQN" \
+        --commands 8 --expect-within 25 2>&1); rc=$?
+    echo "$out"
+    if [ $rc -eq 0 ]; then pass silent-host-queue-ended
+    else fail silent-host-queue-ended "rc=$rc: $(echo "$out" | tail -1)"; fi
+    drains1=$(curl -sf --max-time 10 http://127.0.0.1:9103/metrics |
+        awk '/^nvmft_limit_hits_total\{limit="drain_timeout"\}/ {print $2}')
+    if [ "${drains1:-0}" -gt "${drains0:-0}" ]; then pass silent-host-counted
+    else fail silent-host-counted "drain_timeout hits ${drains0:-none} -> ${drains1:-none}"; fi
+    if connect_rdma && dev_io_ok "$(ns_dev "$NQN" 1)"; then pass silent-host-others-unaffected
+    else fail silent-host-others-unaffected "connect or I/O failed after the silent host"; fi
+    nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+else
+    fail silent-host-tool "rdma_silent_host not in the share (cargo build --release --example rdma_silent_host)"
+fi
+
 # Completion events the guest's rdma_rxe (Linux < 6.4) raised for CQs already destroyed:
 # the daemon drains them unread (sta::verbs::CqChannel); reading one through libibverbs
 # would call through the freed CQ.
