@@ -122,10 +122,7 @@ pub fn decode(text: &str) -> Result<Vec<PersistedReservation>, String> {
             {
                 return Err(format!("{at}: host {} registered twice", r.host_id));
             }
-            registrants.push(Registrant {
-                host_id,
-                key: r.key,
-            });
+            registrants.push(Registrant::new(host_id, r.key));
         }
         let held = match (n.rtype, n.holder.as_deref()) {
             (None, None) => None,
@@ -268,14 +265,8 @@ mod tests {
             state: Reservations {
                 generation: 7,
                 registrants: vec![
-                    Registrant {
-                        host_id: [0xab; 16],
-                        key: 0x1234,
-                    },
-                    Registrant {
-                        host_id: [0x01; 16],
-                        key: u64::MAX,
-                    },
+                    Registrant::new([0xab; 16], 0x1234),
+                    Registrant::new([0x01; 16], u64::MAX),
                 ],
                 held: Some(Held {
                     rtype: ReservationType::WriteExclusiveRegistrantsOnly,

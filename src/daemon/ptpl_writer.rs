@@ -164,10 +164,7 @@ mod tests {
             nsid: 1,
             state: Reservations {
                 generation: n.into(),
-                registrants: vec![Registrant {
-                    host_id: [n; 16],
-                    key: n.into(),
-                }],
+                registrants: vec![Registrant::new([n; 16], n.into())],
                 held: None,
                 ptpl: true,
             },

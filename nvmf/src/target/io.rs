@@ -38,6 +38,7 @@ pub(super) fn execute(
         .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
     let subnqn = ctrl.subnqn.clone();
     let host_id = ctrl.hostid;
+    let by = reservation::RegisteredBy::new(&ctrl.hostnqn, ctrl.origin.peer);
     let listener = ctrl.origin.listener.clone();
     let subsys = t.subsystems.get(&subnqn).ok_or(Status::INTERNAL_ERROR)?;
     let nsid = sqe.nsid;
@@ -69,7 +70,9 @@ pub(super) fn execute(
             let r = subsys.resv.get_mut(&nsid).ok_or(Status::INTERNAL_ERROR)?;
             let ptpl_before = r.ptpl;
             let fx = match opcode {
-                op::RESERVATION_REGISTER => r.register(&host_id, sqe.cdw10, data, ptpl_capable),
+                op::RESERVATION_REGISTER => {
+                    r.register_by(&host_id, sqe.cdw10, data, ptpl_capable, by)
+                }
                 op::RESERVATION_ACQUIRE => r.acquire(&host_id, sqe.cdw10, data),
                 _ => r.release(&host_id, sqe.cdw10, data),
             };
@@ -78,14 +81,24 @@ pub(super) fn execute(
                     if opcode == op::RESERVATION_REGISTER
                         && status == reservation::REGISTRANTS_FULL =>
                 {
-                    t.refused_command(
-                        cntlid,
-                        status,
-                        R::RegistrantsFull {
+                    use reservation::RegistrantsRefusal as Why;
+                    let why = match r.refuse_new(&host_id, sqe.cdw10, by) {
+                        Some(Why::HostQuota) => R::RegistrantsQuota {
+                            nsid,
+                            max: reservation::MAX_REGISTRANTS_PER_HOST,
+                            by_address: false,
+                        },
+                        Some(Why::PeerQuota) => R::RegistrantsQuota {
+                            nsid,
+                            max: reservation::MAX_REGISTRANTS_PER_HOST,
+                            by_address: true,
+                        },
+                        _ => R::RegistrantsFull {
                             nsid,
                             max: reservation::MAX_REGISTRANTS,
                         },
-                    );
+                    };
+                    t.refused_command(cntlid, status, why);
                     return Err(status);
                 }
                 fx => fx?,

@@ -84,6 +84,13 @@ pub enum RefusalReason {
     /// Reservation Register would add a registrant to a namespace that has
     /// [`MAX_REGISTRANTS`](super::reservation::MAX_REGISTRANTS) already.
     RegistrantsFull { nsid: u32, max: usize },
+    /// A Register that would add a registrant past what one host NQN (or, `by_address`,
+    /// one peer address) may hold on the namespace.
+    RegistrantsQuota {
+        nsid: u32,
+        max: usize,
+        by_address: bool,
+    },
 }
 
 impl RefusalReason {
@@ -118,6 +125,7 @@ impl RefusalReason {
         "tls_identity_mismatch",
         "authentication_throttled",
         "reservation_registrants_full",
+        "reservation_registrants_quota",
     ];
 
     /// A stable snake_case name for metrics labels.
@@ -153,6 +161,7 @@ impl RefusalReason {
             R::AuthenticationRequired { .. } => "authentication_required",
             R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
             R::RegistrantsFull { .. } => "reservation_registrants_full",
+            R::RegistrantsQuota { .. } => "reservation_registrants_quota",
         }
     }
 }
@@ -249,6 +258,21 @@ impl fmt::Display for RefusalReason {
                 "Reservation Register: namespace {nsid} has {max} registrants already, the \
                  most it keeps"
             ),
+            R::RegistrantsQuota {
+                nsid,
+                max,
+                by_address,
+            } => write!(
+                f,
+                "Reservation Register: {max} Host IDs registered on namespace {nsid} {} \
+                 already, the most one {} may add (a host registers one)",
+                if *by_address {
+                    "from this address"
+                } else {
+                    "by this host NQN"
+                },
+                if *by_address { "address" } else { "host NQN" }
+            ),
         }
     }
 }
@@ -338,6 +362,11 @@ mod tests {
                 identity: "NVMe0R01 a b".into(),
             },
             RefusalReason::RegistrantsFull { nsid: 1, max: 1024 },
+            RefusalReason::RegistrantsQuota {
+                nsid: 1,
+                max: 64,
+                by_address: true,
+            },
         ];
         assert_eq!(samples.len(), RefusalReason::LABELS.len());
         let mut seen = std::collections::BTreeSet::new();

@@ -114,10 +114,64 @@ pub fn allowed(rtype: ReservationType, holder: bool, registrant: bool, access: A
 }
 
 /// A registered host and its key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Eq)]
 pub struct Registrant {
     pub host_id: HostId,
     pub key: u64,
+    /// Who registered it (for the per-host and per-address quotas; not state the spec
+    /// knows, so not compared and not persisted).
+    pub by: RegisteredBy,
+}
+
+impl PartialEq for Registrant {
+    fn eq(&self, o: &Registrant) -> bool {
+        self.host_id == o.host_id && self.key == o.key
+    }
+}
+
+impl Registrant {
+    pub fn new(host_id: HostId, key: u64) -> Registrant {
+        Registrant {
+            host_id,
+            key,
+            by: RegisteredBy::default(),
+        }
+    }
+}
+
+/// Who registered a registrant: hashes of the controller's host NQN and of its peer
+/// address. 0 is unknown (a registrant restored from a PTPL file, or a queue with no
+/// address) and counts against no quota.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegisteredBy {
+    pub hostnqn: u64,
+    pub peer: u64,
+}
+
+impl RegisteredBy {
+    pub fn new(hostnqn: &str, peer: Option<std::net::IpAddr>) -> RegisteredBy {
+        fn hash_of<T: std::hash::Hash + ?Sized>(x: &T) -> u64 {
+            use std::hash::Hasher;
+            let mut s = std::hash::DefaultHasher::new();
+            x.hash(&mut s);
+            s.finish().max(1)
+        }
+        RegisteredBy {
+            hostnqn: hash_of(hostnqn),
+            peer: peer.map_or(0, |p| hash_of(&p.to_canonical())),
+        }
+    }
+}
+
+/// Why a Register that would add a registrant is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegistrantsRefusal {
+    /// The namespace holds [`MAX_REGISTRANTS`].
+    Full,
+    /// Registrants registered by this host NQN: [`MAX_REGISTRANTS_PER_HOST`].
+    HostQuota,
+    /// Registrants registered from this peer address: [`MAX_REGISTRANTS_PER_HOST`].
+    PeerQuota,
 }
 
 /// The reservation held on a namespace.
@@ -200,6 +254,12 @@ pub const REGISTER_DATA_LEN: usize = 16;
 /// grow the list, which every I/O under a reservation consults, without end).
 pub const MAX_REGISTRANTS: usize = 1024;
 
+/// Registrants one host NQN, and one peer address, may add to a namespace. A host
+/// registers one Host ID; without this a single peer that makes up Host IDs (each
+/// Connect may bring a new one, and registrations outlive their controllers) fills the
+/// namespace's list, and no other host can ever register there again.
+pub const MAX_REGISTRANTS_PER_HOST: usize = 64;
+
 /// What Register answers when it would add a registrant past [`MAX_REGISTRANTS`] (SPDK
 /// answers Internal Device Error when its list is full; DNR here: trying again cannot
 /// help), and nothing else.
@@ -224,15 +284,42 @@ impl Reservations {
     pub fn is_registrant(&self, host: &HostId) -> bool {
         self.find(host).is_some()
     }
-    /// Whether a Reservation Register with `cdw10` from `host` would add a registrant
-    /// and the list is full ([`MAX_REGISTRANTS`]).
-    fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
+    /// Whether a Reservation Register with `cdw10` from `host` (registered by `by`)
+    /// would add a registrant past [`MAX_REGISTRANTS`] or past `by`'s quota
+    /// ([`MAX_REGISTRANTS_PER_HOST`]), and which.
+    pub fn refuse_new(
+        &self,
+        host: &HostId,
+        cdw10: u32,
+        by: RegisteredBy,
+    ) -> Option<RegistrantsRefusal> {
         let adds = match cdw10 & 7 {
             RREGA_REGISTER => true,
             RREGA_REPLACE => iekey(cdw10),
             _ => false,
         };
-        adds && self.registrants.len() >= MAX_REGISTRANTS && self.find(host).is_none()
+        if !adds || self.find(host).is_some() {
+            return None;
+        }
+        let held = |f: &dyn Fn(&RegisteredBy) -> u64, me: u64| {
+            me != 0
+                && self.registrants.iter().filter(|r| f(&r.by) == me).count()
+                    >= MAX_REGISTRANTS_PER_HOST
+        };
+        if self.registrants.len() >= MAX_REGISTRANTS {
+            Some(RegistrantsRefusal::Full)
+        } else if held(&|b| b.hostnqn, by.hostnqn) {
+            Some(RegistrantsRefusal::HostQuota)
+        } else if held(&|b| b.peer, by.peer) {
+            Some(RegistrantsRefusal::PeerQuota)
+        } else {
+            None
+        }
+    }
+    #[cfg(test)]
+    fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
+        self.refuse_new(host, cdw10, RegisteredBy::default())
+            .is_some()
     }
     /// Whether `host` holds the reservation (any registrant does for All Registrants).
     pub fn is_holder(&self, host: &HostId) -> bool {
@@ -309,6 +396,19 @@ impl Reservations {
         data: &[u8],
         ptpl_capable: bool,
     ) -> Result<Effects, Status> {
+        self.register_by(host, cdw10, data, ptpl_capable, RegisteredBy::default())
+    }
+
+    /// [`Reservations::register`] from a controller of `by`: a registrant it adds is
+    /// counted against `by`'s quotas.
+    pub fn register_by(
+        &mut self,
+        host: &HostId,
+        cdw10: u32,
+        data: &[u8],
+        ptpl_capable: bool,
+        by: RegisteredBy,
+    ) -> Result<Effects, Status> {
         if data.len() < REGISTER_DATA_LEN {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
@@ -317,7 +417,7 @@ impl Reservations {
         if cptpl == 0b01 || (cptpl == CPTPL_SET && !ptpl_capable) {
             return Err(Status::INVALID_FIELD);
         }
-        if self.full_for(host, cdw10) {
+        if self.refuse_new(host, cdw10, by).is_some() {
             return Err(REGISTRANTS_FULL);
         }
         let mut fx = Effects::default();
@@ -330,6 +430,7 @@ impl Reservations {
                     self.registrants.push(Registrant {
                         host_id: *host,
                         key: nrkey,
+                        by,
                     });
                     fx.changed = true;
                 }
@@ -362,6 +463,7 @@ impl Reservations {
                     self.registrants.push(Registrant {
                         host_id: *host,
                         key: nrkey,
+                        by,
                     });
                     fx.changed = true;
                 }

@@ -117,13 +117,7 @@ fn register_unregister_replace() {
     r.register(&A, RREGA_REPLACE, &keys(7, 9), false).unwrap();
     r.register(&A, RREGA_REPLACE | 1 << 3, &keys(1234, 10), false)
         .unwrap();
-    assert_eq!(
-        r.registrants,
-        vec![Registrant {
-            host_id: A,
-            key: 10
-        }]
-    );
+    assert_eq!(r.registrants, vec![Registrant::new(A, 10)]);
     // Replace with IEKEY by an unregistered host registers it.
     r.register(&B, RREGA_REPLACE | 1 << 3, &keys(0, 20), false)
         .unwrap();
@@ -436,4 +430,65 @@ fn registrants_are_bounded() {
         view.check(&key(host(3)), Some(Access::Write)),
         Err(Status::RESERVATION_CONFLICT)
     );
+}
+
+/// One host NQN, and one peer address, add at most MAX_REGISTRANTS_PER_HOST registrants
+/// to a namespace (registrations outlive controllers and Host IDs are the host's to
+/// choose: without this, one peer filled the list for good). Others still register;
+/// registrants of unknown origin (PTPL) count against no one.
+#[test]
+fn one_host_nqn_or_address_adds_a_bounded_number_of_registrants() {
+    let host = |i: usize| -> HostId {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        h[15] = 2;
+        h
+    };
+    let a1 = Some("10.0.0.1".parse().unwrap());
+    let evil = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:evil", a1);
+    let mut r = Reservations::default();
+    for i in 0..10 {
+        reg(&mut r, &host(1000 + i), 3); // restored from PTPL: unknown origin
+    }
+    for i in 0..MAX_REGISTRANTS_PER_HOST {
+        r.register_by(&host(i), RREGA_REGISTER, &keys(0, 7), false, evil)
+            .unwrap();
+    }
+    let next = host(MAX_REGISTRANTS_PER_HOST);
+    // The same host NQN from another address, then another host NQN from the address.
+    let nqn_elsewhere = RegisteredBy::new(
+        "nqn.2014-08.org.nvmexpress:uuid:evil",
+        Some("10.0.0.2".parse().unwrap()),
+    );
+    let addr_other_nqn = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:x", a1);
+    for (by, why) in [
+        (nqn_elsewhere, RegistrantsRefusal::HostQuota),
+        (addr_other_nqn, RegistrantsRefusal::PeerQuota),
+        (evil, RegistrantsRefusal::HostQuota),
+    ] {
+        assert_eq!(r.refuse_new(&next, RREGA_REGISTER, by), Some(why));
+        assert_eq!(
+            r.register_by(&next, RREGA_REGISTER, &keys(0, 7), false, by),
+            Err(REGISTRANTS_FULL)
+        );
+        assert_eq!(
+            r.register_by(&next, RREGA_REPLACE | 1 << 3, &keys(0, 7), false, by),
+            Err(REGISTRANTS_FULL)
+        );
+    }
+    // A registrant already there keeps working; another host from elsewhere registers.
+    r.register_by(&host(5), RREGA_REPLACE, &keys(7, 8), false, evil)
+        .unwrap();
+    let good = RegisteredBy::new(
+        "nqn.2014-08.org.nvmexpress:uuid:good",
+        Some("10.0.0.9".parse().unwrap()),
+    );
+    r.register_by(&next, RREGA_REGISTER, &keys(0, 7), false, good)
+        .unwrap();
+    // A place the peer frees is its own again.
+    r.register(&host(5), RREGA_UNREGISTER, &keys(8, 0), false)
+        .unwrap();
+    r.register_by(&host(5000), RREGA_REGISTER, &keys(0, 7), false, evil)
+        .unwrap();
+    assert_eq!(r.registrants.len(), 10 + MAX_REGISTRANTS_PER_HOST + 1);
 }
