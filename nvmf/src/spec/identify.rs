@@ -31,6 +31,8 @@ pub mod cns {
 /// Command set identifiers.
 pub mod csi {
     pub const NVM: u8 = 0x00;
+    pub const KEY_VALUE: u8 = 0x01;
+    pub const ZONED: u8 = 0x02;
 }
 
 /// Size of every Identify data structure.

@@ -91,9 +91,14 @@ pub(super) fn execute(
                 }
                 (false, lid::FIRMWARE_SLOT) => firmware_slot_log(opts),
                 (false, lid::CHANGED_NS_LIST) => changed_ns_log(ctrl),
-                // Per command set (CSI in CDW14): the NVM command set is the only one; for
-                // any other CSI nvmet answers Invalid Log Page, and so do we.
-                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(opts),
+                // Per command set (CSI in CDW14). The NVM command set is the only one we
+                // serve; for Key Value (01h) and Zoned (02h) the admin commands are the
+                // same and no I/O command is supported. nvme-cli 2.13 asks for the zoned
+                // one whenever CAP.CSS says command sets are selectable, and fails the
+                // whole `nvme effects-log` when refused (nvmet, built with zoned support,
+                // answers it). Reserved CSIs are Invalid Log Page.
+                (false, lid::COMMANDS_EFFECTS) if g.csi == csi::NVM => effects_log(opts, true),
+                (false, lid::COMMANDS_EFFECTS) if g.csi <= csi::ZONED => effects_log(opts, false),
                 // NVMe Base 2.0 5.16: an unsupported or reserved LID is Invalid Log Page.
                 _ => return Err(Status::INVALID_LOG_PAGE),
             };
@@ -398,7 +403,9 @@ fn supported_logs(is_discovery: bool) -> Vec<u8> {
     page
 }
 
-fn effects_log(opts: &TargetOptions) -> Vec<u8> {
+/// The Commands Supported and Effects log: admin commands, and with `nvm` the NVM
+/// command set's I/O commands.
+fn effects_log(opts: &TargetOptions, nvm: bool) -> Vec<u8> {
     let mut log = CommandEffectsLog::default();
     for opc in [
         op::GET_LOG_PAGE,
@@ -434,7 +441,7 @@ fn effects_log(opts: &TargetOptions) -> Vec<u8> {
                 | io::RESERVATION_ACQUIRE
                 | io::RESERVATION_RELEASE
         );
-        if resv && !opts.reservations {
+        if (resv && !opts.reservations) || !nvm {
             continue;
         }
         log.iocs[opc as usize] = e.into();

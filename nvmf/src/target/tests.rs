@@ -1373,12 +1373,25 @@ fn cap_advertises_css_nvm_and_iocs_and_cc_css_110b_enables() {
         c.admin(identify(cns::CS_CONTROLLER, 0, 2)).0.status(),
         Status::INVALID_FIELD
     );
-    // Commands Supported and Effects per CSI: NVM answered, others Invalid Log Page.
+    // Commands Supported and Effects per CSI: NVM with its I/O commands; Key Value and
+    // Zoned (nvme-cli 2.13 asks for Zoned and fails the command if refused) with the
+    // admin commands only; a reserved CSI is Invalid Log Page.
     let mut effects = get_log(lid::COMMANDS_EFFECTS, 4096, 0, false, 0);
     let (cqe, data) = c.admin(effects);
     assert!(cqe.status().is_success());
     assert_eq!(data[1024 + 4 * io::READ as usize] & 1, 1);
-    effects.cdw14 = 2 << 24;
+    let admin_part = data[..1024].to_vec();
+    for other in [csi::KEY_VALUE, csi::ZONED] {
+        effects.cdw14 = (other as u32) << 24;
+        let (cqe, data) = c.admin(effects);
+        assert!(cqe.status().is_success(), "CSI {other}: {}", cqe.status());
+        assert_eq!(data[..1024], admin_part[..], "CSI {other}");
+        assert!(
+            data[1024..].iter().all(|&b| b == 0),
+            "CSI {other}: no I/O command"
+        );
+    }
+    effects.cdw14 = 3 << 24;
     assert_eq!(c.admin(effects).0.status(), Status::INVALID_LOG_PAGE);
     // Supported Log Pages.
     let (cqe, data) = c.admin(get_log(lid::SUPPORTED_LOG_PAGES, 1024, 0, false, 0));
