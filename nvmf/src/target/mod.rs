@@ -1809,17 +1809,29 @@ impl Target {
         self.queue_tls.remove(&key);
         let mut abandoned = None;
         if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
-            if queue.qid == 0 && c.admin_key == key && !c.admin_closed {
+            let ours = if queue.qid == 0 {
+                c.admin_key == key && !c.admin_closed
+            } else {
+                c.io_queues.get(&queue.qid) == Some(&key)
+            };
+            // A DH-HMAC-CHAP transaction begun and dropped with its queue counts against
+            // the address (as of when it began: this call has no clock), on any queue of
+            // any controller: a discovery controller, which requires no authentication,
+            // or an authenticated controller's I/O queue cost the same DH work. A host
+            // that never began one (it has no secret) cost nothing; a retired controller
+            // was counted when it failed or timed out.
+            if let Some(qa) = c
+                .queue_auth
+                .get(&queue.qid)
+                .filter(|qa| ours && !c.retired && qa.tx.in_progress())
+            {
+                let began = qa.deadline - authn::AUTH_TIMEOUT;
+                self.auth_strikes.strike(c.origin.peer, began);
+            }
+            if queue.qid == 0 && ours {
                 c.admin_closed = true;
                 if !c.retired && !c.queue_may_run(0) {
                     abandoned = Some((c.hostnqn.clone(), c.subnqn.clone()));
-                    // A transaction begun and dropped counts against the address (as of
-                    // when the queue connected: this call has no clock); a host that
-                    // never began one (it has no secret) cost nothing.
-                    if let Some(qa) = c.queue_auth.get(&0).filter(|qa| qa.tx.in_progress()) {
-                        let began = qa.deadline - authn::AUTH_TIMEOUT;
-                        self.auth_strikes.strike(c.origin.peer, began);
-                    }
                 }
                 if !c.retired {
                     c.retired = true;

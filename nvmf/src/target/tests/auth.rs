@@ -753,6 +753,54 @@ fn an_address_that_keeps_abandoning_authentication_is_throttled() {
     authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
 }
 
+/// A transaction begun and dropped on a discovery controller (which requires no
+/// authentication, but serves one to a host with a secret: the same DH work) counts
+/// against the address like one on an I/O subsystem's admin queue.
+#[test]
+fn abandoning_authentication_on_a_discovery_controller_is_a_strike() {
+    let bad = "10.0.0.67";
+    let negotiate = || {
+        let cfg = HostConfig::new(HOST1, DISCOVERY_NQN, key(0x11), None);
+        HostTransaction::new(cfg, 1).negotiate()
+    };
+    let discovery = |t: Target, k: QueueKey| {
+        let mut c = Conv {
+            t,
+            now: Instant::now(),
+            admin: QueueRef { cntlid: 0, qid: 0 },
+            cid: 0,
+        };
+        let from = QueueOrigin {
+            peer: Some(bad.parse().unwrap()),
+            ..origin()
+        };
+        let (cqe, ok) = c.t.connect(
+            c.now,
+            k,
+            &from,
+            &connect_sqe(0, 31, 0),
+            &connect_data(0xffff, DISCOVERY_NQN, HOST1),
+        );
+        assert_eq!(cqe.status(), Status::SUCCESS);
+        c.admin = ok.unwrap().queue();
+        c
+    };
+    let mut t = auth_target();
+    for k in 0..authn::AUTH_STRIKES as u64 {
+        let mut c = discovery(t, 1000 + k);
+        let admin = c.admin;
+        assert!(send(&mut c, admin, &negotiate()).status().is_success());
+        c.t.queue_closed(admin, 1000 + k);
+        t = c.t;
+    }
+    let mut c = discovery(t, 2000);
+    let admin = c.admin;
+    assert_eq!(
+        send(&mut c, admin, &negotiate()).status(),
+        Status::COMMAND_INTERRUPTED
+    );
+}
+
 /// The DH arithmetic of an authentication is left as a job for another thread: the Send
 /// that needs it is held, the queue refuses a second authentication command meanwhile,
 /// other controllers are served, and the job's result completes the Send and shapes the
