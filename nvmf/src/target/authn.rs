@@ -46,6 +46,11 @@ pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 pub const AUTH_STRIKES: usize = 16;
 /// How long a failed or abandoned authentication counts against its address.
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
+/// How often a queue that has authenticated may start another transaction
+/// (re-authentication, which the host asks for when its secret changes). Each costs a DH
+/// key pair and, unlike a first authentication, proves nothing new: without a bound one
+/// authenticated host kept the DH threads busy for everyone.
+pub const REAUTH_INTERVAL: Duration = Duration::from_secs(10);
 /// Addresses tracked at once; the one struck longest ago makes room.
 const STRIKE_ADDRESSES: usize = 4096;
 
@@ -116,6 +121,8 @@ pub(super) struct QueueAuth {
     pub(super) deadline: Instant,
     /// The DH job out for this queue: its number and the CID of the Send it holds.
     dh: Option<(u64, u16)>,
+    /// When the queue, authenticated, last began another transaction.
+    reauth_at: Option<Instant>,
 }
 
 /// DH arithmetic an authentication waits for (see the module docs).
@@ -155,6 +162,7 @@ impl QueueAuth {
             tx: Transaction::new(),
             deadline: now + AUTH_TIMEOUT,
             dh: None,
+            reauth_at: None,
         }
     }
 }
@@ -345,6 +353,29 @@ impl Target {
         }
         if restart {
             self.auth_strikes.strike(peer_addr, now);
+        }
+        // Re-authentication: at most one new transaction per queue per REAUTH_INTERVAL.
+        let negotiate = send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
+        if negotiate && qa.tx.authenticated() {
+            let last = qa.reauth_at;
+            if last.is_some_and(|t| now.saturating_duration_since(t) < REAUTH_INTERVAL) {
+                // The queue stays: it is authenticated, it may not start over this fast.
+                self.auth_strikes.strike(peer_addr, now);
+                let refusal = Refusal {
+                    reason: RefusalReason::ReauthenticationTooSoon {
+                        secs: REAUTH_INTERVAL.as_secs(),
+                    },
+                    key: qkey,
+                    hostnqn: Some(ctrl.hostnqn.clone()),
+                    subnqn: Some(ctrl.subnqn.clone()),
+                    cntlid: Some(queue.cntlid),
+                    qid: Some(queue.qid),
+                    status: Some(Status::COMMAND_INTERRUPTED),
+                };
+                self.notice(Notice::Refused(refusal));
+                return Err(Status::COMMAND_INTERRUPTED);
+            }
+            qa.reauth_at = Some(now);
         }
         let (event, reply) = if send {
             let tl = cmd.len as usize;

@@ -78,6 +78,9 @@ pub enum RefusalReason {
     /// The host's address failed or abandoned `strikes` authentications within the last
     /// `secs`: no new transaction (and no DH work) for it until they age out.
     AuthenticationThrottled { strikes: usize, secs: u64 },
+    /// An authenticated queue began another DH-HMAC-CHAP transaction within `secs` of its
+    /// last one (answered Command Interrupted; the queue stays).
+    ReauthenticationTooSoon { secs: u64 },
     /// The queue came over TLS with a PSK for another host or subsystem than the Connect
     /// names (a PSK is bound to one host NQN and one subsystem NQN).
     TlsIdentityMismatch { identity: String },
@@ -124,6 +127,7 @@ impl RefusalReason {
         "authentication_required",
         "tls_identity_mismatch",
         "authentication_throttled",
+        "reauthentication_too_soon",
         "reservation_registrants_full",
         "reservation_registrants_quota",
     ];
@@ -158,6 +162,7 @@ impl RefusalReason {
             R::AuthenticationTimeout { .. } => "authentication_timeout",
             R::AuthenticationAbandoned => "authentication_abandoned",
             R::AuthenticationThrottled { .. } => "authentication_throttled",
+            R::ReauthenticationTooSoon { .. } => "reauthentication_too_soon",
             R::AuthenticationRequired { .. } => "authentication_required",
             R::TlsIdentityMismatch { .. } => "tls_identity_mismatch",
             R::RegistrantsFull { .. } => "reservation_registrants_full",
@@ -248,6 +253,11 @@ impl fmt::Display for RefusalReason {
                 f,
                 "this address failed or abandoned {strikes} DH-HMAC-CHAP authentications in the last {secs} s: \
                  no new one until they age out (AUTH_Send answered Command Interrupted): controller destroyed"
+            ),
+            R::ReauthenticationTooSoon { secs } => write!(
+                f,
+                "re-authentication less than {secs} s after the queue's last one (AUTH_Send \
+                 answered Command Interrupted; the queue stays authenticated)"
             ),
             R::TlsIdentityMismatch { identity } => write!(
                 f,
@@ -358,6 +368,7 @@ mod tests {
                 strikes: 16,
                 secs: 60,
             },
+            RefusalReason::ReauthenticationTooSoon { secs: 10 },
             RefusalReason::TlsIdentityMismatch {
                 identity: "NVMe0R01 a b".into(),
             },

@@ -372,6 +372,19 @@ fn reauthentication_and_rotation() {
     authenticate(&mut c, admin, 0x11, None, 1).unwrap();
     assert!(c.property_set(CC_ENABLE).0.status().is_success());
     authenticate(&mut c, admin, 0x11, Some(0x22), 2).unwrap();
+    // Another one at once: refused (each costs a DH key pair), the queue stays.
+    let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
+    let cqe = send(&mut c, admin, &HostTransaction::new(cfg, 9).negotiate());
+    assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
+    assert!(refusals(&mut c.t).iter().any(|r| r.reason
+        == RefusalReason::ReauthenticationTooSoon {
+            secs: authn::REAUTH_INTERVAL.as_secs()
+        }));
+    assert!(c
+        .property_get(fabrics::property::CSTS, false)
+        .status()
+        .is_success());
+    c.now += authn::REAUTH_INTERVAL;
     c.t.set_host_credentials([(HOST1.to_string(), creds(0x44, None))]);
     // Still running on the old authentication.
     assert!(c
@@ -379,6 +392,7 @@ fn reauthentication_and_rotation() {
         .status()
         .is_success());
     authenticate(&mut c, admin, 0x44, None, 3).unwrap();
+    c.now += authn::REAUTH_INTERVAL;
     assert!(authenticate(&mut c, admin, 0x11, None, 4).is_err());
     assert!(refusals(&mut c.t)
         .iter()
