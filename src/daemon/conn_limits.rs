@@ -168,13 +168,23 @@ impl ConnLimits {
     /// likely culprit, not only the peer refused). One pass over the peers, only when a
     /// refusal is logged.
     pub fn most_unconnected(&self) -> Option<(IpAddr, u32)> {
+        self.most_by(|c| c.unconnected)
+    }
+
+    /// The peer address holding the most connections, and how many (for the line that
+    /// refuses a connection over `max_connections`).
+    pub fn most_connections(&self) -> Option<(IpAddr, u32)> {
+        self.most_by(|c| c.total)
+    }
+
+    fn most_by(&self, count: impl Fn(&PeerCount) -> u32) -> Option<(IpAddr, u32)> {
         let s = self.state();
         s.per_peer
             .iter()
-            .filter(|(_, c)| c.unconnected > 0)
+            .map(|(p, c)| (*p, count(c)))
+            .filter(|&(_, n)| n > 0)
             // Ties go to the lower address, so the answer does not depend on hash order.
-            .max_by(|a, b| a.1.unconnected.cmp(&b.1.unconnected).then(b.0.cmp(a.0)))
-            .map(|(p, c)| (*p, c.unconnected))
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
     }
 }
 
@@ -335,6 +345,7 @@ mod tests {
         let _c = l.admit(ip("10.0.0.3")).expect("c");
         assert_eq!(l.admit(ip("10.0.0.4")).unwrap_err(), ConnLimit::Unconnected);
         assert_eq!(l.most_unconnected(), Some((ip("10.0.0.1").unwrap(), 3)));
+        assert_eq!(l.most_connections(), Some((ip("10.0.0.1").unwrap(), 4)));
         drop(a);
         assert_eq!(l.most_unconnected(), Some((ip("10.0.0.2").unwrap(), 3)));
         drop(b);

@@ -245,14 +245,20 @@ impl Shared {
     }
 
     /// A connection refused by one of the connection limits (it is closed or rejected):
-    /// logged at warn, rate-limited per peer (the limit counted the hit). A refusal by the
-    /// daemon-wide pre-Connect limit also names the address holding the most such
-    /// connections: the peer refused is more likely the victim than the culprit.
+    /// logged at warn, rate-limited per peer (the limit counted the hit). A refusal by a
+    /// daemon-wide limit also names the address holding the most such connections: the
+    /// peer refused is more likely the victim than the culprit.
     pub fn limit_refused(&self, limit: ConnLimit, conn: &ConnInfo) {
         let why = || match limit {
             ConnLimit::Total => {
                 let (held, _, _) = self.conn_limits.held();
-                format!("the daemon holds limits.max_connections ({held}) already")
+                let most = self
+                    .conn_limits
+                    .most_connections()
+                    .map_or_else(String::new, |(ip, n)| {
+                        format!(" (the most, {n}, from {ip})")
+                    });
+                format!("the daemon holds limits.max_connections ({held}) already{most}")
             }
             ConnLimit::PerPeer => {
                 "this address holds limits.max_connections_per_peer already".to_string()
