@@ -133,6 +133,10 @@ fn tls_end_to_end() {
     let d = Daemon::start(&config(port));
     let opt_port = d.port();
     let req = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // A connection that never begins its TLS handshake: closed at the handshake's
+    // deadline (10 s), and logged as that (checked at the end), not as a missing ICReq.
+    let silent = std::net::TcpStream::connect(req).unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
 
     // SHA-256 PSK (hh 00, used as the retained PSK), version 1 identity (with digest),
     // then version 0; a SHA-384 PSK (hh 02).
@@ -207,6 +211,30 @@ fn tls_end_to_end() {
         .expect("an entry for the TLS listener");
     assert_eq!(tls_entry[3] & 3, 0b01, "TREQ: secure channel required");
     assert_eq!(tls_entry[768], 2, "TSAS SECTYPE: TLS 1.3");
+
+    let me = format!("127.0.0.1:{silent_port}");
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        let log = d.log();
+        if let Some(l) = log
+            .lines()
+            .find(|l| l.contains("did not finish the TLS handshake in time"))
+        {
+            break l.to_string();
+        }
+        assert!(std::time::Instant::now() < end, "not closed:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(line.contains(&me), "{line}");
+    assert_eq!(line.matches("TLS handshake failed").count(), 1, "{line}");
+    assert!(
+        !d.log()
+            .lines()
+            .any(|l| l.contains(&me) && l.contains("ICReq")),
+        "{}",
+        d.log()
+    );
+    drop(silent);
 }
 
 /// OpenSSL's command-line client completes a TLS 1.3 PSK handshake with the daemon (the

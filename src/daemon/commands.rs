@@ -273,6 +273,8 @@ impl<I: IoContext> IoThread<I> {
                     Some(Err(e)) => e,
                     _ => "unknown".to_string(),
                 };
+                // The TLS layer's own errors say "TLS handshake failed: ..." already.
+                let why = why.strip_prefix("TLS handshake failed: ").unwrap_or(&why);
                 let line = format!(
                     "{}: TLS handshake failed: {why}",
                     crate::refusals::where_from(c.as_ref())
@@ -371,6 +373,38 @@ impl<I: IoContext> IoThread<I> {
     /// (`termreq`: with a C2HTermReq, counted with the other C2HTermReqs sent): logged at
     /// warn with the peer and the reason, rate-limited per peer and limit (the engine
     /// counted the hit in `nvmft_limit_hits_total`).
+    /// An NVMe/RDMA queue lost to a transport failure (`kind` Io or Protocol): a refusal
+    /// line with who it was, counted as `rdma_transport_error`. (NVMe/TCP reports its
+    /// protocol errors with their C2HTermReq; its socket errors are hosts going away.)
+    pub(super) fn report_rdma_error(&mut self, qp: QpHandle, kind: sta::TransportErrorKind) {
+        use crate::refusals as r;
+        let key = queue_key(self.index, qp);
+        if self.shared.transport_of(key) != "rdma" {
+            return;
+        }
+        let c = self.shared.conn(key);
+        let queue = self.qps.get(&qp).and_then(|a| a.queue);
+        let (host, sub) = queue
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
+            .unwrap_or_default();
+        let what = if kind == sta::TransportErrorKind::Protocol {
+            "the host broke the NVMe/RDMA transport binding (a capsule shorter than an SQE \
+             or longer than the receive buffer)"
+        } else {
+            "an RDMA work request failed (the NIC refused a key or address of the host's \
+             SGL, or the host stopped answering; the engine's line before says which)"
+        };
+        let line = format!(
+            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {what}: queue closed",
+            r::where_from(c.as_ref()),
+            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
+            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+        );
+        self.shared
+            .refusals
+            .report(r::RDMA_TRANSPORT_ERROR, c.and_then(|c| c.peer), &line);
+    }
+
     pub(super) fn report_limit(&mut self, qp: QpHandle, limit: sta::Limit, termreq: bool) {
         use crate::refusals as r;
         let key = queue_key(self.index, qp);

@@ -321,6 +321,9 @@ unsafe extern "C" fn use_session(
     r.unwrap_or(0)
 }
 
+/// Characters of an unknown PSK identity kept for the error (the rest is counted).
+const SHOWN_IDENTITY_CHARS: usize = 200;
+
 /// Key exchange groups the server accepts (`server_context`).
 pub const SERVER_GROUPS: &str = "X25519:P-256:P-384:P-521";
 
@@ -464,7 +467,12 @@ impl<S: Read + Write> Handshake<S> {
             Err(HandshakeError::SetupFailure(e)) => Handshake::Failed(e.into()),
             Err(HandshakeError::Failure(m)) => {
                 if let Some(id) = m.ssl().ex_data(unknown_index()) {
-                    return Handshake::Failed(TlsError::UnknownIdentity(id.clone()));
+                    // For the log: an identity can be up to 64 KiB of the peer's choosing.
+                    let shown = match id.char_indices().nth(SHOWN_IDENTITY_CHARS) {
+                        Some((cut, _)) => format!("{}... ({} bytes)", &id[..cut], id.len()),
+                        None => id.clone(),
+                    };
+                    return Handshake::Failed(TlsError::UnknownIdentity(shown));
                 }
                 Handshake::Failed(TlsError::Handshake(m.error().to_string()))
             }

@@ -142,6 +142,16 @@ fn unknown_identity_and_wrong_key_are_refused() {
         .unwrap()
         .unwrap_err();
     assert!(err.contains(&id), "{err}");
+    // A long unknown identity (the peer's choice, up to 64 KiB) is cut short in the error.
+    let (port, rx) = serve_one(table(&[&psk]));
+    p.identity = "x".repeat(3000);
+    assert!(our_client(port, PskEntry::new(&p, HOST, SUB)).is_err());
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap()
+        .unwrap_err();
+    assert!(err.contains(&"x".repeat(200)), "{err}");
+    assert!(err.contains("... (3000 bytes)") && err.len() < 400, "{err}");
     // The right identity with the wrong key: the binder does not verify.
     let (port, rx) = serve_one(table(&[&psk]));
     p = other.tls_psks(HOST, SUB).remove(0);

@@ -263,7 +263,11 @@ impl StaIo {
     ) -> std::io::Result<QpHandle> {
         let idx = self.register_tcp(&sock)?;
         let (limits, rx_cap) = self.tcp_limits();
-        let deadline = Instant::now() + tls.handshake_timeout;
+        // The handshake comes before the ICReq: it has the ICReq's deadline at most.
+        let wait = tls
+            .handshake_timeout
+            .min(self.core.cfg.limits.icreq_timeout);
+        let deadline = Instant::now() + wait;
         let wire = Wire::tls(sock, tls.ctx.clone(), tls.required, deadline);
         let link = Link::Tcp(TcpLink::new(wire, limits));
         Ok(self.install_qp(idx, RxBuf::new(rx_cap), link, user, None))
@@ -787,8 +791,13 @@ impl StaIo {
                 }
             }
             let age = now.saturating_duration_since(q.st.accepted);
+            // A connection still in its TLS handshake is under the TLS deadline
+            // (`check_tls_deadlines`), which says so, not under the ICReq and Connect ones.
+            let tls_pending = matches!(&q.st.link, Link::Tcp(t) if t.wire.tls_deadline().is_some());
             let icreq_pending = matches!(&q.st.link, Link::Tcp(t) if t.machine.awaiting_icreq());
-            let limit = if icreq_pending && age > lim.icreq_timeout {
+            let limit = if tls_pending {
+                None
+            } else if icreq_pending && age > lim.icreq_timeout {
                 Some(Limit::IcReqTimeout)
             } else if q.st.qid.is_none() && age > lim.connect_timeout {
                 Some(Limit::ConnectTimeout)
@@ -871,6 +880,8 @@ impl StaIo {
             };
             let late = matches!(&qp.st.link, Link::Tcp(t) if t.wire.tls_deadline().is_some_and(|d| d <= now));
             if late && !qp.st.rx_stopped {
+                // The handshake is the start of the ICReq's wait: counted under its limit.
+                self.core.counters.hit(Limit::IcReqTimeout);
                 let h = QpHandle { idx: i as u32, gen };
                 if let Link::Tcp(t) = &mut qp.st.link {
                     t.tls = Some(Box::new(Err(
