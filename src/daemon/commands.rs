@@ -67,10 +67,15 @@ impl<I: IoContext> IoThread<I> {
                     // this line says which command and field it was.
                     tracing::debug!(
                         cntlid = queue.cntlid,
-                        "admin command {:#04x} (cdw10 {:#x}, cdw11 {:#x}) answered {}",
+                        "admin command {:#04x} (nsid {:#x}, cdw10 {:#x}, cdw11 {:#x}, cdw12 {:#x}, \
+                         cdw13 {:#x}, cdw14 {:#x}) answered {}",
                         sqe.opcode(),
+                        sqe.nsid,
                         sqe.cdw10,
                         sqe.cdw11,
+                        sqe.cdw12,
+                        sqe.cdw13,
+                        sqe.cdw14,
                         cqe.status()
                     );
                 }

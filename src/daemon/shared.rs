@@ -324,6 +324,18 @@ impl Shared {
                         crate::refusals::where_from(c.as_ref())
                     );
                 }
+                Notice::ControllerReset(r) => {
+                    let c = self.conn(r.key);
+                    tracing::info!(
+                        "{}: host {:?} reset controller {} of subsystem {:?} (CC.EN 1 -> 0): \
+                         its {} I/O queue(s) disconnected",
+                        crate::refusals::where_from(c.as_ref()),
+                        r.hostnqn,
+                        r.cntlid,
+                        r.subnqn,
+                        r.io_queues
+                    );
+                }
                 Notice::Authenticated(a) => {
                     tracing::info!(
                         "host {:?} authenticated to subsystem {:?} (cntlid {}, qid {}) with \

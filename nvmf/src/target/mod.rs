@@ -97,7 +97,7 @@ pub use ana::{AnaGroup, AnaState};
 pub use authn::{
     Authenticated, DhJob, DhJobId, GeneratedPsk, HostCredentials, TlsPeer, AUTH_TIMEOUT,
 };
-pub use refusal::{Notice, Refusal, RefusalReason};
+pub use refusal::{ControllerReset, Notice, Refusal, RefusalReason};
 use reservation::{NotificationEntry, Reservations};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -2329,8 +2329,18 @@ fn property_set(
             }
         }
     } else if new & cc::EN == 0 && old & cc::EN != 0 {
+        let io_queues = ctrl.io_queues.len();
         ctrl.reset(opts.max_io_queues, actions);
         ctrl.csts = 0;
+        if notices.len() < NOTICE_LIMIT {
+            notices.push(Notice::ControllerReset(ControllerReset {
+                key: ctrl.admin_key,
+                hostnqn: ctrl.hostnqn.clone(),
+                subnqn: ctrl.subnqn.clone(),
+                cntlid: ctrl.cntlid,
+                io_queues,
+            }));
+        }
     }
     if cc::shn(new) != 0 && cc::shn(old) == 0 {
         ctrl.reset(opts.max_io_queues, actions);

@@ -317,6 +317,19 @@ pub enum Notice {
     Authenticated(super::Authenticated),
     /// Secure channel concatenation made a TLS PSK the transport must now accept.
     GeneratedPsk(super::GeneratedPsk),
+    /// The host reset a controller (CC.EN 1 -> 0): its I/O queues were disconnected.
+    ControllerReset(ControllerReset),
+}
+
+/// What [`Notice::ControllerReset`] says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerReset {
+    pub key: QueueKey,
+    pub hostnqn: String,
+    pub subnqn: String,
+    pub cntlid: u16,
+    /// I/O queues it had, now disconnected.
+    pub io_queues: usize,
 }
 
 #[cfg(test)]

@@ -615,6 +615,14 @@ fn reset_and_shutdown_disconnect_io_queues() {
             key: 201
         }]
     );
+    // The reset is reported (logged at info by the daemon).
+    let (notices, _) = c.t.take_notices();
+    assert!(
+        notices.iter().any(|n| matches!(n,
+            Notice::ControllerReset(r) if r.cntlid == q1.cntlid && r.io_queues == 1
+                && r.hostnqn == HOST1 && r.subnqn == SUB1)),
+        "{notices:?}"
+    );
     let csts = |c: &mut Conv| c.property_get(fabrics::property::CSTS, false).dw0;
     assert_eq!(csts(&mut c) & 1, 1, "RDY until queue 1 is closed");
     c.t.queue_closed(q1, 201);
