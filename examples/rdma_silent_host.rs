@@ -35,6 +35,9 @@ struct Args {
     hostnqn: String,
     commands: u16,
     expect_within: Duration,
+    /// Give the Connect's data a key the NIC refuses (the target's RDMA READ of it fails)
+    /// instead of taking no answers.
+    bad_key: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -44,9 +47,14 @@ fn args() -> Result<Args, String> {
         hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5e1e0700-0000-4000-8000-0000000000a1".into(),
         commands: 8,
         expect_within: Duration::from_secs(20),
+        bad_key: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
+        if k == "--bad-key" {
+            a.bad_key = true;
+            continue;
+        }
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
         match k.as_str() {
             "--addr" => a.addr = v.parse().map_err(|e| format!("--addr {v}: {e}"))?,
@@ -268,7 +276,7 @@ fn run(a: Args) -> Result<bool, String> {
         sqe.dptr = KeyedSgl {
             addr: base,
             len: 1024,
-            key: rkey,
+            key: if a.bad_key { rkey ^ 0x5a5a_0000 } else { rkey },
             invalidate: false,
         }
         .encode();
@@ -280,6 +288,10 @@ fn run(a: Args) -> Result<bool, String> {
         };
         post_send(qp, 100, &mut ssge)?;
         wait_wc(cq, 100, Duration::from_secs(10))?;
+        if a.bad_key {
+            println!("sent a Connect whose data has a key our NIC refuses");
+            return wait_disconnect(lib, ch, a.expect_within);
+        }
         wait_wc(cq, 1, Duration::from_secs(10))?;
         let cqe =
             Cqe::read_from_bytes(&buf[cqe_off..cqe_off + Cqe::SIZE]).map_err(|_| "CQE layout")?;
@@ -309,6 +321,18 @@ fn run(a: Args) -> Result<bool, String> {
             "sent {} commands; waiting up to {:?} for the target to end the queue",
             a.commands, a.expect_within
         );
+        wait_disconnect(lib, ch, a.expect_within)
+    }
+}
+
+/// Waits up to `limit` for the target to disconnect: Ok(true) when it did.
+fn wait_disconnect(
+    lib: &Lib,
+    ch: *mut ffi::RdmaEventChannel,
+    limit: Duration,
+) -> Result<bool, String> {
+    // SAFETY: `ch` is the live event channel of the connection; events are acked once.
+    unsafe {
         let start = Instant::now();
         let fd = (*ch).fd;
         let mut pfd = libc::pollfd {
@@ -317,7 +341,7 @@ fn run(a: Args) -> Result<bool, String> {
             revents: 0,
         };
         loop {
-            let left = a.expect_within.saturating_sub(start.elapsed());
+            let left = limit.saturating_sub(start.elapsed());
             if left.is_zero() {
                 println!(
                     "FAIL: the target still holds the queue after {:?}",

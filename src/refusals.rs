@@ -46,13 +46,18 @@ pub const TLS_HANDSHAKE_FAILED: &str = "tls_handshake_failed";
 /// The engine answered a command with an error before the queue's Connect was answered
 /// (a malformed Connect: its SGL and its data disagree).
 pub const REFUSED_BEFORE_CONNECT: &str = "refused_before_connect";
-const ENGINE_LABELS: [&str; 6] = [
+/// An NVMe/RDMA queue closed for a transport failure: a work request failed (a key or
+/// address in the host's SGL the NIC refused, the host stopped answering) or the host
+/// broke the transport binding (a capsule shorter than an SQE or longer than IOCCSZ).
+pub const RDMA_TRANSPORT_ERROR: &str = "rdma_transport_error";
+const ENGINE_LABELS: [&str; 7] = [
     ICREQ_REJECTED,
     C2H_TERM_REQ_SENT,
     H2C_TERM_REQ_RECEIVED,
     RDMA_CONNECT_REJECTED,
     TLS_HANDSHAKE_FAILED,
     REFUSED_BEFORE_CONNECT,
+    RDMA_TRANSPORT_ERROR,
 ];
 
 /// What is known of a connection, for log lines: who it came from and on which listener.

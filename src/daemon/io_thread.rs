@@ -465,10 +465,16 @@ impl<I: IoContext> IoThread<I> {
             } => self.report_refused_before_connect(qp, &sqe, status),
             Event::TransportError { qp, kind, .. } => {
                 tracing::debug!(qp = qp.as_u64(), ?kind, "io{}: queue lost", self.index);
-                if let sta::TransportErrorKind::Limit(l) = kind {
-                    if !self.qps.get(&qp).is_some_and(|a| a.limit_logged) {
-                        self.report_limit(qp, l, false);
+                match kind {
+                    sta::TransportErrorKind::Limit(l) => {
+                        if !self.qps.get(&qp).is_some_and(|a| a.limit_logged) {
+                            self.report_limit(qp, l, false);
+                        }
                     }
+                    sta::TransportErrorKind::Io | sta::TransportErrorKind::Protocol => {
+                        self.report_rdma_error(qp, kind)
+                    }
+                    sta::TransportErrorKind::PeerClosed => {}
                 }
                 self.close_queue(qp);
                 self.disconnect(qp);

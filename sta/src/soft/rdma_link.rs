@@ -705,15 +705,31 @@ pub(super) fn on_wc(
         return;
     };
     if wc.status != ffi::IBV_WC_SUCCESS {
-        if wc.status != ffi::IBV_WC_WR_FLUSH_ERR && st.disconnect.is_none() {
+        // The first failure of the QP only (the rest of its work fails with it); the
+        // application logs the queue's loss with the peer, host and subsystem.
+        if wc.status != ffi::IBV_WC_WR_FLUSH_ERR && st.disconnect.is_none() && !st.error_reported {
+            let what = match kind {
+                WR_RECV => "RDMA receive",
+                WR_SEND => "RDMA SEND",
+                WR_WRITE => "RDMA WRITE",
+                WR_READ => "RDMA READ",
+                _ => "RDMA work request",
+            };
             tracing::warn!(
                 qp = qp.as_u64(),
-                "RDMA work request (kind {kind}) failed: {}",
+                "{what} failed: {} (the queue is closed)",
                 wc_status_str(rt.lib, wc.status)
             );
         }
         st.rx_stopped = true;
-        core.transport_error(qp, st, TransportErrorKind::Io);
+        // A flush is the QP going into error for something else: the host's disconnect
+        // (or an error reported before it, or our own disconnect, neither reported again).
+        let lost = if wc.status == ffi::IBV_WC_WR_FLUSH_ERR {
+            TransportErrorKind::PeerClosed
+        } else {
+            TransportErrorKind::Io
+        };
+        core.transport_error(qp, st, lost);
         // The commands die with the QP (qp_disconnect frees them once it is destroyed);
         // a failed host-data fetch for the application is reported to it.
         if kind == WR_READ {
@@ -746,7 +762,9 @@ pub(super) fn on_wc(
             match r.machine.on_recv(capsule) {
                 Ok((sqe, data)) => core.on_capsule(qp, st, &sqe, data, true),
                 Err(e) => {
-                    tracing::warn!(qp = qp.as_u64(), "{e}");
+                    if !st.error_reported {
+                        tracing::warn!(qp = qp.as_u64(), "{e} (the queue is closed)");
+                    }
                     st.rx_stopped = true;
                     core.transport_error(qp, st, TransportErrorKind::Protocol);
                 }

@@ -231,6 +231,16 @@ if [ -x "$SHARE/rdma_silent_host" ]; then
     if connect_rdma && dev_io_ok "$(ns_dev "$NQN" 1)"; then pass silent-host-others-unaffected
     else fail silent-host-others-unaffected "connect or I/O failed after the silent host"; fi
     nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
+    # A Connect whose data has a key the NIC refuses: the target's RDMA READ fails, the
+    # queue is closed, and the line says who and why.
+    out=$(timeout 60 "$SHARE/rdma_silent_host" --addr "$ADDR:$PORT" --subnqn "$NQN" \
+        --bad-key --expect-within 15 2>&1); rc=$?
+    echo "$out"
+    if [ $rc -eq 0 ]; then pass bad-key-queue-ended
+    else fail bad-key-queue-ended "rc=$rc: $(echo "$out" | tail -1)"; fi
+    if wait_until 10 grep -q 'WARN.*RDMA work request failed.*reason="rdma_transport_error"' "$TGT_LOG"
+    then pass bad-key-logged
+    else fail bad-key-logged "no rdma_transport_error line: $(grep -i 'rdma' "$TGT_LOG" | tail -3)"; fi
 else
     fail silent-host-tool "rdma_silent_host not in the share (cargo build --release --example rdma_silent_host)"
 fi
