@@ -116,7 +116,10 @@ fn css_110b_host_enables_identifies_and_does_io() {
         .expect("effects log");
     assert_ok(cqe.status(), "Commands Supported and Effects, CSI 02h");
     assert_eq!(data[..1024], admin_part[..], "CSI 02h: the admin commands");
-    assert!(data[1024..].iter().all(|&b| b == 0), "CSI 02h: no I/O command");
+    assert!(
+        data[1024..].iter().all(|&b| b == 0),
+        "CSI 02h: no I/O command"
+    );
     let (cqe, data) = c
         .admin
         .submit_admin_raw(log_sqe(lid::SUPPORTED_LOG_PAGES, 1024, 0), &[], 1024)

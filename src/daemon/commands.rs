@@ -359,25 +359,27 @@ impl<I: IoContext> IoThread<I> {
                 format!("the host broke NVMe/TCP: sent a C2HTermReq (FES {fes:#x}: {what}, FEI {fei} = byte offset of the bad field) and closed the connection"),
             )
         };
-        let queue = self.qps.get(&qp).and_then(|a| a.queue);
-        let (host, sub) = queue
-            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
-            .unwrap_or_default();
-        let line = format!(
-            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {line}",
-            r::where_from(c.as_ref()),
-            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
-            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
-        );
+        let line = format!("{}: {line}", self.who(qp, c.as_ref()));
         self.shared
             .refusals
             .report(label, c.and_then(|c| c.peer), &line);
     }
 
-    /// A peer lost its connection to one of the engine's bounds or deadlines
-    /// (`termreq`: with a C2HTermReq, counted with the other C2HTermReqs sent): logged at
-    /// warn with the peer and the reason, rate-limited per peer and limit (the engine
-    /// counted the hit in `nvmft_limit_hits_total`).
+    /// Where queue `qp` came from and whose it is, for a refusal line: `peer ... on
+    /// listener ...: host "...", subsystem "...", cntlid N, qid N` (dashes before Connect).
+    fn who(&self, qp: QpHandle, c: Option<&crate::refusals::ConnInfo>) -> String {
+        let queue = self.qps.get(&qp).and_then(|a| a.queue);
+        let (host, sub) = queue
+            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
+            .unwrap_or_default();
+        format!(
+            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}",
+            crate::refusals::where_from(c),
+            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
+            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+        )
+    }
+
     /// An NVMe/RDMA queue lost to a transport failure (`kind` Io or Protocol): a refusal
     /// line with who it was, counted as `rdma_transport_error`. (NVMe/TCP reports its
     /// protocol errors with their C2HTermReq; its socket errors are hosts going away.)
@@ -388,10 +390,6 @@ impl<I: IoContext> IoThread<I> {
             return;
         }
         let c = self.shared.conn(key);
-        let queue = self.qps.get(&qp).and_then(|a| a.queue);
-        let (host, sub) = queue
-            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
-            .unwrap_or_default();
         let what = if kind == sta::TransportErrorKind::Protocol {
             "the host broke the NVMe/RDMA transport binding (a capsule shorter than an SQE \
              or longer than the receive buffer)"
@@ -399,17 +397,16 @@ impl<I: IoContext> IoThread<I> {
             "an RDMA work request failed (the NIC refused a key or address of the host's \
              SGL, or the host stopped answering; the engine's line before says which)"
         };
-        let line = format!(
-            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: {what}: queue closed",
-            r::where_from(c.as_ref()),
-            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
-            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
-        );
+        let line = format!("{}: {what}: queue closed", self.who(qp, c.as_ref()));
         self.shared
             .refusals
             .report(r::RDMA_TRANSPORT_ERROR, c.and_then(|c| c.peer), &line);
     }
 
+    /// A peer lost its connection to one of the engine's bounds or deadlines
+    /// (`termreq`: with a C2HTermReq, counted with the other C2HTermReqs sent): logged at
+    /// warn with the peer and the reason, rate-limited per peer and limit (the engine
+    /// counted the hit in `nvmft_limit_hits_total`).
     pub(super) fn report_limit(&mut self, qp: QpHandle, limit: sta::Limit, termreq: bool) {
         use crate::refusals as r;
         let key = queue_key(self.index, qp);
@@ -417,16 +414,9 @@ impl<I: IoContext> IoThread<I> {
         if termreq {
             self.shared.refusals.count(r::C2H_TERM_REQ_SENT);
         }
-        let queue = self.qps.get(&qp).and_then(|a| a.queue);
-        let (host, sub) = queue
-            .and_then(|q| self.shared.target().controller_nqns(q.cntlid))
-            .unwrap_or_default();
         let line = format!(
-            "{}: host {host:?}, subsystem {sub:?}, cntlid {}, qid {}: the peer {} \
-             (limit {}): connection closed{}",
-            r::where_from(c.as_ref()),
-            queue.map_or_else(|| "-".into(), |q| q.cntlid.to_string()),
-            queue.map_or_else(|| "-".into(), |q| q.qid.to_string()),
+            "{}: the peer {} (limit {}): connection closed{}",
+            self.who(qp, c.as_ref()),
             limit.describe(),
             limit.label(),
             if termreq { " with a C2HTermReq" } else { "" },

@@ -686,6 +686,11 @@ fn connect_from(t: Target, peer: &str, key: QueueKey, now: Instant) -> Conv {
 }
 
 fn connect_from_kato(t: Target, peer: &str, key: QueueKey, now: Instant, kato: u32) -> Conv {
+    connect_to(t, peer, key, now, kato, SUB1)
+}
+
+/// HOST1's admin queue to `subnqn` from `peer`.
+fn connect_to(t: Target, peer: &str, key: QueueKey, now: Instant, kato: u32, subnqn: &str) -> Conv {
     let mut c = Conv {
         t,
         now,
@@ -701,7 +706,7 @@ fn connect_from_kato(t: Target, peer: &str, key: QueueKey, now: Instant, kato: u
         key,
         &from,
         &connect_sqe(0, 31, kato),
-        &connect_data(0xffff, SUB1, HOST1),
+        &connect_data(0xffff, subnqn, HOST1),
     );
     assert_eq!(cqe.status(), Status::SUCCESS);
     c.admin = ok.unwrap().queue();
@@ -777,28 +782,8 @@ fn abandoning_authentication_on_a_discovery_controller_is_a_strike() {
         let cfg = HostConfig::new(HOST1, DISCOVERY_NQN, key(0x11), None);
         HostTransaction::new(cfg, 1).negotiate()
     };
-    let discovery = |t: Target, k: QueueKey| {
-        let mut c = Conv {
-            t,
-            now: Instant::now(),
-            admin: QueueRef { cntlid: 0, qid: 0 },
-            cid: 0,
-        };
-        let from = QueueOrigin {
-            peer: Some(bad.parse().unwrap()),
-            ..origin()
-        };
-        let (cqe, ok) = c.t.connect(
-            c.now,
-            k,
-            &from,
-            &connect_sqe(0, 31, 0),
-            &connect_data(0xffff, DISCOVERY_NQN, HOST1),
-        );
-        assert_eq!(cqe.status(), Status::SUCCESS);
-        c.admin = ok.unwrap().queue();
-        c
-    };
+    let discovery =
+        |t: Target, k: QueueKey| connect_to(t, bad, k, Instant::now(), 0, DISCOVERY_NQN);
     let mut t = auth_target();
     for k in 0..authn::AUTH_STRIKES as u64 {
         let mut c = discovery(t, 1000 + k);
