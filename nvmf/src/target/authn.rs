@@ -46,11 +46,14 @@ pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 pub const AUTH_STRIKES: usize = 16;
 /// How long a failed or abandoned authentication counts against its address.
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
-/// How often a queue that has authenticated may start another transaction
-/// (re-authentication, which the host asks for when its secret changes). Each costs a DH
-/// key pair and, unlike a first authentication, proves nothing new: without a bound one
-/// authenticated host kept the DH threads busy for everyone.
-pub const REAUTH_INTERVAL: Duration = Duration::from_secs(10);
+/// Re-authentications (new transactions on a queue that has authenticated: the Linux
+/// host starts one on every write of its `dhchap_secret` or `dhchap_ctrl_secret`, so a
+/// key rotation may bring two at once) one queue may begin within [`REAUTH_WINDOW`].
+/// Each costs a DH key pair and proves nothing new: without a bound one authenticated
+/// host kept the DH threads busy for everyone.
+pub const REAUTH_BURST: usize = 4;
+/// See [`REAUTH_BURST`].
+pub const REAUTH_WINDOW: Duration = Duration::from_secs(60);
 /// Addresses tracked at once; the one struck longest ago makes room.
 const STRIKE_ADDRESSES: usize = 4096;
 
@@ -121,8 +124,11 @@ pub(super) struct QueueAuth {
     pub(super) deadline: Instant,
     /// The DH job out for this queue: its number and the CID of the Send it holds.
     dh: Option<(u64, u16)>,
-    /// When the queue, authenticated, last began another transaction.
-    reauth_at: Option<Instant>,
+    /// When the queue, authenticated, began its last re-authentications (at most
+    /// [`REAUTH_BURST`], within [`REAUTH_WINDOW`]).
+    reauths: VecDeque<Instant>,
+    /// When the transaction under way began (its Negotiate).
+    pub(super) began: Option<Instant>,
 }
 
 /// DH arithmetic an authentication waits for (see the module docs).
@@ -162,7 +168,8 @@ impl QueueAuth {
             tx: Transaction::new(),
             deadline: now + AUTH_TIMEOUT,
             dh: None,
-            reauth_at: None,
+            reauths: VecDeque::new(),
+            began: None,
         }
     }
 }
@@ -347,23 +354,44 @@ impl Target {
                 let who = (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
                 let secs = STRIKE_WINDOW.as_secs();
                 let reason = RefusalReason::AuthenticationThrottled { strikes, secs };
-                self.refuse_and_retire(reason, who, queue);
+                if qa.tx.authenticated() {
+                    // A queue that proved the secret keeps running: only the new
+                    // transaction is refused.
+                    self.notice(Notice::Refused(Refusal {
+                        reason,
+                        key: qkey,
+                        hostnqn: Some(who.1),
+                        subnqn: Some(who.2),
+                        cntlid: Some(queue.cntlid),
+                        qid: Some(queue.qid),
+                        status: Some(Status::COMMAND_INTERRUPTED),
+                    }));
+                } else {
+                    self.refuse_and_retire(reason, who, queue);
+                }
                 return Err(Status::COMMAND_INTERRUPTED);
             }
         }
         if restart {
             self.auth_strikes.strike(peer_addr, now);
         }
-        // Re-authentication: at most one new transaction per queue per REAUTH_INTERVAL.
         let negotiate = send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
+        // Re-authentication: at most REAUTH_BURST new transactions per queue within
+        // REAUTH_WINDOW. Past that the transaction is refused, not the queue, and it is no
+        // strike: the bound is the protection, and a host rotating keys is not an attacker.
         if negotiate && qa.tx.authenticated() {
-            let last = qa.reauth_at;
-            if last.is_some_and(|t| now.saturating_duration_since(t) < REAUTH_INTERVAL) {
-                // The queue stays: it is authenticated, it may not start over this fast.
-                self.auth_strikes.strike(peer_addr, now);
+            while qa
+                .reauths
+                .front()
+                .is_some_and(|&t| now.saturating_duration_since(t) >= REAUTH_WINDOW)
+            {
+                qa.reauths.pop_front();
+            }
+            if qa.reauths.len() >= REAUTH_BURST {
                 let refusal = Refusal {
                     reason: RefusalReason::ReauthenticationTooSoon {
-                        secs: REAUTH_INTERVAL.as_secs(),
+                        count: REAUTH_BURST,
+                        secs: REAUTH_WINDOW.as_secs(),
                     },
                     key: qkey,
                     hostnqn: Some(ctrl.hostnqn.clone()),
@@ -375,7 +403,10 @@ impl Target {
                 self.notice(Notice::Refused(refusal));
                 return Err(Status::COMMAND_INTERRUPTED);
             }
-            qa.reauth_at = Some(now);
+            qa.reauths.push_back(now);
+        }
+        if negotiate {
+            qa.began = Some(now);
         }
         let (event, reply) = if send {
             let tl = cmd.len as usize;

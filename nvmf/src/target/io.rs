@@ -63,12 +63,30 @@ pub(super) fn execute(
         op::RESERVATION_REPORT => return report(resv, sqe, data),
         op::RESERVATION_REGISTER | op::RESERVATION_ACQUIRE | op::RESERVATION_RELEASE => {
             let ptpl_capable = t.opts.ptpl_capable;
+            // A host NQN at its registrant quota replaces its own stale registrations
+            // (Host IDs no live controller of the subsystem has: a host without a fixed
+            // Host ID gets a new one at each connect) before it is refused.
+            let at_quota = opcode == op::RESERVATION_REGISTER
+                && resv.refuse_new(&host_id, sqe.cdw10, by)
+                    == Some(reservation::RegistrantsRefusal::HostQuota);
+            let live: std::collections::HashSet<reservation::HostId> = if at_quota {
+                t.controllers
+                    .values()
+                    .filter(|c| c.subnqn == subnqn && !c.retired)
+                    .map(|c| c.hostid)
+                    .collect()
+            } else {
+                Default::default()
+            };
             let subsys = t
                 .subsystems
                 .get_mut(&subnqn)
                 .ok_or(Status::INTERNAL_ERROR)?;
             let r = subsys.resv.get_mut(&nsid).ok_or(Status::INTERNAL_ERROR)?;
             let ptpl_before = r.ptpl;
+            if at_quota {
+                r.evict_stale(by, &live);
+            }
             let fx = match opcode {
                 op::RESERVATION_REGISTER => {
                     r.register_by(&host_id, sqe.cdw10, data, ptpl_capable, by)

@@ -1815,7 +1815,7 @@ impl Target {
                 c.io_queues.get(&queue.qid) == Some(&key)
             };
             // A DH-HMAC-CHAP transaction begun and dropped with its queue counts against
-            // the address (as of when it began: this call has no clock), on any queue of
+            // the address (as of when it began), on any queue of
             // any controller: a discovery controller, which requires no authentication,
             // or an authenticated controller's I/O queue cost the same DH work. A host
             // that never began one (it has no secret) cost nothing; a retired controller
@@ -1825,7 +1825,8 @@ impl Target {
                 .get(&queue.qid)
                 .filter(|qa| ours && !c.retired && qa.tx.in_progress())
             {
-                let began = qa.deadline - authn::AUTH_TIMEOUT;
+                // When the transaction began (this call has no clock of its own).
+                let began = qa.began.unwrap_or(qa.deadline - authn::AUTH_TIMEOUT);
                 self.auth_strikes.strike(c.origin.peer, began);
             }
             if queue.qid == 0 && ours {

@@ -78,9 +78,9 @@ pub enum RefusalReason {
     /// The host's address failed or abandoned `strikes` authentications within the last
     /// `secs`: no new transaction (and no DH work) for it until they age out.
     AuthenticationThrottled { strikes: usize, secs: u64 },
-    /// An authenticated queue began another DH-HMAC-CHAP transaction within `secs` of its
-    /// last one (answered Command Interrupted; the queue stays).
-    ReauthenticationTooSoon { secs: u64 },
+    /// An authenticated queue began more than `count` DH-HMAC-CHAP transactions within
+    /// `secs` (answered Command Interrupted; the queue stays).
+    ReauthenticationTooSoon { count: usize, secs: u64 },
     /// The queue came over TLS with a PSK for another host or subsystem than the Connect
     /// names (a PSK is bound to one host NQN and one subsystem NQN).
     TlsIdentityMismatch { identity: String },
@@ -254,9 +254,9 @@ impl fmt::Display for RefusalReason {
                 "this address failed or abandoned {strikes} DH-HMAC-CHAP authentications in the last {secs} s: \
                  no new one until they age out (AUTH_Send answered Command Interrupted): controller destroyed"
             ),
-            R::ReauthenticationTooSoon { secs } => write!(
+            R::ReauthenticationTooSoon { count, secs } => write!(
                 f,
-                "re-authentication less than {secs} s after the queue's last one (AUTH_Send \
+                "re-authentication past {count} in {secs} s on this queue (AUTH_Send \
                  answered Command Interrupted; the queue stays authenticated)"
             ),
             R::TlsIdentityMismatch { identity } => write!(
@@ -381,7 +381,7 @@ mod tests {
                 strikes: 16,
                 secs: 60,
             },
-            RefusalReason::ReauthenticationTooSoon { secs: 10 },
+            RefusalReason::ReauthenticationTooSoon { count: 4, secs: 60 },
             RefusalReason::TlsIdentityMismatch {
                 identity: "NVMe0R01 a b".into(),
             },

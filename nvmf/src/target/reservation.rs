@@ -316,6 +316,28 @@ impl Reservations {
             None
         }
     }
+    /// Removes the oldest registrant that `by`'s host NQN registered, that no live
+    /// controller has as its Host ID (`live`) and that holds no reservation: a host NQN at
+    /// its quota replaces its own stale registrations. Returns whether one went.
+    pub fn evict_stale(
+        &mut self,
+        by: RegisteredBy,
+        live: &std::collections::HashSet<HostId>,
+    ) -> bool {
+        if by.hostnqn == 0 {
+            return false;
+        }
+        let stale = self.registrants.iter().position(|r| {
+            r.by.hostnqn == by.hostnqn && !live.contains(&r.host_id) && !self.is_holder(&r.host_id)
+        });
+        match stale {
+            Some(i) => {
+                self.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
     #[cfg(test)]
     fn full_for(&self, host: &HostId, cdw10: u32) -> bool {
         self.refuse_new(host, cdw10, RegisteredBy::default())

@@ -1181,12 +1181,12 @@ impl StaIo {
                     // returns them (`on_wc` marks the QP then): no polling. The drain
                     // clock runs while work waits or is posted and not completed (a host
                     // that posts no receives RNR-NAKs our SENDs, and the REQ it sent
-                    // may have told our QP to retry them forever); posting starts it
-                    // over, so does a completion (`on_wc`, `check_deadlines`).
+                    // may have told our QP to retry them forever). Only a completion,
+                    // the host's doing, starts it over (`on_wc`, `check_deadlines`):
+                    // posting is ours, and a host sending a command now and then must
+                    // not keep a stuck queue alive with it.
                     if !r.machine.send_side_busy() {
                         st.tx_stalled_since = None;
-                    } else if posted > 0 {
-                        st.tx_stalled_since = Some(now);
                     } else {
                         st.tx_stalled_since.get_or_insert(now);
                     }

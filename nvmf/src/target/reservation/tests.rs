@@ -492,3 +492,39 @@ fn one_host_nqn_or_address_adds_a_bounded_number_of_registrants() {
         .unwrap();
     assert_eq!(r.registrants.len(), 10 + MAX_REGISTRANTS_PER_HOST + 1);
 }
+
+/// A host NQN at its quota replaces its own oldest registration that no live controller
+/// holds and that holds no reservation; another host NQN's registrations are never taken.
+#[test]
+fn a_host_at_its_quota_replaces_its_own_stale_registrations() {
+    let host = |i: usize| -> HostId {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        h[15] = 3;
+        h
+    };
+    let me = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:node1", None);
+    let other = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:node2", None);
+    let mut r = Reservations::default();
+    r.register_by(&host(500), RREGA_REGISTER, &keys(0, 5), false, other)
+        .unwrap();
+    for i in 0..MAX_REGISTRANTS_PER_HOST {
+        r.register_by(&host(i), RREGA_REGISTER, &keys(0, 7), false, me)
+            .unwrap();
+    }
+    // host(0) holds the reservation, host(1) has a live controller: host(2) goes.
+    acq(&mut r, &host(0), 0, WriteExclusive as u8, 7, 0).unwrap();
+    let live: std::collections::HashSet<HostId> = [host(1)].into_iter().collect();
+    assert!(r.evict_stale(me, &live));
+    assert!(!r.is_registrant(&host(2)));
+    assert!(r.is_registrant(&host(0)) && r.is_registrant(&host(1)));
+    assert!(r.is_registrant(&host(500)));
+    let next = host(MAX_REGISTRANTS_PER_HOST);
+    r.register_by(&next, RREGA_REGISTER, &keys(0, 7), false, me)
+        .unwrap();
+    // Nothing of another host NQN's, and nothing without a known origin, is taken.
+    let all_live: std::collections::HashSet<HostId> =
+        r.registrants.iter().map(|x| x.host_id).collect();
+    assert!(!r.evict_stale(me, &all_live));
+    assert!(!r.evict_stale(RegisteredBy::default(), &Default::default()));
+}

@@ -372,19 +372,25 @@ fn reauthentication_and_rotation() {
     authenticate(&mut c, admin, 0x11, None, 1).unwrap();
     assert!(c.property_set(CC_ENABLE).0.status().is_success());
     authenticate(&mut c, admin, 0x11, Some(0x22), 2).unwrap();
-    // Another one at once: refused (each costs a DH key pair), the queue stays.
+    // A key rotation may bring re-authentications back to back: REAUTH_BURST of them
+    // within REAUTH_WINDOW are served; the next is refused (each costs a DH key pair),
+    // the queue stays, and it is no strike against the address.
+    for t_id in 10..10 + authn::REAUTH_BURST as u16 - 1 {
+        authenticate(&mut c, admin, 0x11, None, t_id).unwrap();
+    }
     let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
     let cqe = send(&mut c, admin, &HostTransaction::new(cfg, 9).negotiate());
     assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
     assert!(refusals(&mut c.t).iter().any(|r| r.reason
         == RefusalReason::ReauthenticationTooSoon {
-            secs: authn::REAUTH_INTERVAL.as_secs()
+            count: authn::REAUTH_BURST,
+            secs: authn::REAUTH_WINDOW.as_secs()
         }));
     assert!(c
         .property_get(fabrics::property::CSTS, false)
         .status()
         .is_success());
-    c.now += authn::REAUTH_INTERVAL;
+    c.now += authn::REAUTH_WINDOW;
     c.t.set_host_credentials([(HOST1.to_string(), creds(0x44, None))]);
     // Still running on the old authentication.
     assert!(c
@@ -392,7 +398,6 @@ fn reauthentication_and_rotation() {
         .status()
         .is_success());
     authenticate(&mut c, admin, 0x44, None, 3).unwrap();
-    c.now += authn::REAUTH_INTERVAL;
     assert!(authenticate(&mut c, admin, 0x11, None, 4).is_err());
     assert!(refusals(&mut c.t)
         .iter()
@@ -724,8 +729,13 @@ fn an_address_that_keeps_abandoning_authentication_is_throttled() {
         let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
         HostTransaction::new(cfg, 1).negotiate()
     };
-    let mut t = auth_target();
     let now = Instant::now();
+    // A controller of that address that authenticated before the strikes.
+    let mut early = connect_from(auth_target(), bad, 900, now);
+    let early_admin = early.admin;
+    authenticate(&mut early, early_admin, 0x11, Some(0x22), 1).unwrap();
+    assert!(early.property_set(CC_ENABLE).0.status().is_success());
+    let mut t = early.t;
     for k in 0..authn::AUTH_STRIKES as u64 {
         let mut c = connect_from(t, bad, 1000 + k, now);
         let admin = c.admin;
@@ -750,6 +760,21 @@ fn an_address_that_keeps_abandoning_authentication_is_throttled() {
             secs: authn::STRIKE_WINDOW.as_secs()
         }
     );
+    // The controller that had authenticated: its re-authentication is refused, but it
+    // is not torn down (it proved the secret).
+    let mut early = Conv {
+        t: c.t,
+        now,
+        admin: early_admin,
+        cid: 0,
+    };
+    let cqe = send(&mut early, early_admin, &negotiate());
+    assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
+    assert!(early
+        .property_get(fabrics::property::CSTS, false)
+        .status()
+        .is_success());
+    let c = early;
     // Another address is not held back.
     let mut c = connect_from(c.t, "10.0.0.77", 2001, now);
     let admin = c.admin;
