@@ -394,8 +394,10 @@ impl<I: IoContext> IoThread<I> {
             "the host broke the NVMe/RDMA transport binding (a capsule shorter than an SQE \
              or longer than the receive buffer)"
         } else {
-            "an RDMA work request failed (the NIC refused a key or address of the host's \
-             SGL, or the host stopped answering; the engine's line before says which)"
+            "the RDMA connection failed (a work request the NIC failed, such as a key or \
+             address of the host's SGL it refused or a host that stopped answering; or the \
+             connection manager lost the connection; the engine's line before says which, \
+             when it was a work request)"
         };
         let line = format!("{}: {what}: queue closed", self.who(qp, c.as_ref()));
         self.shared

@@ -138,20 +138,24 @@ pub(super) fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Nice value of the DH threads: below the IO threads (nice 0), so that DH work a peer
-/// causes (FFDHE-8192 costs about 25 ms a job) takes a contended CPU from them at most a
-/// tenth of the time (CFS weights 110 against 1024), yet still runs when every core is
-/// busy.
+/// How much nicer the DH threads run than the IO threads (which keep the daemon's own
+/// nice value): DH work a peer causes (FFDHE-8192 costs about 25 ms a job) takes a
+/// contended CPU from them at most about a tenth of the time (CFS weights 110 against
+/// 1024 at nice 0), yet still runs when every core is busy.
 pub const DH_NICE: i32 = 10;
 
 #[allow(unsafe_code)]
 fn lower_priority() {
-    // SAFETY: setpriority has no memory preconditions; on Linux, PRIO_PROCESS with who 0
-    // changes the calling thread only.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, DH_NICE) };
+    // SAFETY: getpriority and setpriority have no memory preconditions; on Linux,
+    // PRIO_PROCESS with who 0 reads or changes the calling thread only (getpriority
+    // returns the nice value itself with the glibc wrapper).
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let nice = (now + DH_NICE).min(19);
+    // SAFETY: as above.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
     if rc != 0 {
         tracing::warn!(
-            "a DH thread could not lower its priority to nice {DH_NICE}: {}",
+            "a DH thread could not lower its priority to nice {nice}: {}",
             std::io::Error::last_os_error()
         );
     }

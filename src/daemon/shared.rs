@@ -326,7 +326,7 @@ impl Shared {
                 }
                 Notice::ControllerReset(r) => {
                     let c = self.conn(r.key);
-                    tracing::info!(
+                    let line = format!(
                         "{}: host {:?} reset controller {} of subsystem {:?} (CC.EN 1 -> 0): \
                          its {} I/O queue(s) disconnected",
                         crate::refusals::where_from(c.as_ref()),
@@ -335,6 +335,13 @@ impl Shared {
                         r.subnqn,
                         r.io_queues
                     );
+                    // At info when it cut I/O queues (each of which was a Connect, logged
+                    // at info too); a host toggling CC.EN with none costs only a debug line.
+                    if r.io_queues > 0 {
+                        tracing::info!("{line}");
+                    } else {
+                        tracing::debug!("{line}");
+                    }
                 }
                 Notice::Authenticated(a) => {
                     tracing::info!(

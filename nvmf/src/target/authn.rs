@@ -556,13 +556,20 @@ impl Target {
     /// timed out are dropped.
     pub(super) fn poll_auth_timeouts(&mut self, now: Instant) {
         let mut late = Vec::new();
+        // Transactions dropped for a step that timed out on a queue that may stay (a
+        // discovery controller's, a re-authentication): a strike each, as when dropped
+        // with the queue (`queue_closed`); a queue past its first deadline is struck below.
+        let mut dropped = Vec::new();
         for c in self.controllers.values_mut().filter(|c| !c.retired) {
             for (&qid, qa) in c.queue_auth.iter_mut() {
-                qa.tx.poll_timeout(now);
-                if qa
+                let timed_out = qa.tx.poll_timeout(now);
+                let past_initial = qa
                     .initial_deadline(c.auth_required)
-                    .is_some_and(|d| d <= now)
-                {
+                    .is_some_and(|d| d <= now);
+                if timed_out && !past_initial {
+                    dropped.push(c.origin.peer);
+                }
+                if past_initial {
                     late.push((
                         c.cntlid,
                         qid,
@@ -574,6 +581,9 @@ impl Target {
                     break;
                 }
             }
+        }
+        for peer in dropped {
+            self.auth_strikes.strike(peer, now);
         }
         for (cntlid, qid, key, hostnqn, subnqn, peer) in late {
             self.auth_strikes.strike(peer, now);

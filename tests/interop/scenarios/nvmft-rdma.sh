@@ -238,7 +238,7 @@ if [ -x "$SHARE/rdma_silent_host" ]; then
     echo "$out"
     if [ $rc -eq 0 ]; then pass bad-key-queue-ended
     else fail bad-key-queue-ended "rc=$rc: $(echo "$out" | tail -1)"; fi
-    if wait_until 10 grep -q 'WARN.*RDMA work request failed.*reason="rdma_transport_error"' "$TGT_LOG"
+    if wait_until 10 grep -q 'WARN.*the RDMA connection failed.*reason="rdma_transport_error"' "$TGT_LOG"
     then pass bad-key-logged
     else fail bad-key-logged "no rdma_transport_error line: $(grep -i 'rdma' "$TGT_LOG" | tail -3)"; fi
 else

@@ -825,6 +825,41 @@ fn abandoning_authentication_on_a_discovery_controller_is_a_strike() {
     );
 }
 
+/// A transaction left to time out on a queue that may stay (a discovery controller's)
+/// counts as one abandoned too: without it a peer could begin one, let it time out and
+/// begin the next, forever, on one connection.
+#[test]
+fn a_transaction_left_to_time_out_on_discovery_is_a_strike() {
+    let bad = "10.0.0.68";
+    let negotiate = || {
+        let cfg = HostConfig::new(HOST1, DISCOVERY_NQN, key(0x11), None);
+        HostTransaction::new(cfg, 1).negotiate()
+    };
+    let t0 = Instant::now();
+    let mut t = auth_target();
+    let mut queues = Vec::new();
+    for k in 0..authn::AUTH_STRIKES as u64 {
+        let mut c = connect_to(t, bad, 1000 + k, t0, 0, DISCOVERY_NQN);
+        let admin = c.admin;
+        assert!(send(&mut c, admin, &negotiate()).status().is_success());
+        queues.push(admin);
+        t = c.t;
+    }
+    let later = t0 + authn::AUTH_TIMEOUT + Duration::from_secs(1);
+    t.poll_timeouts(later);
+    let mut c = Conv {
+        t,
+        now: later,
+        admin: queues[0],
+        cid: 0,
+    };
+    // The same queue begins again: refused, the address has used up its strikes.
+    assert_eq!(
+        send(&mut c, queues[0], &negotiate()).status(),
+        Status::COMMAND_INTERRUPTED
+    );
+}
+
 /// The DH arithmetic of an authentication is left as a job for another thread: the Send
 /// that needs it is held, the queue refuses a second authentication command meanwhile,
 /// other controllers are served, and the job's result completes the Send and shapes the
