@@ -357,15 +357,8 @@ impl Target {
                 if qa.tx.authenticated() {
                     // A queue that proved the secret keeps running: only the new
                     // transaction is refused.
-                    self.notice(Notice::Refused(Refusal {
-                        reason,
-                        key: qkey,
-                        hostnqn: Some(who.1),
-                        subnqn: Some(who.2),
-                        cntlid: Some(queue.cntlid),
-                        qid: Some(queue.qid),
-                        status: Some(Status::COMMAND_INTERRUPTED),
-                    }));
+                    let ci = Some(Status::COMMAND_INTERRUPTED);
+                    self.refused_on(reason, (qkey, who.1, who.2), queue, ci);
                 } else {
                     self.refuse_and_retire(reason, who, queue);
                 }
@@ -388,19 +381,12 @@ impl Target {
                 qa.reauths.pop_front();
             }
             if qa.reauths.len() >= REAUTH_BURST {
-                let refusal = Refusal {
-                    reason: RefusalReason::ReauthenticationTooSoon {
-                        count: REAUTH_BURST,
-                        secs: REAUTH_WINDOW.as_secs(),
-                    },
-                    key: qkey,
-                    hostnqn: Some(ctrl.hostnqn.clone()),
-                    subnqn: Some(ctrl.subnqn.clone()),
-                    cntlid: Some(queue.cntlid),
-                    qid: Some(queue.qid),
-                    status: Some(Status::COMMAND_INTERRUPTED),
+                let reason = RefusalReason::ReauthenticationTooSoon {
+                    count: REAUTH_BURST,
+                    secs: REAUTH_WINDOW.as_secs(),
                 };
-                self.notice(Notice::Refused(refusal));
+                let who = (qkey, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
+                self.refused_on(reason, who, queue, Some(Status::COMMAND_INTERRUPTED));
                 return Err(Status::COMMAND_INTERRUPTED);
             }
             qa.reauths.push_back(now);
@@ -599,8 +585,21 @@ impl Target {
     fn refuse_and_retire(
         &mut self,
         reason: RefusalReason,
+        who: (super::QueueKey, String, String),
+        queue: QueueRef,
+    ) {
+        self.refused_on(reason, who, queue, None);
+        self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
+    }
+
+    /// The refusal line of an authentication on `queue` (`status`: what it was answered,
+    /// when the queue stays); `who` names the queue's connection, host and subsystem.
+    fn refused_on(
+        &mut self,
+        reason: RefusalReason,
         (key, hostnqn, subnqn): (super::QueueKey, String, String),
         queue: QueueRef,
+        status: Option<Status>,
     ) {
         self.notice(Notice::Refused(Refusal {
             reason,
@@ -609,9 +608,8 @@ impl Target {
             subnqn: Some(subnqn),
             cntlid: Some(queue.cntlid),
             qid: Some(queue.qid),
-            status: None,
+            status,
         }));
-        self.retire_controllers_where(|c| c.cntlid == queue.cntlid);
     }
 
     /// The earliest authentication deadline of live controllers.
