@@ -104,6 +104,12 @@ fn send(c: &mut Conv, q: QueueRef, payload: &[u8]) -> Cqe {
     }
 }
 
+/// HOST1's AUTH_Negotiate (its key 0x11) for `subnqn`, transaction `t_id`.
+fn negotiate_to(subnqn: &str, t_id: u16) -> Vec<u8> {
+    let cfg = HostConfig::new(HOST1, subnqn, key(0x11), None);
+    HostTransaction::new(cfg, t_id).negotiate()
+}
+
 fn receive(c: &mut Conv, q: QueueRef) -> (Cqe, Vec<u8>) {
     let sqe = AuthCommand::dhchap(4096).to_sqe(0, false);
     let mut buf = vec![0xa5u8; 4096];
@@ -378,8 +384,7 @@ fn reauthentication_and_rotation() {
     for t_id in 10..10 + authn::REAUTH_BURST as u16 - 1 {
         authenticate(&mut c, admin, 0x11, None, t_id).unwrap();
     }
-    let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
-    let cqe = send(&mut c, admin, &HostTransaction::new(cfg, 9).negotiate());
+    let cqe = send(&mut c, admin, &negotiate_to(SUB1, 9));
     assert_eq!(cqe.status(), Status::COMMAND_INTERRUPTED);
     assert!(refusals(&mut c.t).iter().any(|r| r.reason
         == RefusalReason::ReauthenticationTooSoon {
@@ -725,10 +730,7 @@ fn connect_to(t: Target, peer: &str, key: QueueKey, now: Instant, kato: u32, sub
 #[test]
 fn an_address_that_keeps_abandoning_authentication_is_throttled() {
     let bad = "10.0.0.66";
-    let negotiate = || {
-        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
-        HostTransaction::new(cfg, 1).negotiate()
-    };
+    let negotiate = || negotiate_to(SUB1, 1);
     let now = Instant::now();
     // A controller of that address that authenticated before the strikes.
     let mut early = connect_from(auth_target(), bad, 900, now);
@@ -803,10 +805,7 @@ fn an_address_that_keeps_abandoning_authentication_is_throttled() {
 #[test]
 fn abandoning_authentication_on_a_discovery_controller_is_a_strike() {
     let bad = "10.0.0.67";
-    let negotiate = || {
-        let cfg = HostConfig::new(HOST1, DISCOVERY_NQN, key(0x11), None);
-        HostTransaction::new(cfg, 1).negotiate()
-    };
+    let negotiate = || negotiate_to(DISCOVERY_NQN, 1);
     let discovery =
         |t: Target, k: QueueKey| connect_to(t, bad, k, Instant::now(), 0, DISCOVERY_NQN);
     let mut t = auth_target();
@@ -831,10 +830,7 @@ fn abandoning_authentication_on_a_discovery_controller_is_a_strike() {
 #[test]
 fn a_transaction_left_to_time_out_on_discovery_is_a_strike() {
     let bad = "10.0.0.68";
-    let negotiate = || {
-        let cfg = HostConfig::new(HOST1, DISCOVERY_NQN, key(0x11), None);
-        HostTransaction::new(cfg, 1).negotiate()
-    };
+    let negotiate = || negotiate_to(DISCOVERY_NQN, 1);
     let t0 = Instant::now();
     let mut t = auth_target();
     let mut queues = Vec::new();
@@ -866,10 +862,7 @@ fn a_transaction_left_to_time_out_on_discovery_is_a_strike() {
 /// Challenge. A job whose queue went, or whose transaction timed out, is not wanted.
 #[test]
 fn dh_work_is_a_job_and_holds_only_its_own_send() {
-    let negotiate = |t_id| {
-        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
-        HostTransaction::new(cfg, t_id).negotiate()
-    };
+    let negotiate = |t_id| negotiate_to(SUB1, t_id);
     let mut c = connect_from(auth_target(), "10.0.0.1", 500, Instant::now());
     let admin = c.admin;
     let sqe = AuthCommand::dhchap(negotiate(1).len() as u32).to_sqe(0, true);
@@ -971,10 +964,7 @@ fn dh_work_is_a_job_and_holds_only_its_own_send() {
 /// have the target compute key pairs without end.
 #[test]
 fn restarting_negotiates_count_as_strikes() {
-    let negotiate = || {
-        let cfg = HostConfig::new(HOST1, SUB1, key(0x11), None);
-        HostTransaction::new(cfg, 1).negotiate()
-    };
+    let negotiate = || negotiate_to(SUB1, 1);
     let mut c = connect_from(auth_target(), "10.0.0.9", 900, Instant::now());
     let admin = c.admin;
     assert!(send(&mut c, admin, &negotiate()).status().is_success());
