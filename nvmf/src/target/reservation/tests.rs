@@ -376,18 +376,21 @@ fn notification_page_bytes() {
     assert!(b[16..].iter().all(|&x| x == 0));
 }
 
+/// Host ID number `i` (big-endian in its first 8 bytes), with `tag` in its last byte.
+fn numbered_host(i: usize, tag: u8) -> HostId {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&(i as u64).to_be_bytes());
+    h[15] = tag;
+    h
+}
+
 /// A namespace keeps at most MAX_REGISTRANTS: one more new Host ID is refused (Register,
 /// and Replace with IEKEY), while those registered keep working and a freed place can be
 /// taken again. The access view answers the same for a registrant at either end of the
 /// (sorted) list.
 #[test]
 fn registrants_are_bounded() {
-    let host = |i: usize| -> HostId {
-        let mut h = [0u8; 16];
-        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
-        h[15] = 1;
-        h
-    };
+    let host = |i| numbered_host(i, 1);
     let mut r = Reservations::default();
     // Registered in descending Host ID order: the view must not rely on the list's order.
     for i in (0..MAX_REGISTRANTS).rev() {
@@ -438,12 +441,7 @@ fn registrants_are_bounded() {
 /// registrants of unknown origin (PTPL) count against no one.
 #[test]
 fn one_host_nqn_or_address_adds_a_bounded_number_of_registrants() {
-    let host = |i: usize| -> HostId {
-        let mut h = [0u8; 16];
-        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
-        h[15] = 2;
-        h
-    };
+    let host = |i| numbered_host(i, 2);
     let a1 = Some("10.0.0.1".parse().unwrap());
     let evil = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:evil", a1);
     let mut r = Reservations::default();
@@ -497,12 +495,7 @@ fn one_host_nqn_or_address_adds_a_bounded_number_of_registrants() {
 /// holds and that holds no reservation; another host NQN's registrations are never taken.
 #[test]
 fn a_host_at_its_quota_replaces_its_own_stale_registrations() {
-    let host = |i: usize| -> HostId {
-        let mut h = [0u8; 16];
-        h[..8].copy_from_slice(&(i as u64).to_be_bytes());
-        h[15] = 3;
-        h
-    };
+    let host = |i| numbered_host(i, 3);
     let me = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:node1", None);
     let other = RegisteredBy::new("nqn.2014-08.org.nvmexpress:uuid:node2", None);
     let mut r = Reservations::default();
