@@ -9,7 +9,12 @@
 //!
 //! ```sh
 //! rdma_silent_host --addr 198.18.0.1:4421 --subnqn NQN [--commands 8] [--expect-within 20]
+//! rdma_silent_host --addr 198.18.0.1:4421 --subnqn NQN --bad-key
+//! rdma_silent_host --addr 198.18.0.1:4421 --no-connect 32 [--hold 5]
 //! ```
+//!
+//! `--bad-key` sends a Connect whose data key the NIC refuses; `--no-connect N` opens N
+//! I/O-queue connections (depth 128) that never send a Fabrics Connect and holds them.
 //!
 //! Exactly what a hostile host can do, nothing the kernel initiator would: it proves the
 //! target bounds how long such a host holds a queue and its command slots.
@@ -38,6 +43,9 @@ struct Args {
     /// Give the Connect's data a key the NIC refuses (the target's RDMA READ of it fails)
     /// instead of taking no answers.
     bad_key: bool,
+    /// Hold this many I/O-queue connections that never send a Fabrics Connect.
+    no_connect: Option<u32>,
+    hold: Duration,
 }
 
 fn args() -> Result<Args, String> {
@@ -48,6 +56,8 @@ fn args() -> Result<Args, String> {
         commands: 8,
         expect_within: Duration::from_secs(20),
         bad_key: false,
+        no_connect: None,
+        hold: Duration::from_secs(5),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -60,6 +70,12 @@ fn args() -> Result<Args, String> {
             "--addr" => a.addr = v.parse().map_err(|e| format!("--addr {v}: {e}"))?,
             "--subnqn" => a.subnqn = v,
             "--hostnqn" => a.hostnqn = v,
+            "--no-connect" => {
+                a.no_connect = Some(v.parse().map_err(|e| format!("--no-connect: {e}"))?)
+            }
+            "--hold" => {
+                a.hold = Duration::from_secs(v.parse().map_err(|e| format!("--hold: {e}"))?)
+            }
             "--commands" => a.commands = v.parse().map_err(|e| format!("--commands: {e}"))?,
             "--expect-within" => {
                 a.expect_within =
@@ -68,7 +84,7 @@ fn args() -> Result<Args, String> {
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    if a.subnqn.is_empty() {
+    if a.subnqn.is_empty() && a.no_connect.is_none() {
         return Err("--subnqn is required".into());
     }
     Ok(a)
@@ -153,10 +169,27 @@ fn post_send(qp: *mut IbvQp, wr_id: u64, sge: &mut IbvSge) -> Result<(), String>
     Ok(())
 }
 
-fn run(a: Args) -> Result<bool, String> {
-    let lib = sta::verbs::lib().map_err(|e| e.to_string())?;
+/// One RC connection through the CM, established; everything leaked with the process.
+struct Conn {
+    ch: *mut ffi::RdmaEventChannel,
+    ctx: *mut ffi::IbvContext,
+    pd: *mut ffi::IbvPd,
+    cq: *mut IbvCq,
+    qp: *mut IbvQp,
+}
+
+/// Resolve `addr`, create a QP of `depth` work requests and ask for NVMe/RDMA queue `qid`
+/// of depth `depth` (CM private data as the Linux host sends it, RNR retry 7); `before`
+/// runs between QP creation and the request (to post receives).
+fn cm_connect(
+    lib: &Lib,
+    addr: SocketAddr,
+    qid: u16,
+    depth: u16,
+    before: impl FnOnce(&Conn) -> Result<(), String>,
+) -> Result<Conn, String> {
     // SAFETY: every pointer passed below comes from the call before it and lives to the
-    // end of the process; the buffer registered is `buf`, leaked.
+    // end of the process (nothing is destroyed).
     unsafe {
         let ch = (lib.create_event_channel)();
         if ch.is_null() {
@@ -166,7 +199,7 @@ fn run(a: Args) -> Result<bool, String> {
         if (lib.create_id)(ch, &mut id, null_mut(), ffi::RDMA_PS_TCP) != 0 {
             return Err("rdma_create_id failed".into());
         }
-        let (dst, _) = sta::verbs::sockaddr_of(a.addr);
+        let (dst, _) = sta::verbs::sockaddr_of(addr);
         let dst = &dst as *const libc::sockaddr_storage as *const libc::sockaddr;
         if (lib.resolve_addr)(id, std::ptr::null(), dst, 2000) != 0 {
             return Err("rdma_resolve_addr failed".into());
@@ -182,7 +215,6 @@ fn run(a: Args) -> Result<bool, String> {
         if pd.is_null() || cq.is_null() {
             return Err("ibv_alloc_pd/ibv_create_cq failed".into());
         }
-        let depth: u16 = 32;
         let mut attr = ffi::IbvQpInitAttr {
             qp_context: null_mut(),
             send_cq: cq,
@@ -201,45 +233,17 @@ fn run(a: Args) -> Result<bool, String> {
         if (lib.create_qp)(id, pd, &mut attr) != 0 {
             return Err("rdma_create_qp failed".into());
         }
-        let qp = (*id).qp;
-        // Layout: [0, 1024) Connect data, then one CQE slot, then SQEs, 64 bytes each.
-        let cqe_off = 1024usize;
-        let sqe_off = 2048usize;
-        let buf: &'static mut [u8] = Box::leak(vec![0u8; 8192].into_boxed_slice());
-        let mr = (lib.reg_mr)(
+        let c = Conn {
+            ch,
+            ctx,
             pd,
-            buf.as_mut_ptr() as *mut c_void,
-            buf.len(),
-            ffi::IBV_ACCESS_LOCAL_WRITE
-                | ffi::IBV_ACCESS_REMOTE_READ
-                | ffi::IBV_ACCESS_REMOTE_WRITE,
-        );
-        if mr.is_null() {
-            return Err(format!("ibv_reg_mr: {}", std::io::Error::last_os_error()));
-        }
-        let (lkey, rkey) = ((*mr).lkey, (*mr).rkey);
-        let base = buf.as_ptr() as u64;
-
-        // One receive: for the Connect's answer. None after it.
-        let mut rsge = IbvSge {
-            addr: base + cqe_off as u64,
-            length: Cqe::SIZE as u32,
-            lkey,
+            cq,
+            qp: (*id).qp,
         };
-        let mut rwr = IbvRecvWr {
-            wr_id: 1,
-            next: null_mut(),
-            sg_list: &mut rsge,
-            num_sge: 1,
-        };
-        let mut bad: *mut IbvRecvWr = null_mut();
-        if ((*ctx).ops.post_recv)(qp, &mut rwr, &mut bad) != 0 {
-            return Err("ibv_post_recv failed".into());
-        }
-
+        before(&c)?;
         let pdata = CmRequest {
             recfmt: 0,
-            qid: 0,
+            qid,
             hrqsize: depth,
             hsqsize: depth - 1,
             cntlid: 0,
@@ -261,68 +265,133 @@ fn run(a: Args) -> Result<bool, String> {
             return Err("rdma_connect failed".into());
         }
         expect_event(lib, ch, ffi::RDMA_CM_EVENT_ESTABLISHED)?;
+        Ok(c)
+    }
+}
 
-        // Fabrics Connect, its data read by the target (keyed SGL), KATO 0.
-        let cd = ConnectData::new([0xa1; 16], CNTLID_DYNAMIC, &a.subnqn, &a.hostnqn);
-        buf[..1024].copy_from_slice(cd.as_bytes());
-        let mut sqe = ConnectCommand {
-            recfmt: 0,
-            qid: 0,
-            sqsize: depth - 1,
-            cattr: 0,
-            kato: 0,
+/// `--no-connect N`: N I/O-queue connections (depth 128) that never send a Fabrics
+/// Connect, held for `hold`; Ok(true) when all were established.
+fn hold_unconnected(lib: &Lib, a: &Args, n: u32, hold: Duration) -> Result<bool, String> {
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        conns.push(cm_connect(lib, a.addr, 1, 128, |_| Ok(()))?);
+    }
+    println!("established {n} connections (queue 1, depth 128), no Fabrics Connect; holding");
+    std::thread::sleep(hold);
+    println!("done holding");
+    Ok(true)
+}
+
+fn run(a: Args) -> Result<bool, String> {
+    let lib = sta::verbs::lib().map_err(|e| e.to_string())?;
+    if let Some(n) = a.no_connect {
+        return hold_unconnected(lib, &a, n, a.hold);
+    }
+    let depth: u16 = 32;
+    // Layout: [0, 1024) Connect data, then one CQE slot, then SQEs, 64 bytes each.
+    let cqe_off = 1024usize;
+    let sqe_off = 2048usize;
+    let buf: &'static mut [u8] = Box::leak(vec![0u8; 8192].into_boxed_slice());
+    let base = buf.as_ptr() as u64;
+    let mut keys = (0, 0);
+    // One receive, posted before the request: for the Connect's answer. None after it.
+    let c = cm_connect(lib, a.addr, 0, depth, |c| {
+        // SAFETY: `buf` is leaked (lives to the end of the process); `c` is live.
+        unsafe {
+            let mr = (lib.reg_mr)(
+                c.pd,
+                buf.as_ptr() as *mut c_void,
+                buf.len(),
+                ffi::IBV_ACCESS_LOCAL_WRITE
+                    | ffi::IBV_ACCESS_REMOTE_READ
+                    | ffi::IBV_ACCESS_REMOTE_WRITE,
+            );
+            if mr.is_null() {
+                return Err(format!("ibv_reg_mr: {}", std::io::Error::last_os_error()));
+            }
+            keys = ((*mr).lkey, (*mr).rkey);
+            let mut rsge = IbvSge {
+                addr: base + cqe_off as u64,
+                length: Cqe::SIZE as u32,
+                lkey: keys.0,
+            };
+            let mut rwr = IbvRecvWr {
+                wr_id: 1,
+                next: null_mut(),
+                sg_list: &mut rsge,
+                num_sge: 1,
+            };
+            let mut bad: *mut IbvRecvWr = null_mut();
+            if ((*c.ctx).ops.post_recv)(c.qp, &mut rwr, &mut bad) != 0 {
+                return Err("ibv_post_recv failed".into());
+            }
         }
-        .to_sqe(1);
-        sqe.dptr = KeyedSgl {
-            addr: base,
-            len: 1024,
-            key: if a.bad_key { rkey ^ 0x5a5a_0000 } else { rkey },
-            invalidate: false,
-        }
-        .encode();
-        buf[sqe_off..sqe_off + 64].copy_from_slice(sqe.as_bytes());
-        let mut ssge = IbvSge {
-            addr: base + sqe_off as u64,
+        Ok(())
+    })?;
+    let (lkey, rkey) = keys;
+    let (ch, cq, qp) = (c.ch, c.cq, c.qp);
+    // Fabrics Connect, its data read by the target (keyed SGL), KATO 0.
+    let cd = ConnectData::new([0xa1; 16], CNTLID_DYNAMIC, &a.subnqn, &a.hostnqn);
+    buf[..1024].copy_from_slice(cd.as_bytes());
+    let mut sqe = ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize: depth - 1,
+        cattr: 0,
+        kato: 0,
+    }
+    .to_sqe(1);
+    sqe.dptr = KeyedSgl {
+        addr: base,
+        len: 1024,
+        key: if a.bad_key { rkey ^ 0x5a5a_0000 } else { rkey },
+        invalidate: false,
+    }
+    .encode();
+    buf[sqe_off..sqe_off + 64].copy_from_slice(sqe.as_bytes());
+    let mut ssge = IbvSge {
+        addr: base + sqe_off as u64,
+        length: 64,
+        lkey,
+    };
+    post_send(qp, 100, &mut ssge)?;
+    if a.bad_key {
+        // No completion to wait for: the target's READ with the bad key puts our QP in
+        // error as well (the responder's remote access error), which may flush the send
+        // before its acknowledgement comes.
+        println!("sent a Connect whose data has a key our NIC refuses");
+        return wait_disconnect(lib, ch, a.expect_within);
+    }
+    wait_wc(cq, 100, Duration::from_secs(10))?;
+    wait_wc(cq, 1, Duration::from_secs(10))?;
+    let cqe = Cqe::read_from_bytes(&buf[cqe_off..cqe_off + Cqe::SIZE]).map_err(|_| "CQE layout")?;
+    if !cqe.status().is_success() {
+        return Err(format!("Connect answered {}", cqe.status()));
+    }
+    let cntlid = cqe.dw0 as u16;
+    println!("connected: admin queue, cntlid {cntlid}, KATO 0; no receives posted from now on");
+
+    // Commands with no data (Get Features, Number of Queues): each answer is a SEND
+    // the host has no receive for.
+    for i in 0..a.commands {
+        let mut s = Sqe::default();
+        s.set_opcode_cid(0x0a, 10 + i);
+        s.cdw10 = 0x07;
+        let off = sqe_off + 64 * (1 + i as usize);
+        buf[off..off + 64].copy_from_slice(s.as_bytes());
+        let mut sge = IbvSge {
+            addr: base + off as u64,
             length: 64,
             lkey,
         };
-        post_send(qp, 100, &mut ssge)?;
-        wait_wc(cq, 100, Duration::from_secs(10))?;
-        if a.bad_key {
-            println!("sent a Connect whose data has a key our NIC refuses");
-            return wait_disconnect(lib, ch, a.expect_within);
-        }
-        wait_wc(cq, 1, Duration::from_secs(10))?;
-        let cqe =
-            Cqe::read_from_bytes(&buf[cqe_off..cqe_off + Cqe::SIZE]).map_err(|_| "CQE layout")?;
-        if !cqe.status().is_success() {
-            return Err(format!("Connect answered {}", cqe.status()));
-        }
-        let cntlid = cqe.dw0 as u16;
-        println!("connected: admin queue, cntlid {cntlid}, KATO 0; no receives posted from now on");
-
-        // Commands with no data (Get Features, Number of Queues): each answer is a SEND
-        // the host has no receive for.
-        for i in 0..a.commands {
-            let mut s = Sqe::default();
-            s.set_opcode_cid(0x0a, 10 + i);
-            s.cdw10 = 0x07;
-            let off = sqe_off + 64 * (1 + i as usize);
-            buf[off..off + 64].copy_from_slice(s.as_bytes());
-            let mut sge = IbvSge {
-                addr: base + off as u64,
-                length: 64,
-                lkey,
-            };
-            post_send(qp, 200 + i as u64, &mut sge)?;
-            wait_wc(cq, 200 + i as u64, Duration::from_secs(10))?;
-        }
-        println!(
-            "sent {} commands; waiting up to {:?} for the target to end the queue",
-            a.commands, a.expect_within
-        );
-        wait_disconnect(lib, ch, a.expect_within)
+        post_send(qp, 200 + i as u64, &mut sge)?;
+        wait_wc(cq, 200 + i as u64, Duration::from_secs(10))?;
     }
+    println!(
+        "sent {} commands; waiting up to {:?} for the target to end the queue",
+        a.commands, a.expect_within
+    );
+    wait_disconnect(lib, ch, a.expect_within)
 }
 
 /// Waits up to `limit` for the target to disconnect: Ok(true) when it did.

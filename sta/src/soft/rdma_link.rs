@@ -44,6 +44,15 @@ fn wr_slot(id: u64) -> u32 {
 /// Most RDMA READs we keep in flight per QP (also bounded by what the host allows).
 const MAX_RD_ATOMIC: u8 = 16;
 
+/// Receives posted for a queue until its Fabrics Connect succeeds. A host sends nothing
+/// but the Connect before its answer (Linux and SPDK wait for it), so the rest of the
+/// ring (HSQSIZE + 1 receives, about 1 MiB at depth 128) is allocated, registered and
+/// posted only for a connected queue ([`RdmaLink::grow_receives`]): a peer that opens
+/// connections and never sends Connect pins a few buffers each, not a whole ring. A
+/// capsule sent early finds no receive and is retried by the host's QP (RNR) until the
+/// ring grows, or the Connect deadline ends the connection.
+const PRE_CONNECT_RECVS: u32 = 4;
+
 /// One RDMA device as one IO thread uses it.
 struct Dev {
     ctx: *mut IbvContext,
@@ -112,9 +121,19 @@ pub(crate) struct RdmaLink {
     /// The CQ's own completion channel, buried when the CQ is destroyed.
     chan: Option<CqChannel>,
     dev: usize,
+    /// The device's protection domain (alive as long as the IO thread), for the rest of
+    /// the receive ring.
+    pd: *mut IbvPd,
     recv_mr: *mut IbvMr,
-    /// Receive buffers, `recv_sz` bytes each; moved out while a capsule is parsed.
+    /// Receive buffers, `recv_sz` bytes each: slots below `head_slots` here (posted at
+    /// accept), the others in `recv_tail` (once connected); moved out while a capsule is
+    /// parsed.
     pub recv_buf: Box<[u8]>,
+    recv_tail: Box<[u8]>,
+    tail_mr: *mut IbvMr,
+    head_slots: u32,
+    /// Receives the queue has once connected: HSQSIZE + 1 of the CM request.
+    depth: u32,
     pub recv_sz: u32,
     pub repost: Vec<u32>,
     /// Receive buffers whose capsule's command is still in flight: one goes back to the
@@ -295,7 +314,8 @@ impl RdmaThread {
         }
         // SAFETY: rdma_create_qp stored the QP in the id.
         let qp = unsafe { (*raw_id).qp };
-        let mut recv_buf = vec![0u8; depth as usize * recv_sz as usize].into_boxed_slice();
+        let head_slots = depth32.min(PRE_CONNECT_RECVS);
+        let mut recv_buf = vec![0u8; head_slots as usize * recv_sz as usize].into_boxed_slice();
         // SAFETY: `recv_buf` lives in the RdmaLink until after the QP is destroyed.
         let recv_mr = unsafe {
             (lib.reg_mr)(
@@ -316,10 +336,15 @@ impl RdmaThread {
             cq,
             chan: Some(chan),
             dev,
+            pd: d.pd,
             recv_mr,
             recv_buf,
+            recv_tail: Box::default(),
+            tail_mr: std::ptr::null_mut(),
+            head_slots,
+            depth: depth32,
             recv_sz,
-            repost: (0..depth32).collect(),
+            repost: (0..head_slots).collect(),
             recv_idle: Vec::with_capacity(depth as usize),
             established: false,
             disconnect_sent: false,
@@ -408,12 +433,26 @@ impl RdmaLink {
         let _ = lib;
         self.sges.clear();
         self.rwrs.clear();
-        // SAFETY: `recv_mr` is live.
-        let lkey = unsafe { (*self.recv_mr).lkey };
-        let base = self.recv_buf.as_ptr() as u64;
+        // SAFETY: `recv_mr` is live, and so is `tail_mr` once the tail slots exist
+        // (`grow_receives`): no tail slot is in `repost` before.
+        let (head_key, tail_key) = unsafe {
+            (
+                (*self.recv_mr).lkey,
+                self.tail_mr.as_ref().map_or(0, |m| m.lkey),
+            )
+        };
+        let (head, tail) = (
+            self.recv_buf.as_ptr() as u64,
+            self.recv_tail.as_ptr() as u64,
+        );
+        let sz = self.recv_sz as u64;
         for &slot in &self.repost {
+            let (addr, lkey) = match slot.checked_sub(self.head_slots) {
+                None => (head + slot as u64 * sz, head_key),
+                Some(t) => (tail + t as u64 * sz, tail_key),
+            };
             self.sges.push(ffi::IbvSge {
-                addr: base + slot as u64 * self.recv_sz as u64,
+                addr,
                 length: self.recv_sz,
                 lkey,
             });
@@ -590,9 +629,11 @@ impl RdmaLink {
                 (lib.destroy_cq)(self.cq);
                 self.cq = std::ptr::null_mut();
             }
-            if !self.recv_mr.is_null() {
-                (lib.dereg_mr)(self.recv_mr);
-                self.recv_mr = std::ptr::null_mut();
+            for mr in [&mut self.recv_mr, &mut self.tail_mr] {
+                if !mr.is_null() {
+                    (lib.dereg_mr)(*mr);
+                    *mr = std::ptr::null_mut();
+                }
             }
         }
         // The kernel may still queue an event for the CQ just destroyed: the channel is
@@ -628,6 +669,34 @@ impl RdmaLink {
 
     pub fn dev(&self) -> usize {
         self.dev
+    }
+
+    /// The queue is connected: allocate and register the rest of its receive ring and
+    /// post it with the next flush (see [`PRE_CONNECT_RECVS`]). Once per queue.
+    pub fn grow_receives(&mut self, lib: &Lib) -> std::io::Result<()> {
+        if !self.tail_mr.is_null() || self.depth <= self.head_slots {
+            return Ok(());
+        }
+        let slots = self.depth - self.head_slots;
+        let mut tail = vec![0u8; slots as usize * self.recv_sz as usize].into_boxed_slice();
+        // SAFETY: `pd` is the live protection domain of the QP's device; `tail` moves into
+        // the link (its heap block stays where it is) and lives until after the QP is
+        // destroyed and this registration released (`destroy_verbs`).
+        let mr = unsafe {
+            (lib.reg_mr)(
+                self.pd,
+                tail.as_mut_ptr() as *mut c_void,
+                tail.len(),
+                ffi::IBV_ACCESS_LOCAL_WRITE,
+            )
+        };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        self.recv_tail = tail;
+        self.tail_mr = mr;
+        self.repost.extend(self.head_slots..self.depth);
+        Ok(())
     }
 
     /// A command of this queue is done: one receive goes back to the NIC.
@@ -753,9 +822,14 @@ pub(super) fn on_wc(
             if st.rx_stopped {
                 return;
             }
-            let region = std::mem::take(&mut r.recv_buf);
+            let in_tail = slot >= r.head_slots;
+            let region = std::mem::take(if in_tail {
+                &mut r.recv_tail
+            } else {
+                &mut r.recv_buf
+            });
             let sz = r.recv_sz as usize;
-            let off = slot as usize * sz;
+            let off = (slot - if in_tail { r.head_slots } else { 0 }) as usize * sz;
             let n = (wc.byte_len as usize).min(sz);
             let capsule = &region[off..off + n];
             let before = st.inflight;
@@ -771,7 +845,11 @@ pub(super) fn on_wc(
             }
             let holds_slot = st.inflight > before;
             if let Link::Rdma(r) = &mut st.link {
-                r.recv_buf = region;
+                if in_tail {
+                    r.recv_tail = region;
+                } else {
+                    r.recv_buf = region;
+                }
                 // The capsule was copied out; its receive goes back when its command is
                 // done (`command_released`), or now if it got no command slot.
                 if holds_slot {

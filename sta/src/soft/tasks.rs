@@ -154,6 +154,17 @@ impl StaIo {
             sqsize,
             sq_flow_control_disabled: sqflow_disabled,
         });
+        // An RDMA queue gets the rest of its receives now (`rdma_link::PRE_CONNECT_RECVS`);
+        // they go out with the Connect's answer.
+        if let (Link::Rdma(r), Some(rt)) = (&mut q.st.link, &self.rdma) {
+            if let Err(e) = r.grow_receives(rt.lib) {
+                tracing::warn!(
+                    qp = qp.as_u64(),
+                    "cannot register the receive buffers of a connected RDMA queue: {e}"
+                );
+                return Err(TaskError::Transport);
+            }
+        }
         // The queue has a controller now: the Connect deadline is met, and its commands
         // may take data.
         q.st.qid = Some(qid);

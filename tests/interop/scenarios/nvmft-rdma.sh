@@ -241,6 +241,27 @@ if [ -x "$SHARE/rdma_silent_host" ]; then
     if wait_until 10 grep -q 'WARN.*the RDMA connection failed.*reason="rdma_transport_error"' "$TGT_LOG"
     then pass bad-key-logged
     else fail bad-key-logged "no rdma_transport_error line: $(grep -i 'rdma' "$TGT_LOG" | tail -3)"; fi
+    # Connections that never send a Fabrics Connect get a few receive buffers each, the
+    # rest of the ring only once connected: 32 queues of depth 128 pinned 32 x 128 x 8256
+    # bytes (33 MiB) when each got its whole ring at accept. rxe pins registered memory
+    # (VmPin). A host connecting after them gets its whole ring (fio at depth 8).
+    pin0=$(awk '/^VmPin/ {print $2}' "/proc/$TGT_PID/status")
+    NC_OUT=$LOGDIR/nvmft-rdma.noconnect.out
+    timeout 60 "$SHARE/rdma_silent_host" --addr "$ADDR:$PORT" --no-connect 32 --hold 6 \
+        >"$NC_OUT" 2>&1 &
+    nc_pid=$!
+    if wait_until 40 grep -q "holding" "$NC_OUT"; then
+        pin1=$(awk '/^VmPin/ {print $2}' "/proc/$TGT_PID/status")
+        result "rdma_unconnected_32_pinned_kib=$((pin1 - pin0))"
+        if [ $((pin1 - pin0)) -lt 8192 ]; then pass unconnected-pin-little
+        else fail unconnected-pin-little "VmPin grew by $((pin1 - pin0)) KiB for 32 unconnected queues"; fi
+    else
+        fail unconnected-pin-little "the 32 connections were not established: $(tail -2 "$NC_OUT")"
+    fi
+    wait "$nc_pid"
+    if connect_rdma && dev_io_ok "$(ns_dev "$NQN" 1)"; then pass connected-after-unconnected
+    else fail connected-after-unconnected "connect or I/O failed after the unconnected queues"; fi
+    nvme disconnect -n "$NQN" >/dev/null 2>&1; wait_until 10 nqn_gone "$NQN"
 else
     fail silent-host-tool "rdma_silent_host not in the share (cargo build --release --example rdma_silent_host)"
 fi
