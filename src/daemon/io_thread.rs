@@ -24,6 +24,10 @@ const SPIN_WINDOW: Duration = Duration::from_millis(2);
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 /// The longest wait while completions are deferred (`deferred`).
 const DEFERRED_POLL: Duration = Duration::from_micros(200);
+/// New connections an IO thread takes per pass. A burst of connect requests (an RDMA
+/// accept creates a QP and a CQ and registers memory) is spread over passes, each of
+/// which also serves the queues the thread already has.
+const ACCEPTS_PER_PASS: usize = 16;
 
 /// A command waiting for the host's data (`rdma_read`) before it can run.
 pub(super) struct Waiting {
@@ -111,17 +115,19 @@ impl<I: IoContext> IoThread<I> {
         loop {
             // A connection handed to this thread was counted by the acceptor already
             // (`pick_thread`); the count is published again after one, taken or not.
-            let mut conns = false;
-            while let Ok(m) = self.rx.try_recv() {
-                conns |= matches!(
+            let mut conns = 0;
+            while conns < ACCEPTS_PER_PASS {
+                let Ok(m) = self.rx.try_recv() else { break };
+                conns += usize::from(matches!(
                     m,
                     ThreadMsg::Conn { .. } | ThreadMsg::Rdma(RdmaMsg::Connect { .. })
-                );
+                ));
                 self.on_msg(m);
             }
             // Busy-poll while work came recently (no wake-up latency under load), block in
-            // the engine once idle so an idle daemon costs no CPU.
+            // the engine once idle so an idle daemon costs no CPU; not while messages wait.
             let wait = match idle_since {
+                _ if !self.rx.is_empty() => Duration::ZERO,
                 // Deferred completions (a fence, a PTPL write that may take milliseconds
                 // of fsync) are looked at often, but not by spinning for their whole wait.
                 Some(t) if t.elapsed() >= SPIN_WINDOW && !self.deferred.is_empty() => DEFERRED_POLL,
@@ -143,7 +149,7 @@ impl<I: IoContext> IoThread<I> {
             }
             // Stored when it changes, not every pass: the counts of all IO threads share
             // a cache line, and a store per pass would pull it from core to core.
-            if conns || self.qps.len() != published {
+            if conns > 0 || self.qps.len() != published {
                 published = self.qps.len();
                 self.shared.qp_counts[self.index].store(published, Ordering::Relaxed);
             }
@@ -234,7 +240,15 @@ impl<I: IoContext> IoThread<I> {
                         self.rdma_ids.insert(id, qp);
                     }
                     Err(e) => {
-                        tracing::warn!("io{}: cannot accept an RDMA connection: {e}", self.index)
+                        let conn = ConnInfo {
+                            peer,
+                            listener: listener.map(|(n, _)| n),
+                        };
+                        tracing::warn!(
+                            "io{}: {}: cannot accept the RDMA connection (rejected): {e}",
+                            self.index,
+                            crate::refusals::where_from(Some(&conn))
+                        )
                     }
                 }
             }
