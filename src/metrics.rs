@@ -54,7 +54,7 @@
 //! | `io_thread_capsules_total` | counter | thread, path=offloaded/non_offloaded |
 //! | `io_thread_queue_pairs` | gauge | thread |
 //! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected, tls_handshake_failed, refused_before_connect, rdma_transport_error) |
-//! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, partial_pdu_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots, peer_buffers; the daemon's: connections, connections_per_peer, unconnected_connections, unconnected_connections_per_peer, accept_open_files) |
+//! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, partial_pdu_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots, peer_buffers, peer_command_slots; the daemon's: connections, connections_per_peer, unconnected_connections, unconnected_connections_per_peer, accept_open_files) |
 //! | `rdma_late_completion_events_total` | counter | (completion events the kernel queued for a CQ already destroyed, discarded unread: `sta::verbs::CqChannel`) |
 //! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
 //! | `auth_dh_jobs_waiting` | gauge | (DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads) |

@@ -285,6 +285,7 @@ fn exposition_parses_and_counters_move_after_io() {
         "buffer_pool",
         "command_slots",
         "peer_buffers",
+        "peer_command_slots",
         "connections",
         "connections_per_peer",
         "unconnected_connections",

@@ -171,10 +171,15 @@ pub enum Limit {
     /// The IO context's command slots were exhausted: the command was answered Command
     /// Interrupted.
     CommandSlots,
+    /// The connections from the command's peer address already held that address's share
+    /// of the IO context's command slots: the command was answered Command Interrupted
+    /// (the host retries it), so that one address cannot take every slot and leave the
+    /// other hosts' commands Command Interrupted.
+    PeerCommandSlots,
 }
 
 impl Limit {
-    pub const ALL: [Limit; 11] = [
+    pub const ALL: [Limit; 12] = [
         Limit::IcReqTimeout,
         Limit::ConnectTimeout,
         Limit::HostDataTimeout,
@@ -186,6 +191,7 @@ impl Limit {
         Limit::CommandSlots,
         Limit::PeerBuffers,
         Limit::PartialPdu,
+        Limit::PeerCommandSlots,
     ];
 
     /// Metric label (`nvmft_limit_hits_total{limit="..."}`) and log reason.
@@ -202,6 +208,7 @@ impl Limit {
             Limit::BufferPool => "buffer_pool",
             Limit::CommandSlots => "command_slots",
             Limit::PeerBuffers => "peer_buffers",
+            Limit::PeerCommandSlots => "peer_command_slots",
         }
     }
 
@@ -219,6 +226,9 @@ impl Limit {
             Limit::BufferPool => "found the IO thread's buffer pool exhausted",
             Limit::CommandSlots => "found the IO thread's command slots exhausted",
             Limit::PeerBuffers => "used its address's share of the buffer pool (commands wait)",
+            Limit::PeerCommandSlots => {
+                "used its address's share of the IO thread's command slots (commands refused)"
+            }
         }
     }
 

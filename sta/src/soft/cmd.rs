@@ -111,7 +111,8 @@ pub(super) struct Cmd {
     pub timeout_reported: bool,
     /// Bytes of the connection's buffer budget this command holds.
     pub reserved: u32,
-    /// The peer share ([`PeerShares`]) those bytes are counted in too, if any.
+    /// The peer share ([`PeerShares`]) the command's slot, and those bytes, are counted
+    /// in, if any.
     pub peer: Option<u32>,
     /// When the host-data fetch started (R2T sent), for the host-data deadline.
     pub since: Instant,
@@ -774,6 +775,13 @@ impl NsSlot {
 /// always one largest transfer.
 pub(super) const PEER_POOL_SHARE: usize = 4;
 
+/// One peer address may hold at most this many of a thread's [`MAX_CMDS`] command slots
+/// (a quarter): every queue is bounded by its size, but an address may open many queues
+/// (discovery admin queues of 4096 entries need no allowed host NQN) and fill them with
+/// commands whose data never comes; past its share its capsules are answered Command
+/// Interrupted, not the other hosts'.
+pub(super) const PEER_CMD_SHARE: u32 = (MAX_CMDS / 4) as u32;
+
 /// Largest transfer of an application command served from [`Core::reserve`]: the admin
 /// in-capsule size (a Connect's data), an Identify or a discovery log of a few entries.
 pub(super) const ADMIN_RESERVE_MAX: usize = ADMIN_INCAPSULE as usize;
@@ -787,6 +795,8 @@ struct PeerShare {
     qps: u32,
     /// Buffer bytes its commands hold (each command knows its share: `Cmd::peer`).
     bytes: usize,
+    /// Command slots its commands hold.
+    cmds: u32,
     /// Its QPs with commands waiting for the share.
     waiters: Vec<QpHandle>,
 }
@@ -817,6 +827,7 @@ impl PeerShares {
             addr,
             qps: 1,
             bytes: 0,
+            cmds: 0,
             waiters: Vec::new(),
         };
         let s = match self.free.pop() {
@@ -847,10 +858,23 @@ impl PeerShares {
         }
     }
 
-    /// A command of slot `s` gives its `len` bytes back; QPs that waited for them are
-    /// resumed by the pass.
+    /// One more command slot for slot `s`, unless it holds `max` already.
+    fn take_cmd(&mut self, s: u32, max: u32) -> bool {
+        match self.slots.get_mut(s as usize).and_then(Option::as_mut) {
+            Some(share) if share.cmds >= max => false,
+            Some(share) => {
+                share.cmds += 1;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// A command of slot `s` is freed and gives its `len` bytes back; QPs that waited for
+    /// them are resumed by the pass.
     fn give_back(&mut self, s: u32, len: usize) {
         if let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) {
+            share.cmds = share.cmds.saturating_sub(1);
             share.bytes = share.bytes.saturating_sub(len);
             if len > 0 && !share.waiters.is_empty() {
                 self.resume.append(&mut share.waiters);
@@ -877,7 +901,7 @@ impl PeerShares {
             .slots
             .get(s as usize)
             .and_then(Option::as_ref)
-            .is_some_and(|share| share.qps == 0 && share.bytes == 0);
+            .is_some_and(|share| share.qps == 0 && share.bytes == 0 && share.cmds == 0);
         if unused {
             if let Some(share) = self.slots[s as usize].take() {
                 self.by_addr.remove(&share.addr);
@@ -1046,14 +1070,22 @@ impl Core {
         (c.gen == t.gen && c.st != St::Free).then_some(c)
     }
 
-    fn alloc_cmd(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe) -> Option<u32> {
+    /// A free slot for a command of `st`, or the limit that left none.
+    fn alloc_cmd(&mut self, qp: QpHandle, st: &mut QpState, sqe: &Sqe) -> Result<u32, Limit> {
+        if self.free_cmds.is_empty() && self.cmds.len() >= MAX_CMDS {
+            return Err(Limit::CommandSlots);
+        }
+        if let Some(s) = st.peer {
+            if !self.peers.take_cmd(s, PEER_CMD_SHARE) {
+                return Err(Limit::PeerCommandSlots);
+            }
+        }
         let idx = match self.free_cmds.pop() {
             Some(i) => i,
-            None if self.cmds.len() < MAX_CMDS => {
+            None => {
                 self.cmds.push(Cmd::free(self.now));
                 self.cmds.len() as u32 - 1
             }
-            None => return None,
         };
         let c = &mut self.cmds[idx as usize];
         c.st = St::App;
@@ -1067,7 +1099,7 @@ impl Core {
         c.user = 0;
         c.timeout_reported = false;
         c.reserved = 0;
-        c.peer = None;
+        c.peer = st.peer;
         c.discard = false;
         c.aborted = false;
         c.copy = None;
@@ -1081,7 +1113,7 @@ impl Core {
             Instant::now()
         };
         st.inflight += 1;
-        Some(idx)
+        Ok(idx)
     }
 
     /// Free a slot of `st` (a release marker was reached, a SEND completed, or the QP
@@ -1146,14 +1178,15 @@ impl Core {
         }
     }
 
-    /// Command `idx` of `st` takes `len` bytes of its budgets (its QP's and its
-    /// address's); `free_cmd` gives the address's part back.
+    /// Command `idx` of `st` takes `len` more bytes of its budgets (its QP's and its
+    /// address's, the share its slot is counted in); `free_cmd` gives the address's part
+    /// back.
     fn charge(&mut self, st: &mut QpState, idx: u32, len: usize) {
         st.buf_bytes += len;
-        self.cmds[idx as usize].reserved = len as u32;
-        if let Some(s) = st.peer {
+        let c = &mut self.cmds[idx as usize];
+        c.reserved += len as u32;
+        if let Some(s) = c.peer {
             self.peers.charge(s, len);
-            self.cmds[idx as usize].peer = Some(s);
         }
     }
 
@@ -1242,6 +1275,19 @@ impl Core {
         });
     }
 
+    /// No slot for a capsule of `st`: every slot of this IO thread is taken (each queue
+    /// is bounded by its size; many queues together can still get here), or its address
+    /// holds its share. Answered without a slot; the host retries.
+    fn refuse_without_slot(&mut self, st: &mut QpState, sqe: &Sqe, limit: Limit) {
+        self.counters.hit(limit);
+        if st.qid.is_none() {
+            self.refused_before_connect(st, *sqe, Status::COMMAND_INTERRUPTED);
+        }
+        let cqe = Cqe::new(sqe.cid(), Status::COMMAND_INTERRUPTED);
+        st.link.respond_untracked(cqe);
+        self.mark_tx(st);
+    }
+
     /// A capsule arrived on `qp` (either transport): offload it, or hand it up.
     pub fn on_capsule(
         &mut self,
@@ -1255,18 +1301,9 @@ impl Core {
             (Some(s), Some(op)) => self.ns_map.get(&(s.0, sqe.nsid)).map(|&ns| (op, ns)),
             _ => None,
         };
-        let Some(idx) = self.alloc_cmd(qp, st, sqe) else {
-            // Every slot of this IO thread is taken (each queue is bounded by its size;
-            // many queues together can still get here): answer without a slot, and the
-            // host retries.
-            self.counters.hit(Limit::CommandSlots);
-            if st.qid.is_none() {
-                self.refused_before_connect(st, *sqe, Status::COMMAND_INTERRUPTED);
-            }
-            let cqe = Cqe::new(sqe.cid(), Status::COMMAND_INTERRUPTED);
-            st.link.respond_untracked(cqe);
-            self.mark_tx(st);
-            return;
+        let idx = match self.alloc_cmd(qp, st, sqe) {
+            Ok(idx) => idx,
+            Err(limit) => return self.refuse_without_slot(st, sqe, limit),
         };
         // Fused Compare and Write: a held first command meets the capsule after it.
         let mut first_of_pair = None;
@@ -2311,6 +2348,16 @@ impl Core {
             Err(s) => return self.fail(st, idx, s),
         };
         let bytes = (total as usize) << shift;
+        // What the copy holds while it runs, from the pool: the gathered data and one
+        // range's read at a time. It counts against the connection's and the address's
+        // budgets as host data does (its descriptors alone were charged at intake); past
+        // them the copy is answered Command Interrupted, and the host retries it.
+        let largest = ranges.iter().map(|r| r.1 as usize).max().unwrap_or(0) << shift;
+        if let Some(limit) = self.over_budget(st, bytes + largest) {
+            self.counters.hit(limit);
+            return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
+        }
+        self.charge(st, idx, bytes + largest);
         let (Some(mut data), Some(mut first)) = (
             self.pool.get(bytes),
             self.pool.get((ranges[0].1 as usize) << shift),

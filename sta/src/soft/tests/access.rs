@@ -309,7 +309,7 @@ fn abort_a_write_waiting_for_host_data() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
-fn copy_sqe(dest: u64, nranges: u32) -> Sqe {
+pub(super) fn copy_sqe(dest: u64, nranges: u32) -> Sqe {
     let mut s = Sqe {
         nsid: 1,
         cdw10: dest as u32,

@@ -1043,3 +1043,151 @@ fn a_malformed_connect_is_reported_to_the_application() {
     let (_, _) = p.controller(Digests::NONE, 31, 0);
     assert_eq!(p.refused_before_connect.len(), 1);
 }
+
+/// A forged admin queue of SQSIZE `sqsize` (a new controller of the test host), Connect
+/// answered.
+fn raw_admin_queue(p: &mut Pair, sqsize: u16) -> usize {
+    let q = raw_conn(p);
+    let cmd = ConnectCommand {
+        recfmt: 0,
+        qid: 0,
+        sqsize,
+        cattr: 0,
+        kato: 0,
+    };
+    let data = ConnectData::new([9; 16], fabrics::CNTLID_DYNAMIC, NQN, HOSTNQN);
+    forge(p, q, &in_capsule(cmd.to_sqe(0), 0, 1024), data.as_bytes());
+    p.pump();
+    let w = take_wire(p, q);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { status, .. }] if status.is_success()),
+        "admin Connect: {w:?}"
+    );
+    q
+}
+
+/// One address cannot take every command slot of an IO thread (the audit of 2026-11-27:
+/// 16 admin queues of 4096 entries, each full of Authentication Sends whose data never
+/// comes, left every other host's commands and Connects Command Interrupted). Its
+/// connections together hold at most their share; its capsules past it are answered
+/// Command Interrupted and counted, and another host's queue, connected before, and a
+/// new host's Connect are served meanwhile. Once its connections are gone, so is its
+/// share.
+#[test]
+fn one_peer_holds_at_most_its_share_of_the_command_slots() {
+    let mut p = Pair::new();
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let h = p.conns[q].qp;
+    p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+    let attacker: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    let send = nvmf::auth::msg::AuthCommand::dhchap(16);
+    let (mut held, mut refused) = (0u32, 0u32);
+    let mut hogs = Vec::new();
+    // 17 x 4096 commands: more than every slot of the thread (65,535).
+    for _ in 0..17 {
+        let c = raw_admin_queue(&mut p, 4095);
+        let qp = p.conns[c].qp;
+        p.io.set_qp_peer(qp, attacker);
+        for cid in 0..4096u16 {
+            forge(
+                &mut p,
+                c,
+                &by_transport(send.to_sqe(cid, true), cid, 16),
+                &[],
+            );
+        }
+        p.pump();
+        let before = held;
+        for o in take_wire(&mut p, c) {
+            match o {
+                Out::R2T { .. } => held += 1,
+                Out::Resp { status, .. } if status == Status::COMMAND_INTERRUPTED => refused += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        hogs.push((c, held > before));
+    }
+    assert_eq!(
+        held,
+        super::super::cmd::PEER_CMD_SHARE,
+        "slots held by one address"
+    );
+    assert_eq!(held + refused, 17 * 4096);
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::PeerCommandSlots.label() && n == refused as u64),
+        "{hits:?}"
+    );
+    assert!(
+        hits.iter()
+            .all(|&(l, n)| l != crate::Limit::CommandSlots.label() || n == 0),
+        "{hits:?}"
+    );
+
+    // The other host's queue serves, and a new host connects and serves.
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    let (_, q2) = p.controller(Digests::NONE, 31, 0);
+    let (cqe, _) = p.exec(q2, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+
+    // The host-data deadline ends the attacker's connections that held commands (the
+    // others have nothing outstanding); the slots come back.
+    p.advance(FOREVER);
+    for (c, held_some) in hogs {
+        assert_eq!(p.conns[c].target_closed(), held_some);
+    }
+    assert_eq!(p.io.commands_in_flight(), 0);
+    let (cqe, _) = p.exec(q, rw(io::READ, 0, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+}
+
+/// A Copy's buffers (the data it gathers, one range's read at a time) count against its
+/// address's share as host data does: with the share taken by half a write, the
+/// address's Copy is answered Command Interrupted instead of taking pool buffers past it
+/// (the audit of 2026-11-27: Copies charged only their 32-byte descriptors held 2 MiB each
+/// and left other hosts' reads Command Interrupted), and another host's Copy is served.
+#[test]
+fn a_copy_counts_against_its_peers_share_of_the_pool() {
+    let mut p = Pair::with_config(crate::soft::SoftConfig {
+        buffer_pool_bytes: 2 << 20,
+        ..Default::default()
+    });
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
+    let hog2 = raw_io_queue(&mut p, cntlid, 3, 31);
+    let attacker: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    for c in [hog, hog2] {
+        let h = p.conns[c].qp;
+        p.io.set_qp_peer(h, attacker);
+    }
+    let h = p.conns[q].qp;
+    p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+
+    half_a_write(&mut p, hog, 0, 1 << 20);
+    let ranges = nvmf::copy::encode_ranges(&[(100, 8)]);
+    let copy = super::access::copy_sqe(1000, 1);
+    forge(
+        &mut p,
+        hog2,
+        &in_capsule(copy, 0, ranges.len() as u32),
+        &ranges,
+    );
+    p.pump();
+    let w = take_wire(&mut p, hog2);
+    assert!(
+        matches!(w.as_slice(), [Out::Resp { status, .. }] if *status == Status::COMMAND_INTERRUPTED),
+        "{w:?}"
+    );
+    let hits = crate::Engine::stats(&p.sta).limit_hits();
+    assert!(
+        hits.iter()
+            .any(|&(l, n)| l == crate::Limit::PeerBuffers.label() && n == 1),
+        "{hits:?}"
+    );
+
+    let (cqe, _) = p.exec(q, copy, Xfer::ToController, ranges);
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+}
