@@ -41,12 +41,25 @@ pub struct NamespaceAccess {
     /// every I/O under a reservation looks its host up).
     held: Option<Held>,
     registrants: Vec<HostId>,
+    /// The namespace's storage is gone ([`super::Target::namespace_lost`]): every
+    /// command is answered Internal Path Error, on every IO thread (one thread's backend
+    /// error takes the namespace out for all of them, and a backend that works again
+    /// must not serve a namespace the hosts were told is gone).
+    lost: bool,
 }
 
 impl NamespaceAccess {
     /// A view that refuses nothing.
     pub fn open() -> NamespaceAccess {
         NamespaceAccess::default()
+    }
+
+    /// The view of a namespace whose storage is gone: it refuses everything.
+    pub fn lost() -> NamespaceAccess {
+        NamespaceAccess {
+            lost: true,
+            ..NamespaceAccess::default()
+        }
     }
 
     /// Built by the target from its state.
@@ -77,12 +90,13 @@ impl NamespaceAccess {
             ana,
             held,
             registrants,
+            lost: false,
         }
     }
 
     /// Nothing to check: the engine may skip [`NamespaceAccess::check`].
     pub fn is_open(&self) -> bool {
-        self.visible.is_none() && self.ana.is_empty() && self.held.is_none()
+        self.visible.is_none() && self.ana.is_empty() && self.held.is_none() && !self.lost
     }
 
     /// Whether the queue `key` may run a command of kind `access` on this namespace.
@@ -91,6 +105,9 @@ impl NamespaceAccess {
     pub fn check(&self, key: &AccessKey, access: Option<Access>) -> Result<(), Status> {
         if self.is_open() {
             return Ok(());
+        }
+        if self.lost {
+            return Err(Status::INTERNAL_PATH_ERROR);
         }
         if let Some(v) = &self.visible {
             if v.binary_search(&key.host).is_err() {

@@ -1153,7 +1153,11 @@ impl Target {
             .ok_or(TargetError::UnknownNamespace(nsid))?;
         let visible = ns.clone();
         s.lost.insert(nsid, ns);
-        self.access_updates.remove(&(subnqn.to_string(), nsid));
+        // The engine answers its I/O on every IO thread from now on.
+        self.access_updates.insert(
+            (subnqn.to_string(), nsid),
+            Arc::new(NamespaceAccess::lost()),
+        );
         self.namespace_changed(subnqn, nsid, |h| visible.visible_to(h));
         Ok(())
     }

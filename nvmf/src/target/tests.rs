@@ -2103,6 +2103,15 @@ fn lost_namespace_answers_path_error_and_leaves_the_active_list() {
         matches!(&actions[..], [Action::CompleteHeld { cqe, .. }] if cqe.dw0 == 0x04_00_02),
         "{actions:?}"
     );
+    // The engine gets a view that refuses every command of any host with the same
+    // status (its I/O never reaches the target: without it, a backend that works again
+    // served a namespace the hosts were told is gone).
+    let views = c.t.take_access_updates();
+    assert!(
+        matches!(&views[..], [(n, 1, v)] if n == SUB1
+            && v.check(&AccessKey::default(), None) == Err(Status::INTERNAL_PATH_ERROR)),
+        "{views:?}"
+    );
     let mut data = vec![0u8; 4096];
     match c.exec_on(ioq, admin_sqe(io::READ, 1), &mut data) {
         Outcome::Complete { cqe, .. } => {

@@ -642,3 +642,23 @@ fn fused_compare_and_write_on(mut p: Pair) {
     assert_eq!(disk(&p, 5, 2), want);
     assert_eq!(p.io.commands_in_flight(), 0);
 }
+
+/// A namespace the target took out because its storage is gone (`namespace_lost`, after
+/// one IO thread's backend error or a hang) answers Internal Path Error on the offloaded
+/// path of every queue, even where its backend still works: hosts were told it left the
+/// active list, and no write may land on it behind their backs (the audit of 2026-11-27:
+/// a new controller read and wrote a lost namespace whose file had come back).
+#[test]
+fn a_lost_namespace_serves_no_io_on_the_offloaded_path() {
+    let mut p = Pair::new();
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    assert_eq!(write(&mut p, q, 0, 1), Status::SUCCESS);
+    p.target.namespace_lost(NQN, 1).unwrap();
+    let actions = p.target.take_actions();
+    p.apply(actions);
+    p.publish_views();
+    assert_eq!(read(&mut p, q, 0), Status::INTERNAL_PATH_ERROR);
+    assert_eq!(write(&mut p, q, 0, 2), Status::INTERNAL_PATH_ERROR);
+    let (_, q2) = p.controller(Digests::NONE, 31, 0);
+    assert_eq!(read(&mut p, q2, 0), Status::INTERNAL_PATH_ERROR);
+}

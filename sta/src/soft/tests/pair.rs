@@ -637,7 +637,7 @@ impl Pair {
         }
     }
 
-    fn apply(&mut self, actions: Vec<Action>) {
+    pub fn apply(&mut self, actions: Vec<Action>) {
         for a in actions {
             match a {
                 Action::CompleteHeld { queue, cqe, .. } => {
