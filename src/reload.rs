@@ -48,7 +48,16 @@
 //!     of a namespace's `hosts` alone is not a remove + add);
 //! 12. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
 //!     listeners whose state changed get an ANA Change event);
-//! 13. `referrals_changed` — the discovery log's referrals.
+//! 13. `referrals_changed` — the discovery log's referrals;
+//! 14. `subsystem_listeners_changed` — subsystems in both configs that name listeners,
+//!     where the names or a named listener's address changed: each is exposed on its
+//!     new list as the listeners now stand (after steps 4 and 5).
+//!
+//! Steps 4 and 5 for a listener in both lists (its address or settings changed) are one
+//! replacement: the new socket is bound before the old one is closed where the address
+//! differs, and a listener whose new address cannot be bound keeps listening on the old
+//! one. Backends added (step 6) are opened before anything is removed: a namespace that
+//! moves to a backend that does not open stays where it was ([`Undone`] says so).
 //!
 //! The reservation state file (`reservations:`) needs a restart.
 //!
@@ -58,10 +67,11 @@
 //! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, `limits:`,
 //!   the metrics address (and `allow_remote`) and the control socket (`control:`);
 //! - a backend whose definition changed while a surviving namespace uses it;
-//! - a subsystem's serial, model or named listeners (a changed address of a listener it
-//!   names too). A subsystem that names no listeners is on all of them, and follows
-//!   listeners added or removed by a reload at once (nothing to restart); naming
-//!   listeners where it named none, or the reverse, needs a restart.
+//! - a subsystem's serial or model.
+//!
+//! A subsystem's listeners change live (step 14): one that names no listeners is on all
+//! of them and follows listeners added or removed at once; one that names some follows
+//! its list and the addresses of the listeners on it.
 
 #![forbid(unsafe_code)]
 
@@ -109,6 +119,10 @@ pub struct ConfigDiff {
     pub ana_groups_changed: Vec<(String, Vec<AnaGroupConfig>)>,
     /// The new referral list, when it changed.
     pub referrals_changed: Option<Vec<ReferralConfig>>,
+    /// (subsystem NQN, listener names or `None` for all, what changed in words) for
+    /// subsystems in both configs whose listeners changed: their names, or the address
+    /// of one they name.
+    pub subsystem_listeners_changed: Vec<(String, Option<Vec<String>>, String)>,
     /// Changes that take effect only after a restart, one human-readable line each.
     pub restart_required: Vec<String>,
     /// Host credentials (`hosts[]`, secrets re-read from their files) or a subsystem's
@@ -217,6 +231,9 @@ impl ConfigDiff {
         }
         if let Some(r) = &self.referrals_changed {
             out.push(format!("referrals: {} entr(ies)", r.len()));
+        }
+        for (nqn, _, text) in &self.subsystem_listeners_changed {
+            out.push(format!("subsystem {nqn}: listeners {text}"));
         }
         for line in &self.restart_required {
             out.push(format!("{RESTART_PREFIX}{line}"));
@@ -429,8 +446,9 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             ));
         }
         if let Some(text) = listeners_change(o, &old_l, n, &new_l) {
-            d.restart_required
-                .push(format!("subsystem {nqn}: listeners {text}"));
+            let names = (!n.all_listeners).then(|| n.listeners.clone());
+            d.subsystem_listeners_changed
+                .push((nqn.to_string(), names, text));
         }
         if o.allow_any_host != n.allow_any_host || host_set(o) != host_set(n) {
             d.hosts_changed
@@ -473,8 +491,6 @@ pub fn running_after(old: &Config, new: &Config, d: &ConfigDiff) -> Config {
         if let Some(o) = old.subsystems.iter().find(|o| o.nqn == s.nqn) {
             s.serial = o.serial.clone();
             s.model = o.model.clone();
-            s.listeners = o.listeners.clone();
-            s.all_listeners = o.all_listeners;
         }
     }
     run
@@ -496,6 +512,15 @@ pub struct Undone {
     pub namespace_hosts: BTreeSet<(String, u32)>,
     /// Subsystems whose new ANA groups could not be applied.
     pub ana_groups: BTreeSet<String>,
+    /// Of `listeners`: those still open with their old settings (the new address could
+    /// not be bound; the old socket was kept).
+    pub listeners_kept: BTreeSet<String>,
+    /// Namespaces that stay as they were, on their old backend, because the backend
+    /// they were to move to did not open (their removal was skipped).
+    pub namespaces_kept: BTreeSet<(String, u32)>,
+    /// Backends of the old config that stay, with their old definition: the old backend
+    /// of a kept namespace, or a changed backend whose new definition did not open.
+    pub backends_kept: BTreeSet<String>,
 }
 
 impl Undone {
@@ -505,14 +530,37 @@ impl Undone {
     /// `--check-config --diff` shows it as still to do.
     pub fn remove_from(&self, mut run: Config, old: &Config) -> Config {
         run.listeners.retain(|l| !self.listeners.contains(&l.name));
-        run.backends.retain(|b| !self.backends.contains(&b.name));
+        run.listeners.extend(
+            old.listeners
+                .iter()
+                .filter(|l| self.listeners_kept.contains(&l.name))
+                .cloned(),
+        );
+        run.backends
+            .retain(|b| !self.backends.contains(&b.name) && !self.backends_kept.contains(&b.name));
+        run.backends.extend(
+            old.backends
+                .iter()
+                .filter(|b| self.backends_kept.contains(&b.name))
+                .cloned(),
+        );
         run.subsystems.retain(|s| !self.subsystems.contains(&s.nqn));
         let backends: BTreeSet<String> = run.backends.iter().map(|b| b.name.clone()).collect();
         for s in &mut run.subsystems {
             let o = old.subsystems.iter().find(|o| o.nqn == s.nqn);
+            for ns in &mut s.namespaces {
+                let kept = self.namespaces_kept.contains(&(s.nqn.clone(), ns.nsid));
+                if let Some(before) = o
+                    .filter(|_| kept)
+                    .and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid))
+                {
+                    *ns = before.clone();
+                }
+            }
             s.namespaces.retain(|ns| {
+                let key = (s.nqn.clone(), ns.nsid);
                 backends.contains(&ns.backend)
-                    && !self.namespaces.contains(&(s.nqn.clone(), ns.nsid))
+                    && (!self.namespaces.contains(&key) || self.namespaces_kept.contains(&key))
             });
             for ns in &mut s.namespaces {
                 if self.namespace_hosts.contains(&(s.nqn.clone(), ns.nsid)) {

@@ -222,3 +222,116 @@ fn a_host_taken_off_the_list_by_reload_is_disconnected_and_named_in_the_log() {
     }
     d.stop();
 }
+
+const NAMED_LISTENER: &str = "\
+io_threads: 1
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 16MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    listeners: [tcp0]
+    namespaces:
+      - {nsid: 1, backend: ram0}
+";
+
+/// A listener moved by reload to an address it cannot bind keeps listening where it was
+/// (before, the old socket was closed first and the daemon listened nowhere); moved to
+/// one it can bind, the subsystem that names it follows at once (before, the subsystem
+/// stayed bound to the old address until a restart, and every new Connect was refused
+/// with DNR and it left the discovery log).
+#[test]
+fn a_listener_move_keeps_the_old_address_on_failure_and_takes_its_subsystem_along() {
+    let _w = watchdog("listener_move", Duration::from_secs(60));
+    let mut d = Daemon::start(NAMED_LISTENER);
+    let opts = host_opts();
+    let mut c = controller(&d, 1, &opts);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a busy port");
+    let busy_port = busy.local_addr().unwrap().port();
+    let moved = |port: u16| NAMED_LISTENER.replace("port: {port}}", &format!("port: {port}}}"));
+    write_config(&d, &moved(busy_port));
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "Address already in use");
+    // Still served on the old address, by a new host too.
+    let mut c2 = controller(&d, 1, &opts);
+    assert_ok(
+        c2.io[0]
+            .write(1, 0, &pattern(1, 512), false)
+            .expect("write"),
+        "I/O on the kept listener",
+    );
+    drop(busy);
+
+    let port = free_port();
+    write_config(&d, &moved(port));
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, &format!("listening on 127.0.0.1:{port}"));
+    wait_log(
+        &d,
+        "subsystem nqn.2026-11.dev.nvmf-target:e2e: listeners tcp0",
+    );
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut h = TcpHost::connect(to, opts.clone()).expect("ICReq on the new address");
+    h.connect_admin(SUBNQN, 0)
+        .expect("Connect to the subsystem on its listener's new address");
+    assert!(
+        TcpHost::connect(d.addr(), opts.clone()).is_err(),
+        "the old address still listens"
+    );
+    // Connections made before the moves keep working.
+    let mut back = vec![0u8; 512];
+    assert_ok(
+        c.io[0].read(1, 0, 1, &mut back).expect("read"),
+        "I/O on a queue connected before the moves",
+    );
+    d.stop();
+}
+
+/// A namespace moved by reload to a backend that fails to open stays on its old backend
+/// with its data (before, it was removed first and lost until the next good reload), and
+/// the next reload of the same file tries the move again.
+#[test]
+fn a_namespace_moved_to_a_backend_that_cannot_open_stays_where_it_was() {
+    let _w = watchdog("namespace_move_fails", Duration::from_secs(60));
+    let mut d = Daemon::start(ONE_NS);
+    let opts = host_opts();
+    let mut c = controller(&d, 1, &opts);
+    let data = pattern(9, 4096);
+    assert_ok(c.io[0].write(1, 0, &data, false).expect("write"), "write");
+    let bad = ONE_NS
+        .replace(
+            "  - {name: ram2, type: ram, size: 16MiB, block_size: 512}\n",
+            "  - {name: ram2, type: ram, size: 16MiB, block_size: 512}\n  - {name: big, type: ram, size: 1000TiB}\n",
+        )
+        .replace("{nsid: 1, backend: ram0}", "{nsid: 1, backend: big}");
+    write_config(&d, &bad);
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "reload applied with");
+    assert_eq!(active_nsids(&mut c.admin), vec![1]);
+    assert!(
+        d.log()
+            .contains("namespace 1 stays as it was, on backend ram0"),
+        "{}",
+        d.log()
+    );
+    let mut back = vec![0u8; 4096];
+    assert_ok(
+        c.io[0].read(1, 0, 8, &mut back).expect("read"),
+        "read after the failed move",
+    );
+    assert!(back == data, "the namespace lost its data");
+    // The same file again: the move is tried again (it is still to do).
+    d.signal(Signal::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.log().matches("reload applied with").count() < 2 {
+        assert!(Instant::now() < deadline, "not tried again:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Back to the file it runs: nothing to do.
+    write_config(&d, ONE_NS);
+    d.signal(Signal::SIGHUP);
+    wait_log(&d, "reload: no changes");
+    d.stop();
+}

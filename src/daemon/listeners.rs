@@ -47,6 +47,23 @@ pub(super) enum ListenerError {
     Tls(#[from] nvmf_tls::TlsError),
 }
 
+/// The TLS settings of listener `l`, if it has TLS (a TCP matter: the config refuses it
+/// elsewhere).
+fn tls_accept(
+    shared: &Shared,
+    l: &ListenerConfig,
+) -> Result<Option<sta::TlsAccept>, ListenerError> {
+    Ok(match l.tls {
+        TlsMode::None => None,
+        _ if l.transport != TransportKind::Tcp => None,
+        mode => Some(sta::TlsAccept {
+            ctx: nvmf_tls::server_context(shared.psk.clone())?,
+            required: mode == TlsMode::Required,
+            handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+        }),
+    })
+}
+
 /// The protocol's description of a configured listener.
 pub(super) fn listener_info(l: &ListenerConfig) -> ListenerInfo {
     ListenerInfo {
@@ -162,17 +179,77 @@ impl Listeners {
         l: &ListenerConfig,
         max_queue_depth: u16,
     ) -> Result<(), ListenerError> {
-        let addr = SocketAddr::new(l.address, l.port);
-        // TLS is a TCP matter (the config refuses it elsewhere).
-        let tls = match l.tls {
-            TlsMode::None => None,
-            _ if l.transport != TransportKind::Tcp => None,
-            mode => Some(sta::TlsAccept {
-                ctx: nvmf_tls::server_context(shared.psk.clone())?,
-                required: mode == TlsMode::Required,
-                handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
-            }),
+        let (socket, tls) = self.bind(shared, l, max_queue_depth)?;
+        self.register(shared, l, socket, tls);
+        Ok(())
+    }
+
+    /// Replace open listener `old` by `new` (same name, another address or other
+    /// settings). Where the address differs, the new socket is bound before the old one
+    /// is closed, so a failed bind leaves the old listener serving; on the same TCP
+    /// address, or on RDMA (the CM service listens by name), the old one is closed first
+    /// and opened again if the new one fails. On error, whether the old one still
+    /// listens.
+    pub fn replace(
+        &mut self,
+        shared: &Arc<Shared>,
+        old: &ListenerConfig,
+        new: &ListenerConfig,
+        max_queue_depth: u16,
+    ) -> Result<(), (ListenerError, bool)> {
+        let same_address =
+            old.transport == new.transport && old.address == new.address && old.port == new.port;
+        if same_address && new.transport == TransportKind::Tcp {
+            // Other settings (TLS) on the same address: the socket stays, so no connect
+            // is refused meanwhile.
+            let tls = tls_accept(shared, new).map_err(|e| (e, true))?;
+            if let Some(socket) = self.take(shared, &old.name) {
+                self.register(shared, new, socket, tls);
+                return Ok(());
+            }
+        }
+        if !same_address && new.transport == TransportKind::Tcp {
+            let (socket, tls) = self
+                .bind(shared, new, max_queue_depth)
+                .map_err(|e| (e, true))?;
+            self.close(shared, &old.name);
+            self.register(shared, new, socket, tls);
+            return Ok(());
+        }
+        self.close(shared, &old.name);
+        let Err(e) = self.open(shared, new, max_queue_depth) else {
+            return Ok(());
         };
+        match self.open(shared, old, max_queue_depth) {
+            Ok(()) => {
+                tracing::warn!(
+                    "listener {}: kept its old settings ({}:{}): the new ones failed",
+                    old.name,
+                    old.address,
+                    old.port
+                );
+                Err((e, true))
+            }
+            Err(again) => {
+                tracing::error!(
+                    "listener {}: the old settings could not be opened again either: {again}",
+                    old.name
+                );
+                Err((e, false))
+            }
+        }
+    }
+
+    /// The fallible half of [`Listeners::open`]: the socket (or the CM service's listen)
+    /// and the TLS context.
+    fn bind(
+        &mut self,
+        shared: &Arc<Shared>,
+        l: &ListenerConfig,
+        max_queue_depth: u16,
+    ) -> Result<(Socket, Option<sta::TlsAccept>), ListenerError> {
+        let addr = SocketAddr::new(l.address, l.port);
+        let tls = tls_accept(shared, l)?;
         let socket = match l.transport {
             TransportKind::Tcp => {
                 let sock = TcpListener::bind(addr)
@@ -189,6 +266,19 @@ impl Listeners {
                 Socket::Rdma
             }
         };
+        Ok((socket, tls))
+    }
+
+    /// The infallible half of [`Listeners::open`]: make the bound listener known to the
+    /// target (discovery log, Connect checks) and to the other threads.
+    fn register(
+        &mut self,
+        shared: &Arc<Shared>,
+        l: &ListenerConfig,
+        socket: Socket,
+        tls: Option<sta::TlsAccept>,
+    ) {
+        let addr = SocketAddr::new(l.address, l.port);
         let info = listener_info(l);
         if l.transport == TransportKind::Tcp {
             shared.target().set_listener_tls(
@@ -218,23 +308,29 @@ impl Listeners {
             info,
             socket,
         });
-        Ok(())
     }
 
     /// Close listener `name` (connections it accepted stay). False if it was not open.
     pub fn close(&mut self, shared: &Shared, name: &str) -> bool {
-        let Some(i) = self.list.iter().position(|l| l.name == name) else {
+        let Some(socket) = self.take(shared, name) else {
             return false;
         };
-        let l = self.list.remove(i);
-        if let (Socket::Rdma, Some(r)) = (&l.socket, self.rdma.as_mut()) {
+        if let (Socket::Rdma, Some(r)) = (&socket, self.rdma.as_mut()) {
             r.unlisten(name);
         }
+        tracing::info!("listener {name} closed");
+        true
+    }
+
+    /// Listener `name` leaves the target and the directory; its socket is the caller's
+    /// (dropped: closed; or registered again with new settings).
+    fn take(&mut self, shared: &Shared, name: &str) -> Option<Socket> {
+        let i = self.list.iter().position(|l| l.name == name)?;
+        let l = self.list.remove(i);
         shared.target().remove_listener(&l.info);
         shared.listeners.entries().retain(|(n, _)| n != name);
         shared.listeners.tls_entries().remove(name);
-        tracing::info!("listener {name} closed");
-        true
+        Some(l.socket)
     }
 
     /// The TCP listeners' sockets, for the main loop's poll (none while accept backs off).

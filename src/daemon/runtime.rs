@@ -183,28 +183,49 @@ impl<E: Engine> Runtime<E> {
     /// the change is still applied, and the caller decides what an error means.
     pub fn apply(&mut self, d: &ConfigDiff, new: &Config) -> Applied {
         let mut errors = Errors::default();
+        // New backends open before anything is removed: a namespace that was to move to
+        // one that does not open stays where it is.
+        let mut opened = self.open_backends(d, &mut errors);
+        self.keep_what_cannot_move(d, &mut errors.undone);
+        opened.retain(|name, _| !errors.undone.backends_kept.contains(name));
         self.retire_subsystems(d);
         self.remove_namespaces(d, &mut errors);
         self.forget_subsystems(d, &mut errors);
         for name in &d.backends_removed {
+            if errors.undone.backends_kept.contains(name) {
+                continue;
+            }
             // The engine holds its own reference until every queue on it is gone.
             self.backends.remove(name);
             tracing::info!("backend {name} released");
         }
+        self.backends.extend(opened);
+        let replaced = |name: &str| d.listeners_removed.iter().find(|o| o.name == name);
         for l in &d.listeners_removed {
-            self.listeners.close(&self.shared, &l.name);
+            if !d.listeners_added.iter().any(|n| n.name == l.name) {
+                self.listeners.close(&self.shared, &l.name);
+            }
         }
         let depth = self.engine.caps().max_queue_depth;
         for l in &d.listeners_added {
-            if let Err(source) = self.listeners.open(&self.shared, l, depth) {
+            let result = match replaced(&l.name) {
+                Some(old) => self.listeners.replace(&self.shared, old, l, depth),
+                None => self
+                    .listeners
+                    .open(&self.shared, l, depth)
+                    .map_err(|e| (e, false)),
+            };
+            if let Err((source, kept)) = result {
                 errors.undone.listeners.insert(l.name.clone());
+                if kept {
+                    errors.undone.listeners_kept.insert(l.name.clone());
+                }
                 errors.push(ApplyError::Listener {
                     name: l.name.clone(),
                     source,
                 });
             }
         }
-        self.open_backends(d, &mut errors);
         if d.auth_changed {
             // Before any subsystem is added: no host reaches a new subsystem before the
             // rules that bind it are in place.
@@ -246,6 +267,15 @@ impl<E: Engine> Runtime<E> {
             }
         }
         self.apply_visibility_ana_referrals(d, new, &mut errors);
+        for (nqn, names, text) in &d.subsystem_listeners_changed {
+            let infos = names
+                .as_ref()
+                .map(|n| self.named_listeners(n, new, &errors.undone));
+            match self.shared.target().set_subsystem_listeners(nqn, infos) {
+                Ok(()) => tracing::info!("subsystem {nqn}: listeners {text}"),
+                Err(e) => tracing::warn!("subsystem {nqn}: listeners {text}: not applied: {e}"),
+            }
+        }
         self.poll_drives(new);
         self.shared.sync_target_state();
         for line in &d.restart_required {
@@ -278,6 +308,13 @@ impl<E: Engine> Runtime<E> {
     /// engine: the target forgot them with the subsystem.
     fn remove_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
         for (nqn, nsid) in &d.namespaces_removed {
+            if errors
+                .undone
+                .namespaces_kept
+                .contains(&(nqn.clone(), *nsid))
+            {
+                continue;
+            }
             if !d.subsystems_removed.contains(nqn) {
                 // Added again under the same identity: hosts take it for the same
                 // namespace, so it keeps its reservations (`add_namespaces`).
@@ -407,7 +444,67 @@ impl<E: Engine> Runtime<E> {
         }
     }
 
-    fn open_backends(&mut self, d: &ConfigDiff, errors: &mut Errors) {
+    /// Namespaces removed and added again on a backend that did not open stay as they
+    /// were (their removal is skipped), and so does the old backend they use.
+    fn keep_what_cannot_move(&self, d: &ConfigDiff, undone: &mut Undone) {
+        for (nqn, ns) in &d.namespaces_added {
+            let key = (nqn.clone(), ns.nsid);
+            if !undone.backends.contains(&ns.backend)
+                || !d.namespaces_removed.contains(&key)
+                || d.subsystems_removed.contains(nqn)
+            {
+                continue;
+            }
+            let old = self
+                .cfg
+                .subsystems
+                .iter()
+                .find(|s| s.nqn == *nqn)
+                .and_then(|s| s.namespaces.iter().find(|n| n.nsid == ns.nsid));
+            let Some(old) = old else { continue };
+            if d.backends_removed.contains(&old.backend) {
+                undone.backends_kept.insert(old.backend.clone());
+            }
+            tracing::error!(
+                "subsystem {nqn}: namespace {} stays as it was, on backend {}: its new \
+                 backend {} did not open (see above)",
+                ns.nsid,
+                old.backend,
+                ns.backend
+            );
+            undone.namespaces.insert(key.clone());
+            undone.namespaces_kept.insert(key);
+        }
+    }
+
+    /// The listeners `names` of a subsystem as they stand after this change: a listener
+    /// kept at its old address (its new one could not be bound) is there at the old one.
+    fn named_listeners(
+        &self,
+        names: &[String],
+        new: &Config,
+        undone: &Undone,
+    ) -> Vec<ListenerInfo> {
+        names
+            .iter()
+            .filter_map(|n| {
+                let from = if undone.listeners_kept.contains(n) {
+                    &self.cfg.listeners
+                } else {
+                    &new.listeners
+                };
+                from.iter().find(|l| l.name == *n).map(listener_info)
+            })
+            .collect()
+    }
+
+    /// Open the backends the change adds; the caller installs them (after removals).
+    fn open_backends(
+        &mut self,
+        d: &ConfigDiff,
+        errors: &mut Errors,
+    ) -> HashMap<String, Arc<dyn Backend>> {
+        let mut opened = HashMap::new();
         for b in &d.backends_added {
             match open_backend(b) {
                 Ok(be) => {
@@ -418,7 +515,7 @@ impl<E: Engine> Runtime<E> {
                         be.num_blocks(),
                         be.block_size()
                     );
-                    self.backends.insert(b.name.clone(), be);
+                    opened.insert(b.name.clone(), be);
                 }
                 Err(e) => {
                     errors.undone.backends.insert(b.name.clone());
@@ -426,20 +523,12 @@ impl<E: Engine> Runtime<E> {
                 }
             }
         }
+        opened
     }
 
     fn add_subsystems(&mut self, d: &ConfigDiff, new: &Config, errors: &mut Errors) {
         for s in &d.subsystems_added {
-            let infos: Vec<ListenerInfo> = s
-                .listeners
-                .iter()
-                .filter_map(|n| {
-                    new.listeners
-                        .iter()
-                        .find(|l| l.name == *n)
-                        .map(listener_info)
-                })
-                .collect();
+            let infos = self.named_listeners(&s.listeners, new, &errors.undone);
             let cfg = SubsystemConfig {
                 nqn: s.nqn.clone(),
                 serial: s.serial.clone(),
@@ -465,6 +554,14 @@ impl<E: Engine> Runtime<E> {
 
     fn add_namespaces(&mut self, d: &ConfigDiff, errors: &mut Errors) {
         for (nqn, ns) in &d.namespaces_added {
+            if errors
+                .undone
+                .namespaces_kept
+                .contains(&(nqn.clone(), ns.nsid))
+            {
+                // Said so already (`keep_what_cannot_move`).
+                continue;
+            }
             let be = self.backends.get(&ns.backend).cloned();
             let id = self.shared.subsystems.id(nqn);
             let (Some(be), Some(id)) = (be, id) else {

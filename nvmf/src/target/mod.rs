@@ -1034,6 +1034,22 @@ impl Target {
         Ok(())
     }
 
+    /// Changes the listeners that expose a subsystem (`None`: all of them). Connects on
+    /// the others are refused from now on; controllers connected through them stay (as
+    /// after a listener is removed); discovery logs follow.
+    pub fn set_subsystem_listeners(
+        &mut self,
+        nqn: &str,
+        listeners: Option<Vec<ListenerInfo>>,
+    ) -> Result<(), TargetError> {
+        let s = self.user_subsystem_mut(nqn)?;
+        if s.cfg.listeners != listeners {
+            s.cfg.listeners = listeners;
+            self.discovery_changed();
+        }
+        Ok(())
+    }
+
     /// Removes a subsystem: new Connects to it are refused at once, its controllers are
     /// retired (their queues come back as [`Action::Disconnect`]; commands on them get no
     /// answer until the transport closes them). Unknown NQNs and the discovery subsystem

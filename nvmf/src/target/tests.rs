@@ -1675,6 +1675,28 @@ fn a_listener_restricted_subsystem_refuses_connects_on_other_listeners() {
         &connect_data(0xffff, DISCOVERY_NQN, HOST1),
     );
     assert!(ok.is_some());
+    // A reload moves the subsystem to the TCP listener: Connects follow at once.
+    t.set_subsystem_listeners(SUB2, Some(vec![tcp()])).unwrap();
+    let (_, ok) = t.connect(
+        now,
+        5,
+        &on(tcp()),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST1),
+    );
+    assert!(ok.is_some());
+    let (_, ok) = t.connect(
+        now,
+        6,
+        &on(rdma()),
+        &connect_sqe(0, 31, 0),
+        &connect_data(0xffff, SUB2, HOST1),
+    );
+    assert!(ok.is_none());
+    assert_eq!(
+        t.set_subsystem_listeners(DISCOVERY_NQN, None),
+        Err(TargetError::DiscoverySubsystem)
+    );
 }
 
 #[test]
