@@ -461,22 +461,33 @@ pub struct NamespaceConfig {
     pub hosts: Option<Vec<String>>,
 }
 
+/// A config file is at most this big (the largest real ones are tens of KiB): a path to
+/// a device or a huge file must not make the daemon read without end.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of config file `path`: a regular file (or a symlink to one) of at most
+/// [`MAX_CONFIG_BYTES`], in UTF-8.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} MiB: not a config file",
+            MAX_CONFIG_BYTES >> 20
+        )));
+    }
+    Ok(text)
+}
+
 impl Config {
     /// Reads and checks the config file at `path`.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the daemon uses load_with_text; tests use this")
-    )]
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
-        let path = path.as_ref();
-        let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
-            path: source.clone(),
-            error,
-        })?;
-        let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let cfg = validate::parse(&text, &source, base)?;
-        Ok(cfg.with_ptpl_default(path))
+        Self::load_with_text(path).map(|(cfg, _)| cfg)
     }
 
     /// The PTPL state file sits beside the config file unless the config says where.
@@ -499,7 +510,7 @@ impl Config {
     pub fn load_with_text(path: impl AsRef<Path>) -> Result<(Config, String), ConfigError> {
         let path = path.as_ref();
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        let text = read_text(path).map_err(|error| ConfigError::Read {
             path: source.clone(),
             error,
         })?;

@@ -1195,3 +1195,54 @@ fn limits_errors_name_the_field() {
     let e = errors(&format!("{MINIMAL}limits: {{max_conections: 5}}\n"));
     assert!(e[0].contains("max_conections"), "{e:#?}");
 }
+
+/// Two backends on one file (the same path, a symlink to it, a `..` detour) are refused:
+/// two namespaces would show hosts the same data under two identities.
+#[test]
+fn two_backends_on_one_file_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::write(&disk, vec![0u8; 4096]).unwrap();
+    let link = dir.path().join("link.img");
+    std::os::unix::fs::symlink(&disk, &link).unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let detour = dir.path().join("sub/../disk.img");
+    let yaml = MINIMAL.replace(
+        "{name: b, type: ram, size: 4M}",
+        &format!(
+            "{{name: b, type: file, path: {}}}\n  - {{name: c, type: file, path: {}}}\n  - {{name: d, type: file, path: {}}}",
+            disk.display(),
+            link.display(),
+            detour.display()
+        ),
+    );
+    let errs = errors(&yaml);
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    for (e, i) in errs.iter().zip(1..) {
+        assert!(
+            e.starts_with(&format!("t.yaml:{}:", 4 + i))
+                && e.contains(&format!(
+                    "backends[{i}].path: {} is already the file of backends[0] at line 4",
+                    disk.display()
+                )),
+            "{e}"
+        );
+    }
+}
+
+/// A config path that is not a regular file, or a file far too large for a config, is
+/// refused with the path and why, without reading it to the end.
+#[test]
+fn a_config_path_to_a_device_or_a_huge_file_is_refused() {
+    let err = Config::load("/dev/zero").expect_err("/dev/zero is no config");
+    assert!(
+        err.to_string().contains("/dev/zero") && err.to_string().contains("not a regular file"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(crate::config::MAX_CONFIG_BYTES + 1).unwrap();
+    let err = Config::load(&big).expect_err("too big");
+    assert!(err.to_string().contains("larger than 16 MiB"), "{err}");
+}

@@ -939,6 +939,7 @@ impl Checker<'_> {
     fn backends(&mut self, raw: &[Spanned<RawBackend>]) -> Vec<BackendConfig> {
         let mut names: HashMap<String, Seen> = HashMap::new();
         let mut drives: HashMap<(String, u32), Seen> = HashMap::new();
+        let mut files: HashMap<PathBuf, Seen> = HashMap::new();
         raw.iter()
             .enumerate()
             .map(|(i, backend)| {
@@ -950,6 +951,22 @@ impl Checker<'_> {
                     &mut names,
                 );
                 let cfg = self.backend(backend, &p);
+                // Two backends on one file (by another name, a symlink, `..`) would give
+                // two namespaces, each with its own identity, the same data.
+                if let (BackendKind::File { path, .. }, Some(at)) = (&cfg.kind, &backend.value.path)
+                {
+                    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                    if let Some(first) = files.get(&key) {
+                        let msg = format!(
+                            "{} is already the file of {first}: two backends on one file \
+                             would show hosts two namespaces with the same data",
+                            key.display()
+                        );
+                        self.error(at, format!("{p}.path"), msg);
+                    } else {
+                        files.insert(key, Seen::new(p.clone(), at));
+                    }
+                }
                 if let (BackendKind::Nvme { pci, nsid, .. }, Some(at)) =
                     (&cfg.kind, &backend.value.pci)
                 {
