@@ -33,6 +33,12 @@ pub struct CtlArgs {
     #[arg(long, value_name = "PATH", global = true)]
     pub socket: Option<PathBuf>,
 
+    /// Without --socket: the socket `control.path` of this config file names (the
+    /// default path if it names none or cannot be read: a file being fixed still
+    /// reaches the daemon, whose reload then says what is wrong with it).
+    #[arg(long, value_name = "FILE", global = true, conflicts_with = "socket")]
+    pub config: Option<PathBuf>,
+
     /// Print the daemon's reply as JSON (for scripts) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -79,10 +85,14 @@ pub fn run(args: &CtlArgs) -> ExitCode {
 }
 
 fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
-    let path = args
-        .socket
-        .clone()
-        .unwrap_or_else(crate::config::default_socket_path);
+    let path = match (&args.socket, &args.config) {
+        (Some(p), _) => p.clone(),
+        (None, Some(file)) => Config::load(file)
+            .ok()
+            .and_then(|c| c.control.map(|c| c.path))
+            .unwrap_or_else(crate::config::default_socket_path),
+        (None, None) => crate::config::default_socket_path(),
+    };
     let command = match &args.command {
         CtlCommand::Status => Command::Status,
         CtlCommand::Subsystems => Command::Subsystems,

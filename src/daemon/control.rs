@@ -103,7 +103,14 @@ impl ControlHook {
     pub fn reload<E: Engine>(&mut self, rt: &mut Runtime<E>) -> Result<ReloadResult, String> {
         crate::notify::reloading();
         let r = rt.reload(self.config_path.as_deref());
-        crate::notify::status("serving; reloaded");
+        crate::notify::status(&match &r {
+            Ok(r) if r.errors.is_empty() => "serving; reloaded".to_string(),
+            Ok(r) => format!(
+                "serving; reload applied with {} error(s) (see the log)",
+                r.errors.len()
+            ),
+            Err(_) => "serving; reload rejected, configuration unchanged".to_string(),
+        });
         crate::notify::ready();
         let r = r?;
         self.text = r.text;

@@ -44,11 +44,18 @@ $NS3_LINE" "$BASE_CFG" >"$CFG.new"
     mv "$CFG.new" "$CFG"
 }
 ctrl_dev() { ctrl_for_nqn "$NQN"; }
-# reload_and_wait TAG: systemctl reload, then wait for the journal to report the result.
+# reload_and_wait TAG [fails]: systemctl reload (ExecReload waits for the daemon's answer:
+# it exits non-zero for a rejected file, as "fails" expects), then wait for the journal to
+# report the result.
 reload_and_wait() {
-    local before
+    local before rc
     before=$(journalctl -u "$UNIT" --no-pager -o cat | grep -c -e 'reload applied' -e 'reload rejected' -e 'reload: no changes')
-    timeout 30 systemctl reload "$UNIT" || return 1
+    timeout 30 systemctl reload "$UNIT"; rc=$?
+    if [ "$2" = fails ]; then
+        [ $rc -ne 0 ] || { echo "systemctl reload exited 0 for a file the daemon rejects"; return 1; }
+    else
+        [ $rc -eq 0 ] || { echo "systemctl reload exited $rc"; return 1; }
+    fi
     wait_until 20 sh -c "[ \$(journalctl -u $UNIT --no-pager -o cat | grep -c -e 'reload applied' -e 'reload rejected' -e 'reload: no changes') -gt $before ]"
 }
 
@@ -176,8 +183,9 @@ NS3=$(ns_dev "$NQN" 3)
 # An invalid file: the reload is rejected, nothing changes, the daemon keeps serving.
 cp "$CFG" /var/tmp/good.yaml
 printf 'io_threads: [oops\n' >>"$CFG"
-check reload-invalid-is-rejected reload_and_wait invalid
+check reload-invalid-is-rejected reload_and_wait invalid fails
 check reload-invalid-logged journal_has 'reload rejected'
+check reload-invalid-status sh -c "systemctl show -p StatusText $UNIT | grep 'reload rejected'"
 expect active-after-invalid-reload "$(prop ActiveState)" active
 check ns3-still-there ns_dev "$NQN" 3
 cp /var/tmp/good.yaml "$CFG"
