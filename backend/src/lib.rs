@@ -78,7 +78,36 @@ pub enum IoStatus {
     /// without a buffer, or one shorter than `nblocks * block_size`): Invalid
     /// Opcode/Field.
     Unsupported,
-    /// The backend is gone or failed otherwise: Internal Error / Namespace Not Ready.
+    /// The store has no room for the data (`ENOSPC`, `EDQUOT`, `EFBIG` on a write): Capacity
+    /// Exceeded with DNR, the status NVMe defines for a thin-provisioned store that ran
+    /// out. Nothing of the failed part was written; earlier data is unaffected.
+    NoSpace,
+    /// The store refuses this request for good (`EPERM`, `EROFS`, `EACCES`: an immutable or
+    /// read-only file, a read-only device): Internal Error with DNR. See the engine's
+    /// mapping for why it is not Namespace Write Protected.
+    Refused,
+    /// This request failed for a reason that may pass (`ENOMEM`, `EBUSY`, `EAGAIN` after
+    /// retries, `ETIMEDOUT`, a transport error below a device): Internal Error without
+    /// DNR, so the host may retry it.
+    Busy,
+    /// This request failed for a reason the backend does not know to be transient:
+    /// Internal Error with DNR. The namespace stays: only [`IoStatus::Unavailable`] takes
+    /// it out.
+    Failed,
+    /// The drive did not complete the command in time and it was aborted (by an Abort
+    /// command or a controller reset) more often than the backend retries: Command Abort
+    /// Requested, without DNR. The drive itself is still there.
+    Aborted,
+    /// A status the drive itself returned, passed through to the host as it is (NVMe
+    /// backends; the drive's own DNR is kept).
+    Device {
+        sct: u8,
+        sc: u8,
+        dnr: bool,
+    },
+    /// The backing store itself is gone (file deleted, device removed, controller failed
+    /// for good): the engine answers a path error and takes the namespace out. Never for
+    /// an error that concerns one request.
     Unavailable,
 }
 

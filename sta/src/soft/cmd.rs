@@ -977,6 +977,29 @@ fn status_of(s: IoStatus) -> Status {
         IoStatus::WriteFault => Status::WRITE_FAULT,
         IoStatus::OutOfRange => Status::LBA_OUT_OF_RANGE,
         IoStatus::Unsupported => Status::INVALID_OPCODE,
+        // ENOSPC and its kin: the status NVMe defines for a store that ran out of room,
+        // with DNR, as nvmet's errno_to_nvme_status answers.
+        IoStatus::NoSpace => Status::CAPACITY_EXCEEDED,
+        // A write the store refuses (immutable or read-only file, read-only device):
+        // Internal Error with DNR, which is what nvmet answers for EPERM, EROFS and
+        // EACCES. Namespace Write Protected (00h/20h) belongs to the Namespace Write
+        // Protection feature, which this target neither offers nor reports in Identify;
+        // Access Denied (02h/86h) is a media status that the Linux host logs as a
+        // critical medium error.
+        IoStatus::Refused => Status::INTERNAL_ERROR.with_dnr(true),
+        // Transient (out of memory, busy, a timeout or transport error below): the host
+        // may try again.
+        IoStatus::Busy => Status::INTERNAL_ERROR,
+        // Anything else that concerns this command alone: retrying will not help.
+        IoStatus::Failed => Status::INTERNAL_ERROR.with_dnr(true),
+        // The drive did not answer in time, even after aborts, resets and retries.
+        IoStatus::Aborted => Status::ABORT_REQUESTED,
+        IoStatus::Device { sct, sc, dnr } => Status {
+            sct,
+            sc,
+            dnr,
+            more: false,
+        },
         // The backend is gone (file deleted, device removed): a path error, so that a
         // multipath host fails over (see `nvmf::target::Target::namespace_lost`).
         IoStatus::Unavailable => Status::INTERNAL_PATH_ERROR,
@@ -2729,5 +2752,47 @@ mod fused_lock_tests {
         a.sync_waiting();
         let mut b = FusedLocks::new(shared.clone());
         assert_eq!(b.take((5, 1), 30), Take::Taken);
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    /// What the host sees for each backend failure: only a vanished store is a path
+    /// error; the rest fail the one command, with DNR where a retry cannot help (audit
+    /// findings F1, F8, F4 and F7).
+    #[test]
+    fn backend_failures_map_to_command_statuses() {
+        let internal_dnr = Status::INTERNAL_ERROR.with_dnr(true);
+        for (io, want) in [
+            (IoStatus::NoSpace, (0x0, 0x81, true)),
+            (IoStatus::Refused, (0x0, 0x06, true)),
+            (IoStatus::Busy, (0x0, 0x06, false)),
+            (IoStatus::Failed, (0x0, 0x06, true)),
+            (IoStatus::Aborted, (0x0, 0x07, false)),
+            (IoStatus::Unavailable, (0x3, 0x00, false)),
+            (
+                IoStatus::Device {
+                    sct: 0,
+                    sc: 0x20,
+                    dnr: true,
+                },
+                (0x0, 0x20, true),
+            ),
+            (
+                IoStatus::Device {
+                    sct: 1,
+                    sc: 0x82,
+                    dnr: false,
+                },
+                (0x1, 0x82, false),
+            ),
+        ] {
+            let s = status_of(io);
+            assert_eq!((s.sct, s.sc, s.dnr), want, "{io:?}");
+        }
+        assert_eq!(status_of(IoStatus::Refused), internal_dnr);
+        assert_eq!(status_of(IoStatus::NoSpace), Status::CAPACITY_EXCEEDED);
     }
 }
