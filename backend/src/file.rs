@@ -18,8 +18,9 @@
 //!
 //! A backing file that is deleted under the daemon (its link count drops to 0; checked at
 //! every Flush and at most once a second on other requests) or a device that vanishes
-//! (`ENODEV`, `ENXIO`) makes the backend *gone*: every request from then on fails with
-//! [`IoStatus::Unavailable`], which the engine answers with a path error.
+//! (`ENODEV`, `ENXIO`, `ENOMEDIUM`) makes the backend *gone*: every request from then on
+//! fails with [`IoStatus::Unavailable`], which the engine answers with a path error. Any
+//! other errno fails its request alone (`status_for_errno`).
 //!
 //! Mapping of operations:
 //!
@@ -658,6 +659,11 @@ pub(crate) fn status_for_error(op: Op, e: &io::Error) -> IoStatus {
 }
 
 /// Maps an errno from a failed step to the request's status.
+///
+/// Only an errno that says the store itself has vanished (`ENODEV`, `ENXIO`,
+/// `ENOMEDIUM`) gives [`IoStatus::Unavailable`], which takes the namespace out; a deleted
+/// file is found apart from any errno ([`FileQueue::gone`]). Every other errno fails this
+/// request alone: one refused or failed write says nothing about the rest of the store.
 pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
     let reading = matches!(op, Op::Read);
     match errno {
@@ -668,9 +674,25 @@ pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
                 IoStatus::WriteFault
             }
         }
-        libc::ENOSPC | libc::EDQUOT | libc::EFBIG | libc::EROFS if !reading => IoStatus::WriteFault,
+        // A write that found no room: nothing of it was stored. A Flush that fails this
+        // way lost data written earlier (delayed allocation at writeback), which is a
+        // write fault, not a full store the host could act on.
+        libc::ENOSPC | libc::EDQUOT | libc::EFBIG if !reading && op != Op::Flush => {
+            IoStatus::NoSpace
+        }
+        libc::ENOSPC | libc::EDQUOT | libc::EFBIG if op == Op::Flush => IoStatus::WriteFault,
+        libc::EPERM | libc::EROFS | libc::EACCES => IoStatus::Refused,
         libc::EOPNOTSUPP | libc::ENOSYS => IoStatus::Unsupported,
-        _ => IoStatus::Unavailable,
+        libc::ENODEV | libc::ENXIO | libc::ENOMEDIUM => IoStatus::Unavailable,
+        libc::EAGAIN
+        | libc::EINTR
+        | libc::ENOMEM
+        | libc::EBUSY
+        | libc::ETIMEDOUT
+        | libc::ENOLINK
+        | libc::EBADE
+        | libc::ECANCELED => IoStatus::Busy,
+        _ => IoStatus::Failed,
     }
 }
 
@@ -860,7 +882,7 @@ impl FileQueue {
                 // A slot whose step has no buffer cannot happen (validated), nor a step
                 // other than Flush on a queue without a ring (the store does the rest):
                 // fail it safely.
-                self.finish(idx, IoStatus::Unavailable);
+                self.finish(idx, IoStatus::Failed);
                 continue;
             };
             // SAFETY: every buffer the entry points to (the slot's IoBuf or the queue's
@@ -1236,20 +1258,66 @@ mod tests {
         assert_eq!(status_for_errno(Op::Read, libc::EIO), IoStatus::ReadError);
         assert_eq!(status_for_errno(w, libc::EIO), IoStatus::WriteFault);
         assert_eq!(status_for_errno(Op::Flush, libc::EIO), IoStatus::WriteFault);
-        assert_eq!(status_for_errno(w, libc::ENOSPC), IoStatus::WriteFault);
-        assert_eq!(
-            status_for_errno(Op::Read, libc::ENOSPC),
-            IoStatus::Unavailable
-        );
         assert_eq!(
             status_for_errno(Op::Deallocate, libc::EOPNOTSUPP),
             IoStatus::Unsupported
         );
-        assert_eq!(
-            status_for_errno(Op::Read, libc::EBADF),
-            IoStatus::Unavailable
-        );
-        assert_eq!(status_for_errno(w, libc::EINVAL), IoStatus::Unavailable);
+    }
+
+    /// Only a vanished store takes the namespace out; every other errno fails the one
+    /// request (audit F1).
+    #[test]
+    fn only_a_vanished_store_is_unavailable() {
+        let w = Op::Write { fua: true };
+        for errno in [libc::ENODEV, libc::ENXIO, libc::ENOMEDIUM] {
+            assert_eq!(status_for_errno(w, errno), IoStatus::Unavailable);
+            assert_eq!(status_for_errno(Op::Read, errno), IoStatus::Unavailable);
+        }
+        for errno in [libc::EPERM, libc::EROFS, libc::EACCES] {
+            assert_eq!(
+                status_for_errno(w, errno),
+                IoStatus::Refused,
+                "errno {errno}"
+            );
+        }
+        for errno in [
+            libc::EAGAIN,
+            libc::EINTR,
+            libc::ENOMEM,
+            libc::EBUSY,
+            libc::ETIMEDOUT,
+            libc::ENOLINK,
+            libc::ECANCELED,
+        ] {
+            assert_eq!(status_for_errno(w, errno), IoStatus::Busy, "errno {errno}");
+            assert_eq!(status_for_errno(Op::Read, errno), IoStatus::Busy);
+        }
+        for errno in [libc::EINVAL, libc::EBADF, libc::ESTALE, libc::E2BIG] {
+            assert_eq!(
+                status_for_errno(w, errno),
+                IoStatus::Failed,
+                "errno {errno}"
+            );
+            assert_eq!(status_for_errno(Op::Read, errno), IoStatus::Failed);
+        }
+        assert_eq!(status_for_errno(Op::Read, libc::ENOSPC), IoStatus::Failed);
+    }
+
+    /// A write that found no room is Capacity Exceeded; a Flush that did is a lost
+    /// writeback (audit F8).
+    #[test]
+    fn no_room_on_a_write_is_capacity_exceeded() {
+        for errno in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG] {
+            for op in [
+                Op::Write { fua: false },
+                Op::Write { fua: true },
+                Op::WriteZeroes { fua: false },
+                Op::Deallocate,
+            ] {
+                assert_eq!(status_for_errno(op, errno), IoStatus::NoSpace, "{op:?}");
+            }
+            assert_eq!(status_for_errno(Op::Flush, errno), IoStatus::WriteFault);
+        }
     }
 
     #[test]
