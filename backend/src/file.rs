@@ -11,8 +11,11 @@
 //! Its own description matters for writeback errors: Linux reports a writeback error to
 //! each open file description once (`errseq_t`), so queues sharing one would let a single
 //! Flush see the error and the others succeed over data that was lost. On top of that the
-//! backend remembers a writeback error for good: once a Flush (or a FUA write) has failed,
-//! every later Flush and FUA write fails too, on every queue, and so does `flush_sync`.
+//! backend remembers a writeback error for good: once a Flush, or a buffered FUA write
+//! whose error may be another page's writeback error, has failed, every later Flush and
+//! FUA write fails too, on every queue, and so does `flush_sync`. A write that stored
+//! nothing (no room, refused) or an `O_DIRECT` write's own error does not count
+//! (`latches_writeback_error`).
 //! The kernel may have dropped the dirty pages it could not write; no later fsync can
 //! make them durable, so no later Flush may say so (PostgreSQL's "fsyncgate" lesson).
 //!
@@ -451,8 +454,9 @@ impl FileBackend {
     fn writeback_error(&self, errno: i32) {
         if !self.writeback_failed.swap(true, Ordering::Relaxed) {
             tracing::error!(
-                "{}: a flush failed ({}): data written before it may be lost; every later \
-                 Flush and FUA write fails until the backend is reopened (restart)",
+                "{}: a writeback error ({}) on a Flush or FUA write: data written before \
+                 it may be lost; every later Flush and FUA write fails until the backend \
+                 is reopened (restart)",
                 self.path,
                 io::Error::from_raw_os_error(errno)
             );
@@ -696,6 +700,44 @@ pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
     }
 }
 
+/// Whether a failed step may hide the loss of data other than its own, and so must fail
+/// every later Flush and FUA write (see the module docs).
+///
+/// - A Flush (`fdatasync`) reports writeback errors of anything written before it: it
+///   latches whatever the errno.
+/// - A buffered `RWF_DSYNC` write syncs its range after copying it into the page cache,
+///   and that sync reports (and consumes) a writeback error of other dirty pages too; it
+///   latches unless its errno says the write itself was refused before anything was
+///   stored (no room, no permission, a bad request, a transient shortage).
+/// - An `O_DIRECT` write (file or block device) bypasses the page cache: its error is its
+///   own range's, reported to the host with it; there are no other dirty pages whose
+///   error it could consume.
+/// - Anything else (reads, fallocate, zero writes without sync) never latches.
+fn latches_writeback_error(step: Step, errno: i32, direct: bool) -> bool {
+    match step {
+        Step::Sync => true,
+        Step::Write { dsync: true } => {
+            !direct
+                && !matches!(
+                    errno,
+                    libc::ENOSPC
+                        | libc::EDQUOT
+                        | libc::EFBIG
+                        | libc::EPERM
+                        | libc::EROFS
+                        | libc::EACCES
+                        | libc::EINVAL
+                        | libc::EOPNOTSUPP
+                        | libc::EAGAIN
+                        | libc::EINTR
+                        | libc::ENOMEM
+                        | libc::EBUSY
+                )
+        }
+        _ => false,
+    }
+}
+
 impl FileQueue {
     fn new(backend: Arc<FileBackend>, depth: u32) -> Result<FileQueue, Error> {
         if depth == 0 || depth > 4096 {
@@ -935,7 +977,7 @@ impl FileQueue {
                     None
                 }
                 (step, _) => {
-                    if matches!(step, Step::Sync | Step::Write { dsync: true }) {
+                    if latches_writeback_error(step, errno, backend.direct) {
                         backend.writeback_error(errno);
                     }
                     if matches!(errno, libc::ENODEV | libc::ENXIO | libc::ENOMEDIUM) {
@@ -1317,6 +1359,39 @@ mod tests {
                 assert_eq!(status_for_errno(op, errno), IoStatus::NoSpace, "{op:?}");
             }
             assert_eq!(status_for_errno(Op::Flush, errno), IoStatus::WriteFault);
+        }
+    }
+
+    /// Which failures latch the writeback error (audit F3).
+    #[test]
+    fn only_errors_that_may_hide_lost_data_latch() {
+        let dsync = Step::Write { dsync: true };
+        // A failed fdatasync always latches, buffered or direct.
+        for direct in [false, true] {
+            for errno in [libc::EIO, libc::ENOSPC, libc::EPERM] {
+                assert!(latches_writeback_error(Step::Sync, errno, direct));
+            }
+        }
+        // EIO from a buffered RWF_DSYNC write may be another page's writeback error.
+        assert!(latches_writeback_error(dsync, libc::EIO, false));
+        // Nothing was written, or the error is the write's own.
+        for errno in [
+            libc::ENOSPC,
+            libc::EDQUOT,
+            libc::EFBIG,
+            libc::EPERM,
+            libc::EROFS,
+        ] {
+            assert!(!latches_writeback_error(dsync, errno, false), "{errno}");
+        }
+        for errno in [libc::EIO, libc::ENOSPC] {
+            assert!(
+                !latches_writeback_error(dsync, errno, true),
+                "O_DIRECT {errno}"
+            );
+        }
+        for step in [Step::Read, Step::Write { dsync: false }, Step::WriteZeroBuf] {
+            assert!(!latches_writeback_error(step, libc::EIO, false), "{step:?}");
         }
     }
 

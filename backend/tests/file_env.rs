@@ -42,8 +42,13 @@ fn main() {
         ),
         skip::trial(
             "a_mapped_file_is_served_where_io_uring_is_blocked",
-            tmpfs,
+            tmpfs.clone(),
             mapped_without_io_uring,
+        ),
+        skip::trial(
+            "a_failed_write_fails_alone_and_only_writeback_errors_latch",
+            tmpfs,
+            failed_writes_on_tmpfs,
         ),
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
         skip::trial(
@@ -87,10 +92,17 @@ fn on_tmpfs() {
 
 /// Blocks `io_uring_setup` for the calling thread (and threads it starts) with a seccomp
 /// filter that answers `EPERM`, as container runtimes' default profiles do.
-#[allow(unsafe_code)]
 fn block_io_uring_in_this_thread() {
+    fail_syscall_in_this_thread(libc::SYS_io_uring_setup, libc::EPERM);
+}
+
+/// From now on, syscall `nr` fails with `errno` in the calling thread (and threads it
+/// starts), through a seccomp filter; there is no way back, so call it in a thread of
+/// its own.
+#[allow(unsafe_code)]
+fn fail_syscall_in_this_thread(nr: libc::c_long, errno: i32) {
     use libc::{sock_filter, sock_fprog, BPF_ABS, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
-    let nr = libc::SYS_io_uring_setup as u32;
+    let nr = nr as u32;
     let filter = [
         // A = seccomp_data.nr
         sock_filter {
@@ -109,7 +121,7 @@ fn block_io_uring_in_this_thread() {
             code: (BPF_RET | BPF_K) as u16,
             jt: 0,
             jf: 0,
-            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            k: libc::SECCOMP_RET_ERRNO | errno as u32,
         },
         sock_filter {
             code: (BPF_RET | BPF_K) as u16,
@@ -189,6 +201,68 @@ fn mapped_without_io_uring() {
     })
     .join()
     .expect("the test thread panicked");
+}
+
+/// A write that fails fails alone (audit F1, F8, F3). A file on tmpfs is served inline
+/// with `pwrite` and `fdatasync` (see `on_tmpfs`), so a seccomp filter on `pwrite64` in
+/// the queue's thread makes its writes fail with any errno, as a real store would:
+///
+/// - no errno but a vanished device takes the store out (`Unavailable`): reads and
+///   Flush keep working after a refused (`EPERM`), full (`ENOSPC`), transient or unknown
+///   failure;
+/// - a write without room is Capacity Exceeded (`NoSpace`);
+/// - a FUA write that failed before storing anything does not make later Flushes fail,
+///   while one that failed with `EIO` on a buffered file does (its sync may have
+///   consumed another page's writeback error), as does any errno that does not say the
+///   write was refused before it stored anything.
+fn failed_writes_on_tmpfs() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    let cases = [
+        (libc::EPERM, IoStatus::Refused, false),
+        (libc::EROFS, IoStatus::Refused, false),
+        (libc::ENOSPC, IoStatus::NoSpace, false),
+        (libc::EDQUOT, IoStatus::NoSpace, false),
+        (libc::EFBIG, IoStatus::NoSpace, false),
+        (libc::EAGAIN, IoStatus::Busy, false),
+        (libc::ENOMEM, IoStatus::Busy, false),
+        // A buffered sync that timed out below may have lost dirty pages: it latches.
+        (libc::ETIMEDOUT, IoStatus::Busy, true),
+        (libc::EINVAL, IoStatus::Failed, false),
+        (libc::EIO, IoStatus::WriteFault, true),
+    ];
+    for (i, (errno, want, latches)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("ns{i}.img"));
+        std::thread::spawn(move || {
+            let opts = FileOptions {
+                create_size: Some(1 << 20),
+                block_size: Some(4096),
+                direct: Some(false),
+            };
+            let be = FileBackend::open(&path, opts).unwrap();
+            assert!(be.is_inline() && !be.is_mapped(), "served inline");
+            let mut q = be.clone().create_queue(4).unwrap();
+            let data = pattern(1, 1, 4096);
+            assert_eq!(write(&mut *q, 4096, 0, &data, false), IoStatus::Ok);
+            fail_syscall_in_this_thread(libc::SYS_pwrite64, errno);
+            let other = pattern(2, 1, 4096);
+            let plain = write(&mut *q, 4096, 1, &other, false);
+            let fua = write(&mut *q, 4096, 1, &other, true);
+            assert_eq!((plain, fua), (want, want), "errno {errno}");
+            assert!(!be.is_gone(), "errno {errno}: the store is still there");
+            assert_eq!(read(&mut *q, 4096, 0, 1), data, "errno {errno}");
+            let flush = run(&mut *q, Op::Flush, 0, 0, None).status;
+            if latches {
+                assert_eq!(flush, IoStatus::WriteFault, "errno {errno}: latched");
+                assert!(be.flush_sync().is_err());
+            } else {
+                assert_eq!(flush, IoStatus::Ok, "errno {errno}: nothing to latch");
+                assert!(be.flush_sync().is_ok());
+            }
+        })
+        .join()
+        .expect("the test thread panicked");
+    }
 }
 
 /// Whether the file at `path` has every one of its `len` bytes allocated.
