@@ -444,6 +444,82 @@ fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
     assert!(q.stats().retries >= 1);
 }
 
+/// A drive that is slow, not dead (audit F4): a command it never completes, whose Abort
+/// it ignores, is retried after each controller reset, then fails alone with Command
+/// Abort Requested once its retries are spent. The controller is not failed, the
+/// namespace keeps working, and the resets stop with the command.
+#[test]
+fn a_command_out_of_retries_fails_alone_and_the_drive_stays() {
+    let e = emu(big(4096));
+    let opts = fast_opts();
+    let retries = opts.max_retries;
+    let be = open(&e, opts);
+    let mut q = be.create_nvme_queue(8).unwrap();
+    // The first try and every retry are held.
+    e.stall_io(u32::from(retries) + 1, Some(spec::io::READ));
+    e.ignore_abort(true);
+    q.submit(Request {
+        tag: 4,
+        op: Op::Read,
+        lba: 2,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let c = drive_until_done(&mut q, 1, Duration::from_secs(10));
+    assert_eq!(c[0].status, IoStatus::Aborted);
+    assert!(c[0].buf.is_some(), "the buffer comes back");
+    assert!(!be.controller().is_failed());
+    let resets = be.controller().resets();
+    assert_eq!(resets, u64::from(retries) + 1, "one reset per try");
+    e.ignore_abort(false);
+    write_read_check(&mut q, 512, 2, 1, 6);
+    // Nothing is outstanding any more: no further resets.
+    let until = Instant::now() + Duration::from_millis(300);
+    let mut sink = Vec::new();
+    while Instant::now() < until {
+        q.poll(&mut sink);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(be.controller().resets(), resets);
+}
+
+/// Resets for timed-out commands back off (audit F4): a command that the drive holds on
+/// every try, its Abort ignored, costs one reset per try, but each reset after the first
+/// waits twice as long as the one before (from `abort_timeout`), instead of following
+/// as soon as the retried command's Abort expires (`io_timeout + abort_timeout`).
+#[test]
+fn resets_for_timeouts_back_off() {
+    let e = emu(big(4096));
+    let opts = NvmeOptions {
+        io_timeout: Duration::from_millis(40),
+        abort_timeout: Duration::from_millis(300),
+        check_interval: Duration::from_millis(2),
+        max_retries: 3,
+        ..NvmeOptions::default()
+    };
+    let be = open(&e, opts);
+    let mut q = be.create_nvme_queue(8).unwrap();
+    e.ignore_abort(true);
+    e.stall_io(4, Some(spec::io::READ));
+    let start = Instant::now();
+    q.submit(Request {
+        tag: 1,
+        op: Op::Read,
+        lba: 1,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let c = drive_until_done(&mut q, 1, Duration::from_secs(20));
+    let took = start.elapsed();
+    assert_eq!(c[0].status, IoStatus::Aborted);
+    assert_eq!(be.controller().resets(), 4);
+    // Resets at about 340 ms, then 300, 600 and 1200 ms apart (2.44 s in all); without
+    // the back-off, 340 ms apart (1.36 s).
+    assert!(took >= Duration::from_millis(2200), "{took:?}");
+}
+
 #[test]
 fn health_log_is_the_drives_own_smart_page() {
     let e = emu(big(4096));

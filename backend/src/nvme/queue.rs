@@ -37,6 +37,9 @@ use super::spec::{self, io, Sqe, Status};
 use super::NvmeBackend;
 use crate::{BackendQueue, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
 
+/// Longest wait between two controller resets for timed-out commands of one queue.
+const MAX_RESET_BACKOFF: Duration = Duration::from_secs(60);
+
 /// Largest part: one PRP list page holds 512 entries, plus PRP1's page.
 const MAX_PART_BYTES: usize = 2 << 20;
 /// Write Zeroes fallback buffer (when the drive has no Write Zeroes).
@@ -238,6 +241,12 @@ pub struct NvmeQueue {
     maps: MapCache,
     max_part_blocks: u32,
     next_check: Instant,
+    /// When this queue last reset the controller because a command timed out, and how
+    /// long it waits before it does so again (doubling up to [`MAX_RESET_BACKOFF`]): a
+    /// drive that is only slow is not reset over and over, which would stall every queue
+    /// of every namespace on it for nothing.
+    last_timeout_reset: Option<Instant>,
+    reset_backoff: Duration,
     failed: bool,
     stats: QueueStats,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -322,6 +331,8 @@ impl NvmeQueue {
             maps,
             max_part_blocks: (part / bs).max(1) as u32,
             next_check: Instant::now(),
+            last_timeout_reset: None,
+            reset_backoff: Duration::ZERO,
             failed: false,
             stats: QueueStats::default(),
             ns,
@@ -713,7 +724,17 @@ impl NvmeQueue {
                     ..cmd
                 });
             } else {
-                self.part_done(cmd.slot, IoStatus::Unavailable);
+                // Timed out (or caught in resets) on every try: this command fails, as
+                // the Linux driver fails a request out of retries; the drive and the
+                // namespace stay.
+                tracing_warn(&format!(
+                    "{}: namespace {}: a command failed after {} retries (Command Abort \
+                     Requested)",
+                    self.dev.name(),
+                    self.ns.nsid,
+                    cmd.retries
+                ));
+                self.part_done(cmd.slot, IoStatus::Aborted);
             }
         }
     }
@@ -735,6 +756,23 @@ impl NvmeQueue {
                 self.fail_all();
             }
         }
+    }
+
+    /// Whether a timed-out command may reset the controller now: the first time at once,
+    /// then only after a back-off that doubles with each such reset, from
+    /// `abort_timeout` up to [`MAX_RESET_BACKOFF`], and starts over after a quiet spell
+    /// of four back-offs.
+    fn may_reset_for_timeout(&mut self, now: Instant) -> bool {
+        let base = self.ns.opts.abort_timeout.max(Duration::from_millis(1));
+        match self.last_timeout_reset {
+            Some(t) if now < t + self.reset_backoff => return false,
+            Some(t) if now.duration_since(t) < self.reset_backoff * 4 => {
+                self.reset_backoff = (self.reset_backoff * 2).min(MAX_RESET_BACKOFF);
+            }
+            _ => self.reset_backoff = base,
+        }
+        self.last_timeout_reset = Some(now);
+        true
     }
 
     fn check_timeouts(&mut self, now: Instant) {
@@ -767,18 +805,22 @@ impl NvmeQueue {
             return;
         };
         let mut to_abort = Vec::new();
+        let mut expired = false;
         for (cid, c) in self.cmds.iter().enumerate() {
             let Some(c) = c else {
                 continue;
             };
             match c.abort_sent {
-                Some(t) if now.duration_since(t) > abort_timeout => {
-                    self.reset_controller("command still outstanding after Abort");
-                    return;
-                }
+                Some(t) if now.duration_since(t) > abort_timeout => expired = true,
                 None if now.duration_since(c.started) > io_timeout => to_abort.push(cid as u16),
                 _ => {}
             }
+        }
+        // While backing off, a command past its Abort stays with the drive, which may
+        // still complete it; the reset comes when the back-off is over.
+        if expired && self.may_reset_for_timeout(now) {
+            self.reset_controller("command still outstanding after Abort");
+            return;
         }
         for cid in to_abort {
             self.stats.timeouts += 1;
@@ -845,7 +887,9 @@ impl BackendQueue for NvmeQueue {
                 Ok(i) => i,
                 Err(e) => {
                     tracing_warn(&format!("{}: cannot map a buffer: {e}", self.dev.name()));
-                    self.complete_now(req, IoStatus::Unavailable);
+                    // Out of mappings or locked memory: this request fails, and may
+                    // succeed later; the drive is fine.
+                    self.complete_now(req, IoStatus::Busy);
                     return Ok(());
                 }
             },
