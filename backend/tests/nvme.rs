@@ -420,18 +420,30 @@ fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
     e.fail_next(spec::io::READ, Status::UNRECOVERED_READ_ERROR.dnr());
     assert_eq!(
         run(&mut q, Op::Read, 0, 1, Some(IoBuf::new(512))).status,
-        IoStatus::ReadError
+        IoStatus::Device {
+            sct: 2,
+            sc: 0x81,
+            dnr: true
+        }
     );
     e.fail_next(spec::io::WRITE, Status::WRITE_FAULT.dnr());
     let w = IoBuf::from_slice(&[1u8; 512]);
     assert_eq!(
         run(&mut q, Op::Write { fua: false }, 0, 1, Some(w)).status,
-        IoStatus::WriteFault
+        IoStatus::Device {
+            sct: 2,
+            sc: 0x80,
+            dnr: true
+        }
     );
     e.fail_next(spec::io::FLUSH, Status::INTERNAL_ERROR.dnr());
     assert_eq!(
         run(&mut q, Op::Flush, 0, 0, None).status,
-        IoStatus::WriteFault
+        IoStatus::Device {
+            sct: 0,
+            sc: 0x06,
+            dnr: true
+        }
     );
     // Namespace Not Ready without DNR: the driver retries and the write lands.
     e.fail_next(spec::io::WRITE, Status::NAMESPACE_NOT_READY);
@@ -442,6 +454,70 @@ fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
     );
     assert_eq!(e.read_blocks(1, 5, 1), vec![2u8; 512]);
     assert!(q.stats().retries >= 1);
+}
+
+/// Statuses that mean something to the host reach it as the drive gave them, and none of
+/// them takes the namespace out (audit F7): a full thin drive is Capacity Exceeded, a
+/// write-protected namespace, a reservation held by another host or a read-only range
+/// are the drive's own answers; a status about the driver's own PRPs is an internal
+/// error.
+#[test]
+fn drive_statuses_pass_through_and_never_take_the_namespace_out() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    let cases = [
+        (Status::generic(0x81).dnr(), IoStatus::NoSpace),
+        (
+            Status::generic(0x20).dnr(),
+            IoStatus::Device {
+                sct: 0,
+                sc: 0x20,
+                dnr: true,
+            },
+        ),
+        (
+            Status::generic(0x83).dnr(),
+            IoStatus::Device {
+                sct: 0,
+                sc: 0x83,
+                dnr: true,
+            },
+        ),
+        (
+            Status::specific(0x82).dnr(),
+            IoStatus::Device {
+                sct: 1,
+                sc: 0x82,
+                dnr: true,
+            },
+        ),
+        (
+            Status::INVALID_FIELD.dnr(),
+            IoStatus::Device {
+                sct: 0,
+                sc: 0x02,
+                dnr: true,
+            },
+        ),
+        (Status::INVALID_PRP_OFFSET.dnr(), IoStatus::Failed),
+        (
+            Status {
+                sct: 7,
+                sc: 0xc0,
+                dnr: false,
+            },
+            IoStatus::Failed,
+        ),
+    ];
+    for (st, want) in cases {
+        e.fail_next(spec::io::WRITE, st);
+        let w = IoBuf::from_slice(&[3u8; 512]);
+        let got = run(&mut q, Op::Write { fua: false }, 9, 1, Some(w)).status;
+        assert_eq!(got, want, "{st:?}");
+    }
+    write_read_check(&mut q, 512, 9, 1, 5);
+    assert!(!be.controller().is_failed());
 }
 
 /// A drive that is slow, not dead (audit F4): a command it never completes, whose Abort

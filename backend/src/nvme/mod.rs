@@ -32,11 +32,13 @@
 //!   first use and cached by buffer id (bounded; `queue.rs`). SGLs when Identify SGLS
 //!   says so, PRPs (with a PRP list page per command ID) otherwise. MDTS respected by
 //!   splitting requests.
-//! - Timeouts: Abort, then controller reset; outstanding commands are retried on the
-//!   rebuilt queues (bounded), then failed. Surprise removal and the kernel's removal
-//!   request fail the namespace with [`IoStatus::Unavailable`](crate::IoStatus) (the
-//!   engine answers Namespace Not Ready; see the README for the status we propose for
-//!   host failover).
+//! - Timeouts: Abort, then controller reset (backing off between resets a timed-out
+//!   command causes); outstanding commands are retried on the rebuilt queues (bounded),
+//!   then fail alone with Command Abort Requested. The drive's own error statuses go to
+//!   the host as the drive gave them. Only a controller that is removed (surprise removal,
+//!   the kernel's removal request) or fails for good (a reset that fails) fails the
+//!   namespace with [`IoStatus::Unavailable`](crate::IoStatus), which the engine answers
+//!   with Internal Path Error and takes the namespace out.
 //! - The drive's SMART / Health log through [`Backend::health_log`].
 //! - [`NvmeBackend::offload_queue`]: an I/O queue pair plus a BAR0 doorbell dma-buf for
 //!   an offload engine (`p2p.rs`).

@@ -253,24 +253,28 @@ pub struct NvmeQueue {
 }
 
 /// Maps an NVMe completion status to a backend status.
-pub fn io_status(op: Op, st: Status) -> IoStatus {
-    let reading = op == Op::Read;
-    let media = || {
-        if reading {
-            IoStatus::ReadError
-        } else {
-            IoStatus::WriteFault
-        }
-    };
+///
+/// The drive's own status goes to the host as it is, DNR included (generic,
+/// command-specific, media and path statuses: Invalid Field, Namespace Write Protected,
+/// Reservation Conflict, Attempted Write to Read Only Range, a protection check error,
+/// Unrecovered Read Error...), since each request is the same command on the drive as on
+/// the fabric. A vendor-specific status means nothing to the host: Internal Error with
+/// DNR. No drive status takes the namespace out ([`IoStatus::Unavailable`] is for a
+/// failed or removed controller only).
+pub fn io_status(_op: Op, st: Status) -> IoStatus {
     match (st.sct, st.sc) {
         (0, 0) => IoStatus::Ok,
         (0, 0x80) => IoStatus::OutOfRange,
-        (0, 0x01 | 0x02) => IoStatus::Unsupported,
-        (0, 0x04 | 0x06) => media(),
-        (2, 0x81) => IoStatus::ReadError,
-        (2, 0x80) => IoStatus::WriteFault,
-        (2, _) => media(),
-        _ => IoStatus::Unavailable,
+        (0, 0x81) => IoStatus::NoSpace,
+        // About the drive-side command this driver built (its command ID, PRPs, SGLs),
+        // not the host's: Internal Error with DNR.
+        (0, 0x03 | 0x0d..=0x16) => IoStatus::Failed,
+        (0..=3, _) => IoStatus::Device {
+            sct: st.sct,
+            sc: st.sc,
+            dnr: st.dnr,
+        },
+        _ => IoStatus::Failed,
     }
 }
 
