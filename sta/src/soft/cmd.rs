@@ -973,8 +973,12 @@ pub(super) struct Core {
 fn status_of(s: IoStatus) -> Status {
     match s {
         IoStatus::Ok => Status::SUCCESS,
-        IoStatus::ReadError => Status::UNRECOVERED_READ_ERROR,
-        IoStatus::WriteFault => Status::WRITE_FAULT,
+        // A media error from a file or block device comes after the kernel's own
+        // retries below it (SCSI, NVMe, dm), and the same command fails the same way
+        // again: DNR, as nvmet sets for EIO. (A drive's own status keeps the drive's
+        // DNR: `IoStatus::Device`.)
+        IoStatus::ReadError => Status::UNRECOVERED_READ_ERROR.with_dnr(true),
+        IoStatus::WriteFault => Status::WRITE_FAULT.with_dnr(true),
         IoStatus::OutOfRange => Status::LBA_OUT_OF_RANGE,
         IoStatus::Unsupported => Status::INVALID_OPCODE,
         // ENOSPC and its kin: the status NVMe defines for a store that ran out of room,
@@ -2761,11 +2765,13 @@ mod status_tests {
 
     /// What the host sees for each backend failure: only a vanished store is a path
     /// error; the rest fail the one command, with DNR where a retry cannot help (audit
-    /// findings F1, F8, F4 and F7).
+    /// findings F1, F8, F4, F7 and F10).
     #[test]
     fn backend_failures_map_to_command_statuses() {
         let internal_dnr = Status::INTERNAL_ERROR.with_dnr(true);
         for (io, want) in [
+            (IoStatus::ReadError, (0x2, 0x81, true)),
+            (IoStatus::WriteFault, (0x2, 0x80, true)),
             (IoStatus::NoSpace, (0x0, 0x81, true)),
             (IoStatus::Refused, (0x0, 0x06, true)),
             (IoStatus::Busy, (0x0, 0x06, false)),
