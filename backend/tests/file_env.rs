@@ -493,30 +493,41 @@ fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// A writeback error (the device under a buffered backend fails after the writes were
-/// accepted into the page cache) must fail every later Flush, on every IO thread's
-/// queue: Linux reports it once per open file description (errseq), so queues sharing
-/// one would let all but one Flush succeed over lost data. Made real with a loop device
-/// whose backing file sits on a tmpfs too small for it.
-fn writeback_error_fails_every_flush_on_every_queue() {
-    use backend::{IoStatus, Op};
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("small");
+/// Undoes [`thin_loop_device`]: detaches the loop device and unmounts the tmpfs (best
+/// effort: a leftover is visible in losetup and mount).
+struct ThinLoop {
+    mnt: String,
+    dev: Option<String>,
+}
+
+impl Drop for ThinLoop {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.dev {
+            let _ = Command::new("losetup").arg("-d").arg(dev).status();
+        }
+        // The loop device lets go of its file a moment after `losetup -d`.
+        for _ in 0..40 {
+            match Command::new("umount").arg(&self.mnt).output() {
+                Ok(o) if o.status.success() => return,
+                _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+/// A loop device whose 64 MiB backing file sits on a 4 MiB tmpfs (under `dir`), opened
+/// buffered: writes are accepted into the page cache and fail at writeback (`ENOSPC`
+/// from the tmpfs), like a thin volume that ran out.
+fn thin_loop_device(dir: &std::path::Path) -> (ThinLoop, std::sync::Arc<FileBackend>) {
+    let mnt = dir.join("small");
     std::fs::create_dir(&mnt).unwrap();
     let mnt_s = mnt.to_str().unwrap().to_string();
     sh("mount", &["-t", "tmpfs", "-o", "size=4m", "tmpfs", &mnt_s])
         .unwrap_or_else(|e| panic!("as root, mounting a tmpfs: {e}"));
-    struct Cleanup(String, Option<String>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            // Best effort: a leftover is visible in losetup and mount.
-            if let Some(dev) = &self.1 {
-                let _ = Command::new("losetup").arg("-d").arg(dev).status();
-            }
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let mut guard = Cleanup(mnt_s.clone(), None);
+    let mut guard = ThinLoop {
+        mnt: mnt_s,
+        dev: None,
+    };
     let img = mnt.join("thin.img");
     std::fs::File::create(&img)
         .unwrap()
@@ -524,7 +535,7 @@ fn writeback_error_fails_every_flush_on_every_queue() {
         .unwrap();
     let dev = sh("losetup", &["--find", "--show", img.to_str().unwrap()])
         .unwrap_or_else(|e| panic!("losetup (the probe found it usable): {e}"));
-    guard.1 = Some(dev.clone());
+    guard.dev = Some(dev.clone());
     let be = FileBackend::open(
         &dev,
         FileOptions {
@@ -534,6 +545,18 @@ fn writeback_error_fails_every_flush_on_every_queue() {
         },
     )
     .unwrap();
+    (guard, be)
+}
+
+/// A writeback error (the device under a buffered backend fails after the writes were
+/// accepted into the page cache) must fail every later Flush, on every IO thread's
+/// queue: Linux reports it once per open file description (errseq), so queues sharing
+/// one would let all but one Flush succeed over lost data. Made real with a loop device
+/// whose backing file sits on a tmpfs too small for it.
+fn writeback_error_fails_every_flush_on_every_queue() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let (guard, be) = thin_loop_device(dir.path());
     let mut a = be.clone().create_queue(16).unwrap();
     let mut b = be.clone().create_queue(16).unwrap();
     // 16 MiB of buffered writes: accepted into the page cache, far more than the 4 MiB
@@ -557,5 +580,5 @@ fn writeback_error_fails_every_flush_on_every_queue() {
     let again = run(a.as_mut(), Op::Flush, 0, 0, None).status;
     assert_eq!(again, IoStatus::WriteFault, "a later Flush fails too");
     assert!(be.flush_sync().is_err(), "and so does the shutdown flush");
-    drop((a, b, be));
+    drop((a, b, be, guard));
 }
