@@ -586,6 +586,12 @@ enum Step {
         dsync: bool,
     },
     Sync,
+    /// After a buffered `RWF_DSYNC` write failed with an errno that may mean it stored
+    /// nothing (`ENOSPC`...): `fdatasync` on the backend's own open file description,
+    /// which no request uses, to learn whether the write's sync met (and so hid from
+    /// this queue's description) a writeback error. The request then completes with the
+    /// status kept here.
+    CheckWriteback(IoStatus),
     Fallocate(i32),
     /// Write Zeroes / Deallocate fallback: plain writes from the queue's zero buffer.
     WriteZeroBuf,
@@ -707,8 +713,12 @@ pub(crate) fn status_for_errno(op: Op, errno: i32) -> IoStatus {
 ///   latches whatever the errno.
 /// - A buffered `RWF_DSYNC` write syncs its range after copying it into the page cache,
 ///   and that sync reports (and consumes) a writeback error of other dirty pages too; it
-///   latches unless its errno says the write itself was refused before anything was
-///   stored (no room, no permission, a bad request, a transient shortage).
+///   latches unless its errno may say the write itself was refused before anything was
+///   stored (no room, no permission, a bad request, a transient shortage). Such an
+///   errno is ambiguous (a thin volume or NFS reports `ENOSPC` at writeback too), so
+///   the request then checks the backend's own description with an `fdatasync`
+///   (`Step::CheckWriteback`), which latches if a writeback error happened. Inline
+///   writes (files in memory) sync apart from the write and latch on a failed sync.
 /// - An `O_DIRECT` write (file or block device) bypasses the page cache: its error is its
 ///   own range's, reported to the host with it; there are no other dirty pages whose
 ///   error it could consume.
@@ -764,8 +774,9 @@ impl FileQueue {
                     _ => Err(e),
                 })
                 .map_err(uring_error)?;
+            // Fixed file 1, the backend's own description: see `Step::CheckWriteback`.
             ring.submitter()
-                .register_files(&[file.as_raw_fd()])
+                .register_files(&[file.as_raw_fd(), backend.file.as_raw_fd()])
                 .map_err(uring_error)?;
             Some(ring)
         };
@@ -850,6 +861,9 @@ impl FileQueue {
             Step::Sync => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
+            Step::CheckWriteback(_) => opcode::Fsync::new(types::Fixed(1))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
             Step::Fallocate(mode) => opcode::Fallocate::new(fd, slot.len)
                 .offset(slot.off)
                 .mode(mode)
@@ -886,11 +900,16 @@ impl FileQueue {
             }
             Step::Write { dsync } => {
                 let buf = slot.buf.as_ref()?;
+                let backend = &self.backend;
                 self.file
                     .write_at(&buf.as_slice()[from..to], pos)
                     .and_then(|n| {
                         if dsync {
-                            self.file.sync_data().map(|()| n)
+                            // The write is in; a failed sync now is a writeback error,
+                            // whatever its errno (see `latches_writeback_error`).
+                            self.file.sync_data().map(|()| n).inspect_err(|e| {
+                                backend.writeback_error(e.raw_os_error().unwrap_or(libc::EIO));
+                            })
                         } else {
                             Ok(n)
                         }
@@ -961,6 +980,8 @@ impl FileQueue {
     /// Advances slot `idx` after its SQE completed with `res`.
     fn complete_cqe(&mut self, idx: u32, res: i32) {
         let backend = Arc::clone(&self.backend);
+        // Writes done inline sync on their own (`inline_rw`) and latch there.
+        let inline = backend.inline_rw || self.ring.is_none();
         let Some(slot) = self.slots.get_mut(idx as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -976,14 +997,33 @@ impl FileQueue {
                     slot.step = backend.zero_step(slot.op == Op::Deallocate, Some(mode));
                     None
                 }
+                (Step::CheckWriteback(status), _) => {
+                    backend.writeback_error(errno);
+                    Some(status)
+                }
                 (step, _) => {
-                    if latches_writeback_error(step, errno, backend.direct) {
+                    let latched = latches_writeback_error(step, errno, backend.direct);
+                    if latched {
                         backend.writeback_error(errno);
                     }
                     if matches!(errno, libc::ENODEV | libc::ENXIO | libc::ENOMEDIUM) {
                         backend.set_gone("the device is gone");
                     }
-                    Some(status_for_errno(slot.op, errno))
+                    let status = status_for_errno(slot.op, errno);
+                    if !latched
+                        && step == (Step::Write { dsync: true })
+                        && !backend.direct
+                        && !inline
+                    {
+                        // Nothing latched: the errno may be the write's own (nothing
+                        // stored) or the writeback error its sync consumed. Ask the
+                        // backend's own description, which has seen no error yet.
+                        slot.step = Step::CheckWriteback(status);
+                        slot.retries = 0;
+                        None
+                    } else {
+                        Some(status)
+                    }
                 }
             }
         } else {
@@ -1007,6 +1047,7 @@ impl FileQueue {
                     }
                 }
                 Step::Sync | Step::Fallocate(_) => Some(IoStatus::Ok),
+                Step::CheckWriteback(status) => Some(status),
             }
         };
         // Write Zeroes with FUA: once the range is zero, make it durable (fdatasync)

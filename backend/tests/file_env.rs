@@ -19,6 +19,7 @@ fn main() {
     let tmpfs = tempfile::tempdir_in(SHM)
         .err()
         .map(|e| format!("no writable {SHM}: {e}"));
+    let tmpfs_probe = tmpfs.clone();
     let loopdev = match Command::new("losetup").arg("--find").output() {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!(
@@ -53,8 +54,23 @@ fn main() {
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
         skip::trial(
             "writeback_error_fails_every_flush_on_every_queue",
-            small_tmpfs,
+            small_tmpfs.clone(),
             writeback_error_fails_every_flush_on_every_queue,
+        ),
+        skip::trial(
+            "a_fua_write_without_room_on_ext4_leaves_flush_working",
+            small_tmpfs.clone(),
+            fua_write_without_room_on_ext4,
+        ),
+        skip::trial(
+            "a_failed_sync_of_an_inline_fua_write_latches",
+            tmpfs_probe.clone(),
+            failed_sync_of_an_inline_fua_write_latches,
+        ),
+        skip::trial(
+            "a_fua_write_that_meets_a_writeback_error_latches",
+            small_tmpfs,
+            a_fua_write_that_meets_a_writeback_error_latches,
         ),
     ]);
 }
@@ -581,4 +597,132 @@ fn writeback_error_fails_every_flush_on_every_queue() {
     assert_eq!(again, IoStatus::WriteFault, "a later Flush fails too");
     assert!(be.flush_sync().is_err(), "and so does the shutdown flush");
     drop((a, b, be, guard));
+}
+
+/// A buffered FUA write whose sync meets a writeback error must latch it: the sync
+/// reports (and so consumes, for this queue's file description) the error of every dirty
+/// page of the file, and a later Flush on the same queue would otherwise succeed over
+/// the lost data. (The loop device reports the full tmpfs under it as `EIO`.)
+fn a_fua_write_that_meets_a_writeback_error_latches() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let (guard, be) = thin_loop_device(dir.path());
+    let mut a = be.clone().create_queue(16).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..16u64 {
+        assert_eq!(
+            write(a.as_mut(), 4096, i * 256, &chunk, false),
+            IoStatus::Ok
+        );
+    }
+    // Something else writes the device's dirty pages back (the kernel's flusher, or
+    // here `sync` on a description of its own): the error is recorded for the device,
+    // and this queue's description has not seen it yet.
+    let dev = be.describe();
+    let _ = Command::new("sync").arg(&dev).status();
+    let fua = write(a.as_mut(), 4096, 8000, &[0x33u8; 4096], true);
+    assert_ne!(fua, IoStatus::Ok, "the FUA write cannot be made durable");
+    let flush = run(a.as_mut(), Op::Flush, 0, 0, None).status;
+    assert_eq!(
+        flush,
+        IoStatus::WriteFault,
+        "the FUA write ({fua:?}) met the writeback error: later Flushes fail"
+    );
+    drop((a, be, guard));
+}
+
+/// A FUA write that finds no room on a file system (ext4, buffered, `ENOSPC` from the
+/// write itself) is Capacity Exceeded and latches nothing (audit F3, F8): Flush and FUA
+/// writes to blocks that are allocated keep working. The check behind it
+/// (`Step::CheckWriteback`) finds no writeback error on the backend's description.
+fn fua_write_without_room_on_ext4() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    sh("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("mkfs.ext4: {e}"));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap().to_string();
+    sh("mount", &["-o", "loop", img.to_str().unwrap(), &mnt_s])
+        .unwrap_or_else(|e| panic!("as root, mounting an ext4 image: {e}"));
+    let guard = ThinLoop {
+        mnt: mnt_s,
+        dev: None,
+    };
+    let be = FileBackend::open(
+        mnt.join("ns.img"),
+        FileOptions {
+            create_size: Some(64 << 20),
+            block_size: Some(4096),
+            direct: Some(false),
+        },
+    )
+    .unwrap();
+    assert!(!be.is_inline() && !be.is_direct());
+    let mut q = be.clone().create_queue(8).unwrap();
+    let chunk = vec![0x11u8; 1 << 20];
+    let mut full = None;
+    for i in 0..64u64 {
+        let st = write(q.as_mut(), 4096, i * 256, &chunk, false);
+        if st != IoStatus::Ok {
+            full = Some((i, st));
+            break;
+        }
+    }
+    let (i, st) = full.expect("a 16 MiB file system cannot take 64 MiB");
+    assert_eq!(st, IoStatus::NoSpace, "chunk {i}");
+    let fua = write(q.as_mut(), 4096, 16000, &[0x22u8; 4096], true);
+    assert_eq!(
+        fua,
+        IoStatus::NoSpace,
+        "a FUA write into unallocated blocks"
+    );
+    assert_eq!(
+        run(q.as_mut(), Op::Flush, 0, 0, None).status,
+        IoStatus::Ok,
+        "nothing was lost: Flush stays good"
+    );
+    assert_eq!(
+        write(q.as_mut(), 4096, 0, &[0x33u8; 4096], true),
+        IoStatus::Ok,
+        "a FUA write to allocated blocks"
+    );
+    assert!(be.flush_sync().is_ok());
+    drop((q, be, guard));
+}
+
+/// A FUA write to a file in memory is a `pwrite` then an `fdatasync` (`inline_rw`): if
+/// the write went in and the sync failed, that is a writeback error whatever the errno,
+/// and it latches; here `fdatasync` fails with `ENOSPC` through a seccomp filter, as a
+/// full thin store can answer at writeback.
+fn failed_sync_of_an_inline_fua_write_latches() {
+    use backend::{IoStatus, Op};
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    let path = dir.path().join("ns.img");
+    std::thread::spawn(move || {
+        let opts = FileOptions {
+            create_size: Some(1 << 20),
+            block_size: Some(4096),
+            direct: Some(false),
+        };
+        let be = FileBackend::open(&path, opts).unwrap();
+        assert!(be.is_inline() && !be.is_mapped(), "served inline");
+        let mut q = be.clone().create_queue(4).unwrap();
+        fail_syscall_in_this_thread(libc::SYS_fdatasync, libc::ENOSPC);
+        let fua = write(&mut *q, 4096, 1, &pattern(3, 1, 4096), true);
+        assert_eq!(fua, IoStatus::NoSpace);
+        // The Flush itself goes through io_uring, which the filter does not see.
+        assert_eq!(
+            run(&mut *q, Op::Flush, 0, 0, None).status,
+            IoStatus::WriteFault,
+            "the failed sync latched"
+        );
+    })
+    .join()
+    .expect("the test thread panicked");
 }
