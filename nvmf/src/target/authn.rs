@@ -38,8 +38,11 @@ use std::time::{Duration, Instant};
 /// (FFDHE-8192 in an emulated guest) while bounding what an unauthenticated peer holds.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Authentications one address may fail or abandon within [`STRIKE_WINDOW`] before its
-/// new ones are refused at their first message, with no DH work. A host with the secret
+/// Authentications one host NQN may fail or abandon from one address within
+/// [`STRIKE_WINDOW`] before its new ones from there are refused at their first message,
+/// with no DH work. Per host NQN (only hosts with a secret authenticate, so the NQNs are
+/// the configured ones): a host that keeps trying a stale key after a rotation throttles
+/// itself, not the other hosts behind the same address (a NAT, VMs of one node). A host with the secret
 /// authenticates every queue; a peer that knows an allowed host NQN but not its secret
 /// must not make the target compute a DH key pair for every connection it opens and
 /// drops (each FFDHE-8192 key costs tens of milliseconds, under the target's lock).
@@ -54,23 +57,25 @@ pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
 pub const REAUTH_BURST: usize = 4;
 /// See [`REAUTH_BURST`].
 pub const REAUTH_WINDOW: Duration = Duration::from_secs(60);
-/// Addresses tracked at once; the one struck longest ago makes room.
+/// (address, host NQN) pairs tracked at once; the one struck longest ago makes room.
 const STRIKE_ADDRESSES: usize = 4096;
 
-/// Failed and abandoned authentications per host address, within [`STRIKE_WINDOW`].
+/// Failed and abandoned authentications per host address and host NQN, within
+/// [`STRIKE_WINDOW`].
 #[derive(Default)]
-pub(super) struct AuthStrikes(HashMap<IpAddr, VecDeque<Instant>>);
+pub(super) struct AuthStrikes(HashMap<(IpAddr, String), VecDeque<Instant>>);
 
 impl AuthStrikes {
-    /// One more failed or abandoned authentication from `addr` at `at`.
-    pub(super) fn strike(&mut self, addr: Option<IpAddr>, at: Instant) {
+    /// One more failed or abandoned authentication of `host` from `addr` at `at`.
+    pub(super) fn strike(&mut self, addr: Option<IpAddr>, host: &str, at: Instant) {
         let Some(addr) = addr else { return };
+        let addr = (addr, host.to_string());
         if !self.0.contains_key(&addr) && self.0.len() >= STRIKE_ADDRESSES {
             let oldest = self
                 .0
                 .iter()
                 .min_by_key(|(_, t)| t.back().copied())
-                .map(|(a, _)| *a);
+                .map(|(a, _)| a.clone());
             if let Some(a) = oldest {
                 self.0.remove(&a);
             }
@@ -82,9 +87,14 @@ impl AuthStrikes {
         }
     }
 
-    /// How many strikes `addr` has at `now`, when they are enough to refuse it.
-    pub(super) fn throttled(&mut self, addr: Option<IpAddr>, now: Instant) -> Option<usize> {
-        let addr = addr?;
+    /// How many strikes `host` has from `addr` at `now`, when they are enough to refuse it.
+    pub(super) fn throttled(
+        &mut self,
+        addr: Option<IpAddr>,
+        host: &str,
+        now: Instant,
+    ) -> Option<usize> {
+        let addr = (addr?, host.to_string());
         let times = self.0.get_mut(&addr)?;
         while times
             .front()
@@ -97,6 +107,11 @@ impl AuthStrikes {
             self.0.remove(&addr);
         }
         (n >= AUTH_STRIKES).then_some(n)
+    }
+
+    /// Host `host`'s credentials changed: its strikes, earned with the old ones, go.
+    pub(super) fn forget_host(&mut self, host: &str) {
+        self.0.retain(|(_, h), _| h != host);
     }
 }
 
@@ -243,7 +258,16 @@ impl Target {
         &mut self,
         creds: impl IntoIterator<Item = (String, HostCredentials)>,
     ) {
-        self.credentials = creds.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        let new: HashMap<String, Arc<HostCredentials>> =
+            creds.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        // A host whose secret changed starts with a clean slate: the failures it had
+        // were against what is no longer its secret.
+        for (host, c) in &new {
+            if self.credentials.get(host) != Some(c) {
+                self.auth_strikes.forget_host(host);
+            }
+        }
+        self.credentials = new.into_iter().collect();
     }
 
     /// Whether a connected queue may run commands other than authentication (it
@@ -350,7 +374,7 @@ impl Target {
         // A new transaction (its AUTH_Negotiate) from an address that keeps failing or
         // abandoning them: refused before any DH work.
         if send && (!qa.tx.in_progress() || restart) {
-            if let Some(strikes) = self.auth_strikes.throttled(peer_addr, now) {
+            if let Some(strikes) = self.auth_strikes.throttled(peer_addr, &ctrl.hostnqn, now) {
                 let who = (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
                 let secs = STRIKE_WINDOW.as_secs();
                 let reason = RefusalReason::AuthenticationThrottled { strikes, secs };
@@ -366,7 +390,7 @@ impl Target {
             }
         }
         if restart {
-            self.auth_strikes.strike(peer_addr, now);
+            self.auth_strikes.strike(peer_addr, &ctrl.hostnqn, now);
         }
         let negotiate = send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
         // Re-authentication: at most REAUTH_BURST new transactions per queue within
@@ -457,7 +481,7 @@ impl Target {
                 }
             }
             Event::Failed { reason, by_host } => {
-                self.auth_strikes.strike(peer_addr, now);
+                self.auth_strikes.strike(peer_addr, &hostnqn, now);
                 // The answer still goes out (the transport sends completions before it
                 // tears the queue down): the host reads Failure1 and then sees the
                 // connection close.
@@ -553,7 +577,7 @@ impl Target {
                     .initial_deadline(c.auth_required)
                     .is_some_and(|d| d <= now);
                 if timed_out && !past_initial {
-                    dropped.push(c.origin.peer);
+                    dropped.push((c.origin.peer, c.hostnqn.clone()));
                 }
                 if past_initial {
                     late.push((
@@ -568,11 +592,11 @@ impl Target {
                 }
             }
         }
-        for peer in dropped {
-            self.auth_strikes.strike(peer, now);
+        for (peer, host) in dropped {
+            self.auth_strikes.strike(peer, &host, now);
         }
         for (cntlid, qid, key, hostnqn, subnqn, peer) in late {
-            self.auth_strikes.strike(peer, now);
+            self.auth_strikes.strike(peer, &hostnqn, now);
             let reason = RefusalReason::AuthenticationTimeout {
                 secs: AUTH_TIMEOUT.as_secs(),
             };
@@ -642,16 +666,21 @@ mod tests {
         let addr = |i: u32| Some(IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
         for i in 0..(STRIKE_ADDRESSES as u32 + 100) {
             for _ in 0..AUTH_STRIKES + 3 {
-                s.strike(addr(i), t0 + Duration::from_millis(i.into()));
+                s.strike(addr(i), "h", t0 + Duration::from_millis(i.into()));
             }
             assert!(s.0.len() <= STRIKE_ADDRESSES);
             assert!(s.0.values().all(|t| t.len() <= AUTH_STRIKES));
         }
         let now = t0 + Duration::from_secs(1);
-        assert_eq!(s.throttled(addr(0), now), None, "the oldest made room");
+        assert_eq!(s.throttled(addr(0), "h", now), None, "the oldest made room");
         let last = STRIKE_ADDRESSES as u32 + 99;
-        assert_eq!(s.throttled(addr(last), now), Some(AUTH_STRIKES));
+        assert_eq!(s.throttled(addr(last), "h", now), Some(AUTH_STRIKES));
+        // Another host NQN from the same address is not throttled.
+        assert_eq!(s.throttled(addr(last), "other", now), None);
         // An unknown address is never throttled.
-        assert_eq!(s.throttled(None, now), None);
+        assert_eq!(s.throttled(None, "h", now), None);
+        // New credentials for the host: its strikes go.
+        s.forget_host("h");
+        assert_eq!(s.throttled(addr(last), "h", now), None);
     }
 }

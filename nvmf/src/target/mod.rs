@@ -1847,7 +1847,7 @@ impl Target {
             {
                 // When the transaction began (this call has no clock of its own).
                 let began = qa.began.unwrap_or(qa.deadline - authn::AUTH_TIMEOUT);
-                self.auth_strikes.strike(c.origin.peer, began);
+                self.auth_strikes.strike(c.origin.peer, &c.hostnqn, began);
             }
             if queue.qid == 0 && ours {
                 c.admin_closed = true;

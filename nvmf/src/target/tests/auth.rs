@@ -982,3 +982,45 @@ fn restarting_negotiates_count_as_strikes() {
         }]
     ));
 }
+
+/// The throttle is per host NQN and address, and a host's strikes go when its secret
+/// changes: after a key rotation (the reload audit of 2026-11-27: a host retrying its
+/// stale key struck out the address, and with it every host behind it, for a minute),
+/// the host gets in with its new key at once.
+#[test]
+fn new_credentials_clear_a_hosts_strikes() {
+    let addr = "10.0.0.99";
+    let now = Instant::now();
+    let mut t = auth_target();
+    for k in 0..authn::AUTH_STRIKES as u64 {
+        let mut c = connect_from(t, addr, 1000 + k, now);
+        let admin = c.admin;
+        assert!(send(&mut c, admin, &negotiate_to(SUB1, 1))
+            .status()
+            .is_success());
+        c.t.queue_closed(admin, 1000 + k);
+        t = c.t;
+    }
+    let mut c = connect_from(t, addr, 2000, now);
+    let admin = c.admin;
+    assert_eq!(
+        send(&mut c, admin, &negotiate_to(SUB1, 1)).status(),
+        Status::COMMAND_INTERRUPTED,
+        "struck out"
+    );
+    let mut t = c.t;
+    // The same secret again (a reload that changed something else): still struck out.
+    t.set_host_credentials([(HOST1.to_string(), creds(0x11, Some(0x22)))]);
+    let mut c = connect_from(t, addr, 2001, now);
+    let admin = c.admin;
+    assert_eq!(
+        send(&mut c, admin, &negotiate_to(SUB1, 1)).status(),
+        Status::COMMAND_INTERRUPTED
+    );
+    // A new secret: the slate is clean.
+    let mut t = c.t;
+    t.set_host_credentials([(HOST1.to_string(), creds(0x33, Some(0x22)))]);
+    let mut c = connect_from(t, addr, 2002, now);
+    let admin = c.admin;
+    authenticate(&mut c, admin, 0x33, Some(0x22), 1).unwrap();
+}
