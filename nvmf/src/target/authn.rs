@@ -87,15 +87,19 @@ impl AuthStrikes {
         }
     }
 
-    /// How many strikes `host` has from `addr` at `now`, when they are enough to refuse it.
+    /// How many strikes `host` has from `addr` at `now`, when they and `under_way`
+    /// transactions still running are enough to refuse it.
     pub(super) fn throttled(
         &mut self,
         addr: Option<IpAddr>,
         host: &str,
         now: Instant,
+        under_way: usize,
     ) -> Option<usize> {
         let addr = (addr?, host.to_string());
-        let times = self.0.get_mut(&addr)?;
+        let Some(times) = self.0.get_mut(&addr) else {
+            return (under_way >= AUTH_STRIKES).then_some(0);
+        };
         while times
             .front()
             .is_some_and(|&t| now.saturating_duration_since(t) >= STRIKE_WINDOW)
@@ -106,7 +110,7 @@ impl AuthStrikes {
         if n == 0 {
             self.0.remove(&addr);
         }
-        (n >= AUTH_STRIKES).then_some(n)
+        (n + under_way >= AUTH_STRIKES).then_some(n)
     }
 
     /// Host `host`'s credentials changed: its strikes, earned with the old ones, go.
@@ -328,6 +332,17 @@ impl Target {
             return Err(Status::INVALID_FIELD);
         }
         let send = sqe.fctype() == opcodes::fabrics::AUTHENTICATION_SEND;
+        let negotiating =
+            send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
+        // A first authentication counts its host's others still running from the same
+        // address against the throttle, as if each were to fail: a peer that knows an
+        // allowed host NQN but not its secret cannot have a DH key pair computed for every
+        // connection it opens before the first of them fails.
+        let under_way = if negotiating && queue.qid == 0 {
+            self.first_authentications_under_way(queue.cntlid)
+        } else {
+            0
+        };
         let ctrl = self
             .controllers
             .get_mut(&queue.cntlid)
@@ -374,10 +389,18 @@ impl Target {
         // A new transaction (its AUTH_Negotiate) from an address that keeps failing or
         // abandoning them: refused before any DH work.
         if send && (!qa.tx.in_progress() || restart) {
-            if let Some(strikes) = self.auth_strikes.throttled(peer_addr, &ctrl.hostnqn, now) {
+            let under_way = if qa.tx.authenticated() { 0 } else { under_way };
+            if let Some(strikes) =
+                self.auth_strikes
+                    .throttled(peer_addr, &ctrl.hostnqn, now, under_way)
+            {
                 let who = (ctrl.admin_key, ctrl.hostnqn.clone(), ctrl.subnqn.clone());
                 let secs = STRIKE_WINDOW.as_secs();
-                let reason = RefusalReason::AuthenticationThrottled { strikes, secs };
+                let reason = RefusalReason::AuthenticationThrottled {
+                    strikes,
+                    under_way,
+                    secs,
+                };
                 if qa.tx.authenticated() {
                     // A queue that proved the secret keeps running: only the new
                     // transaction is refused.
@@ -392,7 +415,7 @@ impl Target {
         if restart {
             self.auth_strikes.strike(peer_addr, &ctrl.hostnqn, now);
         }
-        let negotiate = send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
+        let negotiate = negotiating;
         // Re-authentication: at most REAUTH_BURST new transactions per queue within
         // REAUTH_WINDOW. Past that the transaction is refused, not the queue, and it is no
         // strike: the bound is the protection, and a host rotating keys is not an attacker.
@@ -561,6 +584,31 @@ impl Target {
         self.take_actions()
     }
 
+    /// Other live controllers of controller `cntlid`'s host NQN from its address whose
+    /// admin queue is in its first authentication.
+    fn first_authentications_under_way(&self, cntlid: u16) -> usize {
+        let Some(c) = self.controllers.get(&cntlid) else {
+            return 0;
+        };
+        if c.origin.peer.is_none() {
+            return 0;
+        }
+        self.controllers
+            .values()
+            .filter(|o| {
+                o.cntlid != cntlid
+                    && !o.retired
+                    && o.origin.peer == c.origin.peer
+                    && o.hostnqn == c.hostnqn
+            })
+            .filter(|o| {
+                o.queue_auth
+                    .get(&0)
+                    .is_some_and(|qa| qa.tx.in_progress() && !qa.tx.authenticated())
+            })
+            .count()
+    }
+
     /// Authentication deadlines at `now`: controllers with a queue that did not
     /// authenticate in time are retired (with a notice); re-authentication steps that
     /// timed out are dropped.
@@ -672,15 +720,19 @@ mod tests {
             assert!(s.0.values().all(|t| t.len() <= AUTH_STRIKES));
         }
         let now = t0 + Duration::from_secs(1);
-        assert_eq!(s.throttled(addr(0), "h", now), None, "the oldest made room");
+        assert_eq!(
+            s.throttled(addr(0), "h", now, 0),
+            None,
+            "the oldest made room"
+        );
         let last = STRIKE_ADDRESSES as u32 + 99;
-        assert_eq!(s.throttled(addr(last), "h", now), Some(AUTH_STRIKES));
+        assert_eq!(s.throttled(addr(last), "h", now, 0), Some(AUTH_STRIKES));
         // Another host NQN from the same address is not throttled.
-        assert_eq!(s.throttled(addr(last), "other", now), None);
+        assert_eq!(s.throttled(addr(last), "other", now, 0), None);
         // An unknown address is never throttled.
-        assert_eq!(s.throttled(None, "h", now), None);
+        assert_eq!(s.throttled(None, "h", now, 0), None);
         // New credentials for the host: its strikes go.
         s.forget_host("h");
-        assert_eq!(s.throttled(addr(last), "h", now), None);
+        assert_eq!(s.throttled(addr(last), "h", now, 0), None);
     }
 }

@@ -75,9 +75,15 @@ pub enum RefusalReason {
     AuthenticationAbandoned,
     /// A command other than Authentication Send/Receive before the queue authenticated.
     AuthenticationRequired { opcode: u8 },
-    /// The host's address failed or abandoned `strikes` authentications within the last
-    /// `secs`: no new transaction (and no DH work) for it until they age out.
-    AuthenticationThrottled { strikes: usize, secs: u64 },
+    /// The host NQN failed or abandoned `strikes` authentications from this address
+    /// within the last `secs`, and has `under_way` first authentications of other
+    /// controllers from there still running: together at the bound, no new transaction
+    /// (and no DH work) until some end or age out.
+    AuthenticationThrottled {
+        strikes: usize,
+        under_way: usize,
+        secs: u64,
+    },
     /// An authenticated queue began more than `count` DH-HMAC-CHAP transactions within
     /// `secs` (answered Command Interrupted; the queue stays).
     ReauthenticationTooSoon { count: usize, secs: u64 },
@@ -249,10 +255,20 @@ impl fmt::Display for RefusalReason {
                 f,
                 "command (opcode {opcode:#04x}) before the queue authenticated: answered Authentication Required"
             ),
-            R::AuthenticationThrottled { strikes, secs } => write!(
+            R::AuthenticationThrottled {
+                strikes,
+                under_way,
+                secs,
+            } => write!(
                 f,
-                "this address failed or abandoned {strikes} DH-HMAC-CHAP authentications in the last {secs} s: \
-                 no new one until they age out (AUTH_Send answered Command Interrupted): controller destroyed"
+                "this host failed or abandoned {strikes} DH-HMAC-CHAP authentications from this address in the \
+                 last {secs} s{}: no new one until they age out (AUTH_Send answered Command Interrupted): \
+                 controller destroyed",
+                if *under_way > 0 {
+                    format!(" and has {under_way} more under way on other controllers")
+                } else {
+                    String::new()
+                }
             ),
             R::ReauthenticationTooSoon { count, secs } => write!(
                 f,
@@ -379,6 +395,7 @@ mod tests {
             RefusalReason::AuthenticationRequired { opcode: 6 },
             RefusalReason::AuthenticationThrottled {
                 strikes: 16,
+                under_way: 0,
                 secs: 60,
             },
             RefusalReason::ReauthenticationTooSoon { count: 4, secs: 60 },
