@@ -241,7 +241,8 @@ subsystems:
 /// (before, the old socket was closed first and the daemon listened nowhere); moved to
 /// one it can bind, the subsystem that names it follows at once (before, the subsystem
 /// stayed bound to the old address until a restart, and every new Connect was refused
-/// with DNR and it left the discovery log).
+/// with DNR and it left the discovery log), and the controllers that came through the
+/// old address are disconnected.
 #[test]
 fn a_listener_move_keeps_the_old_address_on_failure_and_takes_its_subsystem_along() {
     let _w = watchdog("listener_move", Duration::from_secs(60));
@@ -280,11 +281,13 @@ fn a_listener_move_keeps_the_old_address_on_failure_and_takes_its_subsystem_alon
         TcpHost::connect(d.addr(), opts.clone()).is_err(),
         "the old address still listens"
     );
-    // Connections made before the moves keep working.
+    // Connections made through the old address go, as Linux nvmet and SPDK close a
+    // removed listener's: the host reconnects where it is told.
+    wait_log(&d, "disconnected: its listener was removed or moved");
     let mut back = vec![0u8; 512];
-    assert_ok(
-        c.io[0].read(1, 0, 1, &mut back).expect("read"),
-        "I/O on a queue connected before the moves",
+    assert!(
+        c.io[0].read(1, 0, 1, &mut back).is_err(),
+        "a queue connected through the old address still serves"
     );
     d.stop();
 }

@@ -64,6 +64,23 @@ fn tls_accept(
     })
 }
 
+/// TCP listener `name` (`info`) takes connections with these TLS settings from now on,
+/// and the discovery log says so.
+fn set_tls(shared: &Shared, name: &str, info: &ListenerInfo, tls: Option<sta::TlsAccept>) {
+    shared.target().set_listener_tls(
+        info,
+        match &tls {
+            None => nvmf::target::ListenerTls::None,
+            Some(t) if t.required => nvmf::target::ListenerTls::Required,
+            Some(_) => nvmf::target::ListenerTls::Optional,
+        },
+    );
+    match tls {
+        Some(t) => shared.listeners.tls_entries().insert(name.to_string(), t),
+        None => shared.listeners.tls_entries().remove(name),
+    };
+}
+
 /// The protocol's description of a configured listener.
 pub(super) fn listener_info(l: &ListenerConfig) -> ListenerInfo {
     ListenerInfo {
@@ -200,11 +217,23 @@ impl Listeners {
         let same_address =
             old.transport == new.transport && old.address == new.address && old.port == new.port;
         if same_address && new.transport == TransportKind::Tcp {
-            // Other settings (TLS) on the same address: the socket stays, so no connect
-            // is refused meanwhile.
+            // Other settings (TLS) on the same address: the socket and the target's
+            // listener (its PORTID, which connected queues' ANA checks use) stay, so no
+            // connect is refused meanwhile; only the TLS settings change.
             let tls = tls_accept(shared, new).map_err(|e| (e, true))?;
-            if let Some(socket) = self.take(shared, &old.name) {
-                self.register(shared, new, socket, tls);
+            if let Some(l) = self.list.iter().find(|l| l.name == old.name) {
+                set_tls(shared, &l.name, &l.info, tls);
+                tracing::info!(
+                    "listener {}: now {} on {}:{}",
+                    new.name,
+                    if new.tls == TlsMode::None {
+                        "without TLS".to_string()
+                    } else {
+                        format!("TLS {}", new.tls)
+                    },
+                    new.address,
+                    new.port
+                );
                 return Ok(());
             }
         }
@@ -281,17 +310,7 @@ impl Listeners {
         let addr = SocketAddr::new(l.address, l.port);
         let info = listener_info(l);
         if l.transport == TransportKind::Tcp {
-            shared.target().set_listener_tls(
-                &info,
-                match &tls {
-                    None => nvmf::target::ListenerTls::None,
-                    Some(t) if t.required => nvmf::target::ListenerTls::Required,
-                    Some(_) => nvmf::target::ListenerTls::Optional,
-                },
-            );
-        }
-        if let Some(t) = tls {
-            shared.listeners.tls_entries().insert(l.name.clone(), t);
+            set_tls(shared, &l.name, &info, tls);
         }
         shared.target().add_listener(info.clone());
         shared

@@ -276,6 +276,16 @@ impl<E: Engine> Runtime<E> {
                 Err(e) => tracing::warn!("subsystem {nqn}: listeners {text}: not applied: {e}"),
             }
         }
+        // Connections made under the old rules that the new ones refuse go, as a host
+        // taken off a subsystem's list does (above).
+        let gone = self.shared.target().retire_out_of_policy();
+        for (cntlid, host, nqn, why) in gone {
+            tracing::info!(
+                "subsystem {nqn}: controller {cntlid} of host {host:?} disconnected: {why}"
+            );
+        }
+        let actions = self.shared.target().take_actions();
+        self.shared.route(actions);
         self.poll_drives(new);
         self.shared.sync_target_state();
         for line in &d.restart_required {

@@ -1092,6 +1092,59 @@ impl Target {
         self.take_actions()
     }
 
+    /// After a reload tightened the rules: retires the controllers connected before that
+    /// no longer meet them, as Linux nvmet and SPDK do (a removed listener's, a
+    /// subsystem's on a listener it left, plaintext ones on a listener that now requires
+    /// TLS, unauthenticated ones of a subsystem that now requires authentication).
+    /// Returns (cntlid, host NQN, subsystem NQN, why) of each; their queues come back as
+    /// [`Action::Disconnect`] ([`Target::take_actions`]).
+    pub fn retire_out_of_policy(&mut self) -> Vec<(u16, String, String, &'static str)> {
+        let mut gone = Vec::new();
+        for c in self.controllers.values().filter(|c| !c.retired) {
+            let Some(s) = self.subsystems.get(&c.subnqn) else {
+                continue;
+            };
+            let plaintext = std::iter::once(&c.admin_key)
+                .chain(c.io_queues.values())
+                .any(|k| !self.queue_tls.contains_key(k));
+            let why = match c.origin.listener.as_ref() {
+                Some(l) if !self.listeners.iter().any(|(_, x)| x == l) => {
+                    Some("its listener was removed or moved")
+                }
+                Some(l)
+                    if !s.is_discovery
+                        && s.cfg.listeners.as_ref().is_some_and(|ls| !ls.contains(l)) =>
+                {
+                    Some("the subsystem is no longer on its listener")
+                }
+                Some(l)
+                    if plaintext && self.listener_tls.get(l) == Some(&ListenerTls::Required) =>
+                {
+                    Some("its listener now requires TLS and it connected without")
+                }
+                _ => None,
+            };
+            let generated_tls = self
+                .queue_tls
+                .get(&c.admin_key)
+                .is_some_and(|p| p.generated);
+            let why = why.or_else(|| {
+                (!s.is_discovery
+                    && self.auth_required_subsystems.contains(&c.subnqn)
+                    && !c.auth_required
+                    && !generated_tls)
+                    .then_some(
+                        "the subsystem now requires authentication and it did not authenticate",
+                    )
+            });
+            if let Some(why) = why {
+                gone.push((c.cntlid, c.hostnqn.clone(), c.subnqn.clone(), why));
+            }
+        }
+        self.retire_controllers_where(|c| gone.iter().any(|g| g.0 == c.cntlid));
+        gone
+    }
+
     /// Adds a namespace; every controller of the subsystem gets it in its Changed
     /// Namespace List and a Namespace Attribute Changed event.
     pub fn add_namespace(&mut self, subnqn: &str, ns: NamespaceConfig) -> Result<(), TargetError> {

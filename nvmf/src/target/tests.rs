@@ -1699,6 +1699,57 @@ fn a_listener_restricted_subsystem_refuses_connects_on_other_listeners() {
     );
 }
 
+/// Rules a reload tightens apply to controllers connected before it: those the new
+/// rules would refuse are retired, with why; the others stay.
+#[test]
+fn controllers_out_of_policy_after_a_reload_are_retired() {
+    let both = |c: &mut Conv| c.t.retire_out_of_policy();
+    // Nothing changed: nobody goes.
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    assert!(both(&mut c).is_empty());
+    // The subsystem now requires authentication; the host connected without.
+    c.t.set_subsystem_auth_required(SUB1, true);
+    let gone = both(&mut c);
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!((gone[0].1.as_str(), gone[0].2.as_str()), (HOST1, SUB1));
+    assert!(gone[0].3.contains("requires authentication"), "{gone:?}");
+    assert!(
+        c.t.take_actions()
+            .iter()
+            .any(|a| matches!(a, Action::Disconnect { queue, .. } if queue.qid == 0)),
+        "its queues are disconnected"
+    );
+    assert!(both(&mut c).is_empty(), "retired once");
+    // The listener it came through is removed.
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.t.remove_listener(&tcp());
+    let gone = both(&mut c);
+    assert!(
+        gone.len() == 1 && gone[0].3.contains("listener was removed"),
+        "{gone:?}"
+    );
+    // The listener now requires TLS; the controller came without.
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.t.set_listener_tls(&tcp(), ListenerTls::Optional);
+    assert!(both(&mut c).is_empty(), "TLS optional: plaintext may stay");
+    c.t.set_listener_tls(&tcp(), ListenerTls::Required);
+    let gone = both(&mut c);
+    assert!(
+        gone.len() == 1 && gone[0].3.contains("requires TLS"),
+        "{gone:?}"
+    );
+    // The subsystem left its listener.
+    let mut c = Conv::enabled(target(), SUB1, HOST1);
+    c.t.add_listener(rdma());
+    c.t.set_subsystem_listeners(SUB1, Some(vec![rdma()]))
+        .unwrap();
+    let gone = both(&mut c);
+    assert!(
+        gone.len() == 1 && gone[0].3.contains("no longer on its listener"),
+        "{gone:?}"
+    );
+}
+
 #[test]
 fn a_second_connect_on_a_connected_queue_is_a_sequence_error() {
     let mut c = Conv::enabled(target(), SUB1, HOST1);
