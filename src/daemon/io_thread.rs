@@ -268,7 +268,9 @@ impl<I: IoContext> IoThread<I> {
                 self.stopping = true;
                 self.stop_started = Some(Instant::now());
                 tracing::info!(
-                    "io{}: stopping: draining {} queue(s), {} command(s) in flight",
+                    "io{}: stopping: closing {} queue(s) with {} command(s) in flight (those \
+                     in a backend finish first; those still waiting for host data are \
+                     dropped unanswered, nothing of them acknowledged)",
                     self.index,
                     self.qps.len(),
                     self.io.commands_in_flight()

@@ -339,6 +339,11 @@ fn stop<E: Engine>(mut rt: Runtime<E>, threads: IoThreadSet, reason: &str) -> an
     if failed {
         bail!("some backends could not be flushed");
     }
+    // Commands were still in a backend when the daemon gave up on them: say so in the
+    // exit status, for systemd and monitoring (their hosts saw no completion).
+    if stuck > 0 {
+        bail!("{stuck} IO thread(s) did not drain within {STOP_TIMEOUT:?}");
+    }
     Ok(())
 }
 
