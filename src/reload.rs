@@ -107,6 +107,11 @@ pub struct ConfigDiff {
     /// with the same identity (uuid, nguid, eui64): hosts take them for the same
     /// namespace, so [`ConfigDiff::summary`] says so.
     pub namespaces_same_identity: Vec<(String, u32)>,
+    /// (subsystem NQN, nsid) of namespaces the target took out (their storage went or
+    /// hung) that the file still has: [`diff`] never lists them; the daemon adds them,
+    /// removed and added again on their backend reopened (also in the lists above), so
+    /// that a reload of the same file brings them back once their storage is.
+    pub namespaces_retried: Vec<(String, u32)>,
     /// (subsystem NQN, allow_any_host, hosts) for subsystems in both configs whose access
     /// list changed; the new full list, in the new config's order.
     pub hosts_changed: Vec<(String, bool, Vec<String>)>,
@@ -178,6 +183,12 @@ impl ConfigDiff {
                 s.model,
                 s.listeners.join(", "),
                 hosts_text(s.allow_any_host, &s.hosts)
+            ));
+        }
+        for (nqn, nsid) in &self.namespaces_retried {
+            out.push(format!(
+                "subsystem {nqn} namespace {nsid}: taken out earlier (its storage went or \
+                 hung): tried again on its backend reopened"
             ));
         }
         for (nqn, ns) in &self.namespaces_added {

@@ -328,7 +328,9 @@ impl<E: Engine> Runtime<E> {
             if !d.subsystems_removed.contains(nqn) {
                 // Added again under the same identity: hosts take it for the same
                 // namespace, so it keeps its reservations (`add_namespaces`).
-                if d.namespaces_same_identity.contains(&(nqn.clone(), *nsid)) {
+                let key = (nqn.clone(), *nsid);
+                if d.namespaces_same_identity.contains(&key) || d.namespaces_retried.contains(&key)
+                {
                     let r = self.shared.target().reservation(nqn, *nsid);
                     self.carried.extend(r);
                 }
@@ -770,7 +772,8 @@ impl<E: Engine> Runtime<E> {
         for w in crate::startup_checks::config_warnings(&new) {
             tracing::warn!("{w}");
         }
-        let d = diff(&self.cfg, &new);
+        let mut d = diff(&self.cfg, &new);
+        self.retry_lost(&mut d, &new);
         let changes = d.summary();
         if d.is_empty() {
             tracing::info!("reload: no changes");
@@ -877,6 +880,53 @@ impl<E: Engine> Runtime<E> {
         self.shared.sync_target_state();
         let actions = self.shared.target().take_actions();
         self.shared.route(actions);
+    }
+
+    /// Namespaces taken out because their storage went or hung (`namespace_lost`) that
+    /// the new file still has, unchanged: the reload tries them again, removed and added
+    /// on their backend opened anew (a file that came back, a drive that recovered). A
+    /// backend that still does not open leaves the namespace out, as it was
+    /// (`keep_what_cannot_move`). Not when another namespace shares the backend: it
+    /// cannot be reopened under that one.
+    fn retry_lost(&self, d: &mut ConfigDiff, new: &Config) {
+        for (nqn, nsid) in self.shared.target().lost_namespaces() {
+            let key = (nqn.clone(), nsid);
+            if d.namespaces_removed.contains(&key) || d.subsystems_removed.contains(&nqn) {
+                continue;
+            }
+            let Some(ns) = new
+                .subsystems
+                .iter()
+                .find(|s| s.nqn == nqn)
+                .and_then(|s| s.namespaces.iter().find(|n| n.nsid == nsid))
+            else {
+                continue;
+            };
+            let shared_with = new
+                .subsystems
+                .iter()
+                .flat_map(|s| s.namespaces.iter().map(move |n| (&s.nqn, n)))
+                .find(|(s, n)| n.backend == ns.backend && (**s != nqn || n.nsid != nsid));
+            if let Some((s, n)) = shared_with {
+                tracing::warn!(
+                    "subsystem {nqn}: namespace {nsid} stays out: its backend {} is also \
+                     namespace {} of {s}'s and cannot be reopened under it",
+                    ns.backend,
+                    n.nsid
+                );
+                continue;
+            }
+            let Some(b) = new.backends.iter().find(|b| b.name == ns.backend) else {
+                continue;
+            };
+            if !d.backends_added.iter().any(|x| x.name == b.name) {
+                d.backends_removed.push(b.name.clone());
+                d.backends_added.push(b.clone());
+            }
+            d.namespaces_removed.push(key.clone());
+            d.namespaces_added.push((nqn.clone(), ns.clone()));
+            d.namespaces_retried.push(key);
+        }
     }
 
     /// The NQN of engine subsystem `id`, retiring ones included, for logs.

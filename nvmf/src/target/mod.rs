@@ -1211,6 +1211,15 @@ impl Target {
     ///
     /// The namespace stays configured (a reload that removes it, or a restart, clears
     /// it; re-adding it needs it removed first). Idempotent.
+    /// The namespaces taken out by [`Target::namespace_lost`] and not removed since, as
+    /// (subsystem NQN, NSID).
+    pub fn lost_namespaces(&self) -> Vec<(String, u32)> {
+        self.subsystems
+            .iter()
+            .flat_map(|(n, s)| s.lost.keys().map(move |&id| (n.clone(), id)))
+            .collect()
+    }
+
     pub fn namespace_lost(&mut self, subnqn: &str, nsid: u32) -> Result<(), TargetError> {
         let s = self.user_subsystem_mut(subnqn)?;
         if s.lost.contains_key(&nsid) {
