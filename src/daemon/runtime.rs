@@ -19,7 +19,7 @@ use super::listeners::{listener_info, ListenerError, Listeners};
 use super::policy;
 use super::shared::Shared;
 use super::subsystems::RegisterError;
-use crate::config::{BackendKind, Config};
+use crate::config::{BackendKind, Config, ListenerConfig};
 use crate::reload::{diff, running_after, ConfigDiff, Undone};
 
 /// One part of a configuration change that could not be applied (the rest was).
@@ -207,6 +207,9 @@ impl<E: Engine> Runtime<E> {
             }
         }
         let depth = self.engine.caps().max_queue_depth;
+        // Listeners whose new address another of the changed ones still holds (two that
+        // swap ports): replaced the other way round after the first pass, closed first.
+        let mut blocked = Vec::new();
         for l in &d.listeners_added {
             let result = match replaced(&l.name) {
                 Some(old) => self.listeners.replace(&self.shared, old, l, depth),
@@ -215,16 +218,39 @@ impl<E: Engine> Runtime<E> {
                     .open(&self.shared, l, depth)
                     .map_err(|e| (e, false)),
             };
-            if let Err((source, kept)) = result {
-                errors.undone.listeners.insert(l.name.clone());
-                if kept {
-                    errors.undone.listeners_kept.insert(l.name.clone());
+            let in_use = |e: &ListenerError| {
+                matches!(e, ListenerError::Bind { source, .. }
+                    if source.kind() == std::io::ErrorKind::AddrInUse)
+            };
+            let taken_by_a_changed_one = |l: &ListenerConfig| {
+                d.listeners_removed.iter().any(|o| {
+                    o.name != l.name
+                        && (o.transport, o.address, o.port) == (l.transport, l.address, l.port)
+                })
+            };
+            let result = match result {
+                Err((e, true)) if in_use(&e) && taken_by_a_changed_one(l) => {
+                    blocked.push(l);
+                    Ok(())
                 }
-                errors.push(ApplyError::Listener {
-                    name: l.name.clone(),
-                    source,
-                });
-            }
+                r => r,
+            };
+            self.listener_result(l, result, &mut errors);
+        }
+        // Close them all, then open each at its new address (the old one again if that
+        // fails).
+        for l in &blocked {
+            self.listeners.close(&self.shared, &l.name);
+        }
+        for l in blocked {
+            let Some(old) = replaced(&l.name) else {
+                continue;
+            };
+            let result = match self.listeners.open(&self.shared, l, depth) {
+                Ok(()) => Ok(()),
+                Err(e) => Err((e, self.listeners.open(&self.shared, old, depth).is_ok())),
+            };
+            self.listener_result(l, result, &mut errors);
         }
         if d.auth_changed {
             // Before any subsystem is added: no host reaches a new subsystem before the
@@ -453,6 +479,25 @@ impl<E: Engine> Runtime<E> {
                     }
                 }
             }
+        }
+    }
+
+    /// Record how opening or replacing listener `l` went.
+    fn listener_result(
+        &self,
+        l: &ListenerConfig,
+        result: Result<(), (ListenerError, bool)>,
+        errors: &mut Errors,
+    ) {
+        if let Err((source, kept)) = result {
+            errors.undone.listeners.insert(l.name.clone());
+            if kept {
+                errors.undone.listeners_kept.insert(l.name.clone());
+            }
+            errors.push(ApplyError::Listener {
+                name: l.name.clone(),
+                source,
+            });
         }
     }
 
