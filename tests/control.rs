@@ -58,7 +58,46 @@ fn main() {
             as_nobody,
             another_user_is_refused,
         ),
+        skip::trial(
+            "reload_without_a_control_socket_signals_the_daemon",
+            None,
+            reload_without_a_control_socket_signals_the_daemon,
+        ),
     ]);
+}
+
+/// The unit's ExecReload (`ctl --config FILE reload --or-signal $MAINPID`) still reloads
+/// a daemon that has no control socket (`control: {enabled: false}`): it sends SIGHUP and
+/// says so; without --or-signal it fails, naming the socket it tried.
+fn reload_without_a_control_socket_signals_the_daemon() {
+    let cfg = CONFIG.replace(
+        "control: {path: \"{dir}/ctl/control.sock\"}",
+        "control: {enabled: false}",
+    );
+    assert_ne!(cfg, CONFIG, "common::CONFIG's control line changed");
+    let mut d = Daemon::start(&cfg);
+    let file = d.dir().join("nvmf-target.yaml");
+    let run = |extra: &[&str]| {
+        Command::new(daemon_binary())
+            .args(["ctl", "--config"])
+            .arg(&file)
+            .arg("reload")
+            .args(extra)
+            .output()
+            .expect("run nvmf-target ctl")
+    };
+    let o = run(&[]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let pid = d.pid().expect("pid").to_string();
+    let o = run(&["--or-signal", &pid]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("sent SIGHUP"), "{}", text(&o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log().contains("reload: no changes") {
+        assert!(Instant::now() < deadline, "no reload:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.stop();
 }
 
 /// The default test config ([`CONFIG`] has the control socket in the test's directory,

@@ -66,7 +66,14 @@ pub enum CtlCommand {
         controller: Option<String>,
     },
     /// Re-read and apply the config file (as SIGHUP does); prints what was applied.
-    Reload,
+    Reload {
+        /// When no daemon answers on the control socket (none configured, or not where
+        /// --config's file says: a reload that moves it), send SIGHUP to this process
+        /// instead; the outcome is then only in the daemon's log. For the systemd unit's
+        /// ExecReload ($MAINPID).
+        #[arg(long, value_name = "PID")]
+        or_signal: Option<i32>,
+    },
 }
 
 /// How long the client waits for the daemon's answer (the daemon gives its main thread
@@ -97,7 +104,28 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
         CtlCommand::Status => Command::Status,
         CtlCommand::Subsystems => Command::Subsystems,
         CtlCommand::Controllers => Command::Controllers,
-        CtlCommand::Reload => Command::Reload,
+        CtlCommand::Reload { or_signal } => {
+            if let Some(pid) = *or_signal {
+                if UnixStream::connect(&path).is_err() {
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).with_context(
+                        || {
+                            format!(
+                                "no control socket at {}, and SIGHUP to {pid}",
+                                path.display()
+                            )
+                        },
+                    )?;
+                    eprintln!(
+                        "nvmf-target ctl: no daemon answers at {}: sent SIGHUP to {pid} \
+                         instead (the daemon's log says how the reload went)",
+                        path.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            Command::Reload
+        }
         CtlCommand::Disconnect { host, controller } => {
             Command::Disconnect(match (host, controller) {
                 (Some(h), _) => DisconnectTarget::Host(h.clone()),
