@@ -885,11 +885,11 @@ impl PeerShares {
 
     /// Whether `len` more bytes take slot `s` past `budget` (an address holding nothing
     /// always gets one command's worth); if so, `qp` waits on the slot.
-    fn full(&mut self, s: u32, len: usize, budget: usize, qp: QpHandle) -> bool {
+    fn full(&mut self, s: u32, len: usize, own: usize, budget: usize, qp: QpHandle) -> bool {
         let Some(share) = self.slots.get_mut(s as usize).and_then(Option::as_mut) else {
             return false;
         };
-        let full = share.bytes > 0 && share.bytes + len > budget;
+        let full = share.bytes > own && share.bytes + len > budget;
         if full && !share.waiters.contains(&qp) {
             share.waiters.push(qp);
         }
@@ -1186,19 +1186,20 @@ impl Core {
     /// Whether `len` more bytes would take `st`'s address past its share (one holding
     /// nothing always gets one command's worth). If so, `st` waits on the share, to be
     /// resumed when the address gives bytes back on any of its QPs.
-    fn peer_full(&mut self, st: &QpState, len: usize) -> bool {
+    fn peer_full(&mut self, st: &QpState, len: usize, own: usize) -> bool {
         let budget = self.peer_budget();
         st.peer
-            .is_some_and(|s| self.peers.full(s, len, budget, st.handle))
+            .is_some_and(|s| self.peers.full(s, len, own, budget, st.handle))
     }
 
     /// The budget `len` more bytes would take `st` past, if any: its connection's (one
-    /// holding nothing always gets one command's worth), else its address's share
-    /// ([`Core::peer_full`], which then has `st` wait on the share).
-    fn over_budget(&mut self, st: &QpState, len: usize) -> Option<Limit> {
-        if st.buf_bytes > 0 && st.buf_bytes + len > self.budget() {
+    /// holding nothing but the `own` bytes of the command that asks always gets one
+    /// command's worth), else its address's share ([`Core::peer_full`], which then has
+    /// `st` wait on the share).
+    fn over_budget(&mut self, st: &QpState, len: usize, own: usize) -> Option<Limit> {
+        if st.buf_bytes > own && st.buf_bytes + len > self.budget() {
             Some(Limit::ConnectionBuffers)
-        } else if self.peer_full(st, len) {
+        } else if self.peer_full(st, len, own) {
             Some(Limit::PeerBuffers)
         } else {
             None
@@ -1224,7 +1225,7 @@ impl Core {
         }
         while let Some(&idx) = st.waiting.front() {
             let len = self.cmds[idx as usize].len as usize;
-            if self.over_budget(st, len).is_some() {
+            if self.over_budget(st, len, 0).is_some() {
                 break;
             }
             st.waiting.pop_front();
@@ -1810,7 +1811,7 @@ impl Core {
             // peer with many large admin commands outstanding must not empty the pool
             // that other hosts' Connects and I/O draw from. Past them it waits, as I/O
             // does (`resume_waiting`). (In-capsule data is here already: taken as is.)
-            if let Some(limit) = self.over_budget(st, len as usize) {
+            if let Some(limit) = self.over_budget(st, len as usize, 0) {
                 self.counters.hit(limit);
                 // A small transfer past its address's share (an Identify, or RDMA Connect
                 // data, while the host's own I/O holds the share) takes a reserve buffer
@@ -1945,7 +1946,7 @@ impl Core {
     /// data, or read from the backend), or wait for the budget.
     fn reserve_and_start(&mut self, st: &mut QpState, idx: u32) {
         let len = self.cmds[idx as usize].len;
-        let limit = self.over_budget(st, len as usize);
+        let limit = self.over_budget(st, len as usize, 0);
         let c = &mut self.cmds[idx as usize];
         if let Some(limit) = limit {
             if c.st != St::WaitBuf {
@@ -2380,7 +2381,8 @@ impl Core {
         // budgets as host data does (its descriptors alone were charged at intake); past
         // them the copy is answered Command Interrupted, and the host retries it.
         let largest = ranges.iter().map(|r| r.1 as usize).max().unwrap_or(0) << shift;
-        if let Some(limit) = self.over_budget(st, bytes + largest) {
+        let own = self.cmds[idx as usize].reserved as usize;
+        if let Some(limit) = self.over_budget(st, bytes + largest, own) {
             self.counters.hit(limit);
             return self.fail(st, idx, Status::COMMAND_INTERRUPTED);
         }

@@ -662,3 +662,31 @@ fn a_lost_namespace_serves_no_io_on_the_offloaded_path() {
     let (_, q2) = p.controller(Digests::NONE, 31, 0);
     assert_eq!(read(&mut p, q2, 0), Status::INTERNAL_PATH_ERROR);
 }
+
+/// A Copy as large as the namespace allows (MCL: the max I/O size) is served on a
+/// connection whose buffer budget is at its smallest (one max I/O size) and that holds
+/// nothing else: its own descriptors do not count against it (the review of 2026-11-27:
+/// charging the copy's buffers refused every Copy of half MCL or more there, Command
+/// Interrupted without DNR, for ever).
+#[test]
+fn a_largest_copy_fits_the_smallest_connection_budget() {
+    let cfg = SoftConfig::default();
+    let max = cfg.max_io_size;
+    let mut p = Pair::with_config(SoftConfig {
+        limits: crate::EngineLimits {
+            connection_buffer_bytes: max as usize,
+            ..Default::default()
+        },
+        ..cfg
+    });
+    let (_, q) = p.controller(Digests::NONE, 31, 0);
+    let blocks = max / 512;
+    let ranges = nvmf::copy::encode_ranges(&[(0, blocks)]);
+    let (cqe, _) = p.exec(
+        q,
+        copy_sqe(u64::from(blocks), 1),
+        Xfer::ToController,
+        ranges,
+    );
+    assert_eq!(cqe.status(), Status::SUCCESS);
+}
