@@ -47,6 +47,13 @@ pub const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 /// must not make the target compute a DH key pair for every connection it opens and
 /// drops (each FFDHE-8192 key costs tens of milliseconds, under the target's lock).
 pub const AUTH_STRIKES: usize = 16;
+/// First authentications (of distinct controllers) one host NQN may have running from one
+/// address at once, its strikes included: a peer that knows an allowed host NQN but not
+/// its secret gets at most this many DH key pairs computed before its first failures
+/// count. A real host has one per controller it is connecting; after a target restart
+/// all of them at once (a Linux host reconnects every controller in parallel), so this
+/// is well above [`AUTH_STRIKES`].
+pub const FIRST_AUTH_UNDER_WAY: usize = 64;
 /// How long a failed or abandoned authentication counts against its address.
 pub const STRIKE_WINDOW: Duration = Duration::from_secs(60);
 /// Re-authentications (new transactions on a queue that has authenticated: the Linux
@@ -98,7 +105,7 @@ impl AuthStrikes {
     ) -> Option<usize> {
         let addr = (addr?, host.to_string());
         let Some(times) = self.0.get_mut(&addr) else {
-            return (under_way >= AUTH_STRIKES).then_some(0);
+            return (under_way >= FIRST_AUTH_UNDER_WAY).then_some(0);
         };
         while times
             .front()
@@ -110,7 +117,7 @@ impl AuthStrikes {
         if n == 0 {
             self.0.remove(&addr);
         }
-        (n + under_way >= AUTH_STRIKES).then_some(n)
+        (n >= AUTH_STRIKES || n + under_way >= FIRST_AUTH_UNDER_WAY).then_some(n)
     }
 
     /// Host `host`'s credentials changed: its strikes, earned with the old ones, go.
@@ -335,7 +342,7 @@ impl Target {
         let negotiating =
             send && data.get(..2) == Some(&[auth_type::COMMON, auth_id::NEGOTIATE][..]);
         // A first authentication counts its host's others still running from the same
-        // address against the throttle, as if each were to fail: a peer that knows an
+        // address against the throttle ([`FIRST_AUTH_UNDER_WAY`]): a peer that knows an
         // allowed host NQN but not its secret cannot have a DH key pair computed for every
         // connection it opens before the first of them fails.
         let under_way = if negotiating && queue.qid == 0 {

@@ -1026,19 +1026,19 @@ fn new_credentials_clear_a_hosts_strikes() {
     authenticate(&mut c, admin, 0x33, Some(0x22), 1).unwrap();
 }
 
-/// First authentications still running count against the throttle as if each were to
-/// fail (the audit of 2026-11-27: 400 connections from one address, each with one
-/// Negotiate for a host whose secret the peer did not know, made the target compute 400
-/// FFDHE key pairs, 8.4 s of CPU, before the first strike): with AUTH_STRIKES under way,
-/// the next controller's Negotiate is refused with no DH work. Once one of them ends
-/// (here: authenticates), the next one may begin.
+/// First authentications still running count against the throttle (the audit of
+/// 2026-11-27: 400 connections from one address, each with one Negotiate for a host
+/// whose secret the peer did not know, made the target compute 400 FFDHE key pairs,
+/// 8.4 s of CPU, before the first strike): with FIRST_AUTH_UNDER_WAY under way (more
+/// than AUTH_STRIKES: a host reconnecting all its controllers after a target restart
+/// must get through), the next controller's Negotiate is refused with no DH work.
 #[test]
 fn first_authentications_under_way_count_against_the_throttle() {
     let addr = "10.0.0.98";
     let now = Instant::now();
     let mut t = auth_target();
     let mut open = Vec::new();
-    for k in 0..authn::AUTH_STRIKES as u64 {
+    for k in 0..authn::FIRST_AUTH_UNDER_WAY as u64 {
         let mut c = connect_from(t, addr, 1000 + k, now);
         let admin = c.admin;
         assert!(send(&mut c, admin, &negotiate_to(SUB1, 1))
@@ -1058,14 +1058,14 @@ fn first_authentications_under_way_count_against_the_throttle() {
         r[0].reason,
         RefusalReason::AuthenticationThrottled {
             strikes: 0,
-            under_way: authn::AUTH_STRIKES,
+            under_way: authn::FIRST_AUTH_UNDER_WAY,
             secs: authn::STRIKE_WINDOW.as_secs()
         }
     );
     assert!(
         r[0].reason
             .to_string()
-            .contains("and has 16 more under way on other controllers"),
+            .contains("and has 64 more under way on other controllers"),
         "{}",
         r[0].reason
     );
@@ -1073,8 +1073,8 @@ fn first_authentications_under_way_count_against_the_throttle() {
     let mut c = connect_from(c.t, "10.0.0.97", 2001, now);
     let admin = c.admin;
     authenticate(&mut c, admin, 0x11, Some(0x22), 1).unwrap();
-    // One of the sixteen goes away abandoned: a strike, and one fewer under way, so
-    // still 16 together.
+    // One of them goes away abandoned: a strike, and one fewer under way, so still as
+    // many together.
     let mut t = c.t;
     t.queue_closed(open[0], 1000);
     let mut c = connect_from(t, addr, 2002, now);
