@@ -469,7 +469,13 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// [`MAX_CONFIG_BYTES`], in UTF-8.
 fn read_text(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let f = std::fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking open: a FIFO at the path must not hang the main loop before the type
+    // check (a regular file's reads ignore the flag).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }

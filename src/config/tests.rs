@@ -1245,4 +1245,13 @@ fn a_config_path_to_a_device_or_a_huge_file_is_refused() {
     f.set_len(crate::config::MAX_CONFIG_BYTES + 1).unwrap();
     let err = Config::load(&big).expect_err("too big");
     assert!(err.to_string().contains("larger than 16 MiB"), "{err}");
+    // A FIFO nobody writes: refused at once, not waited on.
+    let fifo = dir.path().join("fifo.yaml");
+    nix::unistd::mkfifo(
+        &fifo,
+        nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+    )
+    .unwrap();
+    let err = Config::load(&fifo).expect_err("a FIFO is no config");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
 }
