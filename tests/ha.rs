@@ -550,3 +550,43 @@ fn a_namespace_moved_to_another_backend_keeps_its_reservation() {
     }
     d.stop();
 }
+
+/// A listener moved by reload to another address keeps its ANA state: the ANA config
+/// names listeners, the target keeps states per address, and the move re-applies the
+/// groups of every subsystem that names it (the review of 2026-11-27: through its new
+/// address the host saw the inaccessible group as optimized). Written by the reviewer.
+#[test]
+fn a_moved_listener_keeps_its_ana_state() {
+    let _w = watchdog(
+        "a_moved_listener_keeps_its_ana_state",
+        Duration::from_secs(60),
+    );
+    let ob = host_opts();
+    let config = ANA_CONFIG.replace("HOST_A", &ob.hostnqn);
+    let d = Daemon::start(&config);
+    let addr1 = std::net::SocketAddr::new("127.0.0.2".parse().unwrap(), d.port());
+    let mut b = TcpHost::connect(addr1, ob.clone()).expect("ICReq on tcp1");
+    b.connect_admin(SUBNQN, 0).expect("Connect on tcp1");
+    b.enable_controller().unwrap();
+    let (_, gb) = ana_log(&mut b);
+    assert_eq!(gb[0].1, 3, "inaccessible on tcp1 before: {gb:?}");
+    // tcp1 moves to 127.0.0.3; the ANA config (by name) is unchanged.
+    write_config(
+        &d,
+        &config.replace("address: 127.0.0.2", "address: 127.0.0.3"),
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_log(&d, "listening on 127.0.0.3", 1);
+    wait_log(&d, "reload applied", 1);
+    let addr2 = std::net::SocketAddr::new("127.0.0.3".parse().unwrap(), d.port());
+    let mut c = TcpHost::connect(addr2, ob.clone()).expect("ICReq on moved tcp1");
+    c.connect_admin(SUBNQN, 0).expect("Connect on moved tcp1");
+    c.enable_controller().unwrap();
+    let (_, gc) = ana_log(&mut c);
+    assert_eq!(
+        gc[0].1,
+        3,
+        "tcp1 at its new address is still inaccessible: {gc:?}; log:\n{}",
+        d.log()
+    );
+}

@@ -6,7 +6,9 @@ use nvmf::target::{AnaGroup, AnaState, PersistedReservation, Referral, Transport
 
 use super::listeners::listener_info;
 use super::shared::Shared;
-use crate::config::{AnaGroupConfig, AnaStateName, Config, ReferralConfig, TransportKind};
+use crate::config::{
+    AnaGroupConfig, AnaStateName, Config, ListenerConfig, ReferralConfig, TransportKind,
+};
 use crate::ptpl::PtplStore;
 
 /// Host credentials and `require_auth` into the target (start-up and reload). The secrets
@@ -66,7 +68,7 @@ fn ana_state(s: AnaStateName) -> AnaState {
 
 /// A subsystem's ANA groups with their states per listener (listeners named by the
 /// config, known to be in `cfg`).
-pub(super) fn ana_groups(groups: &[AnaGroupConfig], cfg: &Config) -> Vec<AnaGroup> {
+pub(super) fn ana_groups(groups: &[AnaGroupConfig], listeners: &[ListenerConfig]) -> Vec<AnaGroup> {
     groups
         .iter()
         .map(|g| AnaGroup {
@@ -75,7 +77,7 @@ pub(super) fn ana_groups(groups: &[AnaGroupConfig], cfg: &Config) -> Vec<AnaGrou
                 .states
                 .iter()
                 .filter_map(|(name, st)| {
-                    let l = cfg.listeners.iter().find(|l| l.name == *name)?;
+                    let l = listeners.iter().find(|l| l.name == *name)?;
                     Some((listener_info(l), ana_state(*st)))
                 })
                 .collect(),

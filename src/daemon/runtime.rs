@@ -752,14 +752,47 @@ impl<E: Engine> Runtime<E> {
                 }
             }
         }
-        let ana_changes = d
+        // ANA states are kept per listener address: a listener that moved takes its
+        // states along, for every subsystem whose groups name it.
+        let moved: Vec<&str> = d
+            .listeners_added
+            .iter()
+            .filter(|l| d.listeners_removed.iter().any(|o| o.name == l.name))
+            .map(|l| l.name.as_str())
+            .collect();
+        let follow_moves = new
+            .subsystems
+            .iter()
+            .filter(|s| {
+                !d.subsystems_added.iter().any(|a| a.nqn == s.nqn)
+                    && !d.ana_groups_changed.iter().any(|(n, _)| *n == s.nqn)
+                    && s.ana_groups
+                        .iter()
+                        .any(|g| g.states.iter().any(|(l, _)| moved.contains(&l.as_str())))
+            })
+            .map(|s| (s.nqn.clone(), s.ana_groups.clone()));
+        let ana_changes: Vec<_> = d
             .subsystems_added
             .iter()
             .filter(|s| !s.ana_groups.is_empty())
             .map(|s| (s.nqn.clone(), s.ana_groups.clone()))
-            .chain(d.ana_groups_changed.iter().cloned());
+            .chain(d.ana_groups_changed.iter().cloned())
+            .chain(follow_moves)
+            .collect();
+        // The listeners as they stand: one kept at its old address is there.
+        let listeners: Vec<ListenerConfig> = new
+            .listeners
+            .iter()
+            .map(|l| {
+                let kept = errors.undone.listeners_kept.contains(&l.name);
+                match self.cfg.listeners.iter().find(|o| kept && o.name == l.name) {
+                    Some(o) => o.clone(),
+                    None => l.clone(),
+                }
+            })
+            .collect();
         for (nqn, groups) in ana_changes {
-            let groups = policy::ana_groups(&groups, new);
+            let groups = policy::ana_groups(&groups, &listeners);
             let r = self.shared.target().set_ana_groups(&nqn, groups);
             match r {
                 Ok(actions) => {
