@@ -38,7 +38,9 @@ use super::NvmeBackend;
 use crate::{BackendQueue, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
 
 /// Longest wait between two controller resets for timed-out commands of one queue.
-const MAX_RESET_BACKOFF: Duration = Duration::from_secs(60);
+/// Below the Linux host's 30 s I/O timeout, so a host whose command waits on a drive
+/// that is being backed off from still sees a reset (and a retry) before it gives up.
+const MAX_RESET_BACKOFF: Duration = Duration::from_secs(16);
 
 /// Largest part: one PRP list page holds 512 entries, plus PRP1's page.
 const MAX_PART_BYTES: usize = 2 << 20;
@@ -255,7 +257,7 @@ pub struct NvmeQueue {
 /// Maps an NVMe completion status to a backend status.
 ///
 /// The drive's own status goes to the host as it is, DNR included (generic,
-/// command-specific, media and path statuses: Invalid Field, Namespace Write Protected,
+/// command-specific and media statuses: Invalid Field, Namespace Write Protected,
 /// Reservation Conflict, Attempted Write to Read Only Range, a protection check error,
 /// Unrecovered Read Error...), since each request is the same command on the drive as on
 /// the fabric. A vendor-specific status means nothing to the host: Internal Error with
@@ -269,7 +271,11 @@ pub fn io_status(_op: Op, st: Status) -> IoStatus {
         // About the drive-side command this driver built (its command ID, PRPs, SGLs),
         // not the host's: Internal Error with DNR.
         (0, 0x03 | 0x0d..=0x16) => IoStatus::Failed,
-        (0..=3, _) => IoStatus::Device {
+        // Path statuses are about the path between this driver and the drive, not the
+        // host's path to us: passed on, they would send a multipath host to another
+        // path of ours, behind which is the same drive. Internal Error, no DNR.
+        (3, _) => IoStatus::Busy,
+        (0..=2, _) => IoStatus::Device {
             sct: st.sct,
             sc: st.sc,
             dnr: st.dnr,
@@ -981,5 +987,33 @@ impl Drop for NvmeQueue {
             }
             self.maps.leak();
         }
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    /// A drive's path status is no status of the host's path: it becomes a retryable
+    /// Internal Error, never a path status a multipath host would fail over on (to the
+    /// same drive). The drive's media and command statuses pass through.
+    #[test]
+    fn drive_path_statuses_are_not_passed_on() {
+        let st = |sct, sc, dnr| Status { sct, sc, dnr };
+        for sc in [0x00, 0x01, 0x02, 0x03, 0x60, 0x70] {
+            assert_eq!(
+                io_status(Op::Read, st(3, sc, false)),
+                IoStatus::Busy,
+                "3/{sc:#x}"
+            );
+        }
+        assert_eq!(
+            io_status(Op::Read, st(2, 0x81, true)),
+            IoStatus::Device {
+                sct: 2,
+                sc: 0x81,
+                dnr: true
+            }
+        );
     }
 }
