@@ -530,7 +530,8 @@ pub struct Undone {
     /// they were to move to did not open (their removal was skipped).
     pub namespaces_kept: BTreeSet<(String, u32)>,
     /// Backends of the old config that stay, with their old definition: the old backend
-    /// of a kept namespace, or a changed backend whose new definition did not open.
+    /// of a kept namespace (one whose new definition did not open is such a backend
+    /// when a namespace was to move onto it under the same name).
     pub backends_kept: BTreeSet<String>,
 }
 

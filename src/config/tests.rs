@@ -1196,8 +1196,8 @@ fn limits_errors_name_the_field() {
     assert!(e[0].contains("max_conections"), "{e:#?}");
 }
 
-/// Two backends on one file (the same path, a symlink to it, a `..` detour) are refused:
-/// two namespaces would show hosts the same data under two identities.
+/// Two backends on one file (the same path, a symlink or a hard link to it, a `..` detour)
+/// are refused: two namespaces would show hosts the same data under two identities.
 #[test]
 fn two_backends_on_one_file_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -1207,23 +1207,26 @@ fn two_backends_on_one_file_are_refused() {
     std::os::unix::fs::symlink(&disk, &link).unwrap();
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     let detour = dir.path().join("sub/../disk.img");
+    let hard = dir.path().join("hard.img");
+    std::fs::hard_link(&disk, &hard).unwrap();
+    let paths = [&disk, &link, &detour, &hard];
     let yaml = MINIMAL.replace(
         "{name: b, type: ram, size: 4M}",
-        &format!(
-            "{{name: b, type: file, path: {}}}\n  - {{name: c, type: file, path: {}}}\n  - {{name: d, type: file, path: {}}}",
-            disk.display(),
-            link.display(),
-            detour.display()
-        ),
+        &paths
+            .iter()
+            .zip(["b", "c", "d", "e"])
+            .map(|(p, n)| format!("{{name: {n}, type: file, path: {}}}", p.display()))
+            .collect::<Vec<_>>()
+            .join("\n  - "),
     );
     let errs = errors(&yaml);
-    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert_eq!(errs.len(), 3, "{errs:#?}");
     for (e, i) in errs.iter().zip(1..) {
         assert!(
             e.starts_with(&format!("t.yaml:{}:", 4 + i))
                 && e.contains(&format!(
                     "backends[{i}].path: {} is already the file of backends[0] at line 4",
-                    disk.display()
+                    paths[i].display()
                 )),
             "{e}"
         );

@@ -939,7 +939,9 @@ impl Checker<'_> {
     fn backends(&mut self, raw: &[Spanned<RawBackend>]) -> Vec<BackendConfig> {
         let mut names: HashMap<String, Seen> = HashMap::new();
         let mut drives: HashMap<(String, u32), Seen> = HashMap::new();
-        let mut files: HashMap<PathBuf, Seen> = HashMap::new();
+        // By device and inode where the file exists (hard links, symlinks, `..`), else by
+        // path.
+        let mut files: HashMap<(u64, u64, PathBuf), Seen> = HashMap::new();
         raw.iter()
             .enumerate()
             .map(|(i, backend)| {
@@ -955,12 +957,16 @@ impl Checker<'_> {
                 // two namespaces, each with its own identity, the same data.
                 if let (BackendKind::File { path, .. }, Some(at)) = (&cfg.kind, &backend.value.path)
                 {
-                    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                    use std::os::unix::fs::MetadataExt;
+                    let key = match std::fs::metadata(path) {
+                        Ok(m) => (m.dev(), m.ino(), PathBuf::new()),
+                        Err(_) => (0, 0, path.clone()),
+                    };
                     if let Some(first) = files.get(&key) {
                         let msg = format!(
                             "{} is already the file of {first}: two backends on one file \
                              would show hosts two namespaces with the same data",
-                            key.display()
+                            path.display()
                         );
                         self.error(at, format!("{p}.path"), msg);
                     } else {

@@ -49,8 +49,10 @@ const MAX_RD_ATOMIC: u8 = 16;
 /// ring (HSQSIZE + 1 receives, about 1 MiB at depth 128) is allocated, registered and
 /// posted only for a connected queue ([`RdmaLink::grow_receives`]): a peer that opens
 /// connections and never sends Connect pins a few buffers each, not a whole ring. A
-/// capsule sent early finds no receive and is retried by the host's QP (RNR) until the
-/// ring grows, or the Connect deadline ends the connection.
+/// capsule sent early past these finds no receive: the host's QP retries it a few times
+/// (RNR, the retry count our accept gives it) and then fails the connection, the host's
+/// doing. (A discovery queue grows its ring too once connected; the per-address
+/// connection limits bound those.)
 const PRE_CONNECT_RECVS: u32 = 4;
 
 /// One RDMA device as one IO thread uses it.
