@@ -782,6 +782,10 @@ pub(super) const PEER_POOL_SHARE: usize = 4;
 /// Interrupted, not the other hosts'.
 pub(super) const PEER_CMD_SHARE: u32 = (MAX_CMDS / 4) as u32;
 
+/// A capsule refused for want of a command slot is logged at most this often per IO
+/// thread (the rest are counted in the next line and in the limit's counter).
+const SLOT_REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest transfer of an application command served from [`Core::reserve`]: the admin
 /// in-capsule size (a Connect's data), an Identify or a discovery log of a few entries.
 pub(super) const ADMIN_RESERVE_MAX: usize = ADMIN_INCAPSULE as usize;
@@ -910,6 +914,14 @@ impl PeerShares {
         }
     }
 
+    /// The address of slot `s`.
+    pub fn addr(&self, s: u32) -> Option<IpAddr> {
+        self.slots
+            .get(s as usize)
+            .and_then(Option::as_ref)
+            .map(|share| share.addr)
+    }
+
     /// Slots in use (tests: none is left behind).
     #[cfg(test)]
     pub fn in_use(&self) -> usize {
@@ -954,6 +966,9 @@ pub(super) struct Core {
     pub batch_time: Option<Instant>,
     /// RDMA work completions logged so far (the first few are, for diagnosis).
     pub wc_logged: u32,
+    /// When a capsule refused for want of a command slot was last logged, and how many
+    /// were not logged since (at most one line per [`SLOT_REFUSAL_LOG_EVERY`]).
+    slot_refusals: (Option<Instant>, u64),
     /// The QPs whose output the next flush writes or posts: every QP with output waiting
     /// and not blocked on a full socket is here, once (`QpState::tx_listed`), so a pass
     /// costs the QPs with work, not every connected QP. An entry may be stale (the QP was
@@ -1042,6 +1057,7 @@ impl Core {
             in_pass: false,
             batch_time: None,
             wc_logged: 0,
+            slot_refusals: (None, 0),
             tx_ready: Vec::new(),
             ns_gone_news: false,
             contexts,
@@ -1308,6 +1324,26 @@ impl Core {
     /// holds its share. Answered without a slot; the host retries.
     fn refuse_without_slot(&mut self, st: &mut QpState, sqe: &Sqe, limit: Limit) {
         self.counters.hit(limit);
+        let (last, quiet) = &mut self.slot_refusals;
+        if last.is_none_or(|t| self.now.saturating_duration_since(t) >= SLOT_REFUSAL_LOG_EVERY) {
+            let peer = st
+                .peer
+                .and_then(|s| self.peers.addr(s))
+                .map_or_else(|| "unknown peer".to_string(), |a| format!("peer {a}"));
+            tracing::warn!(
+                qp = st.handle.as_u64(),
+                "{peer}: command (opcode {:#04x}) refused: it {}: answered Command Interrupted \
+                 ({} more refused on this IO thread since the last such line) reason=\"{}\"",
+                sqe.opcode(),
+                limit.describe(),
+                quiet,
+                limit.label()
+            );
+            *last = Some(self.now);
+            *quiet = 0;
+        } else {
+            *quiet += 1;
+        }
         if st.qid.is_none() {
             self.refused_before_connect(st, *sqe, Status::COMMAND_INTERRUPTED);
         }
