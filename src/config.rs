@@ -474,7 +474,7 @@ fn read_text(path: &Path) -> std::io::Result<String> {
     // check (a regular file's reads ignore the flag).
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
