@@ -250,14 +250,7 @@ fn failed_writes_on_tmpfs() {
     for (i, (errno, want, latches)) in cases.into_iter().enumerate() {
         let path = dir.path().join(format!("ns{i}.img"));
         std::thread::spawn(move || {
-            let opts = FileOptions {
-                create_size: Some(1 << 20),
-                block_size: Some(4096),
-                direct: Some(false),
-            };
-            let be = FileBackend::open(&path, opts).unwrap();
-            assert!(be.is_inline() && !be.is_mapped(), "served inline");
-            let mut q = be.clone().create_queue(4).unwrap();
+            let (be, mut q) = inline_queue(&path);
             let data = pattern(1, 1, 4096);
             assert_eq!(write(&mut *q, 4096, 0, &data, false), IoStatus::Ok);
             fail_syscall_in_this_thread(libc::SYS_pwrite64, errno);
@@ -705,14 +698,7 @@ fn failed_sync_of_an_inline_fua_write_latches() {
     let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
     let path = dir.path().join("ns.img");
     std::thread::spawn(move || {
-        let opts = FileOptions {
-            create_size: Some(1 << 20),
-            block_size: Some(4096),
-            direct: Some(false),
-        };
-        let be = FileBackend::open(&path, opts).unwrap();
-        assert!(be.is_inline() && !be.is_mapped(), "served inline");
-        let mut q = be.clone().create_queue(4).unwrap();
+        let (_be, mut q) = inline_queue(&path);
         fail_syscall_in_this_thread(libc::SYS_fdatasync, libc::ENOSPC);
         let fua = write(&mut *q, 4096, 1, &pattern(3, 1, 4096), true);
         assert_eq!(fua, IoStatus::NoSpace);
@@ -725,4 +711,20 @@ fn failed_sync_of_an_inline_fua_write_latches() {
     })
     .join()
     .expect("the test thread panicked");
+}
+
+/// A 1 MiB buffered file of 4 KiB blocks at `path` (on a tmpfs: served inline, not
+/// mapped) and a queue on it.
+fn inline_queue(
+    path: &std::path::Path,
+) -> (std::sync::Arc<FileBackend>, Box<dyn backend::BackendQueue>) {
+    let opts = FileOptions {
+        create_size: Some(1 << 20),
+        block_size: Some(4096),
+        direct: Some(false),
+    };
+    let be = FileBackend::open(path, opts).unwrap();
+    assert!(be.is_inline() && !be.is_mapped(), "served inline");
+    let q = be.clone().create_queue(4).unwrap();
+    (be, q)
 }

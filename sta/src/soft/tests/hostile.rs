@@ -777,13 +777,10 @@ fn identify_controller(cid: u16) -> Sqe {
     s
 }
 
-/// One peer address cannot take the thread's pool from the others: its connections
-/// together hold at most their share (here 1 MiB of a 2 MiB pool, one largest
-/// transfer). A second 1 MiB write on another of its queues waits (no R2T, no buffer)
-/// instead of taking the rest of the pool, so another host's write gets a buffer; once
-/// the first write completes, the waiting one is started on its own queue.
-#[test]
-fn one_peer_holds_at_most_its_share_of_the_pool() {
+/// A 2 MiB pool (an address's share: 1 MiB, one largest transfer); a controller whose
+/// I/O queue (`q`) comes from 10.0.0.2, and two raw I/O queues of it (`hog`, `hog2`)
+/// from 10.0.0.1. Returns (pair, q, hog, hog2).
+fn two_queues_of_one_address_and_another_host() -> (Pair, usize, usize, usize) {
     let mut p = Pair::with_config(crate::soft::SoftConfig {
         buffer_pool_bytes: 2 << 20,
         ..Default::default()
@@ -799,6 +796,17 @@ fn one_peer_holds_at_most_its_share_of_the_pool() {
     }
     let h = p.conns[q].qp;
     p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+    (p, q, hog, hog2)
+}
+
+/// One peer address cannot take the thread's pool from the others: its connections
+/// together hold at most their share (here 1 MiB of a 2 MiB pool, one largest
+/// transfer). A second 1 MiB write on another of its queues waits (no R2T, no buffer)
+/// instead of taking the rest of the pool, so another host's write gets a buffer; once
+/// the first write completes, the waiting one is started on its own queue.
+#[test]
+fn one_peer_holds_at_most_its_share_of_the_pool() {
+    let (mut p, q, hog, hog2) = two_queues_of_one_address_and_another_host();
 
     // The first 1 MiB write gets its R2T and its first 64 KiB: 1 MiB of the pool taken.
     let len = 1 << 20;
@@ -1150,21 +1158,7 @@ fn one_peer_holds_at_most_its_share_of_the_command_slots() {
 /// and left other hosts' reads Command Interrupted), and another host's Copy is served.
 #[test]
 fn a_copy_counts_against_its_peers_share_of_the_pool() {
-    let mut p = Pair::with_config(crate::soft::SoftConfig {
-        buffer_pool_bytes: 2 << 20,
-        ..Default::default()
-    });
-    let (a, q) = p.controller(Digests::NONE, 31, 0);
-    let cntlid = p.conns[a].cntlid;
-    let hog = raw_io_queue(&mut p, cntlid, 2, 31);
-    let hog2 = raw_io_queue(&mut p, cntlid, 3, 31);
-    let attacker: std::net::IpAddr = "10.0.0.1".parse().unwrap();
-    for c in [hog, hog2] {
-        let h = p.conns[c].qp;
-        p.io.set_qp_peer(h, attacker);
-    }
-    let h = p.conns[q].qp;
-    p.io.set_qp_peer(h, "10.0.0.2".parse().unwrap());
+    let (mut p, q, hog, hog2) = two_queues_of_one_address_and_another_host();
 
     half_a_write(&mut p, hog, 0, 1 << 20);
     let ranges = nvmf::copy::encode_ranges(&[(100, 8)]);
