@@ -923,7 +923,7 @@ impl<E: Engine> Runtime<E> {
                          subsystem {nqn} outstanding longer than {limit:?}: the backend hangs; \
                          its queues are destroyed (what is outstanding is answered Aborted - SQ \
                          Deletion) and the namespace is taken out (Internal Path Error: hosts \
-                         fail over) until a reload removes it"
+                         fail over); a reload tries it again on its backend reopened"
                     );
                     self.namespace_lost(&nqn, nsid);
                     if self.hung.insert((subsys, nsid)) {
@@ -939,7 +939,8 @@ impl<E: Engine> Runtime<E> {
                     tracing::error!(
                         "engine: the backend of namespace {nsid} of subsystem {nqn} is gone \
                          (file deleted, device removed): the namespace is taken out (Internal \
-                         Path Error: hosts fail over) until a reload removes it"
+                         Path Error: hosts fail over); a reload tries it again on its backend \
+                         reopened"
                     );
                     self.namespace_lost(&nqn, nsid);
                 }
