@@ -545,6 +545,14 @@ impl Config {
             .expect("the embedded default config is valid (tested)")
     }
 
+    /// Namespace `nsid` of subsystem `nqn`, if configured.
+    pub fn namespace(&self, nqn: &str, nsid: u32) -> Option<&NamespaceConfig> {
+        self.subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .and_then(|s| s.namespaces.iter().find(|n| n.nsid == nsid))
+    }
+
     /// Number of namespaces over all subsystems.
     pub fn namespace_count(&self) -> usize {
         self.subsystems.iter().map(|s| s.namespaces.len()).sum()

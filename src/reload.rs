@@ -137,6 +137,15 @@ pub struct ConfigDiff {
 }
 
 impl ConfigDiff {
+    /// The old definition of listener `name` when the change replaces it (removed and
+    /// added under the same name: its address or settings changed).
+    pub fn listener_replaced(&self, name: &str) -> Option<&ListenerConfig> {
+        self.listeners_removed
+            .iter()
+            .find(|o| o.name == name)
+            .filter(|_| self.listeners_added.iter().any(|l| l.name == name))
+    }
+
     /// True when the configs are equivalent (nothing to apply, nothing needs a restart).
     pub fn is_empty(&self) -> bool {
         self == &ConfigDiff::default()

@@ -202,11 +202,11 @@ impl Listeners {
     }
 
     /// Replace open listener `old` by `new` (same name, another address or other
-    /// settings). Where the address differs, the new socket is bound before the old one
-    /// is closed, so a failed bind leaves the old listener serving; on the same TCP
-    /// address, or on RDMA (the CM service listens by name), the old one is closed first
-    /// and opened again if the new one fails. On error, whether the old one still
-    /// listens.
+    /// settings). On the same TCP address only the TLS settings change (the socket
+    /// stays); on another, the new socket is bound before the old one is closed, so a
+    /// failed bind leaves the old listener serving; on RDMA (the CM service listens by
+    /// name) the old one is closed first and opened again if the new one fails. On
+    /// error, whether the old one still listens.
     pub fn replace(
         &mut self,
         shared: &Arc<Shared>,
@@ -214,8 +214,7 @@ impl Listeners {
         new: &ListenerConfig,
         max_queue_depth: u16,
     ) -> Result<(), (ListenerError, bool)> {
-        let same_address =
-            old.transport == new.transport && old.address == new.address && old.port == new.port;
+        let same_address = listener_info(old) == listener_info(new);
         if same_address && new.transport == TransportKind::Tcp {
             // Other settings (TLS) on the same address: the socket and the target's
             // listener (its PORTID, which connected queues' ANA checks use) stay, so no
@@ -329,27 +328,22 @@ impl Listeners {
         });
     }
 
-    /// Close listener `name` (connections it accepted stay). False if it was not open.
+    /// Close listener `name`: it leaves the target and the directory (connections it
+    /// accepted are not touched here; a reload retires them: `retire_out_of_policy`).
+    /// False if it was not open.
     pub fn close(&mut self, shared: &Shared, name: &str) -> bool {
-        let Some(socket) = self.take(shared, name) else {
+        let Some(i) = self.list.iter().position(|l| l.name == name) else {
             return false;
         };
-        if let (Socket::Rdma, Some(r)) = (&socket, self.rdma.as_mut()) {
+        let l = self.list.remove(i);
+        if let (Socket::Rdma, Some(r)) = (&l.socket, self.rdma.as_mut()) {
             r.unlisten(name);
         }
-        tracing::info!("listener {name} closed");
-        true
-    }
-
-    /// Listener `name` leaves the target and the directory; its socket is the caller's
-    /// (dropped: closed; or registered again with new settings).
-    fn take(&mut self, shared: &Shared, name: &str) -> Option<Socket> {
-        let i = self.list.iter().position(|l| l.name == name)?;
-        let l = self.list.remove(i);
         shared.target().remove_listener(&l.info);
         shared.listeners.entries().retain(|(n, _)| n != name);
         shared.listeners.tls_entries().remove(name);
-        Some(l.socket)
+        tracing::info!("listener {name} closed");
+        true
     }
 
     /// The TCP listeners' sockets, for the main loop's poll (none while accept backs off).

@@ -200,9 +200,8 @@ impl<E: Engine> Runtime<E> {
             tracing::info!("backend {name} released");
         }
         self.backends.extend(opened);
-        let replaced = |name: &str| d.listeners_removed.iter().find(|o| o.name == name);
         for l in &d.listeners_removed {
-            if !d.listeners_added.iter().any(|n| n.name == l.name) {
+            if d.listener_replaced(&l.name).is_none() {
                 self.listeners.close(&self.shared, &l.name);
             }
         }
@@ -211,7 +210,7 @@ impl<E: Engine> Runtime<E> {
         // swap ports): replaced the other way round after the first pass, closed first.
         let mut blocked = Vec::new();
         for l in &d.listeners_added {
-            let result = match replaced(&l.name) {
+            let result = match d.listener_replaced(&l.name) {
                 Some(old) => self.listeners.replace(&self.shared, old, l, depth),
                 None => self
                     .listeners
@@ -223,10 +222,9 @@ impl<E: Engine> Runtime<E> {
                     if source.kind() == std::io::ErrorKind::AddrInUse)
             };
             let taken_by_a_changed_one = |l: &ListenerConfig| {
-                d.listeners_removed.iter().any(|o| {
-                    o.name != l.name
-                        && (o.transport, o.address, o.port) == (l.transport, l.address, l.port)
-                })
+                d.listeners_removed
+                    .iter()
+                    .any(|o| o.name != l.name && listener_info(o) == listener_info(l))
             };
             let result = match result {
                 Err((e, true)) if in_use(&e) && taken_by_a_changed_one(l) => {
@@ -243,7 +241,7 @@ impl<E: Engine> Runtime<E> {
             self.listeners.close(&self.shared, &l.name);
         }
         for l in blocked {
-            let Some(old) = replaced(&l.name) else {
+            let Some(old) = d.listener_replaced(&l.name) else {
                 continue;
             };
             let result = match self.listeners.open(&self.shared, l, depth) {
@@ -512,13 +510,9 @@ impl<E: Engine> Runtime<E> {
             {
                 continue;
             }
-            let old = self
-                .cfg
-                .subsystems
-                .iter()
-                .find(|s| s.nqn == *nqn)
-                .and_then(|s| s.namespaces.iter().find(|n| n.nsid == ns.nsid));
-            let Some(old) = old else { continue };
+            let Some(old) = self.cfg.namespace(nqn, ns.nsid) else {
+                continue;
+            };
             if d.backends_removed.contains(&old.backend) {
                 undone.backends_kept.insert(old.backend.clone());
             }
@@ -534,24 +528,33 @@ impl<E: Engine> Runtime<E> {
         }
     }
 
-    /// The listeners `names` of a subsystem as they stand after this change: a listener
-    /// kept at its old address (its new one could not be bound) is there at the old one.
+    /// The listeners as they stand after this change: `new`'s, but one kept at its old
+    /// address (its new one could not be bound) with its old definition.
+    fn listeners_now(&self, new: &Config, undone: &Undone) -> Vec<ListenerConfig> {
+        new.listeners
+            .iter()
+            .map(|l| {
+                let kept = undone.listeners_kept.contains(&l.name);
+                match self.cfg.listeners.iter().find(|o| kept && o.name == l.name) {
+                    Some(o) => o.clone(),
+                    None => l.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// The listeners `names` of a subsystem as they stand after this change
+    /// ([`Runtime::listeners_now`]).
     fn named_listeners(
         &self,
         names: &[String],
         new: &Config,
         undone: &Undone,
     ) -> Vec<ListenerInfo> {
+        let now = self.listeners_now(new, undone);
         names
             .iter()
-            .filter_map(|n| {
-                let from = if undone.listeners_kept.contains(n) {
-                    &self.cfg.listeners
-                } else {
-                    &new.listeners
-                };
-                from.iter().find(|l| l.name == *n).map(listener_info)
-            })
+            .filter_map(|n| now.iter().find(|l| l.name == *n).map(listener_info))
             .collect()
     }
 
@@ -757,7 +760,7 @@ impl<E: Engine> Runtime<E> {
         let moved: Vec<&str> = d
             .listeners_added
             .iter()
-            .filter(|l| d.listeners_removed.iter().any(|o| o.name == l.name))
+            .filter(|l| d.listener_replaced(&l.name).is_some())
             .map(|l| l.name.as_str())
             .collect();
         let follow_moves = new
@@ -779,18 +782,7 @@ impl<E: Engine> Runtime<E> {
             .chain(d.ana_groups_changed.iter().cloned())
             .chain(follow_moves)
             .collect();
-        // The listeners as they stand: one kept at its old address is there.
-        let listeners: Vec<ListenerConfig> = new
-            .listeners
-            .iter()
-            .map(|l| {
-                let kept = errors.undone.listeners_kept.contains(&l.name);
-                match self.cfg.listeners.iter().find(|o| kept && o.name == l.name) {
-                    Some(o) => o.clone(),
-                    None => l.clone(),
-                }
-            })
-            .collect();
+        let listeners = self.listeners_now(new, &errors.undone);
         for (nqn, groups) in ana_changes {
             let groups = policy::ana_groups(&groups, &listeners);
             let r = self.shared.target().set_ana_groups(&nqn, groups);
@@ -973,12 +965,7 @@ impl<E: Engine> Runtime<E> {
             if d.namespaces_removed.contains(&key) || d.subsystems_removed.contains(&nqn) {
                 continue;
             }
-            let Some(ns) = new
-                .subsystems
-                .iter()
-                .find(|s| s.nqn == nqn)
-                .and_then(|s| s.namespaces.iter().find(|n| n.nsid == nsid))
-            else {
+            let Some(ns) = new.namespace(&nqn, nsid) else {
                 continue;
             };
             let shared_with = new
