@@ -104,18 +104,18 @@ impl AuthStrikes {
         under_way: usize,
     ) -> Option<usize> {
         let addr = (addr?, host.to_string());
-        let Some(times) = self.0.get_mut(&addr) else {
-            return (under_way >= FIRST_AUTH_UNDER_WAY).then_some(0);
-        };
-        while times
-            .front()
-            .is_some_and(|&t| now.saturating_duration_since(t) >= STRIKE_WINDOW)
-        {
-            times.pop_front();
-        }
-        let n = times.len();
-        if n == 0 {
-            self.0.remove(&addr);
+        let mut n = 0;
+        if let Some(times) = self.0.get_mut(&addr) {
+            while times
+                .front()
+                .is_some_and(|&t| now.saturating_duration_since(t) >= STRIKE_WINDOW)
+            {
+                times.pop_front();
+            }
+            n = times.len();
+            if n == 0 {
+                self.0.remove(&addr);
+            }
         }
         (n >= AUTH_STRIKES || n + under_way >= FIRST_AUTH_UNDER_WAY).then_some(n)
     }
@@ -269,7 +269,7 @@ impl Target {
         &mut self,
         creds: impl IntoIterator<Item = (String, HostCredentials)>,
     ) {
-        let new: HashMap<String, Arc<HostCredentials>> =
+        let new: BTreeMap<String, Arc<HostCredentials>> =
             creds.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         // A host whose secret changed starts with a clean slate: the failures it had
         // were against what is no longer its secret.
@@ -278,7 +278,7 @@ impl Target {
                 self.auth_strikes.forget_host(host);
             }
         }
-        self.credentials = new.into_iter().collect();
+        self.credentials = new;
     }
 
     /// Whether a connected queue may run commands other than authentication (it
@@ -422,11 +422,10 @@ impl Target {
         if restart {
             self.auth_strikes.strike(peer_addr, &ctrl.hostnqn, now);
         }
-        let negotiate = negotiating;
         // Re-authentication: at most REAUTH_BURST new transactions per queue within
         // REAUTH_WINDOW. Past that the transaction is refused, not the queue, and it is no
         // strike: the bound is the protection, and a host rotating keys is not an attacker.
-        if negotiate && qa.tx.authenticated() {
+        if negotiating && qa.tx.authenticated() {
             while qa
                 .reauths
                 .front()
@@ -445,7 +444,7 @@ impl Target {
             }
             qa.reauths.push_back(now);
         }
-        if negotiate {
+        if negotiating {
             qa.began = Some(now);
         }
         let (event, reply) = if send {
