@@ -673,6 +673,15 @@ impl RdmaLink {
         self.dev
     }
 
+    /// Where receive slot `slot` lives: its region (`recv_buf` for the slots posted at
+    /// accept, `recv_tail` for the others) and its index in it.
+    fn recv_region(&mut self, slot: u32) -> (&mut Box<[u8]>, u32) {
+        match slot.checked_sub(self.head_slots) {
+            None => (&mut self.recv_buf, slot),
+            Some(t) => (&mut self.recv_tail, t),
+        }
+    }
+
     /// The queue is connected: allocate and register the rest of its receive ring and
     /// post it with the next flush (see [`PRE_CONNECT_RECVS`]). Once per queue.
     pub fn grow_receives(&mut self, lib: &Lib) -> std::io::Result<()> {
@@ -824,14 +833,10 @@ pub(super) fn on_wc(
             if st.rx_stopped {
                 return;
             }
-            let in_tail = slot >= r.head_slots;
-            let region = std::mem::take(if in_tail {
-                &mut r.recv_tail
-            } else {
-                &mut r.recv_buf
-            });
             let sz = r.recv_sz as usize;
-            let off = (slot - if in_tail { r.head_slots } else { 0 }) as usize * sz;
+            let (place, i) = r.recv_region(slot);
+            let region = std::mem::take(place);
+            let off = i as usize * sz;
             let n = (wc.byte_len as usize).min(sz);
             let capsule = &region[off..off + n];
             let before = st.inflight;
@@ -847,11 +852,7 @@ pub(super) fn on_wc(
             }
             let holds_slot = st.inflight > before;
             if let Link::Rdma(r) = &mut st.link {
-                if in_tail {
-                    r.recv_tail = region;
-                } else {
-                    r.recv_buf = region;
-                }
+                *r.recv_region(slot).0 = region;
                 // The capsule was copied out; its receive goes back when its command is
                 // done (`command_released`), or now if it got no command slot.
                 if holds_slot {
