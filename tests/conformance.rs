@@ -228,11 +228,15 @@ fn c2h_term_req_carries_the_offending_header() {
     assert_serves(&mut d);
 }
 
-/// SMART as seen through Get Log Page 02h (all namespaces): (data units read, media errors).
+/// SMART as seen through Get Log Page 02h (all namespaces).
+fn smart_page(h: &mut TcpHost) -> Vec<u8> {
+    h.get_log_page(0x02, 0xffff_ffff, 0, 512, false)
+        .expect("SMART log")
+}
+
+/// SMART's (data units read, media errors).
 fn smart(h: &mut TcpHost) -> (u128, u128) {
-    let s = h
-        .get_log_page(0x02, 0xffff_ffff, 0, 512, false)
-        .expect("SMART log");
+    let s = smart_page(h);
     (le128(&s, 32), le128(&s, 160))
 }
 
@@ -276,6 +280,50 @@ fn smart_media_errors_and_compare() {
         r1 >= r0 + 2,
         "Data Units Read {r0} -> {r1} after 1 MiB of Compare"
     );
+    assert_serves(&mut d);
+}
+
+/// Errors of offloaded I/O, which the engine answers without the target, are in the
+/// controller's Error Information log (with their queue, command, namespace and first
+/// block) and in SMART's count of entries, as nvmet keeps them. Before: the log held
+/// only the target's own (admin) errors.
+#[test]
+fn engine_io_errors_are_in_the_error_log() {
+    let _w = watchdog("error_log", secs(60));
+    let mut d = Daemon::start_default();
+    let mut c = controller(&d, 1, &host_opts());
+    let entries = |h: &mut TcpHost| {
+        let s = smart_page(h);
+        le128(&s, 176)
+    };
+    let before = entries(&mut c.admin);
+    let mut one = vec![0u8; 512];
+    let past_end = NS1_SIZE / 512 + 7;
+    let s = c.io[0]
+        .read(1, past_end, 1, &mut one)
+        .expect("read past end");
+    assert_status(s, Status::LBA_OUT_OF_RANGE, "read past the end");
+    // The IO thread records it after its pass; the admin queue may be on another.
+    let deadline = Instant::now() + secs(5);
+    while entries(&mut c.admin) == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(entries(&mut c.admin), before + 1, "SMART error log entries");
+    let log = c
+        .admin
+        .get_log_page(0x01, 0xffff_ffff, 0, 64, false)
+        .expect("error log");
+    let count = le64(&log, 0);
+    assert_eq!(
+        u128::from(count),
+        before + 1,
+        "newest entry first: {log:02x?}"
+    );
+    assert_eq!(le16(&log, 8), 1, "SQID: the I/O queue");
+    let status = le16(&log, 12) >> 1;
+    assert_eq!(status & 0xff, 0x80, "status LBA Out of Range: {status:#x}");
+    assert_eq!(le64(&log, 16), past_end, "LBA");
+    assert_eq!(le32(&log, 24), 1, "NSID");
     assert_serves(&mut d);
 }
 

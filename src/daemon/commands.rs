@@ -367,7 +367,7 @@ impl<I: IoContext> IoThread<I> {
 
     /// Where queue `qp` came from and whose it is, for a refusal line: `peer ... on
     /// listener ...: host "...", subsystem "...", cntlid N, qid N` (dashes before Connect).
-    fn who(&self, qp: QpHandle, c: Option<&crate::refusals::ConnInfo>) -> String {
+    pub(super) fn who(&self, qp: QpHandle, c: Option<&crate::refusals::ConnInfo>) -> String {
         let queue = self.qps.get(&qp).and_then(|a| a.queue);
         let (host, sub) = queue
             .and_then(|q| self.shared.target().controller_nqns(q.cntlid))

@@ -74,6 +74,8 @@ pub(super) struct IoThread<I: IoContext> {
     /// Completions waiting for a namespace's fence or for the PTPL state file
     /// (`commands.rs`), answered once done.
     pub deferred: Vec<Deferred>,
+    /// Commands the engine failed this pass (`io_errors.rs`).
+    pub failures: super::io_errors::Failures,
 }
 
 /// A completion held back until the preempted hosts' commands are done (Preempt and
@@ -101,6 +103,7 @@ impl<I: IoContext> IoThread<I> {
             stop_started: None,
             rdma_ids: HashMap::new(),
             deferred: Vec::new(),
+            failures: Default::default(),
         }
     }
 
@@ -138,6 +141,9 @@ impl<I: IoContext> IoThread<I> {
             while let Some(ev) = self.io.poll_event() {
                 did = true;
                 self.on_event(ev);
+            }
+            if !self.failures.is_empty() {
+                self.record_failures();
             }
             if !self.deferred.is_empty() {
                 did |= self.answer_deferred();
@@ -476,6 +482,7 @@ impl<I: IoContext> IoThread<I> {
                 }
             }
             Event::Tls { qp, ok, .. } => self.on_tls(qp, ok),
+            Event::CommandFailed { qp, failure, .. } => self.failures.push(qp, failure),
             Event::RefusedBeforeConnect {
                 qp, sqe, status, ..
             } => self.report_refused_before_connect(qp, &sqe, status),

@@ -22,6 +22,7 @@ mod conn_limits;
 mod control;
 mod dh_jobs;
 mod health;
+mod io_errors;
 mod io_thread;
 mod listeners;
 mod main_loop;

@@ -335,6 +335,42 @@ pub enum Event {
         qp_user: u64,
         ok: bool,
     },
+    /// The engine answered a command of a connected queue with an error by itself (DOCA:
+    /// the CQE-notify event: a capsule that failed validation, or an error from the
+    /// backend). Reported so that the application puts it in its controller's Error
+    /// Information log and logs storage errors; the host has its answer already.
+    CommandFailed {
+        qp: QpHandle,
+        qp_user: u64,
+        failure: CommandFailure,
+    },
+}
+
+/// One command the engine failed by itself ([`Event::CommandFailed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandFailure {
+    pub opcode: u8,
+    /// What the controller's Error Information log keeps of it.
+    pub error: nvmf::target::CommandError,
+    /// The status came from the backend (the storage said no), not from the engine's own
+    /// checks of the command.
+    pub from_backend: bool,
+}
+
+impl CommandFailure {
+    /// The failure of `sqe` on queue `qid` (an admin queue's commands address no blocks).
+    pub fn of(
+        sqe: &nvmf::spec::Sqe,
+        qid: u16,
+        status: nvmf::spec::Status,
+        from_backend: bool,
+    ) -> Self {
+        CommandFailure {
+            opcode: sqe.opcode(),
+            error: nvmf::target::CommandError::of(sqe, qid, status),
+            from_backend,
+        }
+    }
 }
 
 /// TLS for a TCP connection (TP 8011): the server context (PSKs, suites) and whether a

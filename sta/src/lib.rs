@@ -31,9 +31,9 @@ pub mod verbs;
 pub(crate) use access::AccessCell;
 pub use access::{AccessKey, AccessPublisher, NamespaceAccess};
 pub use contract::{
-    AcceptError, Caps, CmdToken, Engine, EngineError, EngineLimits, Event, Fence, IoContext,
-    IoSeed, Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept, TlsPeerInfo,
-    TransportErrorKind,
+    AcceptError, Caps, CmdToken, CommandFailure, Engine, EngineError, EngineLimits, Event, Fence,
+    IoContext, IoSeed, Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept,
+    TlsPeerInfo, TransportErrorKind,
 };
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{

@@ -70,6 +70,22 @@ impl Sqe {
     pub fn slba(&self) -> u64 {
         self.cdw10 as u64 | (self.cdw11 as u64) << 32
     }
+    /// The first logical block an I/O queue command addresses (CDW10-11: SLBA, or SDLBA
+    /// for Copy), for the commands that address blocks; `None` for the others. Admin
+    /// opcodes overlap these: ask only of I/O queue commands.
+    pub fn io_lba(&self) -> Option<u64> {
+        use opcodes::io;
+        match self.opcode() {
+            io::READ
+            | io::WRITE
+            | io::WRITE_UNCORRECTABLE
+            | io::COMPARE
+            | io::WRITE_ZEROES
+            | io::VERIFY
+            | io::COPY => Some(self.slba()),
+            _ => None,
+        }
+    }
     /// Number of logical blocks, 0's based in CDW12 bits 15:0, returned 1-based.
     pub fn nlb(&self) -> u32 {
         (self.cdw12 & 0xffff) + 1

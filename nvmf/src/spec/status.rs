@@ -132,6 +132,69 @@ impl Status {
     }
 }
 
+impl Status {
+    /// The spec's name of a status the data path answers (generic, media and path
+    /// statuses; command-specific ones depend on the opcode), for log lines.
+    pub fn name(self) -> Option<&'static str> {
+        let s = Status {
+            dnr: false,
+            more: false,
+            ..self
+        };
+        let known: &[(Status, &str)] = &[
+            (Status::SUCCESS, "Successful Completion"),
+            (Status::INVALID_OPCODE, "Invalid Command Opcode"),
+            (Status::INVALID_FIELD, "Invalid Field in Command"),
+            (Status::DATA_TRANSFER_ERROR, "Data Transfer Error"),
+            (Status::INTERNAL_ERROR, "Internal Error"),
+            (Status::ABORT_REQUESTED, "Command Abort Requested"),
+            (
+                Status::ABORTED_SQ_DELETION,
+                "Command Aborted due to SQ Deletion",
+            ),
+            (
+                Status::ABORTED_FAILED_FUSED,
+                "Command Aborted due to Failed Fused Command",
+            ),
+            (
+                Status::ABORTED_MISSING_FUSED,
+                "Command Aborted due to Missing Fused Command",
+            ),
+            (Status::INVALID_NAMESPACE, "Invalid Namespace or Format"),
+            (Status::DATA_SGL_LENGTH_INVALID, "Data SGL Length Invalid"),
+            (
+                Status::SGL_DESCRIPTOR_TYPE_INVALID,
+                "SGL Descriptor Type Invalid",
+            ),
+            (Status::SGL_OFFSET_INVALID, "SGL Offset Invalid"),
+            (Status::COMMAND_INTERRUPTED, "Command Interrupted"),
+            (
+                Status::TRANSIENT_TRANSPORT_ERROR,
+                "Transient Transport Error",
+            ),
+            (Status::LBA_OUT_OF_RANGE, "LBA Out of Range"),
+            (Status::CAPACITY_EXCEEDED, "Capacity Exceeded"),
+            (Status::NAMESPACE_NOT_READY, "Namespace Not Ready"),
+            (Status::RESERVATION_CONFLICT, "Reservation Conflict"),
+            (Status::WRITE_FAULT, "Write Fault"),
+            (Status::UNRECOVERED_READ_ERROR, "Unrecovered Read Error"),
+            (Status::COMPARE_FAILURE, "Compare Failure"),
+            (Status::ACCESS_DENIED, "Access Denied"),
+            (Status::INTERNAL_PATH_ERROR, "Internal Path Error"),
+            (
+                Status::ANA_PERSISTENT_LOSS,
+                "Asymmetric Access Persistent Loss",
+            ),
+            (Status::ANA_INACCESSIBLE, "Asymmetric Access Inaccessible"),
+            (Status::ANA_TRANSITION, "Asymmetric Access Transition"),
+        ];
+        known
+            .iter()
+            .find(|(k, _)| k.sct == s.sct && k.sc == s.sc)
+            .map(|(_, n)| *n)
+    }
+}
+
 impl core::fmt::Display for Status {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
@@ -147,6 +210,18 @@ impl core::fmt::Display for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn names_ignore_dnr_and_know_only_their_type() {
+        assert_eq!(Status::CAPACITY_EXCEEDED.name(), Some("Capacity Exceeded"));
+        assert_eq!(
+            Status::INTERNAL_ERROR.with_dnr(true).name(),
+            Some("Internal Error")
+        );
+        assert_eq!(Status::WRITE_FAULT.name(), Some("Write Fault"));
+        // 01h/80h is Conflicting Attributes for DSM and Incompatible Format for Connect.
+        assert_eq!(Status::CONFLICTING_ATTRIBUTES.name(), None);
+    }
+
     #[test]
     fn field_roundtrip() {
         for s in [

@@ -354,6 +354,28 @@ pub struct PersistedReservation {
 /// Opaque to nvmf: the transport's name for a queue (thread index, QP handle...).
 pub type QueueKey = u64;
 
+/// A command answered with an error, as its controller's Error Information log keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandError {
+    pub cid: u16,
+    pub nsid: u32,
+    /// The command's first logical block, for I/O commands that address blocks.
+    pub lba: Option<u64>,
+    pub status: Status,
+}
+
+impl CommandError {
+    /// `sqe`, failed with `status` on queue `qid`.
+    pub fn of(sqe: &Sqe, qid: u16, status: Status) -> CommandError {
+        CommandError {
+            cid: sqe.cid(),
+            nsid: sqe.nsid,
+            lba: if qid == 0 { None } else { sqe.io_lba() },
+            status,
+        }
+    }
+}
+
 /// A connected queue: its controller and queue ID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueRef {
@@ -734,15 +756,16 @@ impl Controller {
             None => self.pending_events.push_back(dw0),
         }
     }
-    fn record_error(&mut self, qid: u16, sqe: &Sqe, status: Status) {
+    fn record_error(&mut self, qid: u16, e: &CommandError) {
         self.error_count += 1;
         let entry = ErrorInformationEntry {
             error_count: self.error_count.into(),
             sqid: qid.into(),
-            cid: sqe.cid().into(),
-            status: status.to_field().into(),
+            cid: e.cid.into(),
+            status: e.status.to_field().into(),
             parameter_error_location: 0xffffu16.into(),
-            nsid: sqe.nsid.into(),
+            lba: e.lba.unwrap_or(0).into(),
+            nsid: e.nsid.into(),
             ..Default::default()
         };
         self.error_log.push_front(entry);
@@ -1743,6 +1766,17 @@ impl Target {
 
     /// Refusals and other news since the last call (see [`Notice`]), oldest first, and
     /// how many were dropped because the queue was full ([`NOTICE_LIMIT`] kept).
+    /// Commands the engine answered with an error by itself (the target never saw them):
+    /// into their controllers' Error Information logs. Those of controllers gone are
+    /// dropped.
+    pub fn record_engine_errors(&mut self, errors: &[(QueueRef, CommandError)]) {
+        for (q, e) in errors {
+            if let Some(c) = self.controllers.get_mut(&q.cntlid) {
+                c.record_error(q.qid, e);
+            }
+        }
+    }
+
     pub fn take_notices(&mut self) -> (Vec<Notice>, u64) {
         (
             std::mem::take(&mut self.notices),
@@ -1789,7 +1823,7 @@ impl Target {
             },
             Err(status) => {
                 if let Some(c) = self.controllers.get_mut(&queue.cntlid) {
-                    c.record_error(queue.qid, sqe, status);
+                    c.record_error(queue.qid, &CommandError::of(sqe, queue.qid, status));
                 }
                 Outcome::Complete {
                     cqe: Cqe {

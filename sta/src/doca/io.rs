@@ -456,6 +456,26 @@ impl DocaIo {
         })
     }
 
+    /// Commands the engine failed on this context's QPs (the main context's CQE-notify
+    /// events), as events.
+    fn take_failures(&mut self) -> bool {
+        let taken = self
+            .core
+            .take_failures(|raw| self.by_raw.contains_key(&raw));
+        let any = !taken.is_empty();
+        for (raw, failure) in taken {
+            if let Some(h) = self.handle(raw) {
+                let qp_user = self.qp_mut(h).map_or(0, |q| q.user);
+                self.events.push_back(Event::CommandFailed {
+                    qp: h,
+                    qp_user,
+                    failure,
+                });
+            }
+        }
+        any
+    }
+
     /// Turn the callbacks' records into events.
     fn drain(&mut self) -> bool {
         // SAFETY: our inbox; no callback runs outside doca_pe_progress.
@@ -743,6 +763,7 @@ impl IoContext for DocaIo {
         // SAFETY: our PE, on its thread, not from a callback.
         let mut did = unsafe { (d.doca_pe_progress)(self.pe) } != 0;
         did |= self.drain();
+        did |= self.take_failures();
         if !did && self.events.is_empty() && !max_wait.is_zero() {
             self.wait_for_input(max_wait);
             // SAFETY: as above.

@@ -59,6 +59,7 @@ mod stats;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,8 +69,9 @@ use doca_sys::*;
 pub use io::{DocaIo, DocaIoSeed};
 
 use crate::access::AccessPublisher;
-use crate::contract::{Caps, Engine, EngineError, MainEvent, SubsysId};
+use crate::contract::{Caps, CommandFailure, Engine, EngineError, MainEvent, SubsysId};
 use crate::stats::Stats;
+use nvmf::spec::Status;
 
 /// The loaded library (one per process: DOCA's objects are process-wide).
 static LIB: OnceLock<Result<Doca, LoadError>> = OnceLock::new();
@@ -239,6 +241,42 @@ pub(crate) struct Core {
     /// Raw subsystem handles by id, for the IO threads' `qp_add_subsystem`.
     subs_raw: Mutex<BTreeMap<u32, usize>>,
     access: AccessPublisher,
+    /// Commands the engine failed by itself (the CQE-notify event, on the main PE), by
+    /// raw QP handle, until the IO context that owns the QP takes them
+    /// (`take_failures`). At most [`FAILURES_HELD`]; the oldest go first.
+    failures: Mutex<VecDeque<(usize, CommandFailure)>>,
+    failures_waiting: AtomicBool,
+}
+
+/// Bound of [`Core::failures`]: entries of a QP that closed before its IO context
+/// looked are never taken, and a host can make the engine fail commands without end.
+const FAILURES_HELD: usize = 1024;
+
+impl Core {
+    fn note_failure(&self, qp: usize, f: CommandFailure) {
+        let mut l = lock(&self.failures);
+        if l.len() >= FAILURES_HELD {
+            l.pop_front();
+        }
+        l.push_back((qp, f));
+        self.failures_waiting.store(true, Ordering::Release);
+    }
+
+    /// The failures of the QPs `mine` says are the caller's, in order.
+    pub(crate) fn take_failures(
+        &self,
+        mine: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, CommandFailure)> {
+        if !self.failures_waiting.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut l = lock(&self.failures);
+        let (taken, rest): (Vec<_>, Vec<_>) = l.drain(..).partition(|(qp, _)| mine(*qp));
+        l.extend(rest);
+        self.failures_waiting
+            .store(!l.is_empty(), Ordering::Release);
+        taken
+    }
 }
 
 // SAFETY: the raw pointers are DOCA handles. Main-context calls are made with `state`
@@ -469,34 +507,47 @@ unsafe extern "C" fn eu_err_cb(ev: *const doca_sta_event_eu_err, _ud: doca_data)
 }
 
 /// An error completion the engine sent by itself (a capsule that failed validation, or an
-/// NVMe error from the drive): logged, since the host already has its answer.
-unsafe extern "C" fn cqe_notify_cb(ev: *const doca_sta_event_cqe_notify, _ud: doca_data) {
+/// NVMe error from the drive): the host has its answer already; the IO context that owns
+/// the QP reports it as [`Event::CommandFailed`].
+unsafe extern "C" fn cqe_notify_cb(ev: *const doca_sta_event_cqe_notify, ud: doca_data) {
     let d = lib();
-    let (mut typ, mut cqe) = (0, [0u8; 16]);
+    let (mut typ, mut cqe, mut qp) = (0, [0u8; 16], std::ptr::null());
     let (mut op, mut cid, mut nsid, mut lba) = (0u8, 0u16, 0u16, 0u64);
     // SAFETY: the event is valid during its callback; valid out pointers and a 16-byte
     // buffer.
     unsafe {
         (d.doca_sta_event_cqe_notify_get_cqe_notify_type)(ev, &mut typ);
         (d.doca_sta_event_cqe_notify_get_cqe)(ev, cqe.as_mut_ptr());
+        (d.doca_sta_event_cqe_notify_get_qp_handle)(ev, &mut qp);
         (d.doca_sta_event_cqe_notify_get_capsule_params)(
             ev, &mut op, &mut cid, &mut nsid, &mut lba,
         );
     }
-    let status = u16::from_le_bytes([cqe[14], cqe[15]]) >> 1;
+    let status = Status::from_field(u16::from_le_bytes([cqe[14], cqe[15]]));
+    let from_backend = typ != DOCA_STA_CQE_NOTIF_NVME_OF_VALIDATION_ERR;
     tracing::debug!(
-        kind = if typ == DOCA_STA_CQE_NOTIF_NVME_OF_VALIDATION_ERR {
-            "capsule validation"
-        } else {
-            "NVMe completion"
-        },
+        from_backend,
         opcode = op,
         cid,
         nsid,
         lba,
-        sct = (status >> 8) & 7,
-        sc = status & 0xff,
-        "doca: the engine answered a command with an error"
+        "doca: the engine answered a command with {status}"
+    );
+    // SAFETY: user data is the core, registered at start and alive while its PE runs.
+    let core = unsafe { &*(ud.ptr as *const Core) };
+    core.note_failure(
+        qp as usize,
+        CommandFailure {
+            opcode: op,
+            error: nvmf::target::CommandError {
+                cid,
+                nsid: u32::from(nsid),
+                // Only I/O queues are offloaded, and READ/WRITE address blocks.
+                lba: Some(lba),
+                status,
+            },
+            from_backend,
+        },
     );
 }
 
@@ -579,6 +630,8 @@ impl Sta {
             bound: Mutex::new(BTreeMap::new()),
             subs_raw: Mutex::new(BTreeMap::new()),
             access: AccessPublisher::default(),
+            failures: Mutex::new(VecDeque::new()),
+            failures_waiting: AtomicBool::new(false),
         });
         let mut core = core;
         let started = {

@@ -49,8 +49,8 @@ use super::rdma_link::RdmaLink;
 use super::tcp_link::TcpLink;
 use super::SoftConfig;
 use crate::{
-    AccessCell, AccessKey, CmdToken, Event, Limit, NamespaceAccess, QpHandle, SubsysId, TaskError,
-    TaskKind, TransportErrorKind,
+    AccessCell, AccessKey, CmdToken, CommandFailure, Event, Limit, NamespaceAccess, QpHandle,
+    SubsysId, TaskError, TaskKind, TransportErrorKind,
 };
 use nvmf::target::reservation::Access;
 
@@ -109,6 +109,9 @@ pub(super) struct Cmd {
     pub pair_fence: Option<crate::Fence>,
     /// The backend timeout was reported for this command.
     pub timeout_reported: bool,
+    /// `status` is the backend's answer (the storage failed the command), not one of the
+    /// engine's own checks.
+    pub backend_failed: bool,
     /// Bytes of the connection's buffer budget this command holds.
     pub reserved: u32,
     /// The peer share ([`PeerShares`]) the command's slot, and those bytes, are counted
@@ -176,6 +179,7 @@ impl Cmd {
             user: 0,
             start: now,
             timeout_reported: false,
+            backend_failed: false,
             reserved: 0,
             peer: None,
             since: now,
@@ -1141,6 +1145,7 @@ impl Core {
         c.status = Status::SUCCESS;
         c.user = 0;
         c.timeout_reported = false;
+        c.backend_failed = false;
         c.reserved = 0;
         c.peer = st.peer;
         c.discard = false;
@@ -1304,8 +1309,21 @@ impl Core {
         if st.qid.is_none() {
             self.refused_before_connect(st, c.sqe, status);
         }
+        self.report_failure(st, idx, status);
         let cid = self.cmds[idx as usize].sqe.cid();
         self.respond(st, idx, Cqe::new(cid, status), 0);
+    }
+
+    /// Tells the application of a command of a connected queue that the engine failed
+    /// ([`Event::CommandFailed`]), for its controller's Error Information log.
+    fn report_failure(&mut self, st: &QpState, idx: u32, status: Status) {
+        let Some(qid) = st.qid else { return };
+        let c = &self.cmds[idx as usize];
+        self.events.push_back(Event::CommandFailed {
+            qp: st.handle,
+            qp_user: st.user,
+            failure: CommandFailure::of(&c.sqe, qid, status, c.backend_failed),
+        });
     }
 
     /// Tells the application of a command the engine answered with an error on a queue
@@ -2565,6 +2583,9 @@ impl Core {
                 }
             }
         }
+        if !status.is_success() {
+            self.report_failure(st, idx, status);
+        }
         let data_len = if op == Some(OffloadOp::Read) && status.is_success() {
             len
         } else {
@@ -2625,6 +2646,8 @@ impl Core {
         }
         if comp.status != IoStatus::Ok && c.status.is_success() {
             c.status = status_of(comp.status);
+            // A block past the end, an operation the store lacks: the command's fault.
+            c.backend_failed = !matches!(comp.status, IoStatus::OutOfRange | IoStatus::Unsupported);
         }
 
         c.pending = c.pending.saturating_sub(1);

@@ -46,6 +46,7 @@ mod doca_scenarios {
         control_plane,
         admin_path,
         io_is_offloaded,
+        failures_are_reported,
         host_data_by_rdma_read,
         stale_handles_are_errors,
         disconnect_and_user_data,
@@ -194,6 +195,11 @@ fn soft_tcp_admin_path() {
 #[test]
 fn soft_tcp_io_is_offloaded() {
     suite::io_is_offloaded(SoftTcp::new());
+}
+
+#[test]
+fn soft_tcp_failures_are_reported() {
+    suite::failures_are_reported(SoftTcp::new());
 }
 
 #[test]

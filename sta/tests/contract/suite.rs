@@ -17,8 +17,8 @@ use nvmf::target::{
     TargetOptions,
 };
 use sta::{
-    CmdToken, Engine, EngineError, Event, IoContext, IoSeed, MainEvent, QpHandle, SubsysId,
-    TaskError, TaskKind, TransportErrorKind,
+    CmdToken, CommandFailure, Engine, EngineError, Event, IoContext, IoSeed, MainEvent, QpHandle,
+    SubsysId, TaskError, TaskKind, TransportErrorKind,
 };
 use zerocopy::IntoBytes;
 
@@ -103,6 +103,8 @@ pub struct Log {
     pub submitted: Vec<(TaskKind, u64)>,
     pub transport_errors: Vec<(QpHandle, TransportErrorKind)>,
     pub main_events: Vec<MainEvent>,
+    /// Commands the engine failed by itself ([`Event::CommandFailed`]).
+    pub failed: Vec<(QpHandle, CommandFailure)>,
     /// The payload of a command handed up without its data (rule 5: zeroes).
     pub payload_without_data: Vec<Vec<u8>>,
     /// `payload()` while an `rdma_read` ran (rule 2: refused).
@@ -418,6 +420,7 @@ impl<F: Fabric> World<F> {
                 self.close_queue(qp);
                 self.disconnect(qp);
             }
+            Event::CommandFailed { qp, failure, .. } => self.log.failed.push((qp, failure)),
             // Logged by an application; the command is answered already.
             Event::Terminated { .. } | Event::RefusedBeforeConnect { .. } => {}
             // The suite accepts no TLS connections.
@@ -781,6 +784,42 @@ pub fn io_is_offloaded<F: Fabric>(fabric: F) {
         threads[0].non_offloaded >= 3,
         "Connects and Property Set: {threads:?}"
     );
+    w.check_task_accounting();
+}
+
+/// An offloaded command the engine fails is reported to the application, with what its
+/// controller's Error Information log needs: the command, its first block, the status,
+/// and that the storage did not cause it. Successful ones are not.
+pub fn failures_are_reported<F: Fabric>(fabric: F) {
+    let mut w = World::new(fabric);
+    let (_, q) = w.controller();
+    let (cqe, _) = w.exec(q, rw(io::READ, 1, 0, 8), Dir::FromController(4096));
+    assert!(cqe.status().is_success(), "read: {}", cqe.status());
+    assert_eq!(w.log.failed, vec![], "a successful read is no failure");
+    // Twice the blocks the data SGL has room for: refused by every engine's own checks.
+    let sqe = rw(io::READ, 1, 40, 16);
+    let (cqe, _) = w.exec(q, sqe, Dir::FromController(4096));
+    assert!(
+        !cqe.status().is_success(),
+        "a read larger than its SGL succeeded"
+    );
+    let qp = w.qp(q);
+    w.run_until("the failure's report", |w| !w.log.failed.is_empty());
+    let (at, f) = w.log.failed[0];
+    assert_eq!(at, qp);
+    assert_eq!(
+        (
+            f.opcode,
+            f.error.cid,
+            f.error.nsid,
+            f.error.lba,
+            f.error.status,
+            f.from_backend
+        ),
+        (io::READ, cqe.cid, 1, Some(40), cqe.status(), false),
+        "{f:?}"
+    );
+    assert_eq!(w.log.failed.len(), 1, "{:?}", w.log.failed);
     w.check_task_accounting();
 }
 

@@ -669,9 +669,24 @@ fn vanished_backend_answers_a_path_error() {
     let (_, q) = p.controller(Digests::NONE, 31, 0);
     p.backend_gone
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    let (cqe, _) = p.exec(q, rw(io::READ, 0, 8), Xfer::FromController, vec![0; 4096]);
+    let (cqe, _) = p.exec(q, rw(io::READ, 24, 8), Xfer::FromController, vec![0; 4096]);
     let s = cqe.status();
     assert_eq!((s.sct, s.sc, s.dnr), (3, 0x00, false), "{s}");
+    // Reported as the backend's failure, for the Error Information log and the log line.
+    let [(_, f)] = p.failed[..] else {
+        panic!("one failure reported: {:?}", p.failed)
+    };
+    assert_eq!(
+        (
+            f.opcode,
+            f.error.cid,
+            f.error.lba,
+            f.error.status,
+            f.from_backend
+        ),
+        (io::READ, cqe.cid, Some(24), s, true),
+        "{f:?}"
+    );
 }
 
 /// An I/O command with NSID 1 and NLB `nlb` at LBA 0 (CID and SGL set by the caller).

@@ -221,6 +221,8 @@ pub struct Pair {
     /// Commands the engine answered with an error before their queue's Connect
     /// ([`Event::RefusedBeforeConnect`]), in order.
     pub refused_before_connect: Vec<(QpHandle, Status)>,
+    /// Commands of connected queues the engine failed ([`Event::CommandFailed`]).
+    pub failed: Vec<(QpHandle, crate::CommandFailure)>,
     pub disconnected: Vec<QpHandle>,
 }
 
@@ -320,6 +322,7 @@ impl Pair {
             transport_errors: Vec::new(),
             terminations: Vec::new(),
             refused_before_connect: Vec::new(),
+            failed: Vec::new(),
             disconnected: Vec::new(),
         }
     }
@@ -619,6 +622,7 @@ impl Pair {
             Event::RefusedBeforeConnect { qp, status, .. } => {
                 self.refused_before_connect.push((qp, status))
             }
+            Event::CommandFailed { qp, failure, .. } => self.failed.push((qp, failure)),
         }
     }
 
