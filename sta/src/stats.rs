@@ -42,8 +42,9 @@ impl LatencyTotals {
 
 /// The error statuses counted one by one (everything else is counted as "other"): the
 /// ones the engine and its backends produce. Label, status.
-pub const ERROR_STATUSES: [(&str, Status); 20] = [
+pub const ERROR_STATUSES: [(&str, Status); 22] = [
     ("lba_out_of_range", Status::LBA_OUT_OF_RANGE),
+    ("capacity_exceeded", Status::CAPACITY_EXCEEDED),
     ("invalid_field", Status::INVALID_FIELD),
     ("invalid_opcode", Status::INVALID_OPCODE),
     ("invalid_namespace", Status::INVALID_NAMESPACE),
@@ -58,6 +59,7 @@ pub const ERROR_STATUSES: [(&str, Status); 20] = [
         "transient_transport_error",
         Status::TRANSIENT_TRANSPORT_ERROR,
     ),
+    ("abort_requested", Status::ABORT_REQUESTED),
     ("aborted_sq_deletion", Status::ABORTED_SQ_DELETION),
     ("namespace_not_ready", Status::NAMESPACE_NOT_READY),
     ("write_fault", Status::WRITE_FAULT),
@@ -237,5 +239,12 @@ mod tests {
         t.errors_by_status[error_status_index(Status::INVALID_FIELD)] = 7;
         assert_eq!(t.media_errors(), 2);
         assert_eq!(error_status_index(Status::SUCCESS), ERROR_STATUSES.len());
+        // What the backends answer for a full store and a drive that did not answer.
+        for (s, label) in [
+            (Status::CAPACITY_EXCEEDED, "capacity_exceeded"),
+            (Status::ABORT_REQUESTED, "abort_requested"),
+        ] {
+            assert_eq!(ERROR_STATUSES[error_status_index(s)].0, label);
+        }
     }
 }
