@@ -15,14 +15,14 @@
 //! - a backend by `name`; one whose definition changed is removed + added when no
 //!   surviving namespace uses it, otherwise [`ConfigDiff::restart_required`];
 //! - a subsystem by `nqn`;
-//! - a namespace by (subsystem NQN, nsid). **Decision:** any change to a namespace
-//!   (backend, uuid, nguid or eui64) is removed + added, never a restart: the target
+//! - a namespace by (subsystem NQN, nsid). **Decision:** a change to a namespace's
+//!   backend, uuid, nguid or eui64 is removed + added, never a restart: the target
 //!   removes the namespace and adds it back, and hosts get a Namespace Attribute Changed
 //!   notice. With a new identity hosts see a new namespace. A new backend under the same
 //!   identity (the default uuid comes from the NQN and nsid alone) is the same namespace
 //!   to them, now holding the new backend's data; the summary says so
-//!   (`namespaces_same_identity`). A namespace is "surviving" when it is identical in
-//!   both configs.
+//!   (`namespaces_same_identity`). Its `hosts` and its `ana_group` change in place. A
+//!   namespace is "surviving" when it is identical in both configs but for those two.
 //!
 //! # Applying a diff
 //!
@@ -48,8 +48,10 @@
 //!     of a namespace's `hosts` alone is not a remove + add);
 //! 12. `ana_groups_changed` — ANA states of subsystems in both configs (hosts on the
 //!     listeners whose state changed get an ANA Change event);
-//! 13. `referrals_changed` — the discovery log's referrals;
-//! 14. `subsystem_listeners_changed` — subsystems in both configs that name listeners,
+//! 13. `namespace_ana_group_changed` — surviving namespaces moved to another ANA group,
+//!     in place (after step 12, so the group's states are the new ones);
+//! 14. `referrals_changed` — the discovery log's referrals;
+//! 15. `subsystem_listeners_changed` — subsystems in both configs that name listeners,
 //!     where the names or a named listener's address changed: each is exposed on its
 //!     new list as the listeners now stand (after steps 4 and 5).
 //!
@@ -69,7 +71,7 @@
 //! - a backend whose definition changed while a surviving namespace uses it;
 //! - a subsystem's serial or model.
 //!
-//! A subsystem's listeners change live (step 14): one that names no listeners is on all
+//! A subsystem's listeners change live (step 15): one that names no listeners is on all
 //! of them and follows listeners added or removed at once; one that names some follows
 //! its list and the addresses of the listeners on it.
 
@@ -122,6 +124,10 @@ pub struct ConfigDiff {
     /// (subsystem NQN, its new ANA groups) for subsystems in both configs whose groups
     /// changed (an added subsystem carries its groups in its `SubsystemConfig`).
     pub ana_groups_changed: Vec<(String, Vec<AnaGroupConfig>)>,
+    /// (subsystem NQN, nsid, new `ana_group`) of surviving namespaces moved to another
+    /// ANA group: in place, as SPDK does, keeping their reservations and I/O (hosts that
+    /// see them get an ANA Change event).
+    pub namespace_ana_group_changed: Vec<(String, u32, u32)>,
     /// The new referral list, when it changed.
     pub referrals_changed: Option<Vec<ReferralConfig>>,
     /// (subsystem NQN, listener names or `None` for all, what changed in words) for
@@ -229,6 +235,12 @@ impl ConfigDiff {
                 .map_or("every host".to_string(), |h| h.join(", "));
             out.push(format!(
                 "subsystem {nqn} namespace {nsid}: visible to {who}"
+            ));
+        }
+        for (nqn, nsid, group) in &self.namespace_ana_group_changed {
+            out.push(format!(
+                "subsystem {nqn} namespace {nsid}: ANA group {}",
+                if *group == 0 { 1 } else { *group }
             ));
         }
         for (nqn, groups) in &self.ana_groups_changed {
@@ -361,17 +373,16 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     }
 
     // Namespaces, by (subsystem NQN, nsid): removed or added unless identical (their host
-    // lists aside, which change live).
+    // lists and ANA groups aside, which change live).
     let old_ns = namespaces(old);
     let new_ns = namespaces(new);
     let same = |a: &NamespaceConfig, b: &NamespaceConfig| {
-        NamespaceConfig {
+        let live = |n: &NamespaceConfig| NamespaceConfig {
             hosts: None,
-            ..a.clone()
-        } == NamespaceConfig {
-            hosts: None,
-            ..b.clone()
-        }
+            ana_group: 0,
+            ..n.clone()
+        };
+        live(a) == live(b)
     };
     d.namespaces_removed = old_ns
         .iter()
@@ -397,6 +408,14 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
             let o = old_ns.get(key)?;
             (same(o, ns) && o.hosts != ns.hosts)
                 .then(|| (key.0.to_string(), key.1, ns.hosts.clone()))
+        })
+        .collect();
+    d.namespace_ana_group_changed = new_ns
+        .iter()
+        .filter_map(|(key, ns)| {
+            let o = old_ns.get(key)?;
+            (same(o, ns) && o.ana_group != ns.ana_group)
+                .then(|| (key.0.to_string(), key.1, ns.ana_group))
         })
         .collect();
     // Backends of namespaces that stay as they are: these cannot be swapped live.
@@ -530,6 +549,8 @@ pub struct Undone {
     pub namespaces: BTreeSet<(String, u32)>,
     /// (subsystem NQN, nsid) of namespaces whose new host list could not be applied.
     pub namespace_hosts: BTreeSet<(String, u32)>,
+    /// (subsystem NQN, nsid) of namespaces whose new ANA group could not be applied.
+    pub namespace_ana_groups: BTreeSet<(String, u32)>,
     /// Subsystems whose new ANA groups could not be applied.
     pub ana_groups: BTreeSet<String>,
     /// Of `listeners`: those still open with their old settings (the new address could
@@ -584,10 +605,14 @@ impl Undone {
                     && (!self.namespaces.contains(&key) || self.namespaces_kept.contains(&key))
             });
             for ns in &mut s.namespaces {
-                if self.namespace_hosts.contains(&(s.nqn.clone(), ns.nsid)) {
-                    let before = o.and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid));
-                    if let Some(before) = before {
+                let key = (s.nqn.clone(), ns.nsid);
+                let before = o.and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid));
+                if let Some(before) = before {
+                    if self.namespace_hosts.contains(&key) {
                         ns.hosts = before.hosts.clone();
+                    }
+                    if self.namespace_ana_groups.contains(&key) {
+                        ns.ana_group = before.ana_group;
                     }
                 }
             }

@@ -551,6 +551,60 @@ fn a_namespace_moved_to_another_backend_keeps_its_reservation() {
     d.stop();
 }
 
+/// A namespace whose `ana_group` a reload changes moves in place, as SPDK does: its
+/// reservation holds, no I/O gets Invalid Namespace on the way, and it takes its new
+/// group's state (inaccessible on this listener) and ANAGRPID at once. Before: removed
+/// and added, which dropped the reservation (B could write) and answered Invalid
+/// Namespace meanwhile.
+#[test]
+fn a_namespace_moved_to_another_ana_group_keeps_its_reservation() {
+    let _w = watchdog("resv_kept_on_ana_move", Duration::from_secs(60));
+    let with_groups = HA_CONFIG.replace(
+        "    allow_any_host: true\n",
+        "    allow_any_host: true\n    ana_groups: [{id: 2, states: {tcp0: non_optimized}}]\n",
+    );
+    let mut d = Daemon::start(&with_groups);
+    let (oa, ob) = (host_opts(), host_opts());
+    let (mut aa, mut a) = host(&d, &oa);
+    let (_ab, mut b) = host(&d, &ob);
+    assert_eq!(register(&mut a, 0xa, 0), Status::SUCCESS);
+    assert_eq!(acquire(&mut a, 0, 1, 0xa, 0), Status::SUCCESS);
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT
+    );
+    let (c0, groups) = ana_log(&mut aa);
+    assert_eq!(groups, vec![(1, 1, vec![1])], "group 1, optimized");
+    write_config(
+        &d,
+        &with_groups.replace(
+            "{nsid: 1, backend: ram0}",
+            "{nsid: 1, backend: ram0, ana_group: 2}",
+        ),
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_log(&d, "moved to ANA group 2 in place", 1);
+    assert!(!d.log().contains("namespace 1 removed"), "{}", d.log());
+    let (c1, groups) = ana_log(&mut aa);
+    assert_eq!(groups, vec![(2, 2, vec![1])], "group 2, non-optimized");
+    assert!(c1 > c0, "change count {c0} -> {c1}");
+    let id = aa.identify(0, 1).expect("Identify Namespace");
+    assert_eq!(
+        u32::from_le_bytes(id[92..96].try_into().unwrap()),
+        2,
+        "ANAGRPID"
+    );
+    assert_eq!(
+        b.write(1, 0, &[7; 512], false).unwrap(),
+        Status::RESERVATION_CONFLICT,
+        "B is still fenced"
+    );
+    assert_eq!(a.write(1, 0, &[8; 512], false).unwrap(), Status::SUCCESS);
+    let (rtype, n, _, holders) = report(&mut b);
+    assert_eq!((rtype, n, holders), (1, 1, vec![oa.hostid]));
+    d.stop();
+}
+
 /// A listener moved by reload to another address keeps its ANA state: the ANA config
 /// names listeners, the target keeps states per address, and the move re-applies the
 /// groups of every subsystem that names it (the review of 2026-11-27: through its new

@@ -52,6 +52,13 @@ pub(super) enum ApplyError {
         #[source]
         source: TargetError,
     },
+    #[error("subsystem {nqn} namespace {nsid}: ANA group: {source}")]
+    NamespaceAnaGroup {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
     #[error("subsystem {nqn} namespace {nsid}: {source}")]
     NamespaceHosts {
         nqn: String,
@@ -797,6 +804,35 @@ impl<E: Engine> Runtime<E> {
                 Err(source) => {
                     errors.undone.ana_groups.insert(nqn.clone());
                     errors.push(ApplyError::AnaGroups { nqn, source });
+                }
+            }
+        }
+        // After the groups' states: a namespace takes its new group's states as they are
+        // now.
+        for (nqn, nsid, group) in &d.namespace_ana_group_changed {
+            let r = self
+                .shared
+                .target()
+                .set_namespace_ana_group(nqn, *nsid, *group);
+            match r {
+                Ok(actions) => {
+                    self.shared.sync_target_state();
+                    self.shared.route(actions);
+                    tracing::info!(
+                        "subsystem {nqn}: namespace {nsid}: moved to ANA group {} in place",
+                        if *group == 0 { 1 } else { *group }
+                    );
+                }
+                Err(source) => {
+                    errors
+                        .undone
+                        .namespace_ana_groups
+                        .insert((nqn.clone(), *nsid));
+                    errors.push(ApplyError::NamespaceAnaGroup {
+                        nqn: nqn.clone(),
+                        nsid: *nsid,
+                        source,
+                    });
                 }
             }
         }

@@ -674,7 +674,7 @@ fn file_backends() {
     );
 }
 
-/// A namespace's host list changes live (no remove + add); its ANA group does not.
+/// A namespace's host list and its ANA group change live (no remove + add).
 /// ANA states and referrals change live; the reservation state file needs a restart.
 #[test]
 fn visibility_ana_and_referrals_change_live() {
@@ -697,7 +697,20 @@ fn visibility_ana_and_referrals_change_live() {
         "      - {nsid: 2, backend: ram1, ana_group: 3}",
     );
     let d = from_base(&new);
+    assert!(d.namespaces_removed.is_empty() && d.namespaces_added.is_empty());
+    assert_eq!(d.namespace_ana_group_changed, vec![(A.to_string(), 2, 3)]);
+    assert_eq!(
+        d.summary(),
+        vec![format!("subsystem {A} namespace 2: ANA group 3")]
+    );
+    // With another change as well it is removed + added, in its new group.
+    let new = edit(
+        "      - {nsid: 2, backend: ram1}",
+        "      - {nsid: 2, backend: ram1, ana_group: 3, uuid: 11111111-2222-3333-4444-555555555555}",
+    );
+    let d = from_base(&new);
     assert_eq!(d.namespaces_removed, vec![(A.to_string(), 2)]);
+    assert!(d.namespace_ana_group_changed.is_empty());
     let new = edit(
         "    listeners: [tcp0, tcp1]\n",
         "    listeners: [tcp0, tcp1]\n    ana_groups: [{id: 1, states: {tcp0: inaccessible}}]\n",

@@ -104,6 +104,15 @@ impl AnaTable {
         self.chgcnt
     }
 
+    /// Namespaces moved between `groups`: their descriptors in the ANA log changed, so
+    /// each gets a new change count.
+    pub(super) fn members_changed(&mut self, groups: &[u32]) {
+        let c = self.bump();
+        for g in groups {
+            self.groups.entry(*g).or_default().chgcnt = c;
+        }
+    }
+
     /// Replaces the configuration; returns the listeners on which some group's state
     /// changed (their controllers get an ANA Change event), with the groups that changed.
     pub(super) fn set(&mut self, groups: &[AnaGroup]) -> Vec<(ListenerInfo, u32)> {

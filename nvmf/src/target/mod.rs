@@ -1286,6 +1286,43 @@ impl Target {
         Ok(self.take_actions())
     }
 
+    /// Moves a namespace to ANA group `grpid` (0: the default group) in place, as SPDK
+    /// does (`nvmf_subsystem_set_ns_ana_group`): it stays attached with its identity, its
+    /// reservations and its I/O. Its state on each listener becomes the new group's (the
+    /// engine gets a new access view), both groups' descriptors in the ANA log change,
+    /// and controllers that see the namespace get an ANA Change event.
+    pub fn set_namespace_ana_group(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        grpid: u32,
+    ) -> Result<Vec<Action>, TargetError> {
+        if grpid > ana::ANAGRPMAX {
+            return Err(TargetError::InvalidAnaGroup(grpid));
+        }
+        let s = self.user_subsystem_mut(subnqn)?;
+        let ns = s
+            .namespaces
+            .get_mut(&nsid)
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        let before = ns.group();
+        ns.anagrpid = grpid;
+        let (after, seen) = (ns.group(), ns.clone());
+        if after == before {
+            return Ok(Vec::new());
+        }
+        s.ana.members_changed(&[before, after]);
+        self.publish(subnqn, nsid);
+        for c in self
+            .controllers
+            .values_mut()
+            .filter(|c| c.subnqn == subnqn && !c.retired && seen.visible_to(&c.hostnqn))
+        {
+            c.raise(EventKind::AnaChange, &mut self.actions);
+        }
+        Ok(self.take_actions())
+    }
+
     /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
     /// namespace reported; Get Log Page 02h answers its health fields from it from now on
     /// (module `health`). Critical-warning bits that were clear and are now set raise the

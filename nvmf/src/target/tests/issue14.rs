@@ -504,6 +504,71 @@ fn ana_states_log_and_events() {
         .is_err());
 }
 
+/// A namespace moved to another ANA group (a reload that changes its `ana_group`) moves
+/// in place, as SPDK does: the move shows in the log (both groups' change counts, the
+/// NSID under its new group), controllers get an ANA Change event, I/O on a path where
+/// the new group is inaccessible gets the path status, Identify says the new group, and
+/// the namespace keeps its reservation. Before: remove + add, which dropped reservations
+/// and answered Invalid Namespace meanwhile.
+#[test]
+fn a_namespace_changes_ana_group_in_place() {
+    let mut t = open_target();
+    let mut a = join(&mut t, HOST1, HOSTID_A, 100, tcp(), aec::ANA_CHANGE_NOTICES);
+    assert_eq!(a.register(&mut t, 5), Status::SUCCESS);
+    assert_eq!(a.acquire(&mut t, 0, 1, 5, 0), Status::SUCCESS);
+    t.set_ana_groups(
+        SUB2,
+        vec![AnaGroup {
+            id: 2,
+            states: vec![(tcp(), AnaState::Inaccessible)],
+        }],
+    )
+    .unwrap();
+    a.aer(&mut t);
+    t.take_access_updates();
+    let acts = t.set_namespace_ana_group(SUB2, 1, 2).unwrap();
+    assert_eq!(events(&acts), vec![(a.admin_key, ANA_EVENT)]);
+    let log = a.log(&mut t, lid::ANA, 4096, 0, false);
+    let chgcnt = u64::from_le_bytes(log[..8].try_into().unwrap());
+    // Group 2 with NSID 1 and the move's change count; group 1, empty now, is not listed
+    // (only groups with namespaces are).
+    assert_eq!(&log[8..10], &[1, 0], "one group");
+    let g2 = &log[16..52];
+    assert_eq!(
+        (
+            g2[0],
+            g2[4],
+            g2[16],
+            u64::from_le_bytes(g2[8..16].try_into().unwrap())
+        ),
+        (2, 1, 3, chgcnt),
+        "group 2: NSID 1, inaccessible on this path"
+    );
+    assert_eq!(&g2[32..36], &[1, 0, 0, 0]);
+    assert!(chgcnt > 0);
+    let mut buf = vec![0u8; 4096];
+    a.run(&mut t, a.admin, identify(cns::NAMESPACE, 1, 0), &mut buf);
+    let idns = IdentifyNamespace::read_from_bytes(&buf).unwrap();
+    assert_eq!(idns.anagrpid.get(), 2);
+    assert_eq!(
+        a.io(&mut t, io::READ, 0, 0, &mut [0; 512]),
+        Status::ANA_INACCESSIBLE
+    );
+    let ups = t.take_access_updates();
+    let view = &ups.iter().find(|(_, id, _)| *id == 1).unwrap().2;
+    assert_eq!(
+        view.check(&a.access, Some(Access::Read)),
+        Err(Status::ANA_INACCESSIBLE)
+    );
+    // Its reservation stayed.
+    let r = t.reservation(SUB2, 1).expect("reservation kept");
+    assert!(r.state.held.is_some(), "{r:?}");
+    // The same group again: nothing happens.
+    assert!(t.set_namespace_ana_group(SUB2, 1, 2).unwrap().is_empty());
+    assert!(t.set_namespace_ana_group(SUB2, 1, 129).is_err());
+    assert!(t.set_namespace_ana_group(SUB2, 9, 1).is_err());
+}
+
 /// ANA Change events follow Set Features 0Bh: a controller that did not enable them gets
 /// none.
 #[test]
