@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::dma::HostRange;
 use crate::nvme::device::{DeviceAccess, DeviceError, DmaRegion, IovaAllocator};
@@ -35,6 +36,8 @@ pub struct EmuConfig {
     /// Deallocated blocks read as zeroes (DLFEAT 001b). When false, Dataset Management
     /// leaves the data in place (as QEMU's drive does without `discard=unmap`).
     pub dsm_zeroes: bool,
+    /// CAP.TO: worst-case time to come ready, in 500 ms units.
+    pub cap_to: u8,
 }
 
 impl Default for EmuConfig {
@@ -50,6 +53,7 @@ impl Default for EmuConfig {
             oncs: spec::ONCS_DSM | spec::ONCS_WRITE_ZEROES,
             dstrd: 0,
             dsm_zeroes: true,
+            cap_to: 2,
         }
     }
 }
@@ -101,6 +105,9 @@ struct Faults {
     stall_opcode: Option<u8>,
     /// Ignore every doorbell until the next controller reset (a hung controller).
     hang: bool,
+    /// Ignore the admin SQ doorbell until the next controller reset: admin commands
+    /// (Abort included) are never answered while I/O queues keep working.
+    hang_admin: bool,
     /// Answer Abort with "not aborted".
     ignore_abort: bool,
     /// The next command with this opcode fails with this status.
@@ -130,6 +137,10 @@ struct State {
     /// Commands held by the stall fault: (sqid, command).
     held: Vec<(u16, Sqe)>,
     counters: EmuCounters,
+    /// How long CSTS.RDY takes to follow CC.EN 0 -> 1.
+    ready_delay: Duration,
+    /// When CSTS.RDY comes up (an enable in progress).
+    ready_at: Option<Instant>,
 }
 
 /// An in-process NVMe controller: enough of NVMe for the driver's tests (see the module
@@ -147,7 +158,7 @@ impl EmulatedController {
         let cap = Cap {
             mqes: cfg.mqes,
             cqr: true,
-            to: 2,
+            to: cfg.cap_to,
             dstrd: cfg.dstrd,
             css_nvm: true,
             mpsmin: 0,
@@ -174,6 +185,8 @@ impl EmulatedController {
                 faults: Faults::default(),
                 held: Vec::new(),
                 counters: EmuCounters::default(),
+                ready_delay: Duration::ZERO,
+                ready_at: None,
             }),
             maps: Arc::new(Mutex::new(BTreeMap::new())),
             iova: Arc::new(IovaAllocator::new(1 << 32, 1 << 40)),
@@ -202,6 +215,18 @@ impl EmulatedController {
     /// Stop answering anything (doorbells ignored) until the next controller reset.
     pub fn hang(&self) {
         self.lock().faults.hang = true;
+    }
+
+    /// Stop answering admin commands (the admin SQ doorbell is ignored) until the next
+    /// controller reset; I/O queues keep working.
+    pub fn hang_admin(&self) {
+        self.lock().faults.hang_admin = true;
+    }
+
+    /// From now on CSTS.RDY comes up `d` after the controller is enabled (a drive that
+    /// takes a good part of CAP.TO to get ready).
+    pub fn set_ready_delay(&self, d: Duration) {
+        self.lock().ready_delay = d;
     }
 
     /// Answer every Abort with "not aborted".
@@ -244,7 +269,9 @@ impl EmulatedController {
 
     /// Whether the controller is enabled and ready.
     pub fn ready(&self) -> bool {
-        self.lock().csts & spec::CSTS_RDY != 0
+        let mut s = self.lock();
+        s.tick();
+        s.csts & spec::CSTS_RDY != 0
     }
 
     /// Number of I/O submission queues that exist now.
@@ -766,6 +793,9 @@ impl EmulatedController {
                 let stride = 4usize << s.cap.dstrd;
                 let idx = (o - spec::REG_DOORBELLS) / stride;
                 let qid = (idx / 2) as u16;
+                if qid == 0 && s.faults.hang_admin {
+                    return;
+                }
                 if idx.is_multiple_of(2) {
                     self.ring_sq(s, qid, v as u16);
                 } else if let Some(cq) = s.cqs.get_mut(&qid) {
@@ -810,8 +840,21 @@ impl State {
             },
         );
         self.faults.hang = false;
+        self.faults.hang_admin = false;
         self.counters.enables += 1;
-        self.csts = spec::CSTS_RDY;
+        if self.ready_delay.is_zero() {
+            self.csts = spec::CSTS_RDY;
+        } else {
+            self.ready_at = Some(Instant::now() + self.ready_delay);
+        }
+    }
+
+    /// Brings CSTS.RDY up once an enable's delay is over.
+    fn tick(&mut self) {
+        if self.ready_at.is_some_and(|t| Instant::now() >= t) {
+            self.ready_at = None;
+            self.csts |= spec::CSTS_RDY;
+        }
     }
 
     fn disable(&mut self) {
@@ -819,8 +862,10 @@ impl State {
         self.cqs.clear();
         self.held.clear();
         self.faults.hang = false;
+        self.faults.hang_admin = false;
         self.granted = 0;
         self.csts = 0;
+        self.ready_at = None;
     }
 }
 
@@ -830,10 +875,11 @@ impl DeviceAccess for EmulatedController {
     }
 
     fn read32(&self, off: usize) -> u32 {
-        let s = self.lock();
+        let mut s = self.lock();
         if s.faults.removed {
             return u32::MAX;
         }
+        s.tick();
         let cap = s.cap.to_u64();
         match off {
             spec::REG_CAP => cap as u32,
@@ -859,6 +905,7 @@ impl DeviceAccess for EmulatedController {
             s.faults.drop_writes -= 1;
             return;
         }
+        s.tick();
         self.write_reg(&mut s, off, value);
     }
 

@@ -5,9 +5,10 @@
 //! over PRPs (with chained PRP lists) and single SGL Data Block descriptors.
 //!
 //! Commands run synchronously when their SQ tail doorbell is written; completions wait
-//! for CQ space. Fault injection: held ("stuck") commands, a hung controller, Abort that
-//! does nothing, injected error statuses, a function reset behind the driver's back,
-//! surprise removal (all-ones reads) and orderly removal requests.
+//! for CQ space. Fault injection: held ("stuck") commands, a hung controller, an admin
+//! queue that stops answering, Abort that does nothing, a slow CSTS.RDY after enable,
+//! injected error statuses, a function reset behind the driver's back, surprise removal
+//! (all-ones reads) and orderly removal requests.
 //!
 //! Not emulated: interrupts (the driver polls), metadata, namespaces management,
 //! fused commands, Compare, controller memory buffers, multiple SGL descriptors.
