@@ -827,3 +827,287 @@ fn two_threads_that_see_the_same_dead_controller_reset_it_once() {
     assert_eq!(be.controller().resets(), 1, "one reset for one failure");
     assert_eq!(e.counters().enables, 2);
 }
+
+/// Longest a poll may take while a drive on the same IO thread is being aborted or reset
+/// (audit F6). Far above a poll's real cost (microseconds) so a busy machine does not trip
+/// it, far below the admin and reset waits it guards against (hundreds of ms to seconds).
+const POLL_BOUND: Duration = Duration::from_millis(50);
+
+/// One poll, timed.
+fn timed_poll(q: &mut dyn BackendQueue, out: &mut Vec<backend::Completion>) -> Duration {
+    let t = Instant::now();
+    q.poll(out);
+    t.elapsed()
+}
+
+/// Plays an IO thread that serves `sick` (a queue whose drive is in trouble) and `well`
+/// (a queue on another backend): keeps one write at a time going on `well`, polls both
+/// in turn, and returns once `sick` has produced `want` completions (or `limit` passed).
+/// Returns the completions of `sick`, the longest single poll of either queue and how
+/// many writes `well` completed meanwhile.
+fn serve_both(
+    sick: &mut dyn BackendQueue,
+    well: &mut dyn BackendQueue,
+    want: usize,
+    limit: Duration,
+) -> (Vec<backend::Completion>, Duration, u64) {
+    let start = Instant::now();
+    let (mut sick_done, mut well_done) = (Vec::new(), Vec::new());
+    let mut longest = Duration::ZERO;
+    let mut well_busy = false;
+    let mut served = 0u64;
+    while sick_done.len() < want && start.elapsed() < limit {
+        if !well_busy {
+            well.submit(Request {
+                tag: served,
+                op: Op::Write { fua: false },
+                lba: served % 64,
+                nblocks: 1,
+                buf: Some(IoBuf::from_slice(&pattern(served, 11, 512))),
+            })
+            .unwrap();
+            well_busy = true;
+        }
+        longest = longest.max(timed_poll(sick, &mut sick_done));
+        longest = longest.max(timed_poll(well, &mut well_done));
+        if let Some(c) = well_done.pop() {
+            assert_eq!(c.status, IoStatus::Ok);
+            well_busy = false;
+            served += 1;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    (sick_done, longest, served)
+}
+
+/// A drive whose admin queue stops answering (audit F6): the Abort for a stuck command
+/// never completes. The IO thread that owns the stuck command's queue also serves another
+/// drive; each of its polls returns at once and the other drive keeps completing writes,
+/// while the Abort waits out its deadline and the controller is reset elsewhere. The stuck
+/// command is then retried and completes.
+#[test]
+fn an_admin_queue_that_stops_answering_does_not_stall_the_io_thread() {
+    let e = emu(big(4096));
+    let be = open(
+        &e,
+        NvmeOptions {
+            io_timeout: Duration::from_millis(50),
+            abort_timeout: Duration::from_millis(600),
+            check_interval: Duration::from_millis(5),
+            ..NvmeOptions::default()
+        },
+    );
+    let mut sick = be.create_nvme_queue(8).unwrap();
+    let other = open(&emu(big(4096)), NvmeOptions::default());
+    let mut well = other.create_nvme_queue(8).unwrap();
+    let want = pattern(6, 6, 512);
+    assert_eq!(write(&mut sick, 512, 6, &want, false), IoStatus::Ok);
+    e.stall_io(1, Some(spec::io::READ));
+    e.hang_admin();
+    sick.submit(Request {
+        tag: 1,
+        op: Op::Read,
+        lba: 6,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let (done, longest, served) = serve_both(&mut sick, &mut well, 1, Duration::from_secs(10));
+    assert!(
+        longest < POLL_BOUND,
+        "a poll took {longest:?} while the drive's admin queue was hung"
+    );
+    assert_eq!(done.len(), 1, "the stuck read never completed");
+    assert_eq!(done[0].status, IoStatus::Ok);
+    assert_eq!(done[0].buf.as_ref().unwrap().as_slice(), &want[..]);
+    assert_eq!(be.controller().resets(), 1);
+    assert_eq!(
+        e.counters().aborts,
+        0,
+        "the hung admin queue never saw the Abort"
+    );
+    assert!(
+        served >= 20,
+        "the other drive completed only {served} writes"
+    );
+    write_read_check(&mut sick, 512, 50, 4, 7);
+}
+
+/// A controller reset that takes seconds (CSTS.RDY slow to come up, well within CAP.TO)
+/// does not block the IO thread (audit F6): the other queue on the same drive and a queue
+/// on another drive are polled meanwhile, each poll returns at once, the other drive
+/// keeps completing writes, and a request submitted during the reset is held and
+/// completes after it, as do the commands outstanding when it began.
+#[test]
+fn a_reset_that_takes_seconds_does_not_stall_the_io_thread() {
+    let e = emu(EmuConfig {
+        cap_to: 20,
+        ..big(4096)
+    });
+    let be = open(&e, fast_opts());
+    let mut sick = be.create_nvme_queue(8).unwrap();
+    let mut sibling = be.create_nvme_queue(8).unwrap();
+    let other = open(&emu(big(4096)), NvmeOptions::default());
+    let mut well = other.create_nvme_queue(8).unwrap();
+    write_read_check(&mut sick, 512, 0, 1, 1);
+    e.set_ready_delay(Duration::from_millis(1500));
+    e.function_reset();
+    let data: Vec<Vec<u8>> = (0..3u64).map(|i| pattern(i, 8, 512)).collect();
+    sick.submit(Request {
+        tag: 0,
+        op: Op::Write { fua: false },
+        lba: 10,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&data[0])),
+    })
+    .unwrap();
+    sibling
+        .submit(Request {
+            tag: 1,
+            op: Op::Write { fua: false },
+            lba: 11,
+            nblocks: 1,
+            buf: Some(IoBuf::from_slice(&data[1])),
+        })
+        .unwrap();
+    // Until the reset is under way (the controller was disabled and is not ready again).
+    let start = Instant::now();
+    let (mut sick_done, mut sibling_done) = (Vec::new(), Vec::new());
+    let mut longest = Duration::ZERO;
+    while e.counters().enables < 2 && start.elapsed() < Duration::from_secs(5) {
+        longest = longest.max(timed_poll(&mut sick, &mut sick_done));
+        longest = longest.max(timed_poll(&mut sibling, &mut sibling_done));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(
+        longest < POLL_BOUND,
+        "a poll took {longest:?} as a slow controller reset began"
+    );
+    assert!(!e.ready(), "the reset should still be waiting for CSTS.RDY");
+    // Submitted during the reset: held, then done.
+    sick.submit(Request {
+        tag: 2,
+        op: Op::Write { fua: false },
+        lba: 12,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&data[2])),
+    })
+    .unwrap();
+    let mut served = 0;
+    while (sick_done.len() < 2 || sibling_done.is_empty())
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        let (d, l, s) = serve_both(&mut sick, &mut well, 1, Duration::from_millis(20));
+        sick_done.extend(d);
+        longest = longest.max(l);
+        served += s;
+        longest = longest.max(timed_poll(&mut sibling, &mut sibling_done));
+    }
+    assert!(
+        longest < POLL_BOUND,
+        "a poll took {longest:?} during a slow controller reset"
+    );
+    assert_eq!(sick_done.len(), 2, "{sick_done:?}");
+    assert_eq!(sibling_done.len(), 1, "{sibling_done:?}");
+    assert!(sick_done
+        .iter()
+        .chain(&sibling_done)
+        .all(|c| c.status == IoStatus::Ok));
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(&e.read_blocks(1, 10 + i as u64, 1), d);
+    }
+    assert_eq!(be.controller().resets(), 1);
+    assert!(
+        served >= 20,
+        "the other drive completed only {served} writes"
+    );
+    write_read_check(&mut sibling, 512, 40, 2, 9);
+}
+
+/// A reset that fails (the controller never comes ready within CAP.TO, on every attempt)
+/// still takes the namespace out (audit F6), without blocking the IO thread for the
+/// attempts: outstanding commands fail with Unavailable, and so do later ones.
+#[test]
+fn a_failing_reset_takes_the_namespace_out_without_stalling_the_io_thread() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut sick = be.create_nvme_queue(8).unwrap();
+    let other = open(&emu(big(4096)), NvmeOptions::default());
+    let mut well = other.create_nvme_queue(8).unwrap();
+    write_read_check(&mut sick, 512, 0, 1, 1);
+    // CAP.TO is 1 s: three bring-up attempts that time out take over 3 s.
+    e.set_ready_delay(Duration::from_secs(3600));
+    e.function_reset();
+    sick.submit(Request {
+        tag: 5,
+        op: Op::Write { fua: false },
+        lba: 3,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&pattern(3, 3, 512))),
+    })
+    .unwrap();
+    let (done, longest, served) = serve_both(&mut sick, &mut well, 1, Duration::from_secs(15));
+    assert!(
+        longest < POLL_BOUND,
+        "a poll took {longest:?} during a failing controller reset"
+    );
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Unavailable);
+    assert!(done[0].buf.is_some(), "the buffer comes back");
+    assert!(be.controller().is_failed());
+    assert!(e.released(), "the driver gives the device up");
+    assert!(
+        served >= 20,
+        "the other drive completed only {served} writes"
+    );
+    let c = run(&mut sick, Op::Read, 0, 1, Some(IoBuf::new(512)));
+    assert_eq!(c.status, IoStatus::Unavailable);
+}
+
+/// The platform asks for the drive back while a reset waits for a controller that is slow
+/// to come ready (audit F6): the reset is cut short, the namespace fails at once rather
+/// than after the reset's attempts, and no poll waits meanwhile.
+#[test]
+fn a_removal_request_cuts_a_slow_reset_short() {
+    let e = emu(EmuConfig {
+        cap_to: 6,
+        ..big(4096)
+    });
+    let be = open(&e, fast_opts());
+    let mut q = be.create_nvme_queue(8).unwrap();
+    write_read_check(&mut q, 512, 0, 1, 1);
+    e.set_ready_delay(Duration::from_secs(3600));
+    e.function_reset();
+    q.submit(Request {
+        tag: 3,
+        op: Op::Write { fua: false },
+        lba: 3,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&pattern(3, 3, 512))),
+    })
+    .unwrap();
+    let start = Instant::now();
+    let mut done = Vec::new();
+    let mut longest = Duration::ZERO;
+    while e.counters().enables < 2 && start.elapsed() < Duration::from_secs(5) {
+        longest = longest.max(timed_poll(&mut q, &mut done));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(longest < POLL_BOUND, "a poll took {longest:?}");
+    e.request_removal();
+    let asked = Instant::now();
+    while done.is_empty() && start.elapsed() < Duration::from_secs(30) {
+        longest = longest.max(timed_poll(&mut q, &mut done));
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = asked.elapsed();
+    assert!(longest < POLL_BOUND, "a poll took {longest:?}");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Unavailable);
+    assert!(e.released(), "the driver gives the device up");
+    // One bring-up attempt waits up to CAP.TO (3 s) and there are three.
+    assert!(
+        took < Duration::from_secs(1),
+        "the namespace failed {took:?} after the request"
+    );
+}

@@ -6,14 +6,24 @@
 //!
 //! Concurrency: one [`Controller`] is shared by every IO thread's queue (`Arc`). Admin
 //! commands are synchronous (submit, poll with a deadline) under the admin mutex; they
-//! happen at queue creation, on timeouts and for the health log, never per I/O. A reset
-//! bumps [`Controller::generation`]; each queue notices on its next poll and rebuilds
-//! its own SQ/CQ (see `queue.rs`).
+//! happen at queue creation and deletion, on timeouts and for the health log, never per
+//! I/O. A reset bumps [`Controller::generation`]; each queue notices on its next poll and
+//! rebuilds its own SQ/CQ (see `queue.rs`).
+//!
+//! The admin work an I/O queue needs while it runs (Abort a timed-out command, reset the
+//! controller, create its queue pair again after a reset) can take seconds: an Abort
+//! waits up to its deadline when the admin queue does not answer, and a reset waits for
+//! CSTS.RDY up to CAP.TO (up to 127.5 s) per attempt. An IO thread serves many
+//! connections and namespaces, so it must not wait for that. Each controller has a
+//! service thread that does this work: a queue posts a [`Job`] and reads the [`Answer`]
+//! from its own channel on a later poll, holding its commands meanwhile. Jobs run one at
+//! a time, in order, which also orders an Abort before the reset or queue re-creation
+//! that follows it.
 
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use super::device::{DeviceAccess, DeviceError, DmaRegion};
@@ -95,6 +105,16 @@ impl Ring {
         (self.sq_db, self.cq_db)
     }
 
+    /// What Create I/O CQ/SQ needs to know about this pair.
+    pub fn spec(&self) -> QueueSpec {
+        QueueSpec {
+            qid: self.qid,
+            entries: self.entries,
+            sq_iova: self.sq.iova(),
+            cq_iova: self.cq.iova(),
+        }
+    }
+
     /// Writes `sqe` at the tail. The caller keeps at most `entries - 1` commands
     /// outstanding, so the ring cannot overflow.
     pub fn push(&mut self, sqe: &Sqe) {
@@ -138,6 +158,75 @@ impl Ring {
             dev.write32(self.cq_db, u32::from(self.cq_head));
             self.cq_dirty = false;
         }
+    }
+}
+
+/// An I/O queue pair as the controller sees it: its ID, size and ring addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSpec {
+    pub qid: u16,
+    pub entries: u16,
+    pub sq_iova: u64,
+    pub cq_iova: u64,
+}
+
+/// Slow admin work an I/O queue hands to its controller's service thread.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// Abort command `cid` on SQ `sqid`, waiting at most `limit` for the Abort. Not sent
+    /// when the controller was reset since `generation`: the command is gone and the ID
+    /// may name another one by now.
+    Abort {
+        sqid: u16,
+        cid: u16,
+        generation: u64,
+        limit: Duration,
+        to: Mailbox,
+    },
+    /// Reset the controller unless someone did since generation `seen`. A reset that
+    /// fails fails the controller.
+    Reset { seen: u64, to: Mailbox },
+    /// Create the queue pair on the device again after the reset to `generation`
+    /// (nothing is done when the controller was reset again since). Failing to fails the
+    /// controller.
+    Recreate {
+        queue: QueueSpec,
+        generation: u64,
+        to: Mailbox,
+    },
+    /// Give up on the controller (see [`Controller::fail_soon`]).
+    Fail,
+}
+
+/// The service thread's answer to a [`Job`].
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// As [`Controller::abort`]; `Ok(false)` too when the Abort was not sent because the
+    /// controller was reset meanwhile.
+    Abort {
+        cid: u16,
+        result: Result<bool, DriverError>,
+    },
+    Reset(Result<(), DriverError>),
+    Recreate(Result<(), DriverError>),
+}
+
+/// Where the answer to a [`Job`] goes. `owner` is the queue's liveness token: once the
+/// queue is gone, its jobs are skipped (its rings may be freed memory by then).
+#[derive(Clone, Debug)]
+pub(crate) struct Mailbox {
+    pub tx: mpsc::Sender<Answer>,
+    pub owner: Weak<()>,
+}
+
+impl Mailbox {
+    fn send(&self, a: Answer) {
+        // The queue may be gone; its answer with it.
+        let _ = self.tx.send(a);
+    }
+
+    fn owner_gone(&self) -> bool {
+        self.owner.strong_count() == 0
     }
 }
 
@@ -191,17 +280,29 @@ pub struct Controller {
     /// `qids[q]`: I/O queue `q` is taken (index 0 stands for the admin queue).
     qids: Mutex<Vec<bool>>,
     generation: AtomicU64,
+    /// Set (under the admin lock) once the device is released: no command is outstanding
+    /// on it any more, so its queues may give their buffers back.
     failed: AtomicBool,
+    /// Someone asked to fail the controller: admin commands and reset waits in progress
+    /// stop early, so the admin lock is free for [`Controller::fail`] soon.
+    abandon: AtomicBool,
     resets: AtomicU64,
+    /// The service thread's job queue.
+    jobs: Mutex<mpsc::Sender<Job>>,
 }
 
-fn wait_rdy(dev: &dyn DeviceAccess, want: bool, cap: Cap) -> Result<(), DriverError> {
+fn wait_rdy(
+    dev: &dyn DeviceAccess,
+    want: bool,
+    cap: Cap,
+    abandon: &AtomicBool,
+) -> Result<(), DriverError> {
     // CAP.TO is the worst case in 500 ms units; at least 1 s, and never forever.
     let limit = Duration::from_millis(500 * u64::from(cap.to.max(2)));
     let deadline = Instant::now() + limit;
     loop {
         let csts = dev.read32(spec::REG_CSTS);
-        if csts == u32::MAX {
+        if csts == u32::MAX || abandon.load(Ordering::Acquire) {
             return Err(DriverError::Failed);
         }
         if want && csts & spec::CSTS_CFS != 0 {
@@ -222,8 +323,14 @@ fn wait_rdy(dev: &dyn DeviceAccess, want: bool, cap: Cap) -> Result<(), DriverEr
     }
 }
 
-/// Disables the controller, programs the admin queue and enables it again.
-fn bring_up(dev: &dyn DeviceAccess, cap: Cap, admin: &mut Admin) -> Result<(), DriverError> {
+/// Disables the controller, programs the admin queue and enables it again. Gives up with
+/// [`DriverError::Failed`] once `abandon` is set.
+fn bring_up(
+    dev: &dyn DeviceAccess,
+    cap: Cap,
+    admin: &mut Admin,
+    abandon: &AtomicBool,
+) -> Result<(), DriverError> {
     let cc = dev.read32(spec::REG_CC);
     if cc == u32::MAX {
         return Err(DriverError::Failed);
@@ -231,7 +338,7 @@ fn bring_up(dev: &dyn DeviceAccess, cap: Cap, admin: &mut Admin) -> Result<(), D
     if cc & spec::CC_EN != 0 {
         dev.write32(spec::REG_CC, cc & !spec::CC_EN);
     }
-    wait_rdy(dev, false, cap)?;
+    wait_rdy(dev, false, cap, abandon)?;
     admin.ring.reset();
     let n = u32::from(admin.ring.entries - 1);
     dev.write32(spec::REG_AQA, n | n << 16);
@@ -239,7 +346,25 @@ fn bring_up(dev: &dyn DeviceAccess, cap: Cap, admin: &mut Admin) -> Result<(), D
     dev.write64(spec::REG_ACQ, admin.ring.cq.iova());
     dev.write32(spec::REG_CC, spec::CC_CONFIG);
     dev.write32(spec::REG_CC, spec::CC_CONFIG | spec::CC_EN);
-    wait_rdy(dev, true, cap)
+    wait_rdy(dev, true, cap, abandon)
+}
+
+/// The service thread: runs jobs one at a time until the controller is dropped.
+fn serve(ctrl: Weak<Controller>, jobs: mpsc::Receiver<Job>) {
+    // The generation at which an admin command last timed out: later Aborts of that
+    // generation are answered at once rather than each waiting out its own deadline on
+    // an admin queue known not to answer (the queue resets the controller instead).
+    let mut stuck: Option<u64> = None;
+    while let Ok(job) = jobs.recv() {
+        let Some(c) = ctrl.upgrade() else {
+            return;
+        };
+        c.run(job, &mut stuck);
+        // Someone asked to fail the controller while the admin lock was taken.
+        if c.abandon.load(Ordering::Acquire) {
+            c.fail();
+        }
+    }
 }
 
 impl Controller {
@@ -272,7 +397,9 @@ impl Controller {
             next_cid: 0,
             page: dev.alloc_dma(4096)?,
         };
-        bring_up(&*dev, cap, &mut admin)?;
+        let abandon = AtomicBool::new(false);
+        bring_up(&*dev, cap, &mut admin, &abandon)?;
+        let (tx, rx) = mpsc::channel();
         let mut ctrl = Controller {
             dev,
             opts,
@@ -282,7 +409,9 @@ impl Controller {
             qids: Mutex::new(vec![true]),
             generation: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            abandon,
             resets: AtomicU64::new(0),
+            jobs: Mutex::new(tx),
         };
         let page = ctrl.identify(1, 0)?;
         ctrl.id = IdentifyController::parse(&page);
@@ -292,7 +421,14 @@ impl Controller {
             v[0] = true;
             v
         };
-        Ok(Arc::new(ctrl))
+        let name = format!("nvme-svc {}", ctrl.dev.name());
+        let ctrl = Arc::new(ctrl);
+        let weak = Arc::downgrade(&ctrl);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve(weak, rx))
+            .map_err(DeviceError::Io)?;
+        Ok(ctrl)
     }
 
     pub fn device(&self) -> &Arc<dyn DeviceAccess> {
@@ -354,7 +490,7 @@ impl Controller {
         what: &str,
         limit: Duration,
     ) -> Result<Cqe, DriverError> {
-        if self.is_failed() {
+        if self.is_failed() || self.abandon.load(Ordering::Acquire) {
             return Err(DriverError::Failed);
         }
         a.next_cid = a.next_cid.wrapping_add(1);
@@ -380,6 +516,9 @@ impl Controller {
                 // A late completion of an earlier command that timed out: dropped.
             }
             a.ring.ring_cq(&*self.dev);
+            if self.abandon.load(Ordering::Acquire) {
+                return Err(DriverError::Failed);
+            }
             if Instant::now() > deadline {
                 if self.dev.read32(spec::REG_CSTS) == u32::MAX {
                     return Err(DriverError::Failed);
@@ -460,16 +599,16 @@ impl Controller {
         Ok(out)
     }
 
-    fn create_on_device(&self, a: &mut Admin, ring: &Ring) -> Result<(), DriverError> {
+    fn create_on_device(&self, a: &mut Admin, ring: &QueueSpec) -> Result<(), DriverError> {
         let qsize = u32::from(ring.entries - 1);
         let qid = u32::from(ring.qid);
         let mut cq = Sqe::new(spec::admin::CREATE_IO_CQ, 0);
-        cq.set_prp(ring.cq.iova(), 0);
+        cq.set_prp(ring.cq_iova, 0);
         cq.dw[10] = qid | qsize << 16;
         cq.dw[11] = 1; // physically contiguous, interrupts off (polled)
         self.admin_locked(a, cq, &format!("Create I/O CQ {qid}"))?;
         let mut sq = Sqe::new(spec::admin::CREATE_IO_SQ, 0);
-        sq.set_prp(ring.sq.iova(), 0);
+        sq.set_prp(ring.sq_iova, 0);
         sq.dw[10] = qid | qsize << 16;
         sq.dw[11] = 1 | qid << 16;
         if let Err(e) = self.admin_locked(a, sq, &format!("Create I/O SQ {qid}")) {
@@ -504,7 +643,7 @@ impl Controller {
         };
         let result = Ring::new(&*self.dev, qid, entries, self.cap.dstrd).and_then(|ring| {
             let mut a = self.lock_admin();
-            self.create_on_device(&mut a, &ring).map(|()| ring)
+            self.create_on_device(&mut a, &ring.spec()).map(|()| ring)
         });
         if result.is_err() {
             self.free_qid(qid);
@@ -516,7 +655,7 @@ impl Controller {
     pub fn recreate_io_pair(&self, ring: &mut Ring) -> Result<(), DriverError> {
         ring.reset();
         let mut a = self.lock_admin();
-        self.create_on_device(&mut a, ring)
+        self.create_on_device(&mut a, &ring.spec())
     }
 
     /// Deletes the queue pair on the device (best effort) and frees its queue ID.
@@ -541,7 +680,8 @@ impl Controller {
         }
     }
 
-    /// Abort command `cid` on SQ `sqid`, waiting at most `limit` for the Abort itself.
+    /// Abort command `cid` on SQ `sqid`, waiting at most `limit` for the Abort itself
+    /// (I/O queues ask the service thread for it: `Job::Abort`).
     /// `Ok(true)`: the controller says it aborted it (its completion follows with Command
     /// Abort Requested); `Ok(false)`: it did not.
     pub fn abort(&self, sqid: u16, cid: u16, limit: Duration) -> Result<bool, DriverError> {
@@ -570,6 +710,9 @@ impl Controller {
 
     /// Resets the controller unless someone already did since generation `seen` was
     /// current. Every I/O queue is gone afterwards; their owners recreate them.
+    ///
+    /// Blocks for as long as the controller takes (each of the bring-up attempts may
+    /// wait CAP.TO twice): I/O queues ask the service thread for it (`Job::Reset`).
     pub fn reset(&self, seen: u64) -> Result<(), DriverError> {
         let mut a = self.lock_admin();
         if self.generation() != seen {
@@ -586,8 +729,12 @@ impl Controller {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(200));
             }
+            if self.abandon.load(Ordering::Acquire) {
+                result = Err(DriverError::Failed);
+                break;
+            }
             let _ = self.dev.enable_bus_master();
-            result = bring_up(&*self.dev, self.cap, &mut a);
+            result = bring_up(&*self.dev, self.cap, &mut a, &self.abandon);
             if matches!(result, Ok(()) | Err(DriverError::Failed)) {
                 break;
             }
@@ -627,8 +774,112 @@ impl Controller {
     /// queues once this returns (the device can no longer DMA into their buffers).
     pub fn fail(&self) {
         let _a = self.lock_admin();
-        if !self.failed.swap(true, Ordering::AcqRel) {
+        self.fail_locked();
+    }
+
+    /// With the admin lock held. `failed` is set only once the device is released, so a
+    /// queue that sees it may give its buffers back.
+    fn fail_locked(&self) {
+        if !self.failed.load(Ordering::Acquire) {
             self.dev.release();
+            self.failed.store(true, Ordering::Release);
+        }
+    }
+
+    /// [`Controller::fail`] without waiting for the admin lock (for an IO thread): done at
+    /// once when the lock is free; otherwise whoever holds it stops early (see `abandon`)
+    /// and the service thread fails the controller next. Returns whether it is failed
+    /// now; if not, the caller holds its commands and asks again later
+    /// ([`Controller::is_failed`]).
+    pub fn fail_soon(&self) -> bool {
+        let first = !self.abandon.swap(true, Ordering::AcqRel);
+        match self.admin.try_lock() {
+            Ok(_a) => self.fail_locked(),
+            Err(TryLockError::Poisoned(p)) => {
+                let _a = p.into_inner();
+                self.fail_locked();
+            }
+            Err(TryLockError::WouldBlock) => {
+                if first {
+                    // If the thread is gone there is nobody to wait for: the lock holder
+                    // stops early and a later call finds the lock free.
+                    let _ = self.post(Job::Fail);
+                }
+            }
+        }
+        self.is_failed()
+    }
+
+    /// Hands `job` to the service thread; false if the thread is gone.
+    pub(crate) fn post(&self, job: Job) -> bool {
+        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        tx.send(job).is_ok()
+    }
+
+    /// Runs one job on the service thread.
+    fn run(&self, job: Job, stuck: &mut Option<u64>) {
+        match job {
+            Job::Abort {
+                sqid,
+                cid,
+                generation,
+                limit,
+                to,
+            } => {
+                if to.owner_gone() {
+                    return;
+                }
+                let result = if self.generation() != generation {
+                    Ok(false)
+                } else if *stuck == Some(generation) {
+                    Err(DriverError::Timeout(
+                        "Abort (the admin queue is not answering)".into(),
+                    ))
+                } else {
+                    self.abort(sqid, cid, limit)
+                };
+                match &result {
+                    Err(DriverError::Failed) => self.fail(),
+                    Err(DriverError::Timeout(_)) => *stuck = Some(generation),
+                    _ => {}
+                }
+                to.send(Answer::Abort { cid, result });
+            }
+            Job::Reset { seen, to } => {
+                if to.owner_gone() {
+                    return;
+                }
+                let result = self.reset(seen);
+                if result.is_err() {
+                    self.fail();
+                }
+                to.send(Answer::Reset(result));
+            }
+            Job::Recreate {
+                queue,
+                generation,
+                to,
+            } => {
+                let result = {
+                    // The owner is checked under the admin lock: a queue being dropped
+                    // lets go of its token before it deletes its pair under that lock,
+                    // so its rings are never created on the device once freed.
+                    let mut a = self.lock_admin();
+                    if to.owner_gone() {
+                        return;
+                    }
+                    if self.generation() != generation {
+                        Ok(())
+                    } else {
+                        self.create_on_device(&mut a, &queue)
+                    }
+                };
+                if result.is_err() {
+                    self.fail();
+                }
+                to.send(Answer::Recreate(result));
+            }
+            Job::Fail => self.fail(),
         }
     }
 

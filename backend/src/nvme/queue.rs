@@ -19,6 +19,12 @@
 //!   resubmits what was outstanding, up to `max_retries` times per command, then fails
 //!   it. Data is never acknowledged before the drive completed it, so nothing
 //!   acknowledged is lost.
+//! - None of that waits on the IO thread: Aborts, resets and re-creating the queue pair
+//!   are jobs for the controller's service thread (`driver.rs`). While a reset or
+//!   re-creation this queue asked for is pending, the queue holds: it does not touch its
+//!   rings, keeps what is outstanding as it is, and keeps new requests (up to its depth)
+//!   until the pair is back. A command whose Abort is pending keeps its command ID until
+//!   the answer, so the Abort can never hit a later command with the same ID.
 //! - Removal (all-ones reads, CSTS gone, or the platform's request): the controller is
 //!   released (no more DMA), everything outstanding fails with
 //!   [`IoStatus::Unavailable`], and so does every later request.
@@ -28,11 +34,11 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::device::{DeviceAccess, DeviceError, DmaRegion};
-use super::driver::{Controller, DriverError, Health, Ring};
+use super::driver::{Answer, Controller, DriverError, Health, Job, Mailbox, Ring};
 use super::spec::{self, io, Sqe, Status};
 use super::NvmeBackend;
 use crate::{BackendQueue, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
@@ -208,6 +214,20 @@ struct Cmd {
     retries: u8,
 }
 
+/// What the queue waits for from the controller's service thread before it uses its
+/// rings again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    /// Nothing: the queue runs.
+    No,
+    /// The controller reset this queue asked for.
+    Reset,
+    /// Its queue pair, created again on the device after a reset.
+    Recreate,
+    /// The controller being failed (released), before outstanding commands fail.
+    Fail,
+}
+
 /// Counters of one queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
@@ -250,6 +270,14 @@ pub struct NvmeQueue {
     last_timeout_reset: Option<Instant>,
     reset_backoff: Duration,
     failed: bool,
+    hold: Hold,
+    /// `abort_pending[cid]`: an Abort of this command ID was posted and not answered; the
+    /// ID is not reused until it is.
+    abort_pending: Vec<bool>,
+    answers: mpsc::Receiver<Answer>,
+    mailbox: mpsc::Sender<Answer>,
+    /// Liveness token for the service thread: jobs of a dropped queue are skipped.
+    alive: Arc<()>,
     stats: QueueStats,
     _not_send: std::marker::PhantomData<*const ()>,
 }
@@ -323,6 +351,7 @@ impl NvmeQueue {
             ns.opts.map_cache_entries,
             ns.opts.map_cache_bytes,
         );
+        let (mailbox, answers) = mpsc::channel();
         Ok(NvmeQueue {
             ctrl,
             dev,
@@ -344,6 +373,11 @@ impl NvmeQueue {
             last_timeout_reset: None,
             reset_backoff: Duration::ZERO,
             failed: false,
+            hold: Hold::No,
+            abort_pending: vec![false; ncmds],
+            answers,
+            mailbox,
+            alive: Arc::new(()),
             stats: QueueStats::default(),
             ns,
             _not_send: std::marker::PhantomData,
@@ -477,7 +511,7 @@ impl NvmeQueue {
 
     /// Puts retries and new parts into the SQ while command IDs are free.
     fn issue_parts(&mut self) {
-        if self.failed || self.ring.is_none() {
+        if self.failed || self.ring.is_none() || self.hold != Hold::No {
             return;
         }
         let now = Instant::now();
@@ -639,7 +673,7 @@ impl NvmeQueue {
             let Some(cmd) = self.cmds.get_mut(cid).and_then(Option::take) else {
                 continue; // stale (completed before a reset we already handled)
             };
-            self.free_cids.push(cqe.cid);
+            self.free_cid(cqe.cid);
             let st = cqe.status();
             let op = self.slots[cmd.slot as usize].as_ref().map(|s| s.op);
             let Some(op) = op else {
@@ -667,9 +701,10 @@ impl NvmeQueue {
             ));
         }
         self.failed = true;
+        self.hold = Hold::No;
         for cid in 0..self.cmds.len() {
             if let Some(cmd) = self.cmds[cid].take() {
-                self.free_cids.push(cid as u16);
+                self.free_cid(cid as u16);
                 self.part_done(cmd.slot, IoStatus::Unavailable);
             }
         }
@@ -697,7 +732,33 @@ impl NvmeQueue {
         }
     }
 
-    /// After a controller reset: rebuild the SQ/CQ and resubmit what was outstanding.
+    /// A command ID is free again, unless an Abort naming it is still pending: then it
+    /// waits for the Abort's answer.
+    fn free_cid(&mut self, cid: u16) {
+        if !self.abort_pending[usize::from(cid)] {
+            self.free_cids.push(cid);
+        }
+    }
+
+    fn mailbox(&self) -> Mailbox {
+        Mailbox {
+            tx: self.mailbox.clone(),
+            owner: Arc::downgrade(&self.alive),
+        }
+    }
+
+    /// Gives up on the controller; outstanding commands fail once it is released (held
+    /// until then if another thread holds the admin lock).
+    fn fail_controller(&mut self) {
+        if self.ctrl.fail_soon() {
+            self.fail_all();
+        } else {
+            self.hold = Hold::Fail;
+        }
+    }
+
+    /// After a controller reset (by this queue or another): ask for the SQ/CQ to be
+    /// created again and hold until it is ([`NvmeQueue::recreated`]).
     fn recover(&mut self) {
         self.stats.recoveries += 1;
         self.generation = self.ctrl.generation();
@@ -705,23 +766,35 @@ impl NvmeQueue {
             self.fail_all();
             return;
         }
-        let ok = match self.ring.as_mut() {
-            Some(r) => self.ctrl.recreate_io_pair(r),
-            None => Err(DriverError::Failed),
+        let Some(ring) = self.ring.as_mut() else {
+            self.fail_controller();
+            return;
         };
-        if let Err(e) = ok {
-            tracing_warn(&format!(
-                "{}: cannot recreate I/O queue after reset: {e}",
-                self.dev.name()
-            ));
-            self.ctrl.fail();
-            self.fail_all();
+        // The reset took the pair off the device: its memory is ours again.
+        ring.reset();
+        let job = Job::Recreate {
+            queue: ring.spec(),
+            generation: self.generation,
+            to: self.mailbox(),
+        };
+        if self.ctrl.post(job) {
+            self.hold = Hold::Recreate;
+        } else {
+            self.fail_controller();
+        }
+    }
+
+    /// The pair is back on the device: resubmit what was outstanding.
+    fn recreated(&mut self) {
+        if self.ctrl.generation() != self.generation {
+            // Reset again meanwhile (the service thread then created nothing): the next
+            // poll starts over.
             return;
         }
         let mut outstanding: Vec<Cmd> = Vec::new();
         for cid in 0..self.cmds.len() {
             if let Some(cmd) = self.cmds[cid].take() {
-                self.free_cids.push(cid as u16);
+                self.free_cid(cid as u16);
                 outstanding.push(cmd);
             }
         }
@@ -749,22 +822,89 @@ impl NvmeQueue {
         }
     }
 
+    /// Asks the service thread for a controller reset and holds until it answers.
     fn reset_controller(&mut self, why: &str) {
+        if self.hold != Hold::No {
+            return;
+        }
         tracing_warn(&format!(
             "{}: resetting the controller ({why})",
             self.dev.name()
         ));
         self.stats.resets += 1;
-        match self.ctrl.reset(self.generation) {
-            Ok(()) => self.recover(),
-            Err(e) => {
-                tracing_warn(&format!(
-                    "{}: controller reset failed: {e}",
-                    self.dev.name()
-                ));
-                self.ctrl.fail();
-                self.fail_all();
+        let job = Job::Reset {
+            seen: self.generation,
+            to: self.mailbox(),
+        };
+        if self.ctrl.post(job) {
+            self.hold = Hold::Reset;
+        } else {
+            self.fail_controller();
+        }
+    }
+
+    /// Takes the service thread's answers.
+    fn take_answers(&mut self) {
+        while let Ok(answer) = self.answers.try_recv() {
+            match answer {
+                Answer::Abort { cid, result } => self.abort_answered(cid, result),
+                Answer::Reset(result) => {
+                    if self.hold == Hold::Reset {
+                        self.hold = Hold::No;
+                    }
+                    if let Err(e) = result {
+                        if !self.failed {
+                            tracing_warn(&format!(
+                                "{}: controller reset failed: {e}",
+                                self.dev.name()
+                            ));
+                            self.fail_controller();
+                        }
+                    }
+                    // Success: the new generation starts recovery on this poll.
+                }
+                Answer::Recreate(result) => {
+                    if self.hold == Hold::Recreate {
+                        self.hold = Hold::No;
+                    }
+                    if self.failed {
+                        continue;
+                    }
+                    match result {
+                        Ok(()) => self.recreated(),
+                        Err(e) => {
+                            tracing_warn(&format!(
+                                "{}: cannot recreate I/O queue after reset: {e}",
+                                self.dev.name()
+                            ));
+                            self.fail_controller();
+                        }
+                    }
+                }
             }
+        }
+    }
+
+    fn abort_answered(&mut self, cid: u16, result: Result<bool, DriverError>) {
+        let i = usize::from(cid);
+        if !std::mem::replace(&mut self.abort_pending[i], false) {
+            return;
+        }
+        // Freed while the Abort was pending: free now.
+        if self.cmds[i].is_none() {
+            self.free_cids.push(cid);
+        }
+        if self.failed {
+            return;
+        }
+        match result {
+            Ok(_) => {
+                if let Some(c) = self.cmds[i].as_mut() {
+                    c.abort_sent = Some(Instant::now());
+                }
+            }
+            Err(DriverError::Failed) => self.fail_controller(),
+            Err(e) => self.reset_controller(&format!("Abort failed: {e}")),
         }
     }
 
@@ -796,8 +936,7 @@ impl NvmeQueue {
             };
         match self.ctrl.check_health() {
             Health::Removed => {
-                self.ctrl.fail();
-                self.fail_all();
+                self.fail_controller();
                 return;
             }
             Health::NeedsReset => {
@@ -822,7 +961,9 @@ impl NvmeQueue {
             };
             match c.abort_sent {
                 Some(t) if now.duration_since(t) > abort_timeout => expired = true,
-                None if now.duration_since(c.started) > io_timeout => to_abort.push(cid as u16),
+                None if now.duration_since(c.started) > io_timeout && !self.abort_pending[cid] => {
+                    to_abort.push(cid as u16)
+                }
                 _ => {}
             }
         }
@@ -835,24 +976,21 @@ impl NvmeQueue {
         for cid in to_abort {
             self.stats.timeouts += 1;
             self.stats.aborts += 1;
-            match self.ctrl.abort(qid, cid, abort_timeout) {
-                Ok(_) => {
-                    if let Some(c) = self.cmds[usize::from(cid)].as_mut() {
-                        c.abort_sent = Some(Instant::now());
-                    }
-                }
-                Err(DriverError::Failed) => {
-                    self.ctrl.fail();
-                    self.fail_all();
-                    return;
-                }
-                Err(e) => {
-                    self.reset_controller(&format!("Abort failed: {e}"));
-                    return;
-                }
+            let job = Job::Abort {
+                sqid: qid,
+                cid,
+                generation: self.generation,
+                limit: abort_timeout,
+                to: self.mailbox(),
+            };
+            if !self.ctrl.post(job) {
+                self.fail_controller();
+                return;
             }
+            self.abort_pending[usize::from(cid)] = true;
         }
-        // Completions of aborted commands arrive on the next poll.
+        // The Abort's answer comes on a later poll, and so do the aborted commands'
+        // completions.
     }
 }
 
@@ -928,14 +1066,28 @@ impl BackendQueue for NvmeQueue {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> usize {
+        self.take_answers();
         if !self.failed {
             if self.ctrl.is_failed() {
                 self.fail_all();
-            } else if self.ctrl.generation() != self.generation {
+            } else if self.hold == Hold::No && self.ctrl.generation() != self.generation {
                 self.recover();
+            } else if self.hold == Hold::Fail {
+                // The admin lock was busy; ask again (done once it is free).
+                self.fail_controller();
+            } else if self.hold != Hold::No {
+                // Held for a reset that may take a while: a removal meanwhile cuts it
+                // short rather than waiting for it.
+                let now = Instant::now();
+                if now >= self.next_check {
+                    self.next_check = now + self.ns.opts.check_interval;
+                    if self.ctrl.check_health() == Health::Removed {
+                        self.fail_controller();
+                    }
+                }
             }
         }
-        if !self.failed {
+        if !self.failed && self.hold == Hold::No {
             self.issue_parts();
             if let Some(r) = self.ring.as_mut() {
                 r.ring_sq(&*self.dev);
@@ -976,6 +1128,9 @@ impl Drop for NvmeQueue {
             std::thread::sleep(Duration::from_micros(100));
         }
         let outstanding = self.cmds.iter().any(Option::is_some);
+        // Jobs still queued for this queue are skipped from now on; a re-creation already
+        // under way finishes before the delete below (both take the admin lock).
+        self.alive = Arc::new(());
         if let Some(ring) = self.ring.take() {
             self.ctrl.delete_io_pair(ring, true);
         }
