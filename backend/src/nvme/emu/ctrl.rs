@@ -105,8 +105,8 @@ struct Faults {
     stall_opcode: Option<u8>,
     /// Ignore every doorbell until the next controller reset (a hung controller).
     hang: bool,
-    /// Ignore the admin SQ doorbell until the next controller reset: admin commands
-    /// (Abort included) are never answered while I/O queues keep working.
+    /// Leave admin commands in the admin SQ, unanswered, until the next controller reset
+    /// or `release_admin`, while I/O queues keep working.
     hang_admin: bool,
     /// Answer Abort with "not aborted".
     ignore_abort: bool,
@@ -217,10 +217,44 @@ impl EmulatedController {
         self.lock().faults.hang = true;
     }
 
-    /// Stop answering admin commands (the admin SQ doorbell is ignored) until the next
-    /// controller reset; I/O queues keep working.
+    /// Stop answering admin commands until the next controller reset (which drops them)
+    /// or [`EmulatedController::release_admin`]; I/O queues keep working.
     pub fn hang_admin(&self) {
         self.lock().faults.hang_admin = true;
+    }
+
+    /// Answer admin commands again, those left waiting by
+    /// [`EmulatedController::hang_admin`] first.
+    pub fn release_admin(&self) {
+        let mut s = self.lock();
+        s.faults.hang_admin = false;
+        if let Some(tail) = s.sqs.get(&0).map(|sq| sq.tail) {
+            self.ring_sq(&mut s, 0, tail);
+        }
+    }
+
+    /// Admin commands submitted and not run yet (see [`EmulatedController::hang_admin`]).
+    pub fn admin_waiting(&self) -> usize {
+        let s = self.lock();
+        s.sqs
+            .get(&0)
+            .map_or(0, |sq| usize::from((sq.tail + sq.size - sq.head) % sq.size))
+    }
+
+    /// Command IDs of the commands held by [`EmulatedController::stall_io`].
+    pub fn held_cids(&self) -> Vec<u16> {
+        self.lock().held.iter().map(|(_, c)| c.cid()).collect()
+    }
+
+    /// Runs the held commands now, as if the drive had only been slow.
+    pub fn complete_held(&self) {
+        let mut s = self.lock();
+        s.faults.stall = 0;
+        for (sqid, sqe) in std::mem::take(&mut s.held) {
+            if let Some((status, result)) = self.io(&mut s, sqid, &sqe) {
+                self.complete(&mut s, sqid, &sqe, status, result);
+            }
+        }
     }
 
     /// From now on CSTS.RDY comes up `d` after the controller is enabled (a drive that
@@ -793,7 +827,13 @@ impl EmulatedController {
                 let stride = 4usize << s.cap.dstrd;
                 let idx = (o - spec::REG_DOORBELLS) / stride;
                 let qid = (idx / 2) as u16;
-                if qid == 0 && s.faults.hang_admin {
+                if qid == 0 && s.faults.hang_admin && idx.is_multiple_of(2) {
+                    // Noted, not run.
+                    if let Some(sq) = s.sqs.get_mut(&0) {
+                        if (v as u16) < sq.size {
+                            sq.tail = v as u16;
+                        }
+                    }
                     return;
                 }
                 if idx.is_multiple_of(2) {
