@@ -351,6 +351,20 @@ fn bring_up(
 
 /// The service thread: runs jobs one at a time until the controller is dropped.
 fn serve(ctrl: Weak<Controller>, jobs: mpsc::Receiver<Job>) {
+    // A job that panics would leave its queue holding its commands for an answer that
+    // never comes: fail the controller instead, which every queue notices on its next
+    // poll whatever it waits for.
+    struct FailOnPanic(Weak<Controller>);
+    impl Drop for FailOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                if let Some(c) = self.0.upgrade() {
+                    c.fail();
+                }
+            }
+        }
+    }
+    let _guard = FailOnPanic(ctrl.clone());
     // The generation at which an admin command last timed out: later Aborts of that
     // generation are answered at once rather than each waiting out its own deadline on
     // an admin queue known not to answer (the queue resets the controller instead).
