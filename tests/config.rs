@@ -258,6 +258,45 @@ fn duplicate_listener_port() {
     );
 }
 
+/// A wildcard and a specific address of its family on one TCP port cannot both listen
+/// (the reload audit's L5: `--check-config` passed it, the daemon then failed the second
+/// bind); another family's specific address, or another port, may.
+#[test]
+fn wildcard_and_specific_address_on_one_tcp_port() {
+    let yaml = edit(
+        6,
+        "port: 4420",
+        "port: 4420\n  - name: any\n    transport: tcp\n    address: 0.0.0.0\n    port: 4420",
+    );
+    assert_error(
+        &yaml,
+        "10:11: listeners[1].port: tcp 0.0.0.0:4420 overlaps listeners[0] at line 3 on \
+         127.0.0.1:4420: a wildcard address and another address it covers cannot listen on \
+         the same port (the kernel refuses the second bind; \"::\" covers IPv4 too); use one \
+         wildcard listener, or specific addresses only",
+    );
+    // "::" is dual-stack: it covers 127.0.0.1 as well.
+    let yaml = edit(
+        6,
+        "port: 4420",
+        "port: 4420\n  - name: any\n    transport: tcp\n    address: \"::\"\n    port: 4420",
+    );
+    let (output, _) = check_config(&yaml);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    for other in [
+        "address: \"::1\"\n    port: 4420",
+        "address: 0.0.0.0\n    port: 4421",
+    ] {
+        let yaml = edit(
+            6,
+            "port: 4420",
+            &format!("port: 4420\n  - name: any\n    transport: tcp\n    {other}"),
+        );
+        let (output, _) = check_config(&yaml);
+        assert_eq!(output.status.code(), Some(0), "{other}: {output:?}");
+    }
+}
+
 #[test]
 fn tcp_and_rdma_may_share_a_port() {
     let yaml = edit(

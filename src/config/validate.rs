@@ -859,11 +859,35 @@ impl Checker<'_> {
                 continue;
             };
             let key = (l.transport.value, address, port);
+            // A TCP wildcard and another address it covers on one port: the kernel refuses
+            // to bind the second, so the daemon would start without it. `::` is dual-stack
+            // (Linux's default, net.ipv6.bindv6only 0): it covers IPv4 addresses too.
+            let covers =
+                |w: &IpAddr, x: &IpAddr| w.is_unspecified() && (w.is_ipv6() || x.is_ipv4());
+            let overlap = (l.transport.value == TransportKind::Tcp)
+                .then(|| {
+                    endpoints.iter().find(|((t, a, pt), _)| {
+                        *t == TransportKind::Tcp
+                            && *pt == port
+                            && (covers(a, &address) || covers(&address, a))
+                    })
+                })
+                .flatten();
             if let Some(first) = endpoints.get(&key) {
                 let msg = format!(
                     "{} {} is already used by {first}",
                     l.transport.value,
                     SocketAddr::new(address, port)
+                );
+                self.error(&l.port, format!("{p}.port"), msg);
+            } else if let Some(((_, a, _), first)) = overlap {
+                let msg = format!(
+                    "tcp {} overlaps {first} on {}: a wildcard address and another address \
+                     it covers cannot listen on the same port (the kernel refuses the second \
+                     bind; \"::\" covers IPv4 too); use one wildcard listener, or specific \
+                     addresses only",
+                    SocketAddr::new(address, port),
+                    SocketAddr::new(*a, port)
                 );
                 self.error(&l.port, format!("{p}.port"), msg);
             } else {
