@@ -109,8 +109,10 @@ pub fn check_lba_range(sqe: &Sqe, nblocks: u64) -> Result<(), Status> {
 pub enum DataSgl {
     /// No data descriptor this transport understands, and no in-capsule data.
     None,
-    /// `len` bytes of in-capsule data, already received with the capsule.
-    InCapsule { len: u32 },
+    /// `len` bytes of in-capsule data, already received with the capsule, starting
+    /// `offset` bytes into it (the SGL's Address field: Identify Controller SGLS bit 20
+    /// offers offsets, and hosts may use them, as nvmet-rdma and SPDK accept).
+    InCapsule { len: u32, offset: u32 },
     /// NVMe/TCP: `len` bytes moved by R2T/H2CData (host to controller) or C2HData.
     Transport { len: u32 },
     /// NVMe/RDMA: host memory moved by RDMA READ or WRITE.
@@ -119,8 +121,9 @@ pub enum DataSgl {
 
 impl DataSgl {
     /// Classify SGL1 of `sqe` on `transport`; `in_capsule` is how many bytes of data came
-    /// with the capsule. In-capsule data needs offset 0 (SGL Offset Invalid) and the SGL
-    /// length equal to what arrived (Data SGL Length Invalid). A descriptor the transport
+    /// with the capsule. In-capsule data starts at the SGL's offset (SGL Offset Invalid
+    /// when it would then run past the bytes that came) and ends where they end (Data SGL
+    /// Length Invalid otherwise). A descriptor the transport
     /// does not use, or an NVMe/TCP transport data block (data by R2T), is SGL
     /// Descriptor Type Invalid when data came with the capsule, and
     /// [`DataSgl::None`] otherwise (hosts send a zeroed SGL with data-less commands).
@@ -128,13 +131,20 @@ impl DataSgl {
         let d = sqe.dptr;
         match (d.sgl_type(), d.subtype(), transport) {
             (sgl::TYPE_DATA_BLOCK, sgl::SUBTYPE_OFFSET, _) => {
-                if d.addr != 0 {
+                // An offset whose data would run past what came is the offset's fault (as
+                // nvmet-rdma answers); otherwise the length must end where the data ends.
+                let end = d.addr.checked_add(u64::from(d.length()));
+                if d.addr != 0 && end.is_none_or(|e| e > in_capsule as u64) {
                     return Err(Status::SGL_OFFSET_INVALID);
                 }
-                if d.length() as usize != in_capsule {
+                if end != Some(in_capsule as u64) {
                     return Err(Status::DATA_SGL_LENGTH_INVALID);
                 }
-                Ok(DataSgl::InCapsule { len: d.length() })
+                let offset = d.addr as u32;
+                Ok(DataSgl::InCapsule {
+                    len: d.length(),
+                    offset,
+                })
             }
             // Data that came with the capsule while SGL1 says it will come by R2T: the
             // capsule contradicts itself (answered below, not R2T'd).
@@ -156,7 +166,7 @@ impl DataSgl {
     pub fn len(&self) -> u32 {
         match *self {
             DataSgl::None => 0,
-            DataSgl::InCapsule { len } | DataSgl::Transport { len } => len,
+            DataSgl::InCapsule { len, .. } | DataSgl::Transport { len } => len,
             DataSgl::Keyed(k) => k.len,
         }
     }
@@ -322,7 +332,10 @@ mod tests {
         let ic = from([0, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x10, 0, 0, 0, 0, 0, 0x01]);
         assert_eq!(
             DataSgl::parse(&ic, Transport::Tcp, 4096),
-            Ok(DataSgl::InCapsule { len: 4096 })
+            Ok(DataSgl::InCapsule {
+                len: 4096,
+                offset: 0
+            })
         );
         assert_eq!(
             DataSgl::parse(&ic, Transport::Tcp, 512),
@@ -359,10 +372,31 @@ mod tests {
             DataSgl::parse(&k, Transport::Tcp, 16),
             Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
         );
-        // In-capsule with a non-zero offset.
+        // In-capsule with a non-zero offset: 512 bytes from byte 8 of 520.
         let off = from([8, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x02, 0, 0, 0, 0, 0, 0x01]);
         assert_eq!(
+            DataSgl::parse(&off, Transport::Tcp, 520),
+            Ok(DataSgl::InCapsule {
+                len: 512,
+                offset: 8
+            })
+        );
+        // Running past the end of what came, or not ending where it ends.
+        assert_eq!(
             DataSgl::parse(&off, Transport::Tcp, 512),
+            Err(Status::SGL_OFFSET_INVALID)
+        );
+        assert_eq!(
+            DataSgl::parse(&off, Transport::Tcp, 1024),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
+        assert_eq!(
+            DataSgl::parse(&off, Transport::Rdma, 4),
+            Err(Status::SGL_OFFSET_INVALID)
+        );
+        let far = from([0, 0, 0, 0, 1, 0, 0, 0, 0x00, 0x02, 0, 0, 0, 0, 0, 0x01]);
+        assert_eq!(
+            DataSgl::parse(&far, Transport::Tcp, 512),
             Err(Status::SGL_OFFSET_INVALID)
         );
     }
@@ -392,7 +426,10 @@ mod tests {
             Err(Status::SGL_DESCRIPTOR_TYPE_INVALID)
         );
         assert_eq!(DataSgl::None.check_transfer(Flush, 0), Ok(()));
-        let ic = DataSgl::InCapsule { len: 512 };
+        let ic = DataSgl::InCapsule {
+            len: 512,
+            offset: 0,
+        };
         assert_eq!(ic.check_transfer(Write, 512), Ok(()));
         assert_eq!(
             ic.check_transfer(Read, 512),
@@ -476,7 +513,9 @@ mod tests {
                     prop_assert!(!rdma);
                     prop_assert_eq!(len, s.dptr.length());
                 }
-                Ok(DataSgl::InCapsule { len }) => prop_assert_eq!(len as usize, in_capsule),
+                Ok(DataSgl::InCapsule { len, offset }) => {
+                    prop_assert_eq!(len as usize + offset as usize, in_capsule)
+                }
                 Ok(DataSgl::None) => prop_assert_eq!(in_capsule, 0),
                 Err(_) => {}
             }

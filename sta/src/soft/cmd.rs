@@ -1376,7 +1376,7 @@ impl Core {
         qp: QpHandle,
         st: &mut QpState,
         sqe: &Sqe,
-        data: &[u8],
+        mut data: &[u8],
         data_digest_ok: bool,
     ) {
         let offload = match (st.subsys, OffloadOp::from_opcode(sqe.opcode())) {
@@ -1422,6 +1422,11 @@ impl Core {
             return self.fail(st, idx, Status::TRANSIENT_TRANSPORT_ERROR);
         }
         let sgl = match DataSgl::parse(sqe, st.link.transport(), data.len()) {
+            Ok(s @ DataSgl::InCapsule { len, offset }) => {
+                // From here on the data is the SGL's bytes only.
+                data = &data[offset as usize..(offset + len) as usize];
+                s
+            }
             Ok(s) => s,
             Err(status) => {
                 if let Some((_, ns)) = offload {

@@ -176,8 +176,8 @@ fn error_statuses() {
     assert_eq!(p.io.commands_in_flight(), 0);
 }
 
-/// Forged capsules: in-capsule data with an offset, a keyed SGL on TCP, in-capsule data
-/// for a read.
+/// Forged capsules: in-capsule data at an offset that runs past the data, a keyed SGL on
+/// TCP, in-capsule data for a read.
 #[test]
 fn sgl_checks_on_forged_capsules() {
     let mut p = Pair::new();

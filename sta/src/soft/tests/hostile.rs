@@ -193,6 +193,44 @@ fn no_r2t_and_no_buffers_before_connect() {
     );
 }
 
+/// In-capsule data at an offset (the SGL's Address, SGLS bit 20, which Identify offers):
+/// the data is the bytes from there to the capsule's end, as nvmet-rdma and SPDK read it.
+/// An offset past the data is SGL Offset Invalid. Before: any non-zero offset was
+/// refused, though the bit said it was supported.
+#[test]
+fn in_capsule_data_at_an_offset() {
+    let mut p = Pair::new();
+    let (a, q) = p.controller(Digests::NONE, 31, 0);
+    let cntlid = p.conns[a].cntlid;
+    let raw = raw_io_queue(&mut p, cntlid, 2, 15);
+    let data = pattern(41, 512);
+    let mut capsule = vec![0xeeu8; 16];
+    capsule.extend_from_slice(&data);
+    let mut w = in_capsule(rw(io::WRITE, 77, 1), 3, 512);
+    w.dptr.addr = 16;
+    forge(&mut p, raw, &w, &capsule);
+    p.pump();
+    let out = take_wire(&mut p, raw);
+    assert!(
+        matches!(out[..], [Out::Resp { cid: 3, status }] if status.is_success()),
+        "{out:?}"
+    );
+    assert_eq!(disk(&p, 77, 1), data, "the bytes from the offset on");
+    // Past the end of what came.
+    let mut w = in_capsule(io_rw(io::WRITE, 1), 4, 512);
+    w.dptr.addr = 600;
+    forge(&mut p, raw, &w, &data);
+    p.pump();
+    let out = take_wire(&mut p, raw);
+    assert!(
+        matches!(out[..], [Out::Resp { cid: 4, status }] if (status.sct, status.sc) == (0, 0x16)),
+        "{out:?}"
+    );
+    let (cqe, back) = p.exec(q, rw(io::READ, 77, 1), Xfer::FromController, vec![0; 512]);
+    assert!(cqe.status().is_success());
+    assert_eq!(back, data);
+}
+
 /// A host that submits more commands than its queue has entries (SQSIZE + 1) breaks SQ
 /// flow control: the connection ends with a C2HTermReq (PDU Sequence Error) instead of
 /// the engine handing out slot after slot; the rest of the controller keeps working.
