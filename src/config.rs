@@ -465,29 +465,80 @@ pub struct NamespaceConfig {
 /// a device or a huge file must not make the daemon read without end.
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
+/// A config file last changed less than this long ago may still be being written: it is
+/// read again once it has been left alone this long (`read_text`).
+pub const CONFIG_SETTLE: Duration = Duration::from_millis(100);
+/// Longest `read_text` waits for a file being written to be left alone.
+const CONFIG_SETTLE_MAX: Duration = Duration::from_secs(2);
+
 /// The text of config file `path`: a regular file (or a symlink to one) of at most
-/// [`MAX_CONFIG_BYTES`], in UTF-8.
+/// [`MAX_CONFIG_BYTES`], in UTF-8, as it stands once nobody writes it. A file written in
+/// place (not to a temporary file renamed over it) can be read half-written, and half a
+/// file is often valid YAML that lacks the subsystems of its second half: a reload would
+/// then remove them. So a file that changed while it was read, or less than
+/// [`CONFIG_SETTLE`] before, is read again once it is left alone; one that keeps changing
+/// for [`CONFIG_SETTLE_MAX`] is an error.
 fn read_text(path: &Path) -> std::io::Result<String> {
+    read_settled(path, CONFIG_SETTLE, CONFIG_SETTLE_MAX)
+}
+
+/// [`read_text`] with its two times.
+fn read_settled(path: &Path, settle: Duration, max: Duration) -> std::io::Result<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let (text, settled) = read_text_once(path)?;
+        let wait = match settled {
+            Ok(age) if age >= settle => return Ok(text),
+            Ok(age) => settle - age,
+            Err(()) => settle / 4,
+        };
+        if start.elapsed() + wait > max {
+            return Err(std::io::Error::other(format!(
+                "it kept changing for {:.1} s while it was read: write config files \
+                 atomically (to a temporary file renamed over it)",
+                max.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(wait);
+    }
+}
+
+/// One read of `path`, and how long before it the file last changed (`Err`: it changed
+/// while it was read). A modification time in the future or unknown counts as settled.
+type ReadOnce = (String, Result<Duration, ()>);
+
+fn read_text_once(path: &Path) -> std::io::Result<ReadOnce> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     // Non-blocking open: a FIFO at the path must not hang the main loop before the type
     // check (a regular file's reads ignore the flag).
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)?;
-    if !f.metadata()?.is_file() {
+    let before = f.metadata()?;
+    if !before.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
     let mut text = String::new();
-    f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    (&f).take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_CONFIG_BYTES {
         return Err(std::io::Error::other(format!(
             "larger than {} MiB: not a config file",
             MAX_CONFIG_BYTES >> 20
         )));
     }
-    Ok(text)
+    let after = f.metadata()?;
+    let stamp = |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec());
+    if stamp(&before) != stamp(&after) || text.len() as u64 != after.len() {
+        return Ok((text, Err(())));
+    }
+    let age = after
+        .modified()
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .unwrap_or(Duration::MAX);
+    Ok((text, Ok(age)))
 }
 
 impl Config {

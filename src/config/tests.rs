@@ -1258,3 +1258,65 @@ fn a_config_path_to_a_device_or_a_huge_file_is_refused() {
     let err = Config::load(&fifo).expect_err("a FIFO is no config");
     assert!(err.to_string().contains("not a regular file"), "{err}");
 }
+
+/// A config written in place is read once it is left alone: half a file (which here is
+/// valid YAML without its last lines) is never what a reload sees while the writer is
+/// still at it (the reload audit's M5). A file left alone is read as it is, and one that
+/// never stops changing is an error that says how to write configs. (Settle times of
+/// 1 s here, 100 ms in the daemon: a loaded test machine can stall a writer thread for
+/// longer than the daemon's.)
+#[test]
+fn a_config_written_in_place_is_read_once_it_is_left_alone() {
+    use std::io::Write;
+    let (settle, max) = (Duration::from_secs(1), Duration::from_secs(3));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    let full = "a: 1\nb: 2\nc: 3\n";
+    std::fs::write(&path, "a: 1\n").unwrap();
+    let writer = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(b"b: 2\n").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            f.write_all(b"c: 3\n").unwrap();
+        })
+    };
+    let text = read_settled(&path, settle, max).unwrap();
+    writer.join().unwrap();
+    assert_eq!(text, full, "the whole file, not the part written first");
+
+    // Left alone for a while: read as it is.
+    let f = std::fs::File::options().write(true).open(&path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(read_settled(&path, settle, max).unwrap(), full);
+
+    // Never left alone.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_all(b"# more\n").unwrap();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    let e = read_settled(&path, settle, max).unwrap_err().to_string();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        e.contains("kept changing") && e.contains("atomically"),
+        "{e}"
+    );
+}
