@@ -74,17 +74,7 @@ impl Sqe {
     /// for Copy), for the commands that address blocks; `None` for the others. Admin
     /// opcodes overlap these: ask only of I/O queue commands.
     pub fn io_lba(&self) -> Option<u64> {
-        use opcodes::io;
-        match self.opcode() {
-            io::READ
-            | io::WRITE
-            | io::WRITE_UNCORRECTABLE
-            | io::COMPARE
-            | io::WRITE_ZEROES
-            | io::VERIFY
-            | io::COPY => Some(self.slba()),
-            _ => None,
-        }
+        opcodes::io::addresses_blocks(self.opcode()).then(|| self.slba())
     }
     /// Number of logical blocks, 0's based in CDW12 bits 15:0, returned 1-based.
     pub fn nlb(&self) -> u32 {

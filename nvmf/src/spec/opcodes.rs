@@ -47,6 +47,14 @@ pub mod io {
     pub const RESERVATION_ACQUIRE: u8 = 0x11;
     pub const RESERVATION_RELEASE: u8 = 0x15;
     pub const COPY: u8 = 0x19;
+
+    /// I/O commands whose CDW10-11 is a first logical block (SLBA; SDLBA for Copy).
+    pub fn addresses_blocks(opcode: u8) -> bool {
+        matches!(
+            opcode,
+            READ | WRITE | WRITE_UNCORRECTABLE | COMPARE | WRITE_ZEROES | VERIFY | COPY
+        )
+    }
 }
 
 pub mod fabrics {

@@ -162,6 +162,9 @@ pub struct DocaIo {
     cmds: Vec<Slot<Cmd>>,
     free_cmds: Vec<u32>,
     events: VecDeque<Event>,
+    /// Commands the engine failed on this context's QPs, from the main context's
+    /// CQE-notify events (`Core::route_failures`).
+    failures: Arc<super::FailureBox>,
     counters: Arc<IoCounters>,
     tasks_in_flight: usize,
     /// `doca_ctx_start` succeeded (else Drop only frees what was made).
@@ -253,6 +256,7 @@ impl IoSeed for DocaIoSeed {
             cmds: Vec::new(),
             free_cmds: Vec::new(),
             events: VecDeque::new(),
+            failures: Arc::default(),
             counters: self.counters.clone(),
             tasks_in_flight: 0,
             started: false,
@@ -412,6 +416,7 @@ impl DocaIo {
             subsys: None,
         });
         self.by_raw.insert(qp as usize, idx);
+        self.core.route_failures(qp as usize, Some(&self.failures));
         bump(&self.counters.qps, 1);
         Ok(QpHandle { idx, gen: slot.gen })
     }
@@ -459,9 +464,7 @@ impl DocaIo {
     /// Commands the engine failed on this context's QPs (the main context's CQE-notify
     /// events), as events.
     fn take_failures(&mut self) -> bool {
-        let taken = self
-            .core
-            .take_failures(|raw| self.by_raw.contains_key(&raw));
+        let taken = self.failures.take();
         let any = !taken.is_empty();
         for (raw, failure) in taken {
             if let Some(h) = self.handle(raw) {
@@ -588,6 +591,7 @@ impl DocaIo {
         slot.gen = slot.gen.wrapping_add(1);
         self.free_qps.push(h.idx);
         self.by_raw.remove(&(q.raw as usize));
+        self.core.route_failures(q.raw as usize, None);
         // SAFETY: its disconnect task completed; nothing uses the handle any more.
         if let Err(e) = check("doca_sta_io_qp_destroy", unsafe {
             (lib().doca_sta_io_qp_destroy)(self.io, q.raw)

@@ -57,9 +57,9 @@ mod io;
 mod mem;
 mod stats;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -241,41 +241,76 @@ pub(crate) struct Core {
     /// Raw subsystem handles by id, for the IO threads' `qp_add_subsystem`.
     subs_raw: Mutex<BTreeMap<u32, usize>>,
     access: AccessPublisher,
-    /// Commands the engine failed by itself (the CQE-notify event, on the main PE), by
-    /// raw QP handle, until the IO context that owns the QP takes them
-    /// (`take_failures`). At most [`FAILURES_HELD`]; the oldest go first.
-    failures: Mutex<VecDeque<(usize, CommandFailure)>>,
-    failures_waiting: AtomicBool,
+    /// Where the commands the engine failed by itself (the CQE-notify event, on the main
+    /// PE) go: the failure box of the IO context that owns the QP, by raw QP handle
+    /// (registered at accept, gone at destroy: a failure of a QP already destroyed is
+    /// dropped, never given to a later QP).
+    failure_boxes: Mutex<HashMap<usize, Arc<FailureBox>>>,
+    /// Failures dropped: of QPs gone, or past a box's bound.
+    failures_dropped: AtomicU64,
 }
 
-/// Bound of [`Core::failures`]: entries of a QP that closed before its IO context
-/// looked are never taken, and a host can make the engine fail commands without end.
+/// Bound of a [`FailureBox`]: a host can make the engine fail commands without end, and
+/// its IO context takes them only at its next pass.
 const FAILURES_HELD: usize = 1024;
+
+/// One IO context's failures not taken yet (raw QP handle, failure).
+#[derive(Default)]
+pub(crate) struct FailureBox {
+    list: Mutex<VecDeque<(usize, CommandFailure)>>,
+    waiting: AtomicBool,
+}
+
+impl FailureBox {
+    /// The failures in order; cheap when there are none (one atomic load).
+    pub(crate) fn take(&self) -> Vec<(usize, CommandFailure)> {
+        if !self.waiting.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        lock(&self.list).drain(..).collect()
+    }
+
+    /// Forget the failures of `qp` (destroyed).
+    fn forget(&self, qp: usize) {
+        lock(&self.list).retain(|(q, _)| *q != qp);
+    }
+}
 
 impl Core {
     fn note_failure(&self, qp: usize, f: CommandFailure) {
-        let mut l = lock(&self.failures);
+        let b = lock(&self.failure_boxes).get(&qp).cloned();
+        let Some(b) = b else {
+            self.failures_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut l = lock(&b.list);
         if l.len() >= FAILURES_HELD {
             l.pop_front();
+            self.failures_dropped.fetch_add(1, Ordering::Relaxed);
         }
         l.push_back((qp, f));
-        self.failures_waiting.store(true, Ordering::Release);
+        b.waiting.store(true, Ordering::Release);
     }
 
-    /// The failures of the QPs `mine` says are the caller's, in order.
-    pub(crate) fn take_failures(
-        &self,
-        mine: impl Fn(usize) -> bool,
-    ) -> Vec<(usize, CommandFailure)> {
-        if !self.failures_waiting.load(Ordering::Acquire) {
-            return Vec::new();
+    /// QP `qp` belongs to the IO context whose failures go to `b` (accept), or to none
+    /// any more (`None`: destroyed; its failures not taken yet go too).
+    pub(crate) fn route_failures(&self, qp: usize, b: Option<&Arc<FailureBox>>) {
+        let mut m = lock(&self.failure_boxes);
+        match b {
+            Some(b) => {
+                m.insert(qp, b.clone());
+            }
+            None => {
+                if let Some(b) = m.remove(&qp) {
+                    b.forget(qp);
+                }
+            }
         }
-        let mut l = lock(&self.failures);
-        let (taken, rest): (Vec<_>, Vec<_>) = l.drain(..).partition(|(qp, _)| mine(*qp));
-        l.extend(rest);
-        self.failures_waiting
-            .store(!l.is_empty(), Ordering::Release);
-        taken
+    }
+
+    /// Failures dropped so far (of QPs gone, or past a box's bound).
+    pub(crate) fn failures_dropped(&self) -> u64 {
+        self.failures_dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -293,6 +328,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The doca engine's main context.
 pub struct Sta {
     core: Arc<Core>,
+}
+
+impl Sta {
+    /// Engine-failed commands whose report was dropped: their QP was destroyed before the
+    /// main context heard of them, or their IO context had [`FAILURES_HELD`] waiting.
+    pub fn failures_dropped(&self) -> u64 {
+        self.core.failures_dropped()
+    }
 }
 
 fn ibdev_name(info: *const doca_devinfo) -> Result<String, EngineError> {
@@ -542,8 +585,8 @@ unsafe extern "C" fn cqe_notify_cb(ev: *const doca_sta_event_cqe_notify, ud: doc
             error: nvmf::target::CommandError {
                 cid,
                 nsid: u32::from(nsid),
-                // Only I/O queues are offloaded, and READ/WRITE address blocks.
-                lba: Some(lba),
+                // Only I/O queues are offloaded: the opcode says what CDW10-11 is.
+                lba: nvmf::spec::opcodes::io::addresses_blocks(op).then_some(lba),
                 status,
             },
             from_backend,
@@ -630,8 +673,8 @@ impl Sta {
             bound: Mutex::new(BTreeMap::new()),
             subs_raw: Mutex::new(BTreeMap::new()),
             access: AccessPublisher::default(),
-            failures: Mutex::new(VecDeque::new()),
-            failures_waiting: AtomicBool::new(false),
+            failure_boxes: Mutex::new(HashMap::new()),
+            failures_dropped: AtomicU64::new(0),
         });
         let mut core = core;
         let started = {

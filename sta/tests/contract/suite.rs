@@ -344,7 +344,7 @@ impl<F: Fabric> World<F> {
         (a, q)
     }
 
-    fn on_event(&mut self, ev: Event) {
+    pub fn on_event(&mut self, ev: Event) {
         match ev {
             Event::NonOffload {
                 qp,
