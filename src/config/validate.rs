@@ -861,9 +861,10 @@ impl Checker<'_> {
             let key = (l.transport.value, address, port);
             // A TCP wildcard and another address it covers on one port: the kernel refuses
             // to bind the second, so the daemon would start without it. `::` is dual-stack
-            // (Linux's default, net.ipv6.bindv6only 0): it covers IPv4 addresses too.
-            let covers =
-                |w: &IpAddr, x: &IpAddr| w.is_unspecified() && (w.is_ipv6() || x.is_ipv4());
+            // (unless net.ipv6.bindv6only is 1): it covers IPv4 addresses too.
+            let covers = |w: &IpAddr, x: &IpAddr| {
+                w.is_unspecified() && (w.is_ipv4() == x.is_ipv4() || (w.is_ipv6() && dual_stack()))
+            };
             let overlap = (l.transport.value == TransportKind::Tcp)
                 .then(|| {
                     endpoints.iter().find(|((t, a, pt), _)| {
@@ -1738,4 +1739,13 @@ fn cpu_ranges(cpus: &[u64]) -> String {
     } else {
         parts.join(",")
     }
+}
+
+/// Whether a socket bound to `::` takes IPv4 too: Linux's net.ipv6.bindv6only, 0 unless
+/// the machine says otherwise (as the kernel defaults).
+fn dual_stack() -> bool {
+    static DUAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DUAL.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() != "1")
+    })
 }
