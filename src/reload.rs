@@ -124,7 +124,8 @@ pub struct ConfigDiff {
     /// (subsystem NQN, its new ANA groups) for subsystems in both configs whose groups
     /// changed (an added subsystem carries its groups in its `SubsystemConfig`).
     pub ana_groups_changed: Vec<(String, Vec<AnaGroupConfig>)>,
-    /// (subsystem NQN, nsid, new `ana_group`) of surviving namespaces moved to another
+    /// (subsystem NQN, nsid, new ANA group, 1 for the default) of surviving namespaces
+    /// moved to another
     /// ANA group: in place, as SPDK does, keeping their reservations and I/O (hosts that
     /// see them get an ANA Change event).
     pub namespace_ana_group_changed: Vec<(String, u32, u32)>,
@@ -239,8 +240,7 @@ impl ConfigDiff {
         }
         for (nqn, nsid, group) in &self.namespace_ana_group_changed {
             out.push(format!(
-                "subsystem {nqn} namespace {nsid}: ANA group {}",
-                if *group == 0 { 1 } else { *group }
+                "subsystem {nqn} namespace {nsid}: ANA group {group}"
             ));
         }
         for (nqn, groups) in &self.ana_groups_changed {
@@ -414,8 +414,9 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         .iter()
         .filter_map(|(key, ns)| {
             let o = old_ns.get(key)?;
-            (same(o, ns) && o.ana_group != ns.ana_group)
-                .then(|| (key.0.to_string(), key.1, ns.ana_group))
+            // 0 is the default group, 1.
+            let group = |n: &NamespaceConfig| n.ana_group.max(1);
+            (same(o, ns) && group(o) != group(ns)).then(|| (key.0.to_string(), key.1, group(ns)))
         })
         .collect();
     // Backends of namespaces that stay as they are: these cannot be swapped live.

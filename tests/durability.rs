@@ -156,6 +156,46 @@ fn acknowledged_writes_survive_sigterm() {
     d.stop();
 }
 
+/// A namespace a reload removes is flushed once the engine has drained it, as at a
+/// graceful stop: writes the host never flushed must not wait in the page cache after
+/// the host lost its means to flush them (the integrity audit of 2026-11-27; nvmet does
+/// not flush either). Its data is there when a later reload adds it back.
+#[test]
+fn a_namespace_removed_by_reload_is_flushed_once_drained() {
+    let _w = watchdog("flush_on_removal", Duration::from_secs(60));
+    let mut d = Daemon::start(CONFIG);
+    let mut c = controller(&d, 2, &opts());
+    let regions: Vec<u64> = (0..16).collect();
+    let expected = write_regions(&mut c, &regions, 7, false);
+    drop(c);
+    let without = CONFIG.replace(
+        "namespaces: [{nsid: 1, backend: f0}, {nsid: 2, backend: ram0}]",
+        "namespaces: [{nsid: 2, backend: ram0}]",
+    );
+    assert_ne!(without, CONFIG);
+    std::fs::write(d.dir().join("nvmf-target.yaml"), d.fill(&without)).unwrap();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let want = "backend f0: flushed after namespace 1 of subsystem";
+    while !d.log().contains(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no flush after the removal:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(d.dir().join("nvmf-target.yaml"), d.fill(CONFIG)).unwrap();
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while d.log().matches("reload applied").count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    verify(&d, &expected, "after the namespace came back");
+    d.stop();
+}
+
 /// Issue 11: a backing file deleted under the daemon takes its namespace out end to end:
 /// its I/O gets Internal Path Error without DNR (a multipath host fails over; Namespace
 /// Not Ready made Linux retry forever on the same path), it leaves the active namespace

@@ -19,18 +19,19 @@ use super::io_thread::IoThread;
 /// At most one storage-error line per IO thread this often.
 pub(super) const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// One IO thread's failures of the current pass and its log bound.
+/// One IO thread's failures of the current pass (with their queue as it was when the
+/// failure came: a disconnect later in the pass does not lose it) and its log bound.
 #[derive(Default)]
 pub(super) struct Failures {
-    pass: Vec<(QpHandle, CommandFailure)>,
+    pass: Vec<(QpHandle, Option<QueueRef>, CommandFailure)>,
     last_line: Option<Instant>,
     /// Storage errors not logged since the last line.
     quiet: u64,
 }
 
 impl Failures {
-    pub fn push(&mut self, qp: QpHandle, f: CommandFailure) {
-        self.pass.push((qp, f));
+    pub fn push(&mut self, qp: QpHandle, queue: Option<QueueRef>, f: CommandFailure) {
+        self.pass.push((qp, queue, f));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -75,13 +76,19 @@ impl<I: IoContext> IoThread<I> {
         let pass = std::mem::take(&mut self.failures.pass);
         let errors: Vec<(QueueRef, CommandError)> = pass
             .iter()
-            .filter_map(|(qp, f)| Some((self.qps.get(qp)?.queue?, f.error)))
+            .filter_map(|(_, q, f)| Some(((*q)?, f.error)))
             .collect();
         if !errors.is_empty() {
             self.shared.target().record_engine_errors(&errors);
         }
         let now = Instant::now();
-        for (qp, f) in pass.iter().filter(|(_, f)| f.from_backend) {
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
+        for (qp, _, f) in pass.iter().filter(|(_, _, f)| f.from_backend) {
+            // A failing disk fails many commands at once: words only for a line printed.
+            let quiet = self.failures.may_log(now);
+            if quiet.is_none() && !debug {
+                continue;
+            }
             let e = &f.error;
             let what = format!(
                 "{}{} of namespace {}",
@@ -99,7 +106,7 @@ impl<I: IoContext> IoThread<I> {
                 "io{}: {what} failed in its backend: {status}",
                 self.index,
             );
-            let Some(quiet) = self.failures.may_log(now) else {
+            let Some(quiet) = quiet else {
                 continue;
             };
             let c = self.shared.conn(super::shared::queue_key(self.index, *qp));

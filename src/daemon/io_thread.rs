@@ -482,7 +482,10 @@ impl<I: IoContext> IoThread<I> {
                 }
             }
             Event::Tls { qp, ok, .. } => self.on_tls(qp, ok),
-            Event::CommandFailed { qp, failure, .. } => self.failures.push(qp, failure),
+            Event::CommandFailed { qp, failure, .. } => {
+                let queue = self.qps.get(&qp).and_then(|a| a.queue);
+                self.failures.push(qp, queue, failure)
+            }
             Event::RefusedBeforeConnect {
                 qp, sqe, status, ..
             } => self.report_refused_before_connect(qp, &sqe, status),

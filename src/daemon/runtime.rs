@@ -113,6 +113,10 @@ pub(super) struct Runtime<E: Engine> {
     /// Namespaces whose hung backend queues were destroyed (`be_queue_destroy` once each,
     /// until a reload removes the namespace).
     hung: std::collections::HashSet<(SubsysId, u32)>,
+    /// Backends of namespaces being removed, flushed once the engine has drained them
+    /// (`NsRemoved`): a write the host never flushed is on stable storage before its
+    /// namespace and the host's means to flush it are gone, as at a graceful stop.
+    flush_when_removed: HashMap<(SubsysId, u32), (String, Arc<dyn Backend>)>,
     /// Reservations read from the PTPL state file at start-up, restored as their
     /// namespaces are added (before any host can reach them).
     persisted: Vec<PersistedReservation>,
@@ -161,6 +165,7 @@ impl<E: Engine> Runtime<E> {
             listeners: Listeners::default(),
             retiring: Vec::new(),
             hung: Default::default(),
+            flush_when_removed: HashMap::new(),
             persisted,
             carried: Vec::new(),
             health: None,
@@ -376,7 +381,15 @@ impl<E: Engine> Runtime<E> {
                 self.shared.route(actions);
             }
             if let Some(id) = self.shared.subsystems.id(nqn) {
-                self.hung.remove(&(id, *nsid));
+                let hung = self.hung.remove(&(id, *nsid));
+                let backend = self.cfg.namespace(nqn, *nsid).and_then(|n| {
+                    let b = self.backends.get(&n.backend)?;
+                    Some((n.backend.clone(), b.clone()))
+                });
+                // Not one that hangs: its flush would too.
+                if let Some(b) = backend.filter(|_| !hung) {
+                    self.flush_when_removed.insert((id, *nsid), b);
+                }
                 match self.engine.ns_remove(id, *nsid, 0) {
                     Ok(()) => {
                         if d.subsystems_removed.contains(nqn) {
@@ -810,6 +823,10 @@ impl<E: Engine> Runtime<E> {
         // After the groups' states: a namespace takes its new group's states as they are
         // now.
         for (nqn, nsid, group) in &d.namespace_ana_group_changed {
+            // One taken out and tried again is added anew, in its new group.
+            if d.namespaces_retried.contains(&(nqn.clone(), *nsid)) {
+                continue;
+            }
             let r = self
                 .shared
                 .target()
@@ -819,8 +836,7 @@ impl<E: Engine> Runtime<E> {
                     self.shared.sync_target_state();
                     self.shared.route(actions);
                     tracing::info!(
-                        "subsystem {nqn}: namespace {nsid}: moved to ANA group {} in place",
-                        if *group == 0 { 1 } else { *group }
+                        "subsystem {nqn}: namespace {nsid}: moved to ANA group {group} in place"
                     );
                 }
                 Err(source) => {
@@ -918,10 +934,13 @@ impl<E: Engine> Runtime<E> {
         while let Some(ev) = self.engine.progress() {
             match ev {
                 MainEvent::NsRemoved { subsys, nsid, .. } => {
+                    let nqn = self.subsystem_name(subsys);
                     tracing::info!(
-                        "engine: namespace {nsid} of subsystem {} drained and detached",
-                        self.subsystem_name(subsys)
+                        "engine: namespace {nsid} of subsystem {nqn} drained and detached"
                     );
+                    if let Some((name, b)) = self.flush_when_removed.remove(&(subsys, nsid)) {
+                        flush_detached(name, nqn, nsid, b);
+                    }
                     let done = self
                         .retiring
                         .iter_mut()
@@ -1073,4 +1092,26 @@ pub(super) struct Applied {
     pub errors: Vec<ApplyError>,
     /// The parts of the change those failures left undone.
     pub undone: Undone,
+}
+
+/// Flushes the backend of a namespace the engine has detached, on a thread of its own (a
+/// large file's fsync can take seconds; the main thread runs the keep-alive timers).
+fn flush_detached(backend: String, nqn: String, nsid: u32, b: Arc<dyn Backend>) {
+    let name = backend.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("flush {backend}"))
+        .spawn(move || match b.flush_sync() {
+            Ok(()) => tracing::info!(
+                "backend {backend}: flushed after namespace {nsid} of subsystem {nqn} was \
+                 detached"
+            ),
+            Err(e) => tracing::warn!(
+                "backend {backend}: flush after namespace {nsid} of subsystem {nqn} was \
+                 detached failed: {e} (writes the host did not flush may not be on stable \
+                 storage)"
+            ),
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("backend {name}: cannot start its flush after a namespace left: {e}");
+    }
 }

@@ -1301,6 +1301,11 @@ impl Target {
             return Err(TargetError::InvalidAnaGroup(grpid));
         }
         let s = self.user_subsystem_mut(subnqn)?;
+        if let Some(lost) = s.lost.get_mut(&nsid) {
+            // Taken out (its storage went): it comes back in its new group.
+            lost.anagrpid = grpid;
+            return Ok(Vec::new());
+        }
         let ns = s
             .namespaces
             .get_mut(&nsid)
@@ -1801,8 +1806,6 @@ impl Target {
         }
     }
 
-    /// Refusals and other news since the last call (see [`Notice`]), oldest first, and
-    /// how many were dropped because the queue was full ([`NOTICE_LIMIT`] kept).
     /// Commands the engine answered with an error by itself (the target never saw them):
     /// into their controllers' Error Information logs. Those of controllers gone are
     /// dropped.
@@ -1814,6 +1817,8 @@ impl Target {
         }
     }
 
+    /// Refusals and other news since the last call (see [`Notice`]), oldest first, and
+    /// how many were dropped because the queue was full ([`NOTICE_LIMIT`] kept).
     pub fn take_notices(&mut self) -> (Vec<Notice>, u64) {
         (
             std::mem::take(&mut self.notices),

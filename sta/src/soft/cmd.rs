@@ -1292,8 +1292,11 @@ impl Core {
                 // it rather than send them.
                 cqe = Cqe::new(cqe.cid, Status::INTERNAL_ERROR);
                 data_len = 0;
+                c.backend_failed = true;
+                self.report_failure(st, idx, Status::INTERNAL_ERROR);
             }
         }
+        let c = &self.cmds[idx as usize];
         st.link.respond(idx, &c.sqe, cqe, c.data(data_len));
         self.mark_tx(st);
     }
