@@ -34,6 +34,15 @@ fn open(e: &Arc<EmulatedController>, opts: NvmeOptions) -> Arc<NvmeBackend> {
     NvmeBackend::open(e.clone() as Arc<dyn DeviceAccess>, opts).expect("open emulated drive")
 }
 
+/// A queue whose pair is on the drive already (queue creation itself is asynchronous:
+/// the service thread creates the pair, and requests wait in the queue until it has).
+fn created(be: &Arc<NvmeBackend>, depth: u32) -> backend::nvme::NvmeQueue {
+    let mut q = be.create_nvme_queue(depth).unwrap();
+    q.wait_created(Duration::from_secs(5))
+        .expect("queue pair created");
+    q
+}
+
 fn big(blocks: u64) -> EmuConfig {
     EmuConfig {
         namespaces: vec![blocks],
@@ -69,7 +78,7 @@ fn prp_lists_mdts_split_and_data_land_on_the_drive() {
     let e = emu(big(1 << 14)); // 8 MiB, MDTS 5 = 128 KiB
     let be = open(&e, NvmeOptions::default());
     assert!(be.describe().contains("PRP"), "{}", be.describe());
-    let mut q = be.create_nvme_queue(32).unwrap();
+    let mut q = created(&be, 32);
     let bs = 512;
     // 1 block (PRP1), 16 blocks (PRP1+PRP2), 128 blocks (PRP list), 2048 blocks (1 MiB:
     // eight 128 KiB commands).
@@ -98,7 +107,7 @@ fn sgl_when_the_drive_supports_it() {
     let be = open(&e, NvmeOptions::default());
     assert_eq!(be.block_size(), 4096);
     assert!(be.describe().contains("SGL"));
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 4096, 7, 64, 2);
     let c = e.counters();
     assert!(c.sgl_commands >= 4, "{c:?}");
@@ -114,7 +123,7 @@ fn sgl_when_the_drive_supports_it() {
             ..NvmeOptions::default()
         },
     );
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 4096, 100, 32, 3);
     assert!(e.counters().prp_list_commands > 0);
 }
@@ -123,7 +132,7 @@ fn sgl_when_the_drive_supports_it() {
 fn pool_buffers_are_mapped_once_then_reused_without_new_mappings() {
     let e = emu(big(4096));
     let be = open(&e, NvmeOptions::default());
-    let mut q = be.create_nvme_queue(16).unwrap();
+    let mut q = created(&be, 16);
     let mut pool = BufPool::new(128 << 10, 8 << 20);
     for round in 0..200u64 {
         let mut b = pool.get(4096).unwrap();
@@ -155,7 +164,7 @@ fn mapping_cache_is_bounded_and_never_evicts_buffers_in_use() {
             ..NvmeOptions::default()
         },
     );
-    let mut q = be.create_nvme_queue(16).unwrap();
+    let mut q = created(&be, 16);
     let base = e.mapped_ranges();
     // 8 distinct buffers in flight at once: the cache must exceed its bound rather than
     // evict a mapping a queued command needs.
@@ -210,7 +219,7 @@ fn drive_until_done(
 fn a_stuck_command_is_aborted_and_retried() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.stall_io(1, Some(spec::io::WRITE));
     let data = pattern(5, 1, 4096);
     q.submit(Request {
@@ -235,7 +244,7 @@ fn a_stuck_command_is_aborted_and_retried() {
 fn abort_that_does_nothing_leads_to_a_controller_reset_and_a_retry() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.stall_io(1, Some(spec::io::READ));
     e.ignore_abort(true);
     let want = pattern(3, 3, 512);
@@ -263,7 +272,7 @@ fn abort_that_does_nothing_leads_to_a_controller_reset_and_a_retry() {
 fn a_hung_controller_is_reset_and_outstanding_writes_are_not_lost() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(32).unwrap();
+    let mut q = created(&be, 32);
     e.hang();
     let mut want = Vec::new();
     for i in 0..16u64 {
@@ -290,7 +299,7 @@ fn a_hung_controller_is_reset_and_outstanding_writes_are_not_lost() {
 fn a_function_reset_behind_our_back_is_noticed_and_recovered() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 512, 0, 8, 1);
     e.function_reset(); // like an FLR through sysfs
     assert!(!e.ready());
@@ -303,7 +312,7 @@ fn a_function_reset_behind_our_back_is_noticed_and_recovered() {
 fn a_reset_racing_a_function_reset_in_progress_is_retried() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 512, 0, 8, 1);
     e.function_reset();
     // Our first bring-up's register writes vanish (the FLR is not done yet).
@@ -317,8 +326,8 @@ fn a_reset_racing_a_function_reset_in_progress_is_retried() {
 fn a_reset_by_one_queue_is_recovered_by_the_other() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut a = be.create_nvme_queue(8).unwrap();
-    let mut b = be.create_nvme_queue(8).unwrap();
+    let mut a = created(&be, 8);
+    let mut b = created(&be, 8);
     assert_ne!(a.qid(), b.qid());
     assert_eq!(e.io_queues(), 2);
     // b has a write the controller holds; a's stuck read forces the reset.
@@ -361,7 +370,7 @@ fn a_reset_by_one_queue_is_recovered_by_the_other() {
 fn surprise_removal_fails_the_namespace_without_hanging() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 512, 0, 1, 1);
     e.stall_io(4, None);
     for i in 0..4u64 {
@@ -396,7 +405,7 @@ fn surprise_removal_fails_the_namespace_without_hanging() {
 fn a_removal_request_releases_the_device_and_fails_outstanding_io() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.stall_io(1, None);
     q.submit(Request {
         tag: 9,
@@ -416,7 +425,7 @@ fn a_removal_request_releases_the_device_and_fails_outstanding_io() {
 fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
     let e = emu(big(4096));
     let be = open(&e, NvmeOptions::default());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.fail_next(spec::io::READ, Status::UNRECOVERED_READ_ERROR.dnr());
     assert_eq!(
         run(&mut q, Op::Read, 0, 1, Some(IoBuf::new(512))).status,
@@ -465,7 +474,7 @@ fn drive_errors_map_to_backend_statuses_and_retryable_ones_are_retried() {
 fn drive_statuses_pass_through_and_never_take_the_namespace_out() {
     let e = emu(big(4096));
     let be = open(&e, NvmeOptions::default());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     let cases = [
         (Status::generic(0x81).dnr(), IoStatus::NoSpace),
         (
@@ -530,7 +539,7 @@ fn a_command_out_of_retries_fails_alone_and_the_drive_stays() {
     let opts = fast_opts();
     let retries = opts.max_retries;
     let be = open(&e, opts);
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     // The first try and every retry are held.
     e.stall_io(u32::from(retries) + 1, Some(spec::io::READ));
     e.ignore_abort(true);
@@ -575,7 +584,7 @@ fn resets_for_timeouts_back_off() {
         ..NvmeOptions::default()
     };
     let be = open(&e, opts);
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.ignore_abort(true);
     e.stall_io(4, Some(spec::io::READ));
     let start = Instant::now();
@@ -600,7 +609,7 @@ fn resets_for_timeouts_back_off() {
 fn health_log_is_the_drives_own_smart_page() {
     let e = emu(big(4096));
     let be = open(&e, NvmeOptions::default());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     for i in 0..5 {
         write_read_check(&mut q, 512, i * 8, 8, 1);
     }
@@ -630,7 +639,7 @@ fn namespaces_are_checked_at_open() {
     )
     .unwrap();
     assert_eq!((be1.num_blocks(), be2.num_blocks()), (1024, 2048));
-    let mut q2 = be2.create_nvme_queue(4).unwrap();
+    let mut q2 = created(&be2, 4);
     write_read_check(&mut q2, 512, 2000, 8, 5);
     assert_eq!(e.read_blocks(2, 2000, 1), pattern(2000, 5, 512));
     let err = NvmeBackend::with_controller(
@@ -769,7 +778,7 @@ fn offload_queue_through_the_backend_trait_with_engine_memory_at_iova_equal_va()
 fn dropping_a_queue_with_stuck_commands_is_bounded() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.stall_io(1, None);
     q.submit(Request {
         tag: 1,
@@ -781,8 +790,13 @@ fn dropping_a_queue_with_stuck_commands_is_bounded() {
     .unwrap();
     let t = Instant::now();
     drop(q);
-    assert!(t.elapsed() < Duration::from_secs(3));
-    // Delete I/O SQ aborted the held command; the queue is gone from the drive.
+    assert!(t.elapsed() < POLL_BOUND, "drop took {:?}", t.elapsed());
+    // Delete I/O SQ (on the service thread) aborts the held command; the queue is gone
+    // from the drive.
+    let t = Instant::now();
+    while (e.io_queues() != 0 || e.held() != 0) && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(e.io_queues(), 0);
     assert_eq!(e.held(), 0);
 }
@@ -813,7 +827,7 @@ fn two_threads_that_see_the_same_dead_controller_reset_it_once() {
         .map(|t| {
             let (be, barrier) = (be.clone(), barrier.clone());
             std::thread::spawn(move || {
-                let mut q = be.create_nvme_queue(8).unwrap();
+                let mut q = created(&be, 8);
                 write_read_check(&mut q, 512, t * 100, 4, 1);
                 barrier.wait(); // both queues exist
                 barrier.wait(); // the function was reset
@@ -904,9 +918,9 @@ fn an_admin_queue_that_stops_answering_does_not_stall_the_io_thread() {
             ..NvmeOptions::default()
         },
     );
-    let mut sick = be.create_nvme_queue(8).unwrap();
+    let mut sick = created(&be, 8);
     let other = open(&emu(big(4096)), NvmeOptions::default());
-    let mut well = other.create_nvme_queue(8).unwrap();
+    let mut well = created(&other, 8);
     let want = pattern(6, 6, 512);
     assert_eq!(write(&mut sick, 512, 6, &want, false), IoStatus::Ok);
     e.stall_io(1, Some(spec::io::READ));
@@ -952,10 +966,10 @@ fn a_reset_that_takes_seconds_does_not_stall_the_io_thread() {
         ..big(4096)
     });
     let be = open(&e, fast_opts());
-    let mut sick = be.create_nvme_queue(8).unwrap();
-    let mut sibling = be.create_nvme_queue(8).unwrap();
+    let mut sick = created(&be, 8);
+    let mut sibling = created(&be, 8);
     let other = open(&emu(big(4096)), NvmeOptions::default());
-    let mut well = other.create_nvme_queue(8).unwrap();
+    let mut well = created(&other, 8);
     write_read_check(&mut sick, 512, 0, 1, 1);
     e.set_ready_delay(Duration::from_millis(1500));
     e.function_reset();
@@ -1038,9 +1052,9 @@ fn a_reset_that_takes_seconds_does_not_stall_the_io_thread() {
 fn a_failing_reset_takes_the_namespace_out_without_stalling_the_io_thread() {
     let e = emu(big(4096));
     let be = open(&e, fast_opts());
-    let mut sick = be.create_nvme_queue(8).unwrap();
+    let mut sick = created(&be, 8);
     let other = open(&emu(big(4096)), NvmeOptions::default());
-    let mut well = other.create_nvme_queue(8).unwrap();
+    let mut well = created(&other, 8);
     write_read_check(&mut sick, 512, 0, 1, 1);
     // CAP.TO is 1 s: three bring-up attempts that time out take over 3 s.
     e.set_ready_delay(Duration::from_secs(3600));
@@ -1081,7 +1095,7 @@ fn a_removal_request_cuts_a_slow_reset_short() {
         ..big(4096)
     });
     let be = open(&e, fast_opts());
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     write_read_check(&mut q, 512, 0, 1, 1);
     e.set_ready_delay(Duration::from_secs(3600));
     e.function_reset();
@@ -1134,7 +1148,7 @@ fn a_command_id_stays_out_of_use_while_its_abort_is_pending() {
             ..NvmeOptions::default()
         },
     );
-    let mut q = be.create_nvme_queue(8).unwrap();
+    let mut q = created(&be, 8);
     e.stall_io(1, Some(spec::io::READ));
     e.hang_admin();
     q.submit(Request {
@@ -1191,4 +1205,206 @@ fn a_command_id_stays_out_of_use_while_its_abort_is_pending() {
     assert_eq!(e.read_blocks(1, 8, 1), data);
     assert_eq!(be.controller().resets(), 0);
     assert_eq!(e.counters().aborts, 2);
+}
+
+/// A namespace added while its drive's admin queue does not answer (audit F6, queue
+/// creation): `create_queue` runs on the IO thread (the engine's namespace add, e.g. a
+/// live reload) and returns at once; the Create I/O CQ/SQ commands wait on the service
+/// thread. A request submitted meanwhile is held, another drive's queue on the same thread
+/// keeps completing, and once the admin queue answers, the pair is created and the held
+/// write lands and reads back.
+#[test]
+fn a_queue_created_while_the_admin_queue_hangs_does_not_stall_the_io_thread() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let other = open(&emu(big(4096)), NvmeOptions::default());
+    let mut well = created(&other, 8);
+    e.hang_admin();
+    let t = Instant::now();
+    let sick = be.clone().create_queue(8);
+    let took = t.elapsed();
+    assert!(
+        took < POLL_BOUND,
+        "creating a queue took {took:?} while the drive's admin queue was hung"
+    );
+    let mut sick = sick.expect("the queue is made; its pair comes later");
+    let data = pattern(21, 4, 512);
+    sick.submit(Request {
+        tag: 1,
+        op: Op::Write { fua: false },
+        lba: 21,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&data)),
+    })
+    .unwrap();
+    let (done, longest, served) = serve_both(&mut *sick, &mut well, 1, Duration::from_millis(500));
+    assert!(
+        done.is_empty(),
+        "completed before its queue existed: {done:?}"
+    );
+    assert!(longest < POLL_BOUND, "a poll took {longest:?}");
+    assert!(
+        served >= 10,
+        "the other drive completed only {served} writes"
+    );
+    assert_eq!(e.io_queues(), 0);
+    assert!(
+        e.admin_waiting() >= 1,
+        "Create I/O CQ waits on the admin queue"
+    );
+    e.release_admin();
+    let (done, longest, _) = serve_both(&mut *sick, &mut well, 1, Duration::from_secs(5));
+    assert!(longest < POLL_BOUND, "a poll took {longest:?}");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Ok);
+    assert_eq!(e.io_queues(), 1);
+    assert_eq!(e.read_blocks(1, 21, 1), data);
+    assert_eq!(read(&mut *sick, 512, 21, 1), data);
+    write_read_check(&mut *sick, 512, 100, 16, 5);
+}
+
+/// A namespace added while its drive is in a slow controller reset (audit F6, queue
+/// creation): the reset holds the admin lock until CSTS.RDY comes up, and the new
+/// queue's creation waits for it on the service thread, not on the IO thread. Requests
+/// submitted meanwhile complete after the reset, on a pair created under the new
+/// controller generation.
+#[test]
+fn a_queue_created_during_a_slow_reset_does_not_wait_for_it() {
+    let e = emu(EmuConfig {
+        cap_to: 20,
+        ..big(4096)
+    });
+    let be = open(&e, fast_opts());
+    let mut first = created(&be, 8);
+    write_read_check(&mut first, 512, 0, 1, 1);
+    e.set_ready_delay(Duration::from_millis(1500));
+    e.function_reset();
+    let start = Instant::now();
+    let mut sink = Vec::new();
+    while e.counters().enables < 2 && start.elapsed() < Duration::from_secs(5) {
+        first.poll(&mut sink);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(!e.ready(), "the reset should still be waiting for CSTS.RDY");
+    let t = Instant::now();
+    let q = be.clone().create_queue(8);
+    let took = t.elapsed();
+    assert!(
+        took < POLL_BOUND,
+        "creating a queue took {took:?} during a controller reset"
+    );
+    let mut q = q.expect("queue");
+    let data = pattern(30, 6, 512);
+    q.submit(Request {
+        tag: 7,
+        op: Op::Write { fua: true },
+        lba: 30,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(&data)),
+    })
+    .unwrap();
+    let mut done = Vec::new();
+    let mut longest = Duration::ZERO;
+    while done.is_empty() && start.elapsed() < Duration::from_secs(10) {
+        longest = longest.max(timed_poll(&mut *q, &mut done));
+        first.poll(&mut sink);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(longest < POLL_BOUND, "a poll took {longest:?}");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Ok);
+    assert_eq!(e.read_blocks(1, 30, 1), data);
+    assert_eq!(be.controller().resets(), 1);
+    assert_eq!(e.io_queues(), 2);
+    write_read_check(&mut *q, 512, 60, 8, 2);
+    write_read_check(&mut first, 512, 80, 8, 3);
+}
+
+/// Dropping a queue of a drive whose admin queue does not answer (audit F6, queue
+/// deletion; the engine drops its backend queue when a namespace is removed): the drop
+/// returns at once, and Delete I/O SQ/CQ run on the service thread. The queue's memory is
+/// freed only after the drive confirmed the delete: while it has not, the rings stay
+/// mapped.
+#[test]
+fn dropping_a_queue_of_a_hung_admin_queue_returns_at_once() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut q = created(&be, 8);
+    write_read_check(&mut q, 512, 0, 4, 1);
+    let mapped = e.mapped_ranges();
+    e.hang_admin();
+    let t = Instant::now();
+    drop(q);
+    let took = t.elapsed();
+    assert!(
+        took < POLL_BOUND,
+        "dropping a queue took {took:?} while the drive's admin queue was hung"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(e.io_queues(), 1, "not deleted yet");
+    assert_eq!(
+        e.mapped_ranges(),
+        mapped,
+        "the rings were freed before the drive deleted the pair"
+    );
+    e.release_admin();
+    let t = Instant::now();
+    while e.io_queues() != 0 && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(e.io_queues(), 0);
+    // The queue ID is free again and a new queue works.
+    let mut q = created(&be, 8);
+    write_read_check(&mut q, 512, 8, 4, 2);
+}
+
+/// A delete the drive never confirms (its admin queue stays silent past the admin
+/// timeout): the dropped queue's memory stays allocated and mapped, since the drive may
+/// still own the rings, until a controller reset takes every pair off the drive; then it
+/// is freed. A queue created while the admin queue is silent fails its requests with
+/// Unavailable once the create times out, rather than holding them for good.
+#[test]
+fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
+    let e = emu(big(4096));
+    let opts = NvmeOptions {
+        driver: backend::nvme::DriverOptions {
+            admin_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..fast_opts()
+    };
+    let be = open(&e, opts);
+    let mut keep = created(&be, 8);
+    let q = created(&be, 8);
+    let qid = q.qid();
+    let mapped = e.mapped_ranges();
+    e.hang_admin();
+    let t = Instant::now();
+    drop(q);
+    assert!(t.elapsed() < POLL_BOUND, "drop took {:?}", t.elapsed());
+    // The Delete I/O SQ times out on the service thread.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(e.mapped_ranges(), mapped, "memory freed under the drive");
+    // A queue made now cannot get its pair: its request fails, it does not wait forever.
+    let t = Instant::now();
+    let mut late = be.clone().create_queue(4).expect("queue");
+    assert!(t.elapsed() < POLL_BOUND, "create took {:?}", t.elapsed());
+    let c = run(&mut *late, Op::Read, 0, 1, Some(IoBuf::new(512)));
+    assert_eq!(c.status, IoStatus::Unavailable);
+    drop(late);
+    // A reset (here after a function reset) takes every pair off the drive: the kept
+    // memory goes, and the queue ID with it.
+    e.function_reset();
+    write_read_check(&mut keep, 512, 0, 4, 3);
+    assert_eq!(be.controller().resets(), 1);
+    let t = Instant::now();
+    while e.mapped_ranges() >= mapped && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        e.mapped_ranges() < mapped,
+        "the kept memory was never freed"
+    );
+    let q = created(&be, 8);
+    assert_eq!(q.qid(), qid, "the kept queue ID is free again");
 }

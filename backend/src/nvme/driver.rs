@@ -10,15 +10,21 @@
 //! I/O. A reset bumps [`Controller::generation`]; each queue notices on its next poll and
 //! rebuilds its own SQ/CQ (see `queue.rs`).
 //!
-//! The admin work an I/O queue needs while it runs (Abort a timed-out command, reset the
-//! controller, create its queue pair again after a reset) can take seconds: an Abort
+//! The admin work an I/O queue needs (create its queue pair, Abort a timed-out command,
+//! reset the controller, create its pair again after a reset, delete it when the queue is
+//! dropped) can take seconds: an Abort
 //! waits up to its deadline when the admin queue does not answer, and a reset waits for
 //! CSTS.RDY up to CAP.TO (up to 127.5 s) per attempt. An IO thread serves many
 //! connections and namespaces, so it must not wait for that. Each controller has a
 //! service thread that does this work: a queue posts a [`Job`] and reads the [`Answer`]
 //! from its own channel on a later poll, holding its commands meanwhile. Jobs run one at
 //! a time, in order, which also orders an Abort before the reset or queue re-creation
-//! that follows it.
+//! that follows it, and a queue's create before its delete.
+//!
+//! Queue memory is never freed while the device may still use it: the admin lock's
+//! holder tracks which queue IDs may have a pair on the device (`Admin::live`), and a
+//! dropped queue whose delete the drive did not confirm is kept (`Admin::orphans`) until a
+//! reset or the device's release takes every pair away.
 
 #![forbid(unsafe_code)]
 
@@ -194,8 +200,42 @@ pub(crate) enum Job {
         generation: u64,
         to: Mailbox,
     },
+    /// Create a new queue pair on the device (its queue ID and rings are reserved,
+    /// [`Controller::reserve_io_pair`]). Skipped once the queue is gone.
+    Create { queue: QueueSpec, to: Mailbox },
+    /// Delete a dropped queue's pair from the device, then free its memory and queue
+    /// ID (see [`Teardown`]). `keep` holds the controller until that is done, so its
+    /// shutdown never comes before the delete.
+    Delete {
+        pair: Teardown,
+        keep: Arc<Controller>,
+    },
     /// Give up on the controller (see [`Controller::fail_soon`]).
     Fail,
+}
+
+/// What a dropped I/O queue leaves behind: its rings and whatever else the device may
+/// still reach through its commands (PRP list pages, data buffers and their mappings).
+/// Freed only once the pair is off the device (deleted, or gone with a reset or the
+/// released device); until then it is kept, never freed under the device.
+pub(crate) struct Teardown {
+    ring: Ring,
+    /// Kept alive, never looked at.
+    _rest: Box<dyn Send>,
+}
+
+impl Teardown {
+    pub(crate) fn new(ring: Ring, rest: Box<dyn Send>) -> Teardown {
+        Teardown { ring, _rest: rest }
+    }
+}
+
+impl std::fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Teardown")
+            .field("qid", &self.ring.qid)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The service thread's answer to a [`Job`].
@@ -209,6 +249,8 @@ pub(crate) enum Answer {
     },
     Reset(Result<(), DriverError>),
     Recreate(Result<(), DriverError>),
+    /// The new pair is on the device, created under this controller generation.
+    Create(Result<u64, DriverError>),
 }
 
 /// Where the answer to a [`Job`] goes. `owner` is the queue's liveness token: once the
@@ -267,6 +309,12 @@ struct Admin {
     next_cid: u16,
     /// Buffer for Identify / log pages.
     page: DmaRegion,
+    /// I/O queue IDs that may have a queue pair on the device: created, or a create or
+    /// delete whose outcome is unknown (timed out). Emptied by a reset.
+    live: Vec<u16>,
+    /// Dropped queues whose pair could not be deleted: their memory stays allocated (and
+    /// their queue IDs taken) until a reset or the device's release takes the pair away.
+    orphans: Vec<Teardown>,
 }
 
 /// An initialised controller shared by every queue of every namespace on it.
@@ -410,6 +458,8 @@ impl Controller {
             ring: Ring::new(&*dev, 0, entries, cap.dstrd)?,
             next_cid: 0,
             page: dev.alloc_dma(4096)?,
+            live: Vec::new(),
+            orphans: Vec::new(),
         };
         let abandon = AtomicBool::new(false);
         bring_up(&*dev, cap, &mut admin, &abandon)?;
@@ -613,25 +663,96 @@ impl Controller {
         Ok(out)
     }
 
+    /// Creates the pair on the device (CQ, then SQ). The queue ID counts as live (maybe on
+    /// the device) from the first command on, until a create is refused outright.
     fn create_on_device(&self, a: &mut Admin, ring: &QueueSpec) -> Result<(), DriverError> {
         let qsize = u32::from(ring.entries - 1);
         let qid = u32::from(ring.qid);
+        if !a.live.contains(&ring.qid) {
+            a.live.push(ring.qid);
+        }
         let mut cq = Sqe::new(spec::admin::CREATE_IO_CQ, 0);
         cq.set_prp(ring.cq_iova, 0);
         cq.dw[10] = qid | qsize << 16;
         cq.dw[11] = 1; // physically contiguous, interrupts off (polled)
-        self.admin_locked(a, cq, &format!("Create I/O CQ {qid}"))?;
+        if let Err(e) = self.admin_locked(a, cq, &format!("Create I/O CQ {qid}")) {
+            // Refused: nothing was created. Timed out: the drive may still create it.
+            if matches!(e, DriverError::Status { .. }) {
+                a.live.retain(|&q| q != ring.qid);
+            }
+            return Err(e);
+        }
         let mut sq = Sqe::new(spec::admin::CREATE_IO_SQ, 0);
         sq.set_prp(ring.sq_iova, 0);
         sq.dw[10] = qid | qsize << 16;
         sq.dw[11] = 1 | qid << 16;
         if let Err(e) = self.admin_locked(a, sq, &format!("Create I/O SQ {qid}")) {
-            let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
-            d.dw[10] = qid;
-            let _ = self.admin_locked(a, d, "Delete I/O CQ");
+            if matches!(e, DriverError::Status { .. }) {
+                let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
+                d.dw[10] = qid;
+                if self.admin_locked(a, d, "Delete I/O CQ").is_ok() {
+                    a.live.retain(|&q| q != ring.qid);
+                }
+            }
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Takes pair `qid` off the device if it may be there. True when it is off (or the
+    /// device is released); false when the drive did not confirm it.
+    fn delete_on_device(&self, a: &mut Admin, qid: u16) -> bool {
+        if self.is_failed() || !a.live.contains(&qid) {
+            return true;
+        }
+        // Invalid Queue Identifier: no such queue on the device, which is what we want.
+        let gone = |r: &Result<Cqe, DriverError>| match r {
+            Ok(_) => true,
+            Err(DriverError::Status { status, .. }) => status.sct == 1 && status.sc == 0x01,
+            Err(_) => false,
+        };
+        let mut d = Sqe::new(spec::admin::DELETE_IO_SQ, 0);
+        d.dw[10] = u32::from(qid);
+        let sq = self.admin_locked(a, d, "Delete I/O SQ");
+        if matches!(sq, Err(DriverError::Timeout(_) | DriverError::Failed)) {
+            return self.is_failed();
+        }
+        let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
+        d.dw[10] = u32::from(qid);
+        let cq = self.admin_locked(a, d, "Delete I/O CQ");
+        if gone(&sq) && gone(&cq) {
+            a.live.retain(|&q| q != qid);
+            return true;
+        }
+        self.is_failed()
+    }
+
+    /// Deletes `pair` from the device, then frees its memory and queue ID; if the drive
+    /// does not confirm the delete, keeps both until a reset or the device's release.
+    fn discard_locked(&self, a: &mut Admin, pair: Teardown) {
+        let qid = pair.ring.qid;
+        if self.delete_on_device(a, qid) {
+            drop(pair);
+            self.free_qid(qid);
+        } else {
+            tracing::warn!(
+                "nvme {}: I/O queue {qid} could not be deleted; its memory is kept until \
+                 the controller is reset or released",
+                self.dev.name()
+            );
+            a.orphans.push(pair);
+        }
+    }
+
+    /// The pairs are off the device (reset or release): orphans' memory and queue IDs can
+    /// go.
+    fn forget_pairs(&self, a: &mut Admin) {
+        a.live.clear();
+        for o in std::mem::take(&mut a.orphans) {
+            let qid = o.ring.qid;
+            drop(o);
+            self.free_qid(qid);
+        }
     }
 
     /// Largest I/O queue the controller allows, capped at `want` and rounded down to a
@@ -642,8 +763,12 @@ impl Controller {
         (1u32 << (31 - n.leading_zeros())) as u16
     }
 
-    /// A new I/O queue pair of `entries` entries on a free queue ID.
-    pub fn create_io_pair(&self, entries: u16) -> Result<Ring, DriverError> {
+    /// A free queue ID and the rings of a pair of `entries` entries, not yet on the
+    /// device (no admin command; see `Job::Create` and [`Controller::create_io_pair`]).
+    pub fn reserve_io_pair(&self, entries: u16) -> Result<Ring, DriverError> {
+        if self.is_failed() {
+            return Err(DriverError::Failed);
+        }
         let qid = {
             let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
             let Some(i) = q.iter().position(|used| !used) else {
@@ -655,14 +780,25 @@ impl Controller {
             q[i] = true;
             i as u16
         };
-        let result = Ring::new(&*self.dev, qid, entries, self.cap.dstrd).and_then(|ring| {
-            let mut a = self.lock_admin();
-            self.create_on_device(&mut a, &ring.spec()).map(|()| ring)
-        });
-        if result.is_err() {
+        let ring = Ring::new(&*self.dev, qid, entries, self.cap.dstrd);
+        if ring.is_err() {
             self.free_qid(qid);
         }
-        result
+        ring
+    }
+
+    /// A new I/O queue pair of `entries` entries on a free queue ID, created on the
+    /// device before this returns (waits for the admin queue: not for an IO thread).
+    pub fn create_io_pair(&self, entries: u16) -> Result<Ring, DriverError> {
+        let ring = self.reserve_io_pair(entries)?;
+        let mut a = self.lock_admin();
+        match self.create_on_device(&mut a, &ring.spec()) {
+            Ok(()) => Ok(ring),
+            Err(e) => {
+                self.discard_locked(&mut a, Teardown::new(ring, Box::new(())));
+                Err(e)
+            }
+        }
     }
 
     /// Recreates `ring` on the device after a controller reset (same queue ID, empty).
@@ -672,19 +808,19 @@ impl Controller {
         self.create_on_device(&mut a, &ring.spec())
     }
 
-    /// Deletes the queue pair on the device (best effort) and frees its queue ID.
+    /// Deletes the queue pair on the device and frees it and its queue ID; `on_device`
+    /// false: the caller knows the device does not have it (the controller failed). A
+    /// delete the drive does not confirm keeps the memory (see [`Teardown`]). Waits for
+    /// the admin queue: an IO thread's queue hands this to the service thread instead.
     pub fn delete_io_pair(&self, ring: Ring, on_device: bool) {
         if on_device && !self.is_failed() {
             let mut a = self.lock_admin();
-            let qid = u32::from(ring.qid);
-            let mut d = Sqe::new(spec::admin::DELETE_IO_SQ, 0);
-            d.dw[10] = qid;
-            let _ = self.admin_locked(&mut a, d, "Delete I/O SQ");
-            let mut d = Sqe::new(spec::admin::DELETE_IO_CQ, 0);
-            d.dw[10] = qid;
-            let _ = self.admin_locked(&mut a, d, "Delete I/O CQ");
+            self.discard_locked(&mut a, Teardown::new(ring, Box::new(())));
+            return;
         }
-        self.free_qid(ring.qid);
+        let qid = ring.qid;
+        drop(ring);
+        self.free_qid(qid);
     }
 
     fn free_qid(&self, qid: u16) {
@@ -763,6 +899,10 @@ impl Controller {
                     .unwrap_or_default()
             );
         }
+        if result.is_ok() {
+            // The controller was disabled: no I/O queue pair is left on it.
+            self.forget_pairs(&mut a);
+        }
         // Still under the admin lock, up to the generation bump: a queue that saw the
         // controller not ready meanwhile waits here and then finds the new generation
         // instead of resetting a second time.
@@ -787,17 +927,18 @@ impl Controller {
     /// platform can take it (hot removal). Outstanding commands are failed by their
     /// queues once this returns (the device can no longer DMA into their buffers).
     pub fn fail(&self) {
-        let _a = self.lock_admin();
-        self.fail_locked();
+        let mut a = self.lock_admin();
+        self.fail_locked(&mut a);
     }
 
     /// With the admin lock held. `failed` is set only once the device is released, so a
     /// queue that sees it may give its buffers back.
-    fn fail_locked(&self) {
+    fn fail_locked(&self, a: &mut Admin) {
         if !self.failed.load(Ordering::Acquire) {
             self.dev.release();
             self.failed.store(true, Ordering::Release);
         }
+        self.forget_pairs(a);
     }
 
     /// [`Controller::fail`] without waiting for the admin lock (for an IO thread): done at
@@ -808,10 +949,10 @@ impl Controller {
     pub fn fail_soon(&self) -> bool {
         let first = !self.abandon.swap(true, Ordering::AcqRel);
         match self.admin.try_lock() {
-            Ok(_a) => self.fail_locked(),
+            Ok(mut a) => self.fail_locked(&mut a),
             Err(TryLockError::Poisoned(p)) => {
-                let _a = p.into_inner();
-                self.fail_locked();
+                let mut a = p.into_inner();
+                self.fail_locked(&mut a);
             }
             Err(TryLockError::WouldBlock) => {
                 if first {
@@ -828,6 +969,25 @@ impl Controller {
     pub(crate) fn post(&self, job: Job) -> bool {
         let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         tx.send(job).is_ok()
+    }
+
+    /// Hands a dropped queue's pair and memory to the service thread, which deletes the
+    /// pair and frees the memory after (`Job::Delete`); returns at once.
+    pub(crate) fn retire(self: &Arc<Self>, pair: Teardown) {
+        let job = Job::Delete {
+            pair,
+            keep: Arc::clone(self),
+        };
+        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(mpsc::SendError(job)) = tx.send(job) {
+            drop(tx);
+            // The thread is gone, which happens only after a job panicked, and then the
+            // controller was failed (the device released): freeing is safe. Should it not
+            // be failed, the memory is leaked rather than freed under the device.
+            if !self.is_failed() {
+                std::mem::forget(job);
+            }
+        }
     }
 
     /// Runs one job on the service thread.
@@ -892,6 +1052,26 @@ impl Controller {
                     self.fail();
                 }
                 to.send(Answer::Recreate(result));
+            }
+            Job::Create { queue, to } => {
+                let result = {
+                    // As for Recreate: a queue dropped before its pair was created never
+                    // gets it (its Delete job follows this one).
+                    let mut a = self.lock_admin();
+                    if to.owner_gone() {
+                        return;
+                    }
+                    let generation = self.generation();
+                    self.create_on_device(&mut a, &queue).map(|()| generation)
+                };
+                to.send(Answer::Create(result));
+            }
+            Job::Delete { pair, keep } => {
+                let mut a = self.lock_admin();
+                self.discard_locked(&mut a, pair);
+                drop(a);
+                // Maybe the last reference: the controller shuts down after the delete.
+                drop(keep);
             }
             Job::Fail => self.fail(),
         }

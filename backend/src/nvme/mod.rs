@@ -34,8 +34,9 @@
 //!   splitting requests.
 //! - Timeouts: Abort, then controller reset (backing off between resets a timed-out
 //!   command causes); outstanding commands are retried on the rebuilt queues (bounded),
-//!   then fail alone with Command Abort Requested. Aborts, resets and re-creating the
-//!   queues run on the controller's service thread, never on an IO thread: a drive whose
+//!   then fail alone with Command Abort Requested. Creating and deleting queues, Aborts,
+//!   resets and re-creating the queues run on the controller's service thread, never on
+//!   an IO thread (a new queue holds its requests until its pair exists): a drive whose
 //!   admin queue stops answering, or that takes its full CAP.TO to come ready, holds its
 //!   own queues' commands but no other backend's. The drive's own error statuses go to
 //!   the host as the drive gave them. Only a controller that is removed (surprise removal,

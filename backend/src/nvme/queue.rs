@@ -19,11 +19,15 @@
 //!   resubmits what was outstanding, up to `max_retries` times per command, then fails
 //!   it. Data is never acknowledged before the drive completed it, so nothing
 //!   acknowledged is lost.
-//! - None of that waits on the IO thread: Aborts, resets and re-creating the queue pair
-//!   are jobs for the controller's service thread (`driver.rs`). While a reset or
-//!   re-creation this queue asked for is pending, the queue holds: it does not touch its
-//!   rings, keeps what is outstanding as it is, and keeps new requests (up to its depth)
-//!   until the pair is back. A command whose Abort is pending keeps its command ID until
+//! - None of that waits on the IO thread: creating the queue pair, Aborts, resets,
+//!   re-creating the pair and deleting it are jobs for the controller's service thread
+//!   (`driver.rs`). A new queue exists at once and holds its requests (up to its depth)
+//!   until its pair is on the device; a create that fails fails them with
+//!   [`IoStatus::Unavailable`]. While a reset or re-creation this queue asked for is
+//!   pending, the queue holds too: it does not touch its rings, keeps what is outstanding
+//!   as it is, and keeps new requests until the pair is back. Dropping the queue hands its
+//!   rings, PRP list pages and outstanding buffers to the service thread, which frees them
+//!   only once the drive has deleted the pair. A command whose Abort is pending keeps its command ID until
 //!   the answer, so the Abort can never hit a later command with the same ID.
 //! - Removal (all-ones reads, CSTS gone, or the platform's request): the controller is
 //!   released (no more DMA), everything outstanding fails with
@@ -38,7 +42,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::device::{DeviceAccess, DeviceError, DmaRegion};
-use super::driver::{Answer, Controller, DriverError, Health, Job, Mailbox, Ring};
+use super::driver::{Answer, Controller, DriverError, Health, Job, Mailbox, Ring, Teardown};
 use super::spec::{self, io, Sqe, Status};
 use super::NvmeBackend;
 use crate::{BackendQueue, Completion, IoBuf, IoStatus, Op, Request, SubmitError};
@@ -173,11 +177,6 @@ impl MapCache {
     pub fn stats(&self) -> MapStats {
         self.stats
     }
-
-    /// Forget every mapping without unmapping (the device may still own the memory).
-    fn leak(&mut self) {
-        self.entries.clear();
-    }
 }
 
 impl Drop for MapCache {
@@ -220,6 +219,8 @@ struct Cmd {
 enum Hold {
     /// Nothing: the queue runs.
     No,
+    /// Its queue pair, being created on the device for the first time.
+    Create,
     /// The controller reset this queue asked for.
     Reset,
     /// Its queue pair, created again on the device after a reset.
@@ -256,8 +257,9 @@ pub struct NvmeQueue {
     retry: VecDeque<Cmd>,
     cmds: Vec<Option<Cmd>>,
     free_cids: Vec<u16>,
-    /// One 4 KiB page per command ID: PRP list or DSM range.
-    lists: DmaRegion,
+    /// One 4 KiB page per command ID: PRP list or DSM range. Always there; an `Option`
+    /// only so that `Drop` can hand it to the service thread.
+    lists: Option<DmaRegion>,
     zeroes: Option<DmaRegion>,
     ready: VecDeque<Completion>,
     maps: MapCache,
@@ -337,10 +339,18 @@ impl NvmeQueue {
             (depth + 1).next_power_of_two()
         };
         let entries = ctrl.io_queue_entries(want);
-        let generation = ctrl.generation();
-        let ring = ctrl.create_io_pair(entries)?;
+        // Only the queue ID and memory here: the admin commands that create the pair on
+        // the device run on the controller's service thread (`Job::Create`), and requests
+        // wait in the queue until it answers.
+        let ring = ctrl.reserve_io_pair(entries)?;
         let ncmds = usize::from(entries) - 1;
-        let lists = dev.alloc_dma(ncmds * spec::PAGE)?;
+        let lists = match dev.alloc_dma(ncmds * spec::PAGE) {
+            Ok(l) => l,
+            Err(e) => {
+                ctrl.delete_io_pair(ring, false);
+                return Err(e.into());
+            }
+        };
         let bs = ns.block_size as usize;
         let part = ctrl
             .max_transfer()
@@ -352,11 +362,12 @@ impl NvmeQueue {
             ns.opts.map_cache_bytes,
         );
         let (mailbox, answers) = mpsc::channel();
-        Ok(NvmeQueue {
+        let queue = ring.spec();
+        let q = NvmeQueue {
+            generation: ctrl.generation(),
             ctrl,
             dev,
             ring: Some(ring),
-            generation,
             depth: depth as usize,
             slots: (0..depth).map(|_| None).collect(),
             free_slots: (0..depth).rev().collect(),
@@ -364,7 +375,7 @@ impl NvmeQueue {
             retry: VecDeque::new(),
             cmds: (0..ncmds).map(|_| None).collect(),
             free_cids: (0..ncmds as u16).rev().collect(),
-            lists,
+            lists: Some(lists),
             zeroes: None,
             ready: VecDeque::new(),
             maps,
@@ -373,7 +384,7 @@ impl NvmeQueue {
             last_timeout_reset: None,
             reset_backoff: Duration::ZERO,
             failed: false,
-            hold: Hold::No,
+            hold: Hold::Create,
             abort_pending: vec![false; ncmds],
             answers,
             mailbox,
@@ -381,7 +392,23 @@ impl NvmeQueue {
             stats: QueueStats::default(),
             ns,
             _not_send: std::marker::PhantomData,
-        })
+        };
+        let job = Job::Create {
+            queue,
+            to: q.mailbox(),
+        };
+        if !q.ctrl.post(job) {
+            // No service thread: the controller failed (see `serve`).
+            return Err(DriverError::Failed);
+        }
+        Ok(q)
+    }
+
+    /// The per-command pages (there until `Drop`).
+    fn lists(&self) -> &DmaRegion {
+        self.lists
+            .as_ref()
+            .expect("the PRP list pages live as long as the queue")
     }
 
     /// This queue's counters.
@@ -392,6 +419,29 @@ impl NvmeQueue {
     /// The mapping cache's counters and size.
     pub fn map_stats(&self) -> (MapStats, usize) {
         (self.maps.stats(), self.maps.len())
+    }
+
+    /// Waits until the queue pair is on the device (the service thread answered the
+    /// create), at most `limit`. For callers that may wait (tools, tests); an IO thread
+    /// just submits and polls, and its requests wait in the queue meanwhile.
+    pub fn wait_created(&mut self, limit: Duration) -> Result<(), DriverError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.take_answers();
+            if self.failed {
+                return Err(DriverError::Failed);
+            }
+            if self.hold != Hold::Create {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(DriverError::Timeout(format!(
+                    "creating I/O queue {:?}",
+                    self.qid()
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     /// The queue ID on the controller.
@@ -418,7 +468,7 @@ impl NvmeQueue {
         let has_dsm = id.oncs & spec::ONCS_DSM != 0 && self.ns.dsm_zeroes;
         let sgl = self.ns.use_sgl();
         let list_off = usize::from(cid) * spec::PAGE;
-        let list_iova = self.lists.iova() + list_off as u64;
+        let list_iova = self.lists().iova() + list_off as u64;
         let max_part = self.max_part_blocks;
         let slot = self.slots[si as usize].as_ref()?;
         let rest = slot.nblocks - slot.issued;
@@ -447,7 +497,7 @@ impl NvmeQueue {
                 let mut range = [0u8; 16];
                 range[4..8].copy_from_slice(&rest.to_le_bytes());
                 range[8..16].copy_from_slice(&lba.to_le_bytes());
-                self.lists.write(list_off, &range);
+                self.lists().write(list_off, &range);
                 let mut s = Sqe::new(io::DSM, nsid);
                 s.dw[10] = 0; // one range
                 s.dw[11] = 1 << 2; // AD: deallocate
@@ -502,7 +552,7 @@ impl NvmeQueue {
                 for k in 1..pages {
                     list.extend_from_slice(&(iova + (k * spec::PAGE) as u64).to_le_bytes());
                 }
-                self.lists.write(list_off, &list);
+                self.lists().write(list_off, &list);
                 sqe.set_prp(iova, list_iova);
             }
         }
@@ -528,8 +578,8 @@ impl NvmeQueue {
             cmd.abort_sent = None;
             // A PRP list or DSM range lives in the old command ID's page: move it.
             let (base, end) = (
-                self.lists.iova(),
-                self.lists.iova() + self.lists.len() as u64,
+                self.lists().iova(),
+                self.lists().iova() + self.lists().len() as u64,
             );
             let ref_page = cmd.sqe.opcode() == io::DSM
                 || (cmd.sqe.psdt() == 0 && (base..end).contains(&cmd.sqe.prp2()));
@@ -582,7 +632,7 @@ impl NvmeQueue {
     /// Copies the per-command page (PRP list or DSM range) of a command being resubmitted
     /// under a new command ID, and points the command at the new page.
     fn move_page(&mut self, cmd: &mut Cmd, new_cid: u16) {
-        let base = self.lists.iova();
+        let base = self.lists().iova();
         let old = if cmd.sqe.psdt() == 1 {
             cmd.sqe.sgl1().0
         } else if cmd.sqe.opcode() == io::DSM {
@@ -594,8 +644,8 @@ impl NvmeQueue {
         let new_off = usize::from(new_cid) * spec::PAGE;
         if old_off != new_off {
             let mut page = vec![0u8; spec::PAGE];
-            self.lists.read(old_off, &mut page);
-            self.lists.write(new_off, &page);
+            self.lists().read(old_off, &mut page);
+            self.lists().write(new_off, &page);
         }
         let new = base + new_off as u64 + (old - base) % spec::PAGE as u64;
         if cmd.sqe.psdt() == 1 {
@@ -691,8 +741,18 @@ impl NvmeQueue {
         }
     }
 
-    /// Fails everything outstanding and every later request (controller gone).
+    /// Fails everything outstanding and every later request (controller gone: the device
+    /// is released, so the rings can go).
     fn fail_all(&mut self) {
+        self.fail_requests();
+        if let Some(ring) = self.ring.take() {
+            self.ctrl.delete_io_pair(ring, false);
+        }
+    }
+
+    /// Fails every request this queue holds and every later one. The rings stay (the
+    /// device may still have them) until `Drop` hands them to the service thread.
+    fn fail_requests(&mut self) {
         if !self.failed {
             tracing_warn(&format!(
                 "{}: namespace {} failed: controller removed or unrecoverable",
@@ -726,9 +786,6 @@ impl NvmeQueue {
                 }
                 self.finish(si);
             }
-        }
-        if let Some(ring) = self.ring.take() {
-            self.ctrl.delete_io_pair(ring, false);
         }
     }
 
@@ -862,6 +919,33 @@ impl NvmeQueue {
                         }
                     }
                     // Success: the new generation starts recovery on this poll.
+                }
+                Answer::Create(result) => {
+                    if self.hold == Hold::Create {
+                        self.hold = Hold::No;
+                    }
+                    if self.failed {
+                        continue;
+                    }
+                    match result {
+                        // A reset after this generation is noticed on this poll and
+                        // recovered from as for any queue.
+                        Ok(generation) => self.generation = generation,
+                        Err(e) => {
+                            tracing_warn(&format!(
+                                "{}: namespace {}: cannot create an I/O queue: {e}",
+                                self.dev.name(),
+                                self.ns.nsid
+                            ));
+                            if self.ctrl.is_failed() {
+                                self.fail_all();
+                            } else {
+                                // Nothing was ever issued on this queue: its requests
+                                // fail, its rings wait for `Drop`.
+                                self.fail_requests();
+                            }
+                        }
+                    }
                 }
                 Answer::Recreate(result) => {
                     if self.hold == Hold::Recreate {
@@ -1118,30 +1202,27 @@ impl BackendQueue for NvmeQueue {
 
 impl Drop for NvmeQueue {
     fn drop(&mut self) {
-        // Let the drive finish what it has (bounded), then delete the queue pair; the
-        // Delete I/O SQ completes only after every command on it is done or aborted, so
-        // buffers are safe to free afterwards.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let mut sink = Vec::new();
-        while !self.failed && self.cmds.iter().any(Option::is_some) && Instant::now() < deadline {
-            self.poll(&mut sink);
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        let outstanding = self.cmds.iter().any(Option::is_some);
-        // Jobs still queued for this queue are skipped from now on; a re-creation already
-        // under way finishes before the delete below (both take the admin lock).
+        // Jobs still queued for this queue are skipped from now on (a create or
+        // re-creation already under way finishes first: the token is checked under the
+        // admin lock, and the delete below runs after it).
         self.alive = Arc::new(());
-        if let Some(ring) = self.ring.take() {
-            self.ctrl.delete_io_pair(ring, true);
-        }
-        if outstanding && !self.ctrl.is_failed() && self.ctrl.check_health() == Health::Ok {
-            // The drive may still own these buffers if the delete did not go through:
-            // leak them (and their mappings) rather than free memory a device can write.
-            for s in self.slots.drain(..) {
-                std::mem::forget(s);
-            }
-            self.maps.leak();
-        }
+        let Some(ring) = self.ring.take() else {
+            // Failed with the controller: the device is released, nothing to delete.
+            return;
+        };
+        // The device may still reach the rings, the PRP list pages and, through
+        // outstanding commands, the data buffers and their mappings: all of it goes to the
+        // service thread, which deletes the pair (Delete I/O SQ completes only once every
+        // command on it is done or aborted) and frees the memory only after that. The IO
+        // thread does not wait for the drive's admin queue.
+        let dev = Arc::clone(&self.dev);
+        let rest = (
+            self.lists.take(),
+            self.zeroes.take(),
+            std::mem::take(&mut self.slots),
+            std::mem::replace(&mut self.maps, MapCache::new(dev, 1, 0)),
+        );
+        self.ctrl.retire(Teardown::new(ring, Box::new(rest)));
     }
 }
 
