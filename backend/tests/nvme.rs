@@ -1361,8 +1361,10 @@ fn dropping_a_queue_of_a_hung_admin_queue_returns_at_once() {
 /// A delete the drive never confirms (its admin queue stays silent past the admin
 /// timeout): the dropped queue's memory stays allocated and mapped, since the drive may
 /// still own the rings, until a controller reset takes every pair off the drive; then it
-/// is freed. A queue created while the admin queue is silent fails its requests with
-/// Unavailable once the create times out, rather than holding them for good.
+/// is freed, and its queue ID with it. A queue created while the admin queue is silent
+/// gets its pair after all: its create times out, the controller is reset (as for an
+/// Abort that times out), and the pair is created after the reset; its held request
+/// then completes.
 #[test]
 fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
     let e = emu(big(4096));
@@ -1375,34 +1377,50 @@ fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
     };
     let be = open(&e, opts);
     let mut keep = created(&be, 8);
-    let q = created(&be, 8);
+    let base = e.mapped_ranges();
+    let mut q = created(&be, 8);
     let qid = q.qid();
+    write_read_check(&mut q, 512, 0, 4, 1);
     let mapped = e.mapped_ranges();
+    assert!(mapped > base);
     e.hang_admin();
     let t = Instant::now();
     drop(q);
-    assert!(t.elapsed() < POLL_BOUND, "drop took {:?}", t.elapsed());
+    let took = t.elapsed();
     // The Delete I/O SQ times out on the service thread.
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(e.mapped_ranges(), mapped, "memory freed under the drive");
-    // A queue made now cannot get its pair: its request fails, it does not wait forever.
+    assert_eq!(
+        e.mapped_ranges(),
+        mapped,
+        "memory freed while the drive still has the pair"
+    );
+    assert_eq!(e.io_queues(), 2);
+    assert!(took < POLL_BOUND, "drop took {took:?}");
+    // A queue made now: its create times out, the reset that follows takes every pair
+    // off the drive (freeing the kept memory) and the new pair is created after it.
     let t = Instant::now();
     let mut late = be.clone().create_queue(4).expect("queue");
     assert!(t.elapsed() < POLL_BOUND, "create took {:?}", t.elapsed());
-    let c = run(&mut *late, Op::Read, 0, 1, Some(IoBuf::new(512)));
-    assert_eq!(c.status, IoStatus::Unavailable);
-    drop(late);
-    // A reset (here after a function reset) takes every pair off the drive: the kept
-    // memory goes, and the queue ID with it.
-    e.function_reset();
-    write_read_check(&mut keep, 512, 0, 4, 3);
+    let data = pattern(9, 9, 512);
+    assert_eq!(write(&mut *late, 512, 9, &data, false), IoStatus::Ok);
     assert_eq!(be.controller().resets(), 1);
+    assert_eq!(read(&mut *late, 512, 9, 1), data);
+    write_read_check(&mut keep, 512, 20, 4, 3);
+    assert_eq!(
+        e.io_queues(),
+        2,
+        "the kept pair is gone, the two live ones are back"
+    );
+    drop(late);
     let t = Instant::now();
-    while e.mapped_ranges() >= mapped && t.elapsed() < Duration::from_secs(3) {
+    while e.mapped_ranges() != base && t.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(
-        e.mapped_ranges() < mapped,
+    // keep's own mapping cache holds the buffers of its last check.
+    let keep_maps = keep.map_stats().1;
+    assert_eq!(
+        e.mapped_ranges(),
+        base + keep_maps,
         "the kept memory was never freed"
     );
     let q = created(&be, 8);

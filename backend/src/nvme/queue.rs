@@ -22,8 +22,9 @@
 //! - None of that waits on the IO thread: creating the queue pair, Aborts, resets,
 //!   re-creating the pair and deleting it are jobs for the controller's service thread
 //!   (`driver.rs`). A new queue exists at once and holds its requests (up to its depth)
-//!   until its pair is on the device; a create that fails fails them with
-//!   [`IoStatus::Unavailable`]. While a reset or re-creation this queue asked for is
+//!   until its pair is on the device. A create that times out resets the controller
+//!   (then the pair is created as after any reset); one the drive refuses fails the
+//!   queue's requests with [`IoStatus::Unavailable`]. While a reset or re-creation this queue asked for is
 //!   pending, the queue holds too: it does not touch its rings, keeps what is outstanding
 //!   as it is, and keeps new requests until the pair is back. Dropping the queue hands its
 //!   rings, PRP list pages and outstanding buffers to the service thread, which frees them
@@ -939,9 +940,15 @@ impl NvmeQueue {
                             ));
                             if self.ctrl.is_failed() {
                                 self.fail_all();
+                            } else if matches!(e, DriverError::Timeout(_)) {
+                                // The admin queue did not answer: reset the controller,
+                                // as for an Abort that times out. The pair is then
+                                // created as after any reset (`recover`), and the held
+                                // requests go; a reset that fails fails the controller.
+                                self.reset_controller("Create I/O queue timed out");
                             } else {
-                                // Nothing was ever issued on this queue: its requests
-                                // fail, its rings wait for `Drop`.
+                                // Refused: nothing was ever issued on this queue; its
+                                // requests fail, its rings wait for `Drop`.
                                 self.fail_requests();
                             }
                         }
