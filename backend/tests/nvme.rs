@@ -1426,3 +1426,30 @@ fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
     let q = created(&be, 8);
     assert_eq!(q.qid(), qid, "the kept queue ID is free again");
 }
+
+/// Daemon stop: the IO threads drop their queues (their pairs are deleted on the service
+/// thread, which holds the controller meanwhile), then `flush_sync` runs for each backend
+/// and the backends are dropped. `flush_sync` waits for those deletes, so the drive is
+/// shut down normally (CC.SHN) when the last namespace is dropped, before the process
+/// could exit, not later on the service thread.
+#[test]
+fn the_drive_is_shut_down_when_the_last_namespace_is_dropped_after_flush_sync() {
+    let e = emu(big(4096));
+    let be = open(&e, NvmeOptions::default());
+    let mut q = created(&be, 8);
+    write_read_check(&mut q, 512, 0, 4, 1);
+    drop(q);
+    be.flush_sync().expect("flush");
+    assert_eq!(
+        e.io_queues(),
+        0,
+        "the queues are deleted once flush_sync returns"
+    );
+    drop(be);
+    let csts = e.read32(spec::REG_CSTS);
+    assert_eq!(
+        csts & spec::CSTS_SHST_MASK,
+        spec::CSTS_SHST_DONE,
+        "the drive was not shut down when its last namespace was dropped (CSTS {csts:#x})"
+    );
+}

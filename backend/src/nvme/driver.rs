@@ -212,6 +212,8 @@ pub(crate) enum Job {
     },
     /// Give up on the controller (see [`Controller::fail_soon`]).
     Fail,
+    /// Answered once every job posted before it is done (see [`Controller::settle`]).
+    Barrier(mpsc::Sender<()>),
 }
 
 /// What a dropped I/O queue leaves behind: its rings and whatever else the device may
@@ -418,6 +420,12 @@ fn serve(ctrl: Weak<Controller>, jobs: mpsc::Receiver<Job>) {
     // an admin queue known not to answer (the queue resets the controller instead).
     let mut stuck: Option<u64> = None;
     while let Ok(job) = jobs.recv() {
+        if let Job::Barrier(done) = job {
+            // Answered without holding the controller: whoever waits for this may drop
+            // the last reference next and must get the shutdown on its own thread.
+            let _ = done.send(());
+            continue;
+        }
         let Some(c) = ctrl.upgrade() else {
             return;
         };
@@ -1074,7 +1082,19 @@ impl Controller {
                 drop(keep);
             }
             Job::Fail => self.fail(),
+            Job::Barrier(done) => {
+                let _ = done.send(());
+            }
         }
+    }
+
+    /// Waits until the service thread has done every job posted so far (the deletes of
+    /// dropped queues among them, whose jobs hold the controller), at most `limit`; true
+    /// if it has. For shutdown, so that the controller's last reference, and with it the
+    /// normal shutdown (CC.SHN), stays with the caller; never for an IO thread.
+    pub fn settle(&self, limit: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        self.post(Job::Barrier(tx)) && rx.recv_timeout(limit).is_ok()
     }
 
     /// Normal shutdown (CC.SHN) when the last user goes away.

@@ -285,8 +285,35 @@ impl Backend for NvmeBackend {
         Ok(Box::new(self.create_nvme_queue(depth)?))
     }
 
-    /// Flush through a short-lived queue of its own (used at shutdown).
+    /// Flush through a short-lived queue of its own (used at shutdown). Then waits
+    /// (bounded) for the service thread to delete the queues dropped so far, so that the
+    /// controller shuts down (CC.SHN) when the caller drops the last namespace rather than
+    /// later on the service thread, perhaps after the process exited.
     fn flush_sync(&self) -> Result<(), Error> {
+        let result = self.flush_now();
+        let limit = self.opts.driver.admin_timeout * 2 + Duration::from_secs(1);
+        if !self.ctrl.is_failed() && !self.ctrl.settle(limit) {
+            tracing::warn!(
+                "{}: queues still being deleted after {limit:?}; the drive may be shut \
+                 down late or not at all",
+                self.desc
+            );
+        }
+        result
+    }
+
+    fn health_log(&self) -> Option<[u8; 512]> {
+        self.ctrl.health_log().ok()
+    }
+
+    fn offload_queue(&self, entries: u32) -> Option<Result<OffloadQueue, Error>> {
+        Some(self.make_offload_queue(entries))
+    }
+}
+
+impl NvmeBackend {
+    /// The flush of [`Backend::flush_sync`].
+    fn flush_now(&self) -> Result<(), Error> {
         if !self.ctrl.identity().vwc || self.ctrl.is_failed() {
             return Ok(());
         }
@@ -308,7 +335,11 @@ impl Backend for NvmeBackend {
             buf: None,
         })
         .map_err(|_| Error::Invalid(format!("{}: flush not accepted", self.desc)))?;
-        let deadline = std::time::Instant::now() + self.opts.io_timeout + self.opts.abort_timeout;
+        // The queue's pair is created first (on the service thread), then the flush runs.
+        let deadline = std::time::Instant::now()
+            + self.opts.driver.admin_timeout
+            + self.opts.io_timeout
+            + self.opts.abort_timeout;
         let mut out = Vec::new();
         while out.is_empty() && std::time::Instant::now() < deadline {
             q.poll(&mut out);
@@ -322,13 +353,5 @@ impl Backend for NvmeBackend {
             ))),
             None => Err(Error::Invalid(format!("{}: flush timed out", self.desc))),
         }
-    }
-
-    fn health_log(&self) -> Option<[u8; 512]> {
-        self.ctrl.health_log().ok()
-    }
-
-    fn offload_queue(&self, entries: u32) -> Option<Result<OffloadQueue, Error>> {
-        Some(self.make_offload_queue(entries))
     }
 }
