@@ -251,8 +251,12 @@ pub(crate) enum Answer {
     },
     Reset(Result<(), DriverError>),
     Recreate(Result<(), DriverError>),
-    /// The new pair is on the device, created under this controller generation.
-    Create(Result<u64, DriverError>),
+    /// The new pair is on the device (or not), tried under controller generation
+    /// `generation`.
+    Create {
+        generation: u64,
+        result: Result<(), DriverError>,
+    },
 }
 
 /// Where the answer to a [`Job`] goes. `owner` is the queue's liveness token: once the
@@ -1062,17 +1066,16 @@ impl Controller {
                 to.send(Answer::Recreate(result));
             }
             Job::Create { queue, to } => {
-                let result = {
+                let (generation, result) = {
                     // As for Recreate: a queue dropped before its pair was created never
                     // gets it (its Delete job follows this one).
                     let mut a = self.lock_admin();
                     if to.owner_gone() {
                         return;
                     }
-                    let generation = self.generation();
-                    self.create_on_device(&mut a, &queue).map(|()| generation)
+                    (self.generation(), self.create_on_device(&mut a, &queue))
                 };
-                to.send(Answer::Create(result));
+                to.send(Answer::Create { generation, result });
             }
             Job::Delete { pair, keep } => {
                 let mut a = self.lock_admin();

@@ -921,37 +921,37 @@ impl NvmeQueue {
                     }
                     // Success: the new generation starts recovery on this poll.
                 }
-                Answer::Create(result) => {
+                Answer::Create { generation, result } => {
                     if self.hold == Hold::Create {
                         self.hold = Hold::No;
                     }
                     if self.failed {
                         continue;
                     }
-                    match result {
-                        // A reset after this generation is noticed on this poll and
-                        // recovered from as for any queue.
-                        Ok(generation) => self.generation = generation,
-                        Err(e) => {
-                            tracing_warn(&format!(
-                                "{}: namespace {}: cannot create an I/O queue: {e}",
-                                self.dev.name(),
-                                self.ns.nsid
-                            ));
-                            if self.ctrl.is_failed() {
-                                self.fail_all();
-                            } else if matches!(e, DriverError::Timeout(_)) {
-                                // The admin queue did not answer: reset the controller,
-                                // as for an Abort that times out. The pair is then
-                                // created as after any reset (`recover`), and the held
-                                // requests go; a reset that fails fails the controller.
-                                self.reset_controller("Create I/O queue timed out");
-                            } else {
-                                // Refused: nothing was ever issued on this queue; its
-                                // requests fail, its rings wait for `Drop`.
-                                self.fail_requests();
-                            }
-                        }
+                    // A reset after this generation is noticed on this poll and recovered
+                    // from as for any queue; the reset asked for below is skipped if one
+                    // came after it already.
+                    self.generation = generation;
+                    let Err(e) = result else {
+                        continue;
+                    };
+                    tracing_warn(&format!(
+                        "{}: namespace {}: cannot create an I/O queue: {e}",
+                        self.dev.name(),
+                        self.ns.nsid
+                    ));
+                    if self.ctrl.is_failed() {
+                        self.fail_all();
+                    } else if matches!(e, DriverError::Timeout(_)) {
+                        // The admin queue did not answer: reset the controller, as for
+                        // an Abort that times out. The pair is then created as after any
+                        // reset (`recover`), and the held requests go; a reset that
+                        // fails fails the controller.
+                        self.reset_controller("Create I/O queue timed out");
+                    } else {
+                        // Refused: nothing was ever issued on this queue; its requests
+                        // fail, its rings wait for `Drop`.
+                        self.fail_requests();
                     }
                 }
                 Answer::Recreate(result) => {
