@@ -1492,3 +1492,88 @@ fn dropping_a_queue_held_for_a_slow_reset_returns_at_once() {
         "dropping a held queue blocked the IO thread {took:?}"
     );
 }
+
+fn short_admin(admin_ms: u64) -> NvmeOptions {
+    NvmeOptions {
+        driver: backend::nvme::DriverOptions {
+            admin_timeout: Duration::from_millis(admin_ms),
+            ..Default::default()
+        },
+        ..fast_opts()
+    }
+}
+
+/// A flush at stop (or after a namespace left) while a controller reset waits seconds for
+/// CSTS.RDY waits for the reset, as the synchronous create did, rather than giving up
+/// before its queue exists (the second review of 2026-11-27: "flush timed out" after
+/// 0.9 s of a 2.5 s reset). Written by the reviewer.
+#[test]
+fn a_flush_during_a_slow_reset_waits_for_it() {
+    let e = emu(EmuConfig {
+        cap_to: 20,
+        ..big(4096)
+    });
+    let opts = NvmeOptions {
+        io_timeout: Duration::from_millis(300),
+        abort_timeout: Duration::from_millis(300),
+        ..short_admin(300)
+    };
+    let be = open(&e, opts);
+    let mut q = created(&be, 8);
+    write_read_check(&mut q, 512, 0, 1, 1);
+    e.set_ready_delay(Duration::from_millis(2500));
+    e.function_reset();
+    let start = Instant::now();
+    let mut sink = Vec::new();
+    while e.counters().enables < 2 && start.elapsed() < Duration::from_secs(5) {
+        q.poll(&mut sink);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(!e.ready(), "reset under way");
+    let r = be.flush_sync();
+    assert!(r.is_ok(), "flush during a reset: {r:?}");
+}
+
+/// The controller dropped (its last namespace gone) while a dropped queue's delete was
+/// never confirmed: the device is released (Bus Master off) before the orphan's rings and
+/// the outstanding read's buffer are freed, never the other way round (the second
+/// review: they were freed while the drive was enabled and still had the pair and the
+/// command). Written by the reviewer.
+#[test]
+fn an_orphan_is_freed_only_after_the_device_is_released() {
+    let e = emu(big(4096));
+    let be = open(&e, short_admin(300));
+    let mut q = created(&be, 4);
+    write_read_check(&mut q, 512, 0, 1, 1);
+    e.stall_io(1, Some(spec::io::READ));
+    q.submit(Request {
+        tag: 9,
+        op: Op::Read,
+        lba: 0,
+        nblocks: 1,
+        buf: Some(IoBuf::new(512)),
+    })
+    .unwrap();
+    let t = Instant::now();
+    let mut sink = Vec::new();
+    while e.held() == 0 && t.elapsed() < Duration::from_secs(2) {
+        q.poll(&mut sink);
+    }
+    assert_eq!(e.held(), 1);
+    e.hang_admin();
+    let with = e.mapped_ranges();
+    drop(q);
+    drop(be);
+    let t = Instant::now();
+    while e.mapped_ranges() >= with && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        e.mapped_ranges() < with,
+        "the orphan was freed at the controller's drop"
+    );
+    assert!(
+        e.released(),
+        "memory the drive may still write was freed with the device on the bus"
+    );
+}

@@ -386,14 +386,19 @@ impl<E: Engine> Runtime<E> {
                     let b = self.backends.get(&n.backend)?;
                     Some((n.backend.clone(), b.clone()))
                 });
-                // Not one that hangs: its flush would too.
-                if let Some(b) = backend.filter(|_| !hung) {
-                    self.flush_when_removed.insert((id, *nsid), b);
-                }
                 match self.engine.ns_remove(id, *nsid, 0) {
                     Ok(()) => {
                         if d.subsystems_removed.contains(nqn) {
                             self.retiring_entry(nqn, id).namespaces.push(*nsid);
+                        }
+                        // Not one that hangs: its flush would too. One still waiting from
+                        // an earlier removal of the same namespace is flushed now.
+                        if let Some(b) = backend.filter(|_| !hung) {
+                            if let Some((name, old)) =
+                                self.flush_when_removed.insert((id, *nsid), b)
+                            {
+                                flush_detached(name, nqn.clone(), *nsid, old);
+                            }
                         }
                     }
                     Err(source) => errors.push(ApplyError::Engine {

@@ -767,6 +767,13 @@ impl Controller {
         }
     }
 
+    /// The longest a controller reset may take: every bring-up attempt waits CAP.TO for
+    /// CSTS.RDY to fall and again to rise, with a pause between attempts.
+    pub fn reset_time_bound(&self) -> Duration {
+        let wait = Duration::from_millis(500 * u64::from(self.cap.to.max(2)));
+        (wait * 2 + Duration::from_millis(200)) * RESET_ATTEMPTS + Duration::from_secs(1)
+    }
+
     /// Largest I/O queue the controller allows, capped at `want` and rounded down to a
     /// power of two (DOCA STA needs that for queues it is handed; harmless otherwise).
     pub fn io_queue_entries(&self, want: u32) -> u16 {
@@ -1126,5 +1133,12 @@ impl Controller {
 impl Drop for Controller {
     fn drop(&mut self) {
         self.shutdown();
+        // Pairs whose delete the drive never confirmed may still be in its hands, and their
+        // memory goes with the admin state right after this: take the device off the bus
+        // first (Bus Master off), so it can no longer write into memory freed under it.
+        let a = self.admin.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !a.orphans.is_empty() && !self.failed.load(Ordering::Acquire) {
+            self.dev.release();
+        }
     }
 }

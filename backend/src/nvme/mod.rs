@@ -335,9 +335,12 @@ impl NvmeBackend {
             buf: None,
         })
         .map_err(|_| Error::Invalid(format!("{}: flush not accepted", self.desc)))?;
-        // The queue's pair is created first (on the service thread), then the flush runs.
+        // The queue's pair is created first (on the service thread, after a reset under
+        // way if there is one, which the old synchronous create waited for too), then the
+        // flush runs.
         let deadline = std::time::Instant::now()
-            + self.opts.driver.admin_timeout
+            + self.opts.driver.admin_timeout * 2
+            + self.ctrl.reset_time_bound()
             + self.opts.io_timeout
             + self.opts.abort_timeout;
         let mut out = Vec::new();

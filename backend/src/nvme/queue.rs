@@ -1223,11 +1223,12 @@ impl Drop for NvmeQueue {
         // command on it is done or aborted) and frees the memory only after that. The IO
         // thread does not wait for the drive's admin queue.
         let dev = Arc::clone(&self.dev);
+        // A tuple drops in field order: the data buffers' mappings go before the buffers.
         let rest = (
+            std::mem::replace(&mut self.maps, MapCache::new(dev, 1, 0)),
+            std::mem::take(&mut self.slots),
             self.lists.take(),
             self.zeroes.take(),
-            std::mem::take(&mut self.slots),
-            std::mem::replace(&mut self.maps, MapCache::new(dev, 1, 0)),
         );
         self.ctrl.retire(Teardown::new(ring, Box::new(rest)));
     }
