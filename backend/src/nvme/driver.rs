@@ -1080,13 +1080,40 @@ impl Controller {
                     if to.owner_gone() {
                         return;
                     }
-                    (self.generation(), self.create_on_device(&mut a, &queue))
+                    let generation = self.generation();
+                    // On an admin queue known not to answer, each create would wait out
+                    // the admin timeout in turn: answered at once (the queue then asks
+                    // for the reset that brings it back).
+                    let result = if *stuck == Some(generation) {
+                        Err(DriverError::Timeout(
+                            "Create I/O CQ (the admin queue is not answering)".into(),
+                        ))
+                    } else {
+                        self.create_on_device(&mut a, &queue)
+                    };
+                    (generation, result)
                 };
+                if matches!(result, Err(DriverError::Timeout(_))) {
+                    *stuck = Some(generation);
+                }
                 to.send(Answer::Create { generation, result });
             }
             Job::Delete { pair, keep } => {
                 let mut a = self.lock_admin();
-                self.discard_locked(&mut a, pair);
+                let generation = self.generation();
+                let orphans = a.orphans.len();
+                if *stuck == Some(generation)
+                    && a.live.contains(&pair.ring.qid)
+                    && !self.is_failed()
+                {
+                    // As for creates: kept until the reset or release, without waiting.
+                    a.orphans.push(pair);
+                } else {
+                    self.discard_locked(&mut a, pair);
+                    if a.orphans.len() > orphans {
+                        *stuck = Some(generation);
+                    }
+                }
                 drop(a);
                 // Maybe the last reference: the controller shuts down after the delete.
                 drop(keep);
