@@ -34,6 +34,28 @@ fn open(e: &Arc<EmulatedController>, opts: NvmeOptions) -> Arc<NvmeBackend> {
     NvmeBackend::open(e.clone() as Arc<dyn DeviceAccess>, opts).expect("open emulated drive")
 }
 
+/// Test options with a short admin command timeout.
+fn short_admin(admin_ms: u64) -> NvmeOptions {
+    NvmeOptions {
+        driver: backend::nvme::DriverOptions {
+            admin_timeout: Duration::from_millis(admin_ms),
+            ..Default::default()
+        },
+        ..fast_opts()
+    }
+}
+
+/// A write of one 512-byte block of `data` at `lba`.
+fn one_block_write(tag: u64, lba: u64, data: &[u8], fua: bool) -> Request {
+    Request {
+        tag,
+        op: Op::Write { fua },
+        lba,
+        nblocks: 1,
+        buf: Some(IoBuf::from_slice(data)),
+    }
+}
+
 /// A queue whose pair is on the drive already (queue creation itself is asynchronous:
 /// the service thread creates the pair, and requests wait in the queue until it has).
 fn created(be: &Arc<NvmeBackend>, depth: u32) -> backend::nvme::NvmeQueue {
@@ -277,14 +299,7 @@ fn a_hung_controller_is_reset_and_outstanding_writes_are_not_lost() {
     let mut want = Vec::new();
     for i in 0..16u64 {
         let d = pattern(i, 7, 512);
-        q.submit(Request {
-            tag: i,
-            op: Op::Write { fua: true },
-            lba: 200 + i,
-            nblocks: 1,
-            buf: Some(IoBuf::from_slice(&d)),
-        })
-        .unwrap();
+        q.submit(one_block_write(i, 200 + i, &d, true)).unwrap();
         want.push(d);
     }
     let done = drive_until_done(&mut q, 16, Duration::from_secs(5));
@@ -333,14 +348,7 @@ fn a_reset_by_one_queue_is_recovered_by_the_other() {
     // b has a write the controller holds; a's stuck read forces the reset.
     e.stall_io(1, None);
     let bd = pattern(77, 1, 512);
-    b.submit(Request {
-        tag: 1,
-        op: Op::Write { fua: false },
-        lba: 77,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&bd)),
-    })
-    .unwrap();
+    b.submit(one_block_write(1, 77, &bd, false)).unwrap();
     let mut sink = Vec::new();
     b.poll(&mut sink);
     assert_eq!(e.held(), 1);
@@ -374,14 +382,8 @@ fn surprise_removal_fails_the_namespace_without_hanging() {
     write_read_check(&mut q, 512, 0, 1, 1);
     e.stall_io(4, None);
     for i in 0..4u64 {
-        q.submit(Request {
-            tag: i,
-            op: Op::Write { fua: false },
-            lba: i,
-            nblocks: 1,
-            buf: Some(IoBuf::from_slice(&pattern(i, 2, 512))),
-        })
-        .unwrap();
+        q.submit(one_block_write(i, i, &pattern(i, 2, 512), false))
+            .unwrap();
     }
     let mut sink = Vec::new();
     q.poll(&mut sink);
@@ -879,13 +881,12 @@ fn serve_both(
     let mut served = 0u64;
     while sick_done.len() < want && start.elapsed() < limit {
         if !well_busy {
-            well.submit(Request {
-                tag: served,
-                op: Op::Write { fua: false },
-                lba: served % 64,
-                nblocks: 1,
-                buf: Some(IoBuf::from_slice(&pattern(served, 11, 512))),
-            })
+            well.submit(one_block_write(
+                served,
+                served % 64,
+                &pattern(served, 11, 512),
+                false,
+            ))
             .unwrap();
             well_busy = true;
         }
@@ -974,22 +975,10 @@ fn a_reset_that_takes_seconds_does_not_stall_the_io_thread() {
     e.set_ready_delay(Duration::from_millis(1500));
     e.function_reset();
     let data: Vec<Vec<u8>> = (0..3u64).map(|i| pattern(i, 8, 512)).collect();
-    sick.submit(Request {
-        tag: 0,
-        op: Op::Write { fua: false },
-        lba: 10,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&data[0])),
-    })
-    .unwrap();
+    sick.submit(one_block_write(0, 10, &data[0], false))
+        .unwrap();
     sibling
-        .submit(Request {
-            tag: 1,
-            op: Op::Write { fua: false },
-            lba: 11,
-            nblocks: 1,
-            buf: Some(IoBuf::from_slice(&data[1])),
-        })
+        .submit(one_block_write(1, 11, &data[1], false))
         .unwrap();
     // Until the reset is under way (the controller was disabled and is not ready again).
     let start = Instant::now();
@@ -1006,14 +995,8 @@ fn a_reset_that_takes_seconds_does_not_stall_the_io_thread() {
     );
     assert!(!e.ready(), "the reset should still be waiting for CSTS.RDY");
     // Submitted during the reset: held, then done.
-    sick.submit(Request {
-        tag: 2,
-        op: Op::Write { fua: false },
-        lba: 12,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&data[2])),
-    })
-    .unwrap();
+    sick.submit(one_block_write(2, 12, &data[2], false))
+        .unwrap();
     let mut served = 0;
     while (sick_done.len() < 2 || sibling_done.is_empty())
         && start.elapsed() < Duration::from_secs(10)
@@ -1059,14 +1042,8 @@ fn a_failing_reset_takes_the_namespace_out_without_stalling_the_io_thread() {
     // CAP.TO is 1 s: three bring-up attempts that time out take over 3 s.
     e.set_ready_delay(Duration::from_secs(3600));
     e.function_reset();
-    sick.submit(Request {
-        tag: 5,
-        op: Op::Write { fua: false },
-        lba: 3,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&pattern(3, 3, 512))),
-    })
-    .unwrap();
+    sick.submit(one_block_write(5, 3, &pattern(3, 3, 512), false))
+        .unwrap();
     let (done, longest, served) = serve_both(&mut sick, &mut well, 1, Duration::from_secs(15));
     assert!(
         longest < POLL_BOUND,
@@ -1099,14 +1076,8 @@ fn a_removal_request_cuts_a_slow_reset_short() {
     write_read_check(&mut q, 512, 0, 1, 1);
     e.set_ready_delay(Duration::from_secs(3600));
     e.function_reset();
-    q.submit(Request {
-        tag: 3,
-        op: Op::Write { fua: false },
-        lba: 3,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&pattern(3, 3, 512))),
-    })
-    .unwrap();
+    q.submit(one_block_write(3, 3, &pattern(3, 3, 512), false))
+        .unwrap();
     let start = Instant::now();
     let mut done = Vec::new();
     let mut longest = Duration::ZERO;
@@ -1181,14 +1152,7 @@ fn a_command_id_stays_out_of_use_while_its_abort_is_pending() {
     // The next command: held, so its command ID can be seen.
     e.stall_io(1, Some(spec::io::WRITE));
     let data = pattern(8, 8, 512);
-    q.submit(Request {
-        tag: 2,
-        op: Op::Write { fua: false },
-        lba: 8,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&data)),
-    })
-    .unwrap();
+    q.submit(one_block_write(2, 8, &data, false)).unwrap();
     let mut sink = Vec::new();
     q.poll(&mut sink);
     let write_cid = e.held_cids();
@@ -1229,14 +1193,7 @@ fn a_queue_created_while_the_admin_queue_hangs_does_not_stall_the_io_thread() {
     );
     let mut sick = sick.expect("the queue is made; its pair comes later");
     let data = pattern(21, 4, 512);
-    sick.submit(Request {
-        tag: 1,
-        op: Op::Write { fua: false },
-        lba: 21,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&data)),
-    })
-    .unwrap();
+    sick.submit(one_block_write(1, 21, &data, false)).unwrap();
     let (done, longest, served) = serve_both(&mut *sick, &mut well, 1, Duration::from_millis(500));
     assert!(
         done.is_empty(),
@@ -1295,14 +1252,7 @@ fn a_queue_created_during_a_slow_reset_does_not_wait_for_it() {
     );
     let mut q = q.expect("queue");
     let data = pattern(30, 6, 512);
-    q.submit(Request {
-        tag: 7,
-        op: Op::Write { fua: true },
-        lba: 30,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&data)),
-    })
-    .unwrap();
+    q.submit(one_block_write(7, 30, &data, true)).unwrap();
     let mut done = Vec::new();
     let mut longest = Duration::ZERO;
     while done.is_empty() && start.elapsed() < Duration::from_secs(10) {
@@ -1368,14 +1318,7 @@ fn dropping_a_queue_of_a_hung_admin_queue_returns_at_once() {
 #[test]
 fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
     let e = emu(big(4096));
-    let opts = NvmeOptions {
-        driver: backend::nvme::DriverOptions {
-            admin_timeout: Duration::from_millis(300),
-            ..Default::default()
-        },
-        ..fast_opts()
-    };
-    let be = open(&e, opts);
+    let be = open(&e, short_admin(300));
     let mut keep = created(&be, 8);
     let base = e.mapped_ranges();
     let mut q = created(&be, 8);
@@ -1469,14 +1412,8 @@ fn dropping_a_queue_held_for_a_slow_reset_returns_at_once() {
     write_read_check(&mut q, 512, 0, 1, 1);
     e.set_ready_delay(Duration::from_secs(4));
     e.function_reset();
-    q.submit(Request {
-        tag: 3,
-        op: Op::Write { fua: false },
-        lba: 3,
-        nblocks: 1,
-        buf: Some(IoBuf::from_slice(&pattern(3, 3, 512))),
-    })
-    .unwrap();
+    q.submit(one_block_write(3, 3, &pattern(3, 3, 512), false))
+        .unwrap();
     let start = Instant::now();
     let mut done = Vec::new();
     while e.counters().enables < 2 && start.elapsed() < Duration::from_secs(5) {
@@ -1491,16 +1428,6 @@ fn dropping_a_queue_held_for_a_slow_reset_returns_at_once() {
         took < POLL_BOUND,
         "dropping a held queue blocked the IO thread {took:?}"
     );
-}
-
-fn short_admin(admin_ms: u64) -> NvmeOptions {
-    NvmeOptions {
-        driver: backend::nvme::DriverOptions {
-            admin_timeout: Duration::from_millis(admin_ms),
-            ..Default::default()
-        },
-        ..fast_opts()
-    }
 }
 
 /// A flush at stop (or after a namespace left) while a controller reset waits seconds for
@@ -1592,13 +1519,12 @@ fn creates_on_a_hung_admin_queue_wait_for_one_timeout_only() {
     let n = 6usize;
     let mut qs: Vec<_> = (0..n).map(|_| be.create_nvme_queue(4).unwrap()).collect();
     for (i, q) in qs.iter_mut().enumerate() {
-        q.submit(Request {
-            tag: i as u64,
-            op: Op::Write { fua: false },
-            lba: i as u64,
-            nblocks: 1,
-            buf: Some(IoBuf::from_slice(&pattern(i as u64, 1, 512))),
-        })
+        q.submit(one_block_write(
+            i as u64,
+            i as u64,
+            &pattern(i as u64, 1, 512),
+            false,
+        ))
         .unwrap();
     }
     let mut done = vec![None; n];
