@@ -68,7 +68,9 @@ fn main() {
 
 /// The unit's ExecReload (`ctl --config FILE reload --or-signal $MAINPID`) still reloads
 /// a daemon that has no control socket (`control: {enabled: false}`): it sends SIGHUP and
-/// says so; without --or-signal it fails, naming the socket it tried.
+/// says so; without --or-signal it fails and says why. It never asks the default socket,
+/// which may be another daemon's (it did: this test, run beside a daemon on the default
+/// path, saw that daemon reload its own file).
 fn reload_without_a_control_socket_signals_the_daemon() {
     let cfg = CONFIG.replace(
         "control: {path: \"{dir}/ctl/control.sock\"}",
@@ -88,10 +90,19 @@ fn reload_without_a_control_socket_signals_the_daemon() {
     };
     let o = run(&[]);
     assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("disables the control socket"),
+        "{}",
+        text(&o)
+    );
     let pid = d.pid().expect("pid").to_string();
     let o = run(&["--or-signal", &pid]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("sent SIGHUP"), "{}", text(&o));
+    assert!(
+        text(&o).contains("disables the control socket: sent SIGHUP"),
+        "{}",
+        text(&o)
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !d.log().contains("reload: no changes") {
         assert!(Instant::now() < deadline, "no reload:\n{}", d.log());

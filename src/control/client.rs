@@ -92,13 +92,38 @@ pub fn run(args: &CtlArgs) -> ExitCode {
 }
 
 fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
+    // `None`: --config's file disables the control socket. Then there is none to ask: the
+    // default path may be another daemon's.
     let path = match (&args.socket, &args.config) {
-        (Some(p), _) => p.clone(),
-        (None, Some(file)) => Config::load(file)
-            .ok()
-            .and_then(|c| c.control.map(|c| c.path))
-            .unwrap_or_else(crate::config::default_socket_path),
-        (None, None) => crate::config::default_socket_path(),
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(file)) => match Config::load(file) {
+            Ok(c) => c.control.map(|c| c.path),
+            Err(_) => Some(crate::config::default_socket_path()),
+        },
+        (None, None) => Some(crate::config::default_socket_path()),
+    };
+    let Some(path) = path else {
+        let file = args.config.as_ref().expect("only a config disables it");
+        return match &args.command {
+            CtlCommand::Reload {
+                or_signal: Some(pid),
+            } => {
+                let pid = nix::unistd::Pid::from_raw(*pid);
+                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+                    .with_context(|| format!("SIGHUP to {pid}"))?;
+                eprintln!(
+                    "nvmf-target ctl: {} disables the control socket: sent SIGHUP to {pid} \
+                     instead (the daemon's log says how the reload went)",
+                    file.display()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            _ => bail!(
+                "{} disables the control socket (control: {{enabled: false}}): no daemon to \
+                 ask (reload: --or-signal PID, or send SIGHUP)",
+                file.display()
+            ),
+        };
     };
     let command = match &args.command {
         CtlCommand::Status => Command::Status,
