@@ -283,12 +283,15 @@ pub fn diff_against_running(
     file: &Path,
     socket: Option<&Path>,
 ) -> anyhow::Result<String> {
-    let path = match socket {
-        Some(p) => p.to_path_buf(),
-        None => candidate
-            .control
-            .as_ref()
-            .map_or_else(crate::config::default_socket_path, |c| c.path.clone()),
+    let path = match (socket, &candidate.control) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(c)) => c.path.clone(),
+        // The default path may be another daemon's.
+        (None, None) => bail!(
+            "{} disables the control socket (control: {{enabled: false}}): give the running \
+             daemon's with --socket PATH",
+            file.display()
+        ),
     };
     let running: RunningConfig = decode(request(&path, &Command::Config)?)?;
     let old = match &running.path {
@@ -689,6 +692,20 @@ mod tests {
             assert!(c.json && c.socket.as_deref() == Some(Path::new("/s")));
             assert!(matches!(c.command, CtlCommand::Status));
         }
+    }
+
+    /// A file that disables the control socket never sends --diff (or ctl) to the
+    /// default path, which may be another daemon's.
+    #[test]
+    fn a_disabled_socket_is_never_the_default_one() {
+        let text = format!(
+            "{}\ncontrol: {{enabled: false}}\n",
+            crate::config::EMBEDDED_DEFAULT
+        );
+        let c = Config::parse(&text, "t.yaml").expect("the default with no socket");
+        assert!(c.control.is_none());
+        let e = diff_against_running(&c, Path::new("t.yaml"), None).unwrap_err();
+        assert!(e.to_string().contains("disables the control socket"), "{e}");
     }
 
     #[test]
