@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nvmf::spec::opcodes::io;
 use nvmf::target::{CommandError, QueueRef};
-use sta::{CommandFailure, IoContext, QpHandle};
+use sta::{CommandFailure, IoContext, LogEvery, QpHandle};
 
 use super::io_thread::IoThread;
 
@@ -21,12 +21,19 @@ pub(super) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// One IO thread's failures of the current pass (with their queue as it was when the
 /// failure came: a disconnect later in the pass does not lose it) and its log bound.
-#[derive(Default)]
 pub(super) struct Failures {
     pass: Vec<(QpHandle, Option<QueueRef>, CommandFailure)>,
-    last_line: Option<Instant>,
-    /// Storage errors not logged since the last line.
-    quiet: u64,
+    /// Storage-error lines: at most one per [`LOG_EVERY`].
+    lines: LogEvery,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            pass: Vec::new(),
+            lines: LogEvery::new(LOG_EVERY),
+        }
+    }
 }
 
 impl Failures {
@@ -36,20 +43,6 @@ impl Failures {
 
     pub fn is_empty(&self) -> bool {
         self.pass.is_empty()
-    }
-
-    /// Whether a line may be printed `now`; if not, it is counted as not printed.
-    /// Returns the count of those not printed before it.
-    fn may_log(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last_line
-            .is_some_and(|t| now.saturating_duration_since(t) < LOG_EVERY)
-        {
-            self.quiet += 1;
-            return None;
-        }
-        self.last_line = Some(now);
-        Some(std::mem::take(&mut self.quiet))
     }
 }
 
@@ -85,7 +78,7 @@ impl<I: IoContext> IoThread<I> {
         let debug = tracing::enabled!(tracing::Level::DEBUG);
         for (qp, _, f) in pass.iter().filter(|(_, _, f)| f.from_backend) {
             // A failing disk fails many commands at once: words only for a line printed.
-            let quiet = self.failures.may_log(now);
+            let quiet = self.failures.lines.admit(now);
             if quiet.is_none() && !debug {
                 continue;
             }
@@ -132,20 +125,6 @@ impl<I: IoContext> IoThread<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// One line per `LOG_EVERY`; the next line counts those held back.
-    #[test]
-    fn storage_error_lines_are_bounded() {
-        let mut f = Failures::default();
-        let t0 = Instant::now();
-        assert_eq!(f.may_log(t0), Some(0));
-        for i in 1..=5 {
-            assert_eq!(f.may_log(t0 + Duration::from_secs(i)), None);
-        }
-        assert_eq!(f.may_log(t0 + LOG_EVERY), Some(5));
-        assert_eq!(f.may_log(t0 + LOG_EVERY), None);
-        assert_eq!(f.may_log(t0 + 2 * LOG_EVERY), Some(1));
-    }
 
     #[test]
     fn opcode_names() {

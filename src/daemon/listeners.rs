@@ -165,13 +165,20 @@ fn out_of_descriptors(e: &std::io::Error) -> bool {
 }
 
 /// The accept back-off's state.
-#[derive(Default)]
 struct AcceptBackoff {
     /// No accept before this.
     until: Option<Instant>,
-    /// When the last line was logged, and how many back-offs since.
-    logged: Option<Instant>,
-    since_log: u64,
+    /// Its lines: at most one per [`ACCEPT_LOG_INTERVAL`].
+    lines: sta::LogEvery,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff {
+            until: None,
+            lines: sta::LogEvery::new(ACCEPT_LOG_INTERVAL),
+        }
+    }
 }
 
 /// The daemon's listeners and the RDMA CM service that serves the RDMA ones.
@@ -404,19 +411,14 @@ impl Listeners {
                         shared.accept_backoff();
                         let b = &mut self.backoff;
                         b.until = Some(now + ACCEPT_BACKOFF);
-                        b.since_log += 1;
-                        if b.logged
-                            .is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL)
-                        {
+                        if let Some(quiet) = b.lines.admit(now) {
                             tracing::warn!(
                                 "accept on {}: {e}: not accepting for {ACCEPT_BACKOFF:?} at a \
                                  time ({} time(s) since the last such line; raise the \
                                  service's LimitNOFILE= or lower limits.max_connections)",
                                 l.name,
-                                b.since_log
+                                quiet + 1
                             );
-                            b.logged = Some(now);
-                            b.since_log = 0;
                         }
                         return;
                     }

@@ -6,6 +6,7 @@
 //! - [`access`]: namespace access views (reservations, ANA, visibility) the application
 //!   publishes and the engine checks on its offloaded path ([`AccessPublisher`]).
 //! - [`stats`]: the counters an engine exposes ([`Stats`]), read at scrape time.
+//! - [`log_every`]: at most one log line per period for events without end ([`LogEvery`]).
 //! - [`soft`]: the engine that runs the contract on host CPU cores, over NVMe/TCP and
 //!   NVMe/RDMA (any verbs device, Soft-RoCE included), as a shell of sockets, epoll,
 //!   backend queues and verbs around `nvmf`'s transport queue machines.
@@ -24,6 +25,7 @@ pub mod access;
 pub mod contract;
 #[cfg(feature = "doca")]
 pub mod doca;
+pub mod log_every;
 pub mod soft;
 pub mod stats;
 pub mod verbs;
@@ -35,6 +37,7 @@ pub use contract::{
     IoContext, IoSeed, Limit, MainEvent, QpHandle, SubsysId, TaskError, TaskKind, TlsAccept,
     TlsPeerInfo, TransportErrorKind,
 };
+pub use log_every::LogEvery;
 pub use nvmf::spec::{Cqe, Sqe, Status};
 pub use stats::{
     error_status_index, LatencyTotals, NsTotals, QueueStats, QueueTotals, Stats, StatsSource,

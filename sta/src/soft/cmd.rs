@@ -970,9 +970,9 @@ pub(super) struct Core {
     pub batch_time: Option<Instant>,
     /// RDMA work completions logged so far (the first few are, for diagnosis).
     pub wc_logged: u32,
-    /// When a capsule refused for want of a command slot was last logged, and how many
-    /// were not logged since (at most one line per [`SLOT_REFUSAL_LOG_EVERY`]).
-    slot_refusals: (Option<Instant>, u64),
+    /// Capsules refused for want of a command slot: at most one line per
+    /// [`SLOT_REFUSAL_LOG_EVERY`].
+    slot_refusals: crate::LogEvery,
     /// The QPs whose output the next flush writes or posts: every QP with output waiting
     /// and not blocked on a full socket is here, once (`QpState::tx_listed`), so a pass
     /// costs the QPs with work, not every connected QP. An entry may be stale (the QP was
@@ -1061,7 +1061,7 @@ impl Core {
             in_pass: false,
             batch_time: None,
             wc_logged: 0,
-            slot_refusals: (None, 0),
+            slot_refusals: crate::LogEvery::new(SLOT_REFUSAL_LOG_EVERY),
             tx_ready: Vec::new(),
             ns_gone_news: false,
             contexts,
@@ -1345,8 +1345,7 @@ impl Core {
     /// holds its share. Answered without a slot; the host retries.
     fn refuse_without_slot(&mut self, st: &mut QpState, sqe: &Sqe, limit: Limit) {
         self.counters.hit(limit);
-        let (last, quiet) = &mut self.slot_refusals;
-        if last.is_none_or(|t| self.now.saturating_duration_since(t) >= SLOT_REFUSAL_LOG_EVERY) {
+        if let Some(quiet) = self.slot_refusals.admit(self.now) {
             let peer = st
                 .peer
                 .and_then(|s| self.peers.addr(s))
@@ -1360,10 +1359,6 @@ impl Core {
                 quiet,
                 limit.label()
             );
-            *last = Some(self.now);
-            *quiet = 0;
-        } else {
-            *quiet += 1;
         }
         if st.qid.is_none() {
             self.refused_before_connect(st, *sqe, Status::COMMAND_INTERRUPTED);
