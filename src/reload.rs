@@ -591,13 +591,22 @@ impl Undone {
         let backends: BTreeSet<String> = run.backends.iter().map(|b| b.name.clone()).collect();
         for s in &mut run.subsystems {
             let o = old.subsystems.iter().find(|o| o.nqn == s.nqn);
+            // What stayed as it was: a namespace kept whole, or its host list or ANA group.
             for ns in &mut s.namespaces {
-                let kept = self.namespaces_kept.contains(&(s.nqn.clone(), ns.nsid));
-                if let Some(before) = o
-                    .filter(|_| kept)
-                    .and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid))
-                {
+                let key = (s.nqn.clone(), ns.nsid);
+                let Some(before) = o.and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid))
+                else {
+                    continue;
+                };
+                if self.namespaces_kept.contains(&key) {
                     *ns = before.clone();
+                    continue;
+                }
+                if self.namespace_hosts.contains(&key) {
+                    ns.hosts = before.hosts.clone();
+                }
+                if self.namespace_ana_groups.contains(&key) {
+                    ns.ana_group = before.ana_group;
                 }
             }
             s.namespaces.retain(|ns| {
@@ -605,18 +614,6 @@ impl Undone {
                 backends.contains(&ns.backend)
                     && (!self.namespaces.contains(&key) || self.namespaces_kept.contains(&key))
             });
-            for ns in &mut s.namespaces {
-                let key = (s.nqn.clone(), ns.nsid);
-                let before = o.and_then(|o| o.namespaces.iter().find(|n| n.nsid == ns.nsid));
-                if let Some(before) = before {
-                    if self.namespace_hosts.contains(&key) {
-                        ns.hosts = before.hosts.clone();
-                    }
-                    if self.namespace_ana_groups.contains(&key) {
-                        ns.ana_group = before.ana_group;
-                    }
-                }
-            }
             if self.ana_groups.contains(&s.nqn) {
                 s.ana_groups = o.map_or_else(Vec::new, |o| o.ana_groups.clone());
             }
