@@ -91,6 +91,19 @@ pub fn run(args: &CtlArgs) -> ExitCode {
     }
 }
 
+/// `reload --or-signal PID` where no control socket can be asked (`why`): SIGHUP to the
+/// daemon instead; only its log says how the reload went.
+fn reload_by_signal(pid: i32, why: &str) -> anyhow::Result<ExitCode> {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+        .with_context(|| format!("{why}, and SIGHUP to {pid}"))?;
+    eprintln!(
+        "nvmf-target ctl: {why}: sent SIGHUP to {pid} instead (the daemon's log says how the \
+         reload went)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
     // `None`: --config's file disables the control socket. Then there is none to ask: the
     // default path may be another daemon's.
@@ -107,17 +120,10 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
         return match &args.command {
             CtlCommand::Reload {
                 or_signal: Some(pid),
-            } => {
-                let pid = nix::unistd::Pid::from_raw(*pid);
-                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
-                    .with_context(|| format!("SIGHUP to {pid}"))?;
-                eprintln!(
-                    "nvmf-target ctl: {} disables the control socket: sent SIGHUP to {pid} \
-                     instead (the daemon's log says how the reload went)",
-                    file.display()
-                );
-                Ok(ExitCode::SUCCESS)
-            }
+            } => reload_by_signal(
+                *pid,
+                &format!("{} disables the control socket", file.display()),
+            ),
             _ => bail!(
                 "{} disables the control socket (control: {{enabled: false}}): no daemon to \
                  ask (reload: --or-signal PID, or send SIGHUP)",
@@ -132,21 +138,8 @@ fn run_inner(args: &CtlArgs) -> anyhow::Result<ExitCode> {
         CtlCommand::Reload { or_signal } => {
             if let Some(pid) = *or_signal {
                 if UnixStream::connect(&path).is_err() {
-                    let pid = nix::unistd::Pid::from_raw(pid);
-                    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).with_context(
-                        || {
-                            format!(
-                                "no control socket at {}, and SIGHUP to {pid}",
-                                path.display()
-                            )
-                        },
-                    )?;
-                    eprintln!(
-                        "nvmf-target ctl: no daemon answers at {}: sent SIGHUP to {pid} \
-                         instead (the daemon's log says how the reload went)",
-                        path.display()
-                    );
-                    return Ok(ExitCode::SUCCESS);
+                    let why = format!("no daemon answers at {}", path.display());
+                    return reload_by_signal(pid, &why);
                 }
             }
             Command::Reload
