@@ -467,7 +467,7 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// A config file last changed less than this long ago may still be being written: it is
 /// read again once it has been left alone this long (`read_text`).
-pub const CONFIG_SETTLE: Duration = Duration::from_millis(100);
+const CONFIG_SETTLE: Duration = Duration::from_millis(100);
 /// Longest `read_text` waits for a file being written to be left alone.
 const CONFIG_SETTLE_MAX: Duration = Duration::from_secs(2);
 

@@ -307,11 +307,6 @@ impl Core {
             }
         }
     }
-
-    /// Failures dropped so far (of QPs gone, or past a box's bound).
-    pub(crate) fn failures_dropped(&self) -> u64 {
-        self.failures_dropped.load(Ordering::Relaxed)
-    }
 }
 
 // SAFETY: the raw pointers are DOCA handles. Main-context calls are made with `state`
@@ -334,7 +329,7 @@ impl Sta {
     /// Engine-failed commands whose report was dropped: their QP was destroyed before the
     /// main context heard of them, or their IO context had [`FAILURES_HELD`] waiting.
     pub fn failures_dropped(&self) -> u64 {
-        self.core.failures_dropped()
+        self.core.failures_dropped.load(Ordering::Relaxed)
     }
 }
 
