@@ -274,6 +274,19 @@ impl FailureBox {
     fn forget(&self, qp: usize) {
         lock(&self.list).retain(|(q, _)| *q != qp);
     }
+
+    /// A failure of `qp`, at the back; false when the oldest went to make room (at most
+    /// [`FAILURES_HELD`] wait).
+    fn push(&self, qp: usize, f: CommandFailure) -> bool {
+        let mut l = lock(&self.list);
+        let full = l.len() >= FAILURES_HELD;
+        if full {
+            l.pop_front();
+        }
+        l.push_back((qp, f));
+        self.waiting.store(true, Ordering::Release);
+        !full
+    }
 }
 
 impl Core {
@@ -283,13 +296,9 @@ impl Core {
             self.failures_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let mut l = lock(&b.list);
-        if l.len() >= FAILURES_HELD {
-            l.pop_front();
+        if !b.push(qp, f) {
             self.failures_dropped.fetch_add(1, Ordering::Relaxed);
         }
-        l.push_back((qp, f));
-        b.waiting.store(true, Ordering::Release);
     }
 
     /// QP `qp` belongs to the IO context whose failures go to `b` (accept), or to none
@@ -1795,5 +1804,46 @@ impl Drop for Core {
             }
         }
         close_devs(self.sta_dev, &self.net);
+    }
+}
+
+#[cfg(test)]
+mod failure_box_tests {
+    use super::*;
+
+    fn failure(cid: u16) -> CommandFailure {
+        CommandFailure {
+            opcode: 2,
+            error: nvmf::target::CommandError {
+                cid,
+                nsid: 1,
+                lba: Some(0),
+                status: Status::LBA_OUT_OF_RANGE,
+            },
+            from_backend: false,
+        }
+    }
+
+    /// A host that makes the engine fail commands faster than its IO context takes them
+    /// holds at most FAILURES_HELD of them: the oldest go, each push past the bound says
+    /// so (the core counts it); a destroyed QP's go with it; an empty box costs nothing.
+    #[test]
+    fn a_failure_box_holds_at_most_its_bound() {
+        let b = FailureBox::default();
+        assert!(b.take().is_empty());
+        let n = FAILURES_HELD as u16;
+        for cid in 0..n {
+            assert!(b.push(7, failure(cid)));
+        }
+        assert!(!b.push(8, failure(n)), "past the bound: the oldest went");
+        b.forget(8);
+        let taken = b.take();
+        assert_eq!(taken.len(), FAILURES_HELD - 1);
+        assert_eq!(taken[0].1.error.cid, 1, "the oldest went first");
+        assert!(
+            taken.iter().all(|(qp, _)| *qp == 7),
+            "the forgotten QP's are gone"
+        );
+        assert!(b.take().is_empty());
     }
 }
