@@ -155,6 +155,29 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn create_queue(self: Arc<Self>, depth: u32) -> Result<Box<dyn BackendQueue>, Error>;
     /// Make everything written so far durable (used at shutdown), synchronously.
     fn flush_sync(&self) -> Result<(), Error>;
+    /// Grows the store in place, keeping every byte it holds, and returns its capacity in
+    /// blocks afterwards ([`Backend::num_blocks`] says the same from then on, on every
+    /// thread, before this returns). `Some(bytes)`: the configuration asks for this size
+    /// (a RAM namespace's `size`, a file's `size`: the file is extended to at least
+    /// this). `None`: whatever the backing store holds now (a file or block device grown
+    /// behind the daemon's back); nothing changes when it did not grow.
+    ///
+    /// Never shrinks: a backing store now smaller than the namespace, or a size the
+    /// backend cannot reach without a restart, is an error that says why, and the
+    /// capacity stays. Blocking (metadata calls); call it off the data path. The default
+    /// is a backend whose size never changes.
+    fn grow(&self, to: Option<u64>) -> Result<u64, Error> {
+        let have = self.num_blocks();
+        match to {
+            Some(bytes) if bytes > have.saturating_mul(u64::from(self.block_size())) => {
+                Err(Error::Invalid(format!(
+                    "{}: this backend cannot grow while it runs",
+                    self.describe()
+                )))
+            }
+            _ => Ok(have),
+        }
+    }
     /// The device's own SMART / Health Information log page (NVMe Log Page 02h, 512
     /// bytes), for backends that sit on a real drive (`nvme`); `None` otherwise or when
     /// the drive cannot answer. Blocking (an admin command); call it off the data path.
