@@ -1328,6 +1328,44 @@ impl Target {
         Ok(self.take_actions())
     }
 
+    /// The namespace now holds `num_blocks` blocks (its backend grew): Identify Namespace
+    /// answers the new NSZE, NCAP and NUSE, and controllers that see it get it in their
+    /// Changed Namespace List with a Namespace Attribute Changed event, on which a host
+    /// reads the namespace's Identify data again (Linux: "detected capacity change"), as
+    /// after nvmet's `revalidate_size` or an SPDK bdev resize. Only growth: a namespace
+    /// never shrinks under its hosts (blocks they wrote would vanish), so a smaller count
+    /// is refused. Called once the engine serves the new blocks.
+    pub fn resize_namespace(
+        &mut self,
+        subnqn: &str,
+        nsid: u32,
+        num_blocks: u64,
+    ) -> Result<Vec<Action>, TargetError> {
+        let s = self.user_subsystem_mut(subnqn)?;
+        let lost = s.lost.contains_key(&nsid);
+        let ns = s
+            .namespaces
+            .get_mut(&nsid)
+            .or_else(|| s.lost.get_mut(&nsid))
+            .ok_or(TargetError::UnknownNamespace(nsid))?;
+        if num_blocks < ns.num_blocks {
+            return Err(TargetError::InvalidNamespace {
+                nsid,
+                reason: "a namespace cannot shrink while hosts use it",
+            });
+        }
+        if num_blocks == ns.num_blocks {
+            return Ok(Vec::new());
+        }
+        ns.num_blocks = num_blocks;
+        let seen = ns.clone();
+        if !lost {
+            // Taken out namespaces are outside every host's view: nothing to tell.
+            self.namespace_changed(subnqn, nsid, |h| seen.visible_to(h));
+        }
+        Ok(self.take_actions())
+    }
+
     /// Records the SMART / Health log (Log Page 02h, 512 bytes) the drive behind a
     /// namespace reported; Get Log Page 02h answers its health fields from it from now on
     /// (module `health`). Critical-warning bits that were clear and are now set raise the

@@ -944,3 +944,63 @@ fn reservations_can_be_left_out_for_an_engine_that_cannot_enforce_them() {
         }
     }
 }
+
+/// A namespace whose backend grew (a reload after `truncate -s` or `lvextend`): Identify
+/// answers the new size, the controllers that see it get a Namespace Attribute Changed
+/// event with the NSID in their Changed Namespace List (a host that cannot see it hears
+/// nothing), and it keeps its reservation. Smaller counts are refused, the same count is
+/// no event.
+#[test]
+fn a_namespace_grows_in_place() {
+    let mut t = open_target();
+    let mut a = join(
+        &mut t,
+        HOST1,
+        HOSTID_A,
+        100,
+        tcp(),
+        aec::NS_ATTRIBUTE_NOTICES,
+    );
+    let mut b = join(
+        &mut t,
+        HOST2,
+        HOSTID_B,
+        200,
+        tcp(),
+        aec::NS_ATTRIBUTE_NOTICES,
+    );
+    t.set_namespace_hosts(SUB2, 1, Some(vec![HOST1.to_string()]))
+        .unwrap();
+    assert_eq!(a.register(&mut t, 5), Status::SUCCESS);
+    a.log(&mut t, lid::CHANGED_NS_LIST, 4096, 0, false);
+    b.log(&mut t, lid::CHANGED_NS_LIST, 4096, 0, false);
+    a.aer(&mut t);
+    b.aer(&mut t);
+    let before = 1u64 << 20;
+    let acts = t.resize_namespace(SUB2, 1, before + 4096).unwrap();
+    assert_eq!(events(&acts), vec![(a.admin_key, 2 | 0x04 << 16)]);
+    let list = a.log(&mut t, lid::CHANGED_NS_LIST, 4096, 0, false);
+    assert_eq!(
+        NamespaceList::read_from_bytes(&list).unwrap().to_ids(),
+        vec![1]
+    );
+    let mut buf = vec![0u8; 4096];
+    a.run(&mut t, a.admin, identify(cns::NAMESPACE, 1, 0), &mut buf);
+    let idns = IdentifyNamespace::read_from_bytes(&buf).unwrap();
+    assert_eq!(
+        (idns.nsze.get(), idns.ncap.get()),
+        (before + 4096, before + 4096)
+    );
+    let report = t.report();
+    let sub = report.subsystems.iter().find(|s| s.nqn == SUB2).unwrap();
+    assert_eq!(sub.namespaces[0].num_blocks, before + 4096);
+    let r = t.reservation(SUB2, 1).expect("reservation kept");
+    assert_eq!(r.state.registrants.len(), 1, "{r:?}");
+    // No shrinking, no event for no change, no unknown namespace.
+    assert!(t.resize_namespace(SUB2, 1, before).is_err());
+    assert!(t
+        .resize_namespace(SUB2, 1, before + 4096)
+        .unwrap()
+        .is_empty());
+    assert!(t.resize_namespace(SUB2, 9, before).is_err());
+}
