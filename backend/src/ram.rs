@@ -1,7 +1,16 @@
 //! RAM backend: the benchmark and test store.
 //!
 //! Storage is one anonymous private mapping with `MAP_NORESERVE`, so a namespace commits
-//! memory only where it is written; untouched pages read as zeroes. Deallocate and Write
+//! memory only where it is written; untouched pages read as zeroes.
+//!
+//! Growing ([`Backend::grow`]): the mapping reserves address space for more than the
+//! namespace (`grow_reserve`: 8 times it, at most 1 TiB), inaccessible (`PROT_NONE`, which
+//! strict overcommit does not charge) past the part in use. Growing makes the added pages
+//! readable and writable and then publishes the new size; nothing moves, so every address
+//! handed out stays valid. Past the reserve, a namespace grows only by a restart. A mapped
+//! file ([`RamBackend::map_file`]) reserves the same way, its mapping reaching past the end
+//! of the file, and the file backend allocates the file's new range before it grows the
+//! store. Deallocate and Write
 //! Zeroes hand whole pages back to the kernel (`MADV_DONTNEED`) when the range is large,
 //! and zero the rest in place.
 //!
@@ -55,7 +64,8 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::{Backend, BackendQueue, Completion, Error, IoStatus, Op, Request, SubmitError};
 
@@ -75,6 +85,27 @@ const MADVISE_MIN: usize = 64 << 10;
 /// [`copy_streaming`]): the namespace is far larger than any last-level cache, so a block
 /// just written is rarely read before it leaves the cache anyway.
 const STREAM_MIN_SIZE: usize = 256 << 20;
+/// A store reserves address space for this many times its size at creation, so that it
+/// can grow in place ([`Backend::grow`]) with every address it handed out staying valid.
+const GROW_RESERVE_FACTOR: usize = 8;
+/// ... but never more than this much (1 TiB): a large namespace does not need eight times
+/// itself to grow by a useful amount, and a 47-bit address space holds 128 of these.
+const GROW_RESERVE_MAX: u64 = 1 << 40;
+
+/// The address space a store of `map_len` bytes (page-rounded) reserves: `map_len` times
+/// [`GROW_RESERVE_FACTOR`], capped at [`GROW_RESERVE_MAX`], never less than `map_len`
+/// itself, rounded up to a page. Reserving costs no memory: an anonymous store's reserve is
+/// `PROT_NONE` until used (so strict overcommit does not charge it), and a file's mapping
+/// past its end is never touched until the file has grown there.
+fn grow_reserve(map_len: usize, page: usize) -> usize {
+    let cap = usize::try_from(GROW_RESERVE_MAX).unwrap_or(usize::MAX);
+    map_len
+        .saturating_mul(GROW_RESERVE_FACTOR)
+        .min(cap)
+        .max(map_len)
+        .checked_next_multiple_of(page)
+        .unwrap_or(map_len)
+}
 
 #[repr(align(64))]
 #[derive(Debug, Default)]
@@ -94,9 +125,17 @@ static ZEROES: [u8; STRIPE_BYTES] = [0; STRIPE_BYTES];
 /// A RAM-backed block store, shared by all IO threads.
 pub struct RamBackend {
     base: NonNull<u8>,
-    /// Mapped length (size rounded up to the page size).
-    map_len: usize,
-    size: usize,
+    /// Length of the whole mapping, reserve included ([`grow_reserve`]): the most the
+    /// store can grow to without a restart. Only `size` bytes of it (rounded up to a page)
+    /// are in use: readable and writable for an anonymous store, inside the file for a
+    /// mapped file.
+    reserve: usize,
+    /// The namespace's size in bytes. It only ever grows (`grow_to`), so a range checked
+    /// against it once stays inside it; published with `Release` after the added part is
+    /// usable, read with `Acquire`.
+    size: AtomicUsize,
+    /// Held by `grow_to`: one resize at a time.
+    growing: Mutex<()>,
     block_size: u32,
     page: usize,
     locks: Box<[StripeLock]>,
@@ -119,7 +158,7 @@ unsafe impl Send for RamBackend {}
 impl std::fmt::Debug for RamBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RamBackend")
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("block_size", &self.block_size)
             .finish()
     }
@@ -130,32 +169,52 @@ impl RamBackend {
     /// with `block_size` a power of two from 512 to 64 KiB.
     pub fn new(size_bytes: u64, block_size: u32) -> Result<Arc<RamBackend>, Error> {
         let (size, page, map_len) = geometry(size_bytes, block_size)?;
-        // SAFETY: an anonymous private mapping at a kernel-chosen address touches no
-        // existing memory; the result is checked for MAP_FAILED below.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+        // The whole reserve is mapped inaccessible, which strict overcommit does not
+        // charge; only the part in use is made readable and writable (and charged).
+        let map_anon = |len: usize| {
+            // SAFETY: an anonymous private mapping at a kernel-chosen address touches no
+            // existing memory; the result is checked for MAP_FAILED by `adopt`.
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            }
         };
-        let mut ram = Self::adopt(raw, (size, page, map_len), block_size, Backing::Anon)?;
-        // SAFETY: advice on the whole of our fresh mapping; it changes no contents. It
-        // fails where THP is not built in, and the mapping then keeps small pages.
+        let mut reserve = grow_reserve(map_len, page);
+        let mut raw = map_anon(reserve);
+        if raw == libc::MAP_FAILED && reserve > map_len {
+            // No room for the reserve (an address-space limit): a store that cannot grow.
+            reserve = map_len;
+            raw = map_anon(reserve);
+        }
+        let mut ram = Self::adopt(raw, (size, page, reserve), block_size, Backing::Anon)?;
+        // SAFETY: `raw..raw+map_len` lies in the reservation we just mapped and nothing
+        // refers to it yet; mprotect changes only its access rights.
+        if unsafe { libc::mprotect(raw, map_len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+            // `ram` unmaps the reservation when dropped here.
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: advice on the used part of our fresh mapping; it changes no contents.
+        // It fails where THP is not built in, and the mapping then keeps small pages.
         ram.huge = unsafe { libc::madvise(raw, map_len, libc::MADV_HUGEPAGE) } == 0;
+        // Decided once, from the size at creation: a namespace that grows past
+        // `STREAM_MIN_SIZE` later keeps plain stores, which are only slower there.
         ram.stream = size >= STREAM_MIN_SIZE;
         Ok(Arc::new(ram))
     }
 
-    /// The store over `raw`, what `mmap` returned for a mapping of `map_len` bytes
-    /// (`MAP_FAILED` is turned into the error here), with the geometry from [`geometry`];
-    /// non-temporal writes and huge pages off. From here on, `Drop` unmaps it.
+    /// The store over `raw`, what `mmap` returned for a mapping of `reserve` bytes
+    /// (`MAP_FAILED` is turned into the error here), with the size and page from
+    /// [`geometry`]; non-temporal writes and huge pages off. From here on, `Drop` unmaps
+    /// it.
     fn adopt(
         raw: *mut libc::c_void,
-        (size, page, map_len): (usize, usize, usize),
+        (size, page, reserve): (usize, usize, usize),
         block_size: u32,
         backing: Backing,
     ) -> Result<RamBackend, Error> {
@@ -166,8 +225,9 @@ impl RamBackend {
             .ok_or_else(|| Error::Invalid("ram: mmap returned null".into()))?;
         Ok(RamBackend {
             base,
-            map_len,
-            size,
+            reserve,
+            size: AtomicUsize::new(size),
+            growing: Mutex::new(()),
             block_size,
             page,
             locks: (0..LOCKS).map(|_| StripeLock::default()).collect(),
@@ -202,20 +262,107 @@ impl RamBackend {
                 "ram: the file holds {file_len} bytes, less than the {size_bytes} to map"
             )));
         }
-        // SAFETY: a new shared read-only mapping of an open file at a kernel-chosen
-        // address touches no existing memory; the result is checked below. Only the
-        // kernel reads through it (see `Backing::File`).
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
+        // The mapping reaches past the end of the file, for the file to grow into
+        // (`grow_to`): legal for a shared mapping as long as nothing touches the pages past
+        // the end, and nothing does: only the kernel reads through the mapping, and only
+        // bytes lent below the store's size, which never passes what the file holds.
+        let map_shared = |len: usize| {
+            // SAFETY: a new shared read-only mapping of an open file at a kernel-chosen
+            // address touches no existing memory; the result is checked by `adopt`. Only
+            // the kernel reads through it (see `Backing::File`).
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    0,
+                )
+            }
         };
-        Self::adopt(raw, (size, page, map_len), block_size, Backing::File(file)).map(Arc::new)
+        let mut reserve = grow_reserve(map_len, page);
+        let mut raw = map_shared(reserve);
+        if raw == libc::MAP_FAILED && reserve > map_len {
+            reserve = map_len;
+            raw = map_shared(reserve);
+        }
+        Self::adopt(raw, (size, page, reserve), block_size, Backing::File(file)).map(Arc::new)
+    }
+
+    /// The namespace's size in bytes now.
+    fn size(&self) -> usize {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// The most bytes the namespace can grow to while it runs: the address space it
+    /// reserved when it was created.
+    pub fn reserved_bytes(&self) -> usize {
+        self.reserve
+    }
+
+    /// Grows the namespace to `new_size` bytes (a multiple of the block size, within the
+    /// reserve) and then publishes the new size, so no range check passes bytes that are
+    /// not ready yet. An anonymous store makes the added pages readable and writable; a
+    /// mapped file must hold them already, allocated in full (the file backend's `grow`
+    /// sees to that first). The same size: nothing to do. Smaller, not block-aligned, or
+    /// past the reserve: an error, and the size stays.
+    pub(crate) fn grow_to(&self, new_size: u64) -> Result<(), Error> {
+        let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.size();
+        let bs = u64::from(self.block_size);
+        if !new_size.is_multiple_of(bs) {
+            return Err(Error::Invalid(format!(
+                "ram: size {new_size} is not a multiple of the block size {bs}"
+            )));
+        }
+        if new_size < old as u64 {
+            return Err(Error::Invalid(format!(
+                "ram: the namespace holds {old} bytes, more than the {new_size} asked for; \
+                 a namespace cannot shrink while it runs"
+            )));
+        }
+        if new_size > self.reserve as u64 {
+            return Err(Error::Invalid(format!(
+                "ram: {new_size} bytes is past the {} reserved when the namespace was \
+                 created; restart to grow past {} bytes",
+                self.reserve, self.reserve
+            )));
+        }
+        // Fits: `new_size <= reserve`, a usize.
+        let new = new_size as usize;
+        if new == old {
+            return Ok(());
+        }
+        if let Backing::Anon = self.backing {
+            // Pages from the one after the last in use up to the new end (the reserve is
+            // page-rounded, so `to <= reserve`).
+            let from = old.next_multiple_of(self.page);
+            let to = new.next_multiple_of(self.page);
+            if to > from {
+                // SAFETY: `from..to` lies inside our reservation (`to <= reserve`) and
+                // past every page in use (`from` is the old size rounded up), so nothing
+                // refers to it; mprotect changes only its access rights.
+                let p = unsafe { self.base.as_ptr().add(from) }.cast::<libc::c_void>();
+                // SAFETY: as above.
+                if unsafe { libc::mprotect(p, to - from, libc::PROT_READ | libc::PROT_WRITE) } != 0
+                {
+                    return Err(Error::Invalid(format!(
+                        "ram: cannot make {} more bytes of memory usable ({}); the size \
+                         stays {old}",
+                        to - from,
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                if self.huge {
+                    // SAFETY: advice on pages of our mapping nobody uses yet; it changes
+                    // no contents.
+                    unsafe { libc::madvise(p, to - from, libc::MADV_HUGEPAGE) };
+                }
+            }
+        }
+        self.size.store(new, Ordering::Release);
+        Ok(())
     }
 
     /// Whether the store maps a file ([`RamBackend::map_file`]).
@@ -286,12 +433,13 @@ impl RamBackend {
 
     /// Bytes resident in memory, for tests and metrics (`mincore`).
     pub fn resident_bytes(&self) -> usize {
-        let pages = self.map_len / self.page;
+        // The part in use only: the reserve may be a thousand times larger.
+        let map_len = self.size().next_multiple_of(self.page);
+        let pages = map_len / self.page;
         let mut vec = vec![0u8; pages];
-        // SAFETY: `base..base+map_len` is our page-aligned mapping and `vec` has one byte
-        // per page of it, as mincore requires.
-        let rc =
-            unsafe { libc::mincore(self.base.as_ptr().cast(), self.map_len, vec.as_mut_ptr()) };
+        // SAFETY: `base..base+map_len` is the page-aligned part in use of our mapping and
+        // `vec` has one byte per page of it, as mincore requires.
+        let rc = unsafe { libc::mincore(self.base.as_ptr().cast(), map_len, vec.as_mut_ptr()) };
         if rc != 0 {
             return 0;
         }
@@ -334,8 +482,9 @@ impl RamBackend {
     /// holds the read lock of every stripe they touch.
     fn copy_out(&self, pos: usize, dst: &mut [u8]) -> std::io::Result<()> {
         match &self.backing {
-            // SAFETY: `pos + len <= size <= map_len` (the callers checked), so the source
-            // lies in our mapping; the caller's shared stripe locks exclude writers of
+            // SAFETY: `pos + len <= size` (the callers checked against the current size,
+            // which only grows and whose pages were made readable before it was
+            // published), so the source lies in the used part of our mapping; the caller's shared stripe locks exclude writers of
             // these bytes; `dst` is a distinct exclusive slice, so no overlap.
             Backing::Anon => unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -359,7 +508,9 @@ impl RamBackend {
             if let Backing::File(f) = &self.backing {
                 return f.write_all_at(s, pos as u64);
             }
-            // SAFETY: the destination lies in our mapping (`range` checked it); the
+            // SAFETY: the destination lies in the used part of our mapping (`range`
+            // checked it against the size, published only once its pages were made
+            // writable, and never smaller afterwards); the
             // exclusive stripe lock excludes every other access to these bytes; `s` is a
             // caller-owned slice that cannot overlap the mapping's interior we hand out
             // nowhere else. `copy_streaming` has made its stores visible when it returns,
@@ -423,7 +574,7 @@ impl RamBackend {
     fn range(&self, lba: u64, nblocks: u32) -> Option<(usize, usize)> {
         let bs = u64::from(self.block_size);
         let end = lba.checked_add(u64::from(nblocks))?.checked_mul(bs)?;
-        if end > self.size as u64 {
+        if end > self.size() as u64 {
             return None;
         }
         // Both fit in usize because `end <= size`.
@@ -606,7 +757,10 @@ impl Lent<'_> {
     /// Whether bytes `off..off+len` lie in the namespace and every stripe they touch is
     /// locked (was in the set).
     fn covers(&self, off: usize, len: usize) -> bool {
-        let Some(end) = off.checked_add(len).filter(|&end| end <= self.backend.size) else {
+        let Some(end) = off
+            .checked_add(len)
+            .filter(|&end| end <= self.backend.size())
+        else {
             return false;
         };
         len == 0
@@ -624,8 +778,8 @@ impl Lent<'_> {
         if !self.covers(off, len) {
             return None;
         }
-        // SAFETY: `off..off+len` lies inside the mapping (`covers`: the end is within
-        // `size <= map_len`), and the lock of every stripe it touches is read-locked by
+        // SAFETY: `off..off+len` lies inside the mapping (`covers`: the end is within the
+        // current size, which only grows and never passes the reserve we mapped), and the lock of every stripe it touches is read-locked by
         // the `lend` call that made this `Lent` and is held until that call returns,
         // which outlives the borrow of `self`: no writer of ours can change these bytes
         // while the slice lives. (For a mapped file, nobody else either: the promise
@@ -642,9 +796,9 @@ impl Lent<'_> {
 
 impl Drop for RamBackend {
     fn drop(&mut self) {
-        // SAFETY: `base`/`map_len` are exactly our mapping; no queue can outlive us (each
-        // holds an `Arc<RamBackend>`), so nothing refers to it any more.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
+        // SAFETY: `base`/`reserve` are exactly our mapping, reserve included; no queue can
+        // outlive us (each holds an `Arc<RamBackend>`), so nothing refers to it any more.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.reserve) };
     }
 }
 
@@ -654,7 +808,7 @@ impl Backend for RamBackend {
     }
 
     fn num_blocks(&self) -> u64 {
-        self.size as u64 / u64::from(self.block_size)
+        self.size() as u64 / u64::from(self.block_size)
     }
 
     fn volatile_write_cache(&self) -> bool {
@@ -662,7 +816,7 @@ impl Backend for RamBackend {
     }
 
     fn describe(&self) -> String {
-        format!("ram:{}", self.size)
+        format!("ram:{}", self.size())
     }
 
     fn create_queue(self: Arc<Self>, depth: u32) -> Result<Box<dyn BackendQueue>, Error> {
@@ -679,6 +833,22 @@ impl Backend for RamBackend {
 
     fn flush_sync(&self) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// `Some(bytes)`: grows to `bytes` within the reserve ([`RamBackend::reserved_bytes`]).
+    /// `None`: nothing to re-read, the size stays. A store over a file grows through its
+    /// file backend, which allocates the file first.
+    fn grow(&self, to: Option<u64>) -> Result<u64, Error> {
+        match to {
+            Some(bytes) if self.is_file() && bytes != self.size() as u64 => {
+                return Err(Error::Invalid(
+                    "ram: a store over a file grows through its file backend".into(),
+                ));
+            }
+            Some(bytes) => self.grow_to(bytes)?,
+            None => {}
+        }
+        Ok(self.num_blocks())
     }
 }
 

@@ -256,3 +256,83 @@ fn long_zeroing_takes_a_step_per_poll() {
 fn queue_readers_never_see_a_torn_block() {
     readers_never_see_a_torn_block(RamBackend::new(4 << 20, 4096).unwrap());
 }
+
+/// A namespace grows in place: data written before stays, a queue made before the grow
+/// serves the new blocks, lending covers them, and what cannot be done (shrink, a size
+/// that is not whole blocks, past the reserve) fails and leaves the size alone.
+#[test]
+fn grows_in_place_and_old_queues_serve_the_new_blocks() {
+    use backend::ram::LendSet;
+    const BS: usize = 4096;
+    let r = RamBackend::new(1 << 20, BS as u32).unwrap();
+    let old = r.num_blocks();
+    let be: Arc<dyn Backend> = r.clone();
+    let mut q = be.clone().create_queue(4).unwrap();
+    let before: Vec<u8> = (0..4).flat_map(|i| pattern(i, 1, BS)).collect();
+    assert_eq!(write(&mut *q, BS, 0, &before, false), IoStatus::Ok);
+    // Past the end before the grow.
+    assert_eq!(
+        run(&mut *q, Op::Read, old, 1, Some(backend::IoBuf::new(BS))).status,
+        IoStatus::OutOfRange
+    );
+
+    // Nothing to re-read for RAM; the same size is no change.
+    assert_eq!(be.grow(None).unwrap(), old);
+    assert_eq!(be.grow(Some(1 << 20)).unwrap(), old);
+    // Shrinking, and sizes that are not whole blocks, are refused.
+    let e = be.grow(Some(512 << 10)).unwrap_err().to_string();
+    assert!(e.contains("cannot shrink"), "{e}");
+    assert!(be.grow(Some((4 << 20) + 512)).is_err());
+    assert_eq!(r.num_blocks(), old);
+
+    let new = be.grow(Some(4 << 20)).unwrap();
+    assert_eq!(new, (4 << 20) / BS as u64);
+    assert_eq!(be.num_blocks(), new);
+    serves_grown_range(&mut *q, BS, old, new, &before);
+
+    // Lending: the new range is in the store and can be lent.
+    let store = q.ram_store().expect("a RAM queue lends");
+    let (off, len) = store
+        .byte_range(new - 1, 1)
+        .expect("the last block is in range");
+    assert!(store.byte_range(new, 1).is_none());
+    let mut set = LendSet::default();
+    assert!(set.add(off, len));
+    let last = pattern(new - 1, 9, BS);
+    assert!(store.lend(&set, |l| l.bytes(off, len) == Some(&last[..])));
+    assert!(store.write_blocks(new - 2, 1, &pattern(new - 2, 3, BS)));
+    assert_eq!(read(&mut *q, BS, new - 2, 1), pattern(new - 2, 3, BS));
+
+    // The reserve: 8 times the size at creation (1 MiB here); past it, an error that says
+    // to restart, and the size stays.
+    assert_eq!(r.reserved_bytes(), 8 << 20);
+    let e = be.grow(Some(16 << 20)).unwrap_err().to_string();
+    assert!(e.contains("restart"), "{e}");
+    assert_eq!(be.num_blocks(), new);
+    // Up to the reserve exactly is fine, and a queue made now sees it too.
+    assert_eq!(be.grow(Some(8 << 20)).unwrap(), (8 << 20) / BS as u64);
+    let mut q2 = be.clone().create_queue(4).unwrap();
+    assert_eq!(read(&mut *q2, BS, new - 1, 1), last);
+    assert_eq!(read(&mut *q, BS, (8 << 20) / BS as u64 - 1, 1), vec![0; BS]);
+    // resident_bytes looks at the used part only.
+    assert!(r.resident_bytes() <= 8 << 20);
+}
+
+/// The size at creation decides the reserve: 8 times it, at most 1 TiB, and a grow
+/// published on one thread is what every thread sees.
+#[test]
+fn grow_reserve_policy_and_other_threads() {
+    let r = RamBackend::new(64 << 20, 4096).unwrap();
+    assert_eq!(r.reserved_bytes(), 512 << 20);
+    let be: Arc<dyn Backend> = r.clone();
+    let grower = {
+        let be = be.clone();
+        std::thread::spawn(move || be.grow(Some(128 << 20)).unwrap())
+    };
+    let n = grower.join().unwrap();
+    assert_eq!(be.num_blocks(), n);
+    assert_eq!(n, (128 << 20) / 4096);
+    let big = RamBackend::new(256 << 30, 4096).unwrap();
+    assert_eq!(big.reserved_bytes(), 1 << 40);
+    assert!(big.resident_bytes() < 64 << 20);
+}

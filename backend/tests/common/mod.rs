@@ -392,3 +392,40 @@ pub fn readers_never_see_a_torn_block(backend: Arc<dyn Backend>) {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
 }
+
+/// After a namespace grew from `old` to `new` blocks: queue `q`, made before the grow,
+/// serves the blocks it gained (a write past the old end reads back, one spanning the old
+/// end too), the last new block is in range and the one after it is not; and `before`,
+/// written at block 0 before the grow, is still there.
+pub fn serves_grown_range(q: &mut dyn BackendQueue, bs: usize, old: u64, new: u64, before: &[u8]) {
+    assert!(
+        new > old + 4,
+        "grow by more than a few blocks for this check"
+    );
+    assert_eq!(read(q, bs, 0, (before.len() / bs) as u32), before);
+    let span = [pattern(old - 1, 9, bs), pattern(old, 9, bs)].concat();
+    assert_eq!(write(q, bs, old - 1, &span, false), IoStatus::Ok);
+    assert_eq!(read(q, bs, old - 1, 2), span);
+    let last = pattern(new - 1, 9, bs);
+    assert_eq!(write(q, bs, new - 1, &last, true), IoStatus::Ok);
+    assert_eq!(read(q, bs, new - 1, 1), last);
+    for (op, lba, n) in [
+        (Op::Read, new, 1),
+        (Op::Read, new - 1, 2),
+        (Op::Write { fua: false }, new, 1),
+        (Op::WriteZeroes { fua: false }, new - 1, 2),
+    ] {
+        let buf = matches!(op, Op::Read | Op::Write { .. }).then(|| IoBuf::new(bs * 2));
+        assert_eq!(
+            run(q, op, lba, n, buf).status,
+            IoStatus::OutOfRange,
+            "{op:?} {lba}+{n} past the new end {new}"
+        );
+    }
+    // Zeroing inside the new range works too.
+    assert_eq!(
+        run(q, Op::WriteZeroes { fua: false }, old, 1, None).status,
+        IoStatus::Ok
+    );
+    assert!(read(q, bs, old, 1).iter().all(|&b| b == 0));
+}
