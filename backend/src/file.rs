@@ -54,6 +54,14 @@
 //! the send); the engine asks the queue about once a second
 //! ([`BackendQueue::check_gone`]), since its reads may never reach the queue.
 //!
+//! Growing ([`Backend::grow`]): the capacity is re-read from the file (fstat) or device
+//! (`BLKGETSIZE64`), after extending a smaller file to the size asked for. Queues check
+//! every request against the capacity now, so queues made before the grow serve the new
+//! blocks. A mapped file first allocates the added range (as at open) and raises the
+//! allocated-block count the gone check compares with, then grows its store, whose mapping
+//! reserved room for that when it was opened (`crate::ram`); past that room, only a restart
+//! grows it. Nothing shrinks: a store found smaller than the namespace is an error.
+//!
 //! `submit` never enters the kernel; `poll` pushes queued SQEs, calls `io_uring_enter`
 //! without waiting when there is something to submit or task work to run, and reaps
 //! CQEs. The volatile write cache is reported as present: even with `O_DIRECT`, file
@@ -71,8 +79,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -129,7 +137,12 @@ pub struct FileBackend {
     file: File,
     path: String,
     block_size: u32,
-    num_blocks: u64,
+    /// Capacity in blocks. Only grows ([`Backend::grow`]), published with `Release` once
+    /// the blocks are there (and for a mapped file, allocated and in the store); read with
+    /// `Acquire`.
+    num_blocks: AtomicU64,
+    /// Held by `grow`: one resize at a time.
+    growing: Mutex<()>,
     direct: bool,
     block_device: bool,
     /// The file lives in memory (tmpfs, ramfs): reads and writes are done at once in the
@@ -141,8 +154,9 @@ pub struct FileBackend {
     /// ([`BackendQueue::ram_store`]).
     store: Option<Arc<RamBackend>>,
     /// The mapped file's allocated 512-byte blocks when the store was set up: fewer later
-    /// means pages were freed under the store (truncated or punched from outside).
-    mapped_blocks: u64,
+    /// means pages were freed under the store (truncated or punched from outside). Raised
+    /// by `grow` once the added range is allocated, before the namespace grows.
+    mapped_blocks: AtomicU64,
     /// Cleared when `FALLOCATE(PUNCH_HOLE)` returned `EOPNOTSUPP`.
     punch_ok: AtomicBool,
     /// Cleared when `FALLOCATE(ZERO_RANGE)` returned `EOPNOTSUPP`.
@@ -425,12 +439,13 @@ impl FileBackend {
             file,
             path: name,
             block_size,
-            num_blocks,
+            num_blocks: AtomicU64::new(num_blocks),
+            growing: Mutex::new(()),
             direct,
             block_device: ft.is_block_device(),
             inline_rw,
             store,
-            mapped_blocks,
+            mapped_blocks: AtomicU64::new(mapped_blocks),
             punch_ok: AtomicBool::new(true),
             zero_range_ok: AtomicBool::new(true),
             writeback_failed: AtomicBool::new(false),
@@ -548,7 +563,7 @@ impl Backend for FileBackend {
     }
 
     fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.num_blocks.load(Ordering::Acquire)
     }
 
     fn volatile_write_cache(&self) -> bool {
@@ -575,6 +590,97 @@ impl Backend for FileBackend {
             ))));
         }
         r.map_err(Error::Io)
+    }
+
+    /// Re-reads the file's size (fstat) or the device's (`BLKGETSIZE64`); `Some(bytes)`
+    /// first extends a smaller regular file to `bytes` (a device cannot be). The new
+    /// capacity is whole blocks of what the store holds. A mapped file's added range is
+    /// allocated in full first, as at open (`fallocate`), and must fit the mapping's
+    /// reserve ([`RamBackend::reserved_bytes`]).
+    fn grow(&self, to: Option<u64>) -> Result<u64, Error> {
+        let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
+        let name = &self.path;
+        let bs = u64::from(self.block_size);
+        let have_blocks = self.num_blocks();
+        let have = have_blocks * bs;
+        let io_err = |what: &str, e: io::Error| {
+            Error::Invalid(format!(
+                "{name}: {what} ({e}); the namespace stays {have} bytes"
+            ))
+        };
+        let holds = |file: &File| -> io::Result<u64> {
+            if self.block_device {
+                bdev_geometry(file).map(|(size, _)| size)
+            } else {
+                file.metadata().map(|m| m.len())
+            }
+        };
+        let mut len = holds(&self.file).map_err(|e| io_err("cannot read its size", e))?;
+        if len < have {
+            return Err(Error::Invalid(format!(
+                "{name} now holds {len} bytes, less than the namespace's {have}; a namespace \
+                 cannot shrink while it runs (restore the size, or remove the namespace)"
+            )));
+        }
+        let want = match to {
+            Some(bytes) if bytes > len && self.block_device => {
+                return Err(Error::Invalid(format!(
+                    "{name}: block device has {len} bytes, size asks for {bytes}"
+                )));
+            }
+            Some(bytes) => bytes.max(len),
+            None => len,
+        };
+        if want / bs <= have_blocks {
+            return Ok(have_blocks);
+        }
+        if let Some(store) = &self.store {
+            // A mapped file: the added range must be allocated (a lent read of a hole
+            // would allocate inside the send) and fit the mapping reserved at open.
+            let new_size = want / bs * bs;
+            let reserve = store.reserved_bytes() as u64;
+            if new_size > reserve {
+                return Err(Error::Invalid(format!(
+                    "{name}: {new_size} bytes is past the {reserve} its mapping reserved when \
+                     it was opened; restart to grow past {reserve} bytes"
+                )));
+            }
+            let (off, n) = (have as libc::off_t, (want - have) as libc::off_t);
+            // SAFETY: fallocate on a valid fd has no memory-safety preconditions.
+            if unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, n) } != 0 {
+                return Err(io_err(
+                    &format!("cannot allocate bytes {have}..{want} of the file"),
+                    io::Error::last_os_error(),
+                ));
+            }
+            let blocks = self
+                .file
+                .metadata()
+                .map_err(|e| io_err("cannot read its size", e))?
+                .blocks();
+            // Raised before the namespace grows, so the gone check (which compares the
+            // file's allocated blocks with this) does not take the new size for a loss.
+            self.mapped_blocks.fetch_max(blocks, Ordering::Release);
+            store.grow_to(new_size)?;
+            self.num_blocks.store(new_size / bs, Ordering::Release);
+            return Ok(new_size / bs);
+        }
+        if want > len {
+            self.file
+                .set_len(want)
+                .map_err(|e| io_err(&format!("cannot extend the file to {want} bytes"), e))?;
+            len = holds(&self.file).map_err(|e| io_err("cannot read its size", e))?;
+        }
+        let new_blocks = len / bs;
+        if new_blocks < have_blocks {
+            // Shrunk between the two looks: someone else truncates it.
+            return Err(Error::Invalid(format!(
+                "{name} now holds {len} bytes, less than the namespace's {have}; a namespace \
+                 cannot shrink while it runs"
+            )));
+        }
+        self.num_blocks.store(new_blocks, Ordering::Release);
+        Ok(new_blocks)
     }
 }
 
@@ -808,7 +914,7 @@ impl FileQueue {
             .lba
             .checked_add(u64::from(req.nblocks))
             .ok_or(IoStatus::OutOfRange)?;
-        if end > self.backend.num_blocks {
+        if end > self.backend.num_blocks() {
             return Err(IoStatus::OutOfRange);
         }
         let (off, len) = (req.lba * bs, u64::from(req.nblocks) * bs);
@@ -1131,7 +1237,11 @@ impl FileQueue {
     /// one that shrank or lost pages.
     fn look_for_gone(&mut self, now: std::time::Instant) -> bool {
         self.next_gone_check = now + std::time::Duration::from_secs(1);
-        let size = self.backend.num_blocks * u64::from(self.backend.block_size);
+        // Both read before the file is looked at: `grow` raises them only after the file
+        // holds (and has allocated) the added range, so values read first never ask for
+        // more than the file shows afterwards.
+        let size = self.backend.num_blocks() * u64::from(self.backend.block_size);
+        let mapped_blocks = self.backend.mapped_blocks.load(Ordering::Acquire);
         let mapped = self.backend.store.is_some();
         match self.file.metadata() {
             Ok(m) if m.nlink() == 0 => {
@@ -1142,7 +1252,7 @@ impl FileQueue {
             // take their connection with them; reads of pages freed under it would have
             // the kernel allocate them inside the send. The namespace goes instead. (A
             // write can grow a truncated file back, but not bring back its pages.)
-            Ok(m) if mapped && (m.len() < size || m.blocks() < self.backend.mapped_blocks) => {
+            Ok(m) if mapped && (m.len() < size || m.blocks() < mapped_blocks) => {
                 self.backend
                     .set_gone("the backing file was truncated or had pages freed under it");
                 true

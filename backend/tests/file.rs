@@ -228,3 +228,60 @@ fn deleted_backing_file_is_gone() {
     let c = run(q.as_mut(), Op::Read, 0, 1, Some(backend::IoBuf::new(4096)));
     assert_eq!(c.status, IoStatus::Unavailable);
 }
+
+/// A file that grows behind the backend (`truncate -s`) is picked up by `grow(None)`;
+/// `grow(Some(n))` extends the file; a queue made before either serves the new blocks.
+/// A file found smaller than the namespace is an error that leaves the capacity alone.
+#[test]
+fn grows_with_its_file_and_old_queues_serve_the_new_blocks() {
+    const BS: usize = 4096;
+    for direct in modes() {
+        let (dir, be) = temp_backend(1 << 20, BS as u32, direct);
+        let path = dir.path().join("ns0.img");
+        let resize = |len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
+        let file_len = || std::fs::metadata(&path).unwrap().len();
+        let old = be.num_blocks();
+        assert_eq!(old, 256);
+        let mut q = be.clone().create_queue(4).unwrap();
+        let before: Vec<u8> = (0..4).flat_map(|i| pattern(i, 1, BS)).collect();
+        assert_eq!(write(&mut *q, BS, 0, &before, false), IoStatus::Ok);
+        assert_eq!(be.grow(None).unwrap(), old, "nothing changed");
+
+        // Truncated bigger from outside: unchanged until asked, then the new size.
+        resize(4 << 20);
+        assert_eq!(be.num_blocks(), old);
+        let new = be.grow(None).unwrap();
+        assert_eq!(new, 1024);
+        assert_eq!(be.num_blocks(), new);
+        serves_grown_range(&mut *q, BS, old, new, &before);
+
+        // The configuration asks for more: the file is extended.
+        assert_eq!(be.grow(Some(8 << 20)).unwrap(), 2048);
+        assert_eq!(file_len(), 8 << 20);
+        let last = pattern(2047, 4, BS);
+        assert_eq!(write(&mut *q, BS, 2047, &last, false), IoStatus::Ok);
+        assert_eq!(read(&mut *q, BS, 2047, 1), last);
+        // Less than the file holds: nothing to do. Not whole blocks: the file gets the
+        // bytes, the namespace the whole blocks.
+        assert_eq!(be.grow(Some(1 << 20)).unwrap(), 2048);
+        assert_eq!(be.grow(Some((8 << 20) + 6000)).unwrap(), 2049);
+        assert_eq!(file_len(), (8 << 20) + 6000);
+
+        // Truncated below the namespace: an error that says so, and nothing changes (the
+        // file is not extended back over the lost data either).
+        resize(2 << 20);
+        for to in [None, Some(16 << 20)] {
+            let e = be.grow(to).unwrap_err().to_string();
+            assert!(e.contains("cannot shrink"), "{e}");
+            assert_eq!(be.num_blocks(), 2049);
+            assert_eq!(file_len(), 2 << 20);
+        }
+    }
+}

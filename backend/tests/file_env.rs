@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use backend::{Backend, FileBackend, FileOptions};
+use backend::{Backend, FileBackend, FileOptions, IoStatus};
 use common::*;
 
 const SHM: &str = "/dev/shm";
@@ -50,6 +50,16 @@ fn main() {
             "a_failed_write_fails_alone_and_only_writeback_errors_latch",
             tmpfs,
             failed_writes_on_tmpfs,
+        ),
+        skip::trial(
+            "a_mapped_file_grows_and_stays_mapped",
+            tmpfs_probe.clone(),
+            mapped_file_grows,
+        ),
+        skip::trial(
+            "block_device_grows_via_loop",
+            loopdev.clone(),
+            block_device_grows_via_loop,
         ),
         skip::trial("block_device_via_loop", loopdev, block_device_via_loop),
         skip::trial(
@@ -727,4 +737,148 @@ fn inline_queue(
     assert!(be.is_inline() && !be.is_mapped(), "served inline");
     let q = be.clone().create_queue(4).unwrap();
     (be, q)
+}
+
+/// A mapped file on tmpfs grows: truncated bigger behind the backend, `grow(None)`
+/// allocates the new range and the store serves it (a queue made before the grow, and
+/// lending); the gone check does not take the grown file for a lost one; `grow(Some(n))`
+/// extends and allocates; past the mapping's reserve, and below the namespace, it fails
+/// and nothing changes.
+fn mapped_file_grows() {
+    use std::os::unix::fs::FileExt;
+    const BS: usize = 4096;
+    const SIZE: u64 = 1 << 20;
+    let dir = tempfile::tempdir_in(SHM).expect("the probe found /dev/shm writable");
+    for direct in modes() {
+        let path = dir.path().join(format!("grow-{direct:?}.img"));
+        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        let resize = |len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
+        let file_len = || std::fs::metadata(&path).unwrap().len();
+        let opts = FileOptions {
+            create_size: None,
+            block_size: Some(BS as u32),
+            direct,
+        };
+        let be = FileBackend::open(&path, opts).unwrap();
+        assert!(be.is_mapped(), "an allocated file on tmpfs is mapped");
+        let mut q = be.clone().create_queue(8).unwrap();
+        let store = q.ram_store().expect("the queue offers its store");
+        assert_eq!(store.reserved_bytes() as u64, 8 * SIZE);
+        let before: Vec<u8> = (0..2).flat_map(|i| pattern(i, 1, BS)).collect();
+        assert_eq!(write(&mut *q, BS, 0, &before, false), IoStatus::Ok);
+        let old = be.num_blocks();
+
+        // Truncated bigger from outside: a hole past the old end, which `grow` allocates.
+        resize(4 * SIZE);
+        assert!(!q.check_gone(), "a file that grew is not gone");
+        let new = be.grow(None).unwrap();
+        assert_eq!(new, 4 * SIZE / BS as u64);
+        assert_eq!(be.num_blocks(), new);
+        assert!(allocated(&path, 4 * SIZE), "the new range is not allocated");
+        assert!(!q.check_gone(), "a grown mapped file is taken for gone");
+        assert!(!be.is_gone());
+        serves_grown_range(&mut *q, BS, old, new, &before);
+
+        // The store lends the new range, and what it lends is the file's.
+        let last = pattern(new - 1, 9, BS);
+        assert!(store.byte_range(new, 1).is_none());
+        let (off, len) = store.byte_range(new - 1, 1).unwrap();
+        let mut set = backend::ram::LendSet::default();
+        assert!(set.add(off, len));
+        assert!(store.lend(&set, |l| l.bytes(off, len) == Some(&last[..])));
+        let mut in_file = vec![0; BS];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut in_file, (new - 1) * BS as u64)
+            .unwrap();
+        assert_eq!(in_file, last);
+
+        // The configuration asks for more: extended and allocated.
+        assert_eq!(be.grow(Some(6 * SIZE)).unwrap(), 6 * SIZE / BS as u64);
+        assert_eq!(file_len(), 6 * SIZE);
+        assert!(allocated(&path, 6 * SIZE));
+        assert!(!q.check_gone());
+        assert_eq!(read(&mut *q, BS, 6 * SIZE / BS as u64 - 1, 1), vec![0; BS]);
+
+        // Past the reserve (8 MiB): an error that says to restart; nothing changes.
+        let e = be.grow(Some(16 * SIZE)).unwrap_err().to_string();
+        assert!(e.contains("restart"), "{e}");
+        assert_eq!(be.num_blocks(), 6 * SIZE / BS as u64);
+        assert_eq!(file_len(), 6 * SIZE);
+        resize(16 * SIZE);
+        assert!(be.grow(None).is_err());
+        assert_eq!(be.num_blocks(), 6 * SIZE / BS as u64);
+        assert!(!q.check_gone());
+
+        // Truncated below the namespace: an error, the capacity stays (and the queue's
+        // check then takes the namespace out, as for any shrunk mapped file).
+        resize(2 * SIZE);
+        let e = be.grow(None).unwrap_err().to_string();
+        assert!(e.contains("cannot shrink"), "{e}");
+        assert_eq!(be.num_blocks(), 6 * SIZE / BS as u64);
+        assert!(q.check_gone());
+    }
+}
+
+/// Detaches a loop device when dropped (best effort: a leftover shows in `losetup`).
+struct LoopDevice(String);
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Err(e) = sh("losetup", &["-d", &self.0]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+/// A block device that grows (its loop file extended, `losetup -c`) is picked up by
+/// `grow(None)`, and a queue made before serves the new blocks; asking for more than the
+/// device holds is an error.
+fn block_device_grows_via_loop() {
+    const BS: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("grow.img");
+    let img_file = std::fs::File::create(&img).unwrap();
+    img_file.set_len(8 << 20).unwrap();
+    let dev = sh("losetup", &["--find", "--show", img.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("losetup (the probe found it usable): {e}"));
+    let _detach = LoopDevice(dev.clone());
+    let be = FileBackend::open(
+        &dev,
+        FileOptions {
+            block_size: Some(BS as u32),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(be.is_block_device());
+    let old = be.num_blocks();
+    assert_eq!(old, (8 << 20) / BS as u64);
+    let mut q = be.clone().create_queue(4).unwrap();
+    let before: Vec<u8> = (0..2).flat_map(|i| pattern(i, 1, BS)).collect();
+    assert_eq!(write(&mut *q, BS, 0, &before, false), IoStatus::Ok);
+    assert_eq!(be.grow(None).unwrap(), old);
+    let e = be.grow(Some(16 << 20)).unwrap_err().to_string();
+    assert!(e.contains("block device has"), "{e}");
+    assert_eq!(be.num_blocks(), old);
+
+    img_file.set_len(32 << 20).unwrap();
+    sh("losetup", &["-c", &dev]).unwrap();
+    let new = be.grow(None).unwrap();
+    assert_eq!(new, (32 << 20) / BS as u64);
+    assert_eq!(be.num_blocks(), new);
+    serves_grown_range(&mut *q, BS, old, new, &before);
+    assert_eq!(
+        be.grow(Some(16 << 20)).unwrap(),
+        new,
+        "within the device: no change"
+    );
+    be.flush_sync().unwrap();
 }
