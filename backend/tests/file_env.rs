@@ -766,7 +766,7 @@ fn mapped_file_grows() {
             block_size: Some(BS as u32),
             direct,
         };
-        let be = FileBackend::open(&path, opts).unwrap();
+        let be = FileBackend::open(&path, opts.clone()).unwrap();
         assert!(be.is_mapped(), "an allocated file on tmpfs is mapped");
         let mut q = be.clone().create_queue(8).unwrap();
         let store = q.ram_store().expect("the queue offers its store");
@@ -824,6 +824,30 @@ fn mapped_file_grows() {
         assert!(e.contains("cannot shrink"), "{e}");
         assert_eq!(be.num_blocks(), 6 * SIZE / BS as u64);
         assert!(q.check_gone());
+        drop((q, store, be));
+
+        // Pages freed in the grown range from outside: gone, as in the first part (the
+        // allocated count the check compares with covers the new range too).
+        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        let be = FileBackend::open(&path, opts).unwrap();
+        assert!(be.is_mapped());
+        let mut q = be.clone().create_queue(8).unwrap();
+        assert_eq!(be.grow(Some(4 * SIZE)).unwrap(), 4 * SIZE / BS as u64);
+        assert!(!q.check_gone());
+        let at = (3 * SIZE).to_string();
+        sh(
+            "fallocate",
+            &[
+                "--punch-hole",
+                "-o",
+                &at,
+                "-l",
+                "65536",
+                path.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+        assert!(q.check_gone(), "a hole in the grown range is not seen");
     }
 }
 
