@@ -536,6 +536,19 @@ pub trait Engine {
         nsid: u32,
         backend: Arc<dyn Backend>,
     ) -> Result<(), EngineError>;
+    /// The namespace's backend grew ([`Backend::grow`]) to `num_blocks`: commands up to
+    /// the new end are served from now on. Like [`Engine::ns_add`], every IO context
+    /// takes the new size before any host can learn of it from the control path (the
+    /// application tells hosts after this returns). Never shrinks: a smaller count is
+    /// ignored. DOCA STA has no such call (`doca_sta_subsystem_add_ns` takes no size: the
+    /// drive's own namespace bounds its I/O), so an engine that cannot follow a resize
+    /// says so with [`EngineError::Unsupported`].
+    fn ns_resize(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        num_blocks: u64,
+    ) -> Result<(), EngineError>;
     /// DOCA: `doca_sta_subsystem_task_rm_ns_alloc_init` + submit. New I/O to the
     /// namespace stops being offloaded at once; [`MainEvent::NsRemoved`] reports when its
     /// in-flight I/O is done and its backend queues are gone.

@@ -1599,6 +1599,22 @@ impl Engine for Sta {
         Ok(())
     }
 
+    /// DOCA STA takes no size for a namespace (`doca_sta_subsystem_add_ns`): the drive's
+    /// own namespace bounds its I/O, and a drive's namespace does not grow from our
+    /// config. Nothing to follow.
+    fn ns_resize(
+        &mut self,
+        _subsys: SubsysId,
+        _nsid: u32,
+        _num_blocks: u64,
+    ) -> Result<(), EngineError> {
+        Err(EngineError::Unsupported(
+            "the doca engine cannot resize a namespace live (DOCA STA has no call for it); \
+             restart the daemon"
+                .into(),
+        ))
+    }
+
     fn ns_remove(&mut self, subsys: SubsysId, nsid: u32, user: u64) -> Result<(), EngineError> {
         let core = self.core.clone();
         let mut st = lock(&core.state);

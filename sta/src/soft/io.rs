@@ -1036,6 +1036,16 @@ impl StaIo {
                         None => fence.arrive(),
                     }
                 }
+                Ctrl::NsResize {
+                    subsys,
+                    nsid,
+                    nblocks,
+                } => {
+                    let slot = self.core.ns_map.get(&(subsys.0, nsid)).copied();
+                    if let Some(s) = slot.and_then(|i| self.core.ns[i as usize].as_mut()) {
+                        s.nblocks = s.nblocks.max(nblocks);
+                    }
+                }
                 Ctrl::NsRemove {
                     subsys,
                     nsid,

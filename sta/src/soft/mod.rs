@@ -218,6 +218,12 @@ pub(crate) enum Ctrl {
         /// The namespace's fused Compare and Write ranges, shared by every IO thread.
         fused: Arc<FusedRanges>,
     },
+    /// The namespace's backend grew: serve commands up to `nblocks`.
+    NsResize {
+        subsys: SubsysId,
+        nsid: u32,
+        nblocks: u64,
+    },
     /// Stop offloading to the namespace; when its in-flight backend requests are done
     /// (`fail_outstanding`: answered at once with an error, without waiting), destroy the
     /// thread's queue and acknowledge.
@@ -604,6 +610,34 @@ impl crate::Engine for Sta {
             }
         }
         self.namespaces.push((subsys, nsid, backend, fused));
+        Ok(())
+    }
+
+    /// Every IO context serves up to the new end once it has processed the message, as
+    /// for [`Engine::ns_add`]; contexts created later read the size from the backend.
+    fn ns_resize(
+        &mut self,
+        subsys: SubsysId,
+        nsid: u32,
+        num_blocks: u64,
+    ) -> Result<(), EngineError> {
+        if !self
+            .namespaces
+            .iter()
+            .any(|(s, n, _, _)| *s == subsys && *n == nsid)
+        {
+            return Err(EngineError::NoNamespace(nsid));
+        }
+        for tx in &self.io_tx {
+            let m = Ctrl::NsResize {
+                subsys,
+                nsid,
+                nblocks: num_blocks,
+            };
+            if tx.send(m).is_err() {
+                tracing::debug!("ns_resize: an IO context is gone");
+            }
+        }
         Ok(())
     }
 

@@ -129,6 +129,10 @@ impl Fabric for DocaLoop {
         false
     }
 
+    fn bounds_by_size(&self) -> bool {
+        false
+    }
+
     fn unique_nqns(&self) -> bool {
         true
     }

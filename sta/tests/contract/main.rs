@@ -47,6 +47,7 @@ mod doca_scenarios {
         admin_path,
         io_is_offloaded,
         failures_are_reported,
+        ns_resize,
         host_data_by_rdma_read,
         stale_handles_are_errors,
         disconnect_and_user_data,
@@ -257,6 +258,11 @@ fn soft_tcp_admin_path() {
 #[test]
 fn soft_tcp_io_is_offloaded() {
     suite::io_is_offloaded(SoftTcp::new());
+}
+
+#[test]
+fn soft_tcp_ns_resize() {
+    suite::ns_resize(SoftTcp::new());
 }
 
 #[test]

@@ -81,6 +81,11 @@ pub trait Fabric {
     fn counts_latency(&self) -> bool {
         true
     }
+    /// Whether the engine bounds I/O by the namespace size it was given, and so can
+    /// follow a resize (DOCA STA takes no size: the drive bounds its I/O).
+    fn bounds_by_size(&self) -> bool {
+        true
+    }
     /// Whether the engine's library keeps one subsystem per NQN (DOCA), so that a second
     /// `subsystem_create` of a live NQN is [`EngineError::NqnInUse`].
     fn unique_nqns(&self) -> bool {
@@ -128,6 +133,8 @@ pub struct World<F: Fabric> {
     pub io: Io<F>,
     pub target: Target,
     pub subsys: SubsysId,
+    /// The namespace's backend (NSID 1).
+    pub backend: Arc<dyn Backend>,
     pub hosts: Vec<(QpHandle, F::Host)>,
     pub log: Log,
     apps: HashMap<QpHandle, QpApp>,
@@ -201,6 +208,7 @@ impl<F: Fabric> World<F> {
             io,
             target,
             subsys,
+            backend,
         }
     }
 
@@ -581,6 +589,7 @@ struct Parts<F: Fabric> {
     io: Io<F>,
     target: Target,
     subsys: SubsysId,
+    backend: Arc<dyn Backend>,
 }
 
 impl<F: Fabric> Parts<F> {
@@ -591,6 +600,7 @@ impl<F: Fabric> Parts<F> {
             io: self.io,
             target: self.target,
             subsys: self.subsys,
+            backend: self.backend,
             hosts: Vec::new(),
             log: Log::default(),
             apps: HashMap::new(),
@@ -820,6 +830,62 @@ pub fn failures_are_reported<F: Fabric>(fabric: F) {
         "{f:?}"
     );
     assert_eq!(w.log.failed.len(), 1, "{:?}", w.log.failed);
+    w.check_task_accounting();
+}
+
+/// A namespace whose backend grew: once the engine has the new size ([`Engine::ns_resize`]),
+/// blocks past the old end are written and read back on a QP connected before the
+/// change; before it, the engine refuses them (LBA Out of Range) although the backend
+/// already holds them. An engine that cannot follow a resize (DOCA: the drive bounds the
+/// I/O) says so (`Unsupported`, with what to do).
+pub fn ns_resize<F: Fabric>(fabric: F) {
+    let mut w = World::new(fabric);
+    let (_, q) = w.controller();
+    let old = w.backend.num_blocks();
+    let grown = w
+        .backend
+        .grow(Some(2 * old * u64::from(BLOCK)))
+        .expect("the backend grows");
+    assert_eq!(grown, 2 * old);
+    let subsys = w.subsys;
+    if !w.fabric.bounds_by_size() {
+        match w.engine.ns_resize(subsys, 1, grown) {
+            Err(EngineError::Unsupported(why)) => assert!(why.contains("restart"), "{why}"),
+            r => panic!("ns_resize on an engine that cannot follow it: {r:?}"),
+        }
+        return;
+    }
+    let past = old + 8;
+    let data = pattern(4, 4096);
+    let (cqe, _) = w.exec(
+        q,
+        rw(io::WRITE, 1, past, 8),
+        Dir::ToController(data.clone()),
+    );
+    assert_eq!(cqe.status(), Status::LBA_OUT_OF_RANGE, "before ns_resize");
+    w.engine.ns_resize(subsys, 1, grown).expect("ns_resize");
+    assert!(matches!(
+        w.engine.ns_resize(subsys, 2, grown),
+        Err(EngineError::NoNamespace(2))
+    ));
+    w.target
+        .resize_namespace(NQN, 1, grown)
+        .expect("target resize");
+    let (cqe, _) = w.exec(
+        q,
+        rw(io::WRITE, 1, past, 8),
+        Dir::ToController(data.clone()),
+    );
+    assert!(
+        cqe.status().is_success(),
+        "write past the old end: {}",
+        cqe.status()
+    );
+    let (cqe, got) = w.exec(q, rw(io::READ, 1, past, 8), Dir::FromController(4096));
+    assert!(cqe.status().is_success(), "read: {}", cqe.status());
+    assert_eq!(got, data);
+    let (cqe, _) = w.exec(q, rw(io::READ, 1, grown - 4, 8), Dir::FromController(4096));
+    assert_eq!(cqe.status(), Status::LBA_OUT_OF_RANGE, "past the new end");
     w.check_task_accounting();
 }
 

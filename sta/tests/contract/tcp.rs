@@ -132,6 +132,9 @@ impl Backend for Gate {
     fn flush_sync(&self) -> Result<(), Error> {
         self.inner.flush_sync()
     }
+    fn grow(&self, to: Option<u64>) -> Result<u64, Error> {
+        self.inner.grow(to)
+    }
 }
 
 impl BackendQueue for GateQueue {
