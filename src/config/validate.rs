@@ -1197,15 +1197,10 @@ impl Checker<'_> {
                     );
                     self.error(path, field, msg);
                 }
-                Some(size) if size < meta.len() => {
-                    let msg = format!(
-                        "{shown} is already {} bytes, larger than size; files are never shrunk",
-                        meta.len()
-                    );
-                    if let Some(at) = &b.size {
-                        self.error(at, format!("{p}.size"), msg);
-                    }
-                }
+                // A file larger than `size` keeps its size (files are never cut): `size`
+                // is what a missing or smaller file is extended to, and a file grown on
+                // disk since (its namespace grown by a reload) must not make the config
+                // it was grown under invalid.
                 _ => {}
             },
             Ok(meta) if meta.is_dir() => {
