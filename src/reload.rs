@@ -13,7 +13,9 @@
 //!
 //! - a listener by `name`; one whose transport/address/port changed is removed + added;
 //! - a backend by `name`; one whose definition changed is removed + added when no
-//!   surviving namespace uses it, otherwise [`ConfigDiff::restart_required`];
+//!   surviving namespace uses it; one in use whose size alone changed and that can reach
+//!   it by growing is resized in place ([`ConfigDiff::backends_resized`]); otherwise
+//!   [`ConfigDiff::restart_required`];
 //! - a subsystem by `nqn`;
 //! - a namespace by (subsystem NQN, nsid). **Decision:** a change to a namespace's
 //!   backend, uuid, nguid or eui64 is removed + added, never a restart: the target
@@ -55,6 +57,10 @@
 //!     where the names or a named listener's address changed: each is exposed on its
 //!     new list as the listeners now stand (after steps 4 and 5).
 //!
+//! 16. `backends_resized` — grown in place after everything else, with every other
+//!     backend's size re-read (a file grown on disk): the namespaces on a backend that
+//!     grew take its new size, and their hosts get a Namespace Attribute Changed notice.
+//!
 //! Steps 4 and 5 for a listener in both lists (its address or settings changed) are one
 //! replacement: the new socket is bound before the old one is closed where the address
 //! differs, and a listener whose new address cannot be bound keeps listening on the old
@@ -68,7 +74,8 @@
 //! each restart-required item until it is restarted). These are:
 //! - the IO thread layout (`io_threads` / `cpus`), `max_io_size`, the engine, `limits:`,
 //!   the metrics address (and `allow_remote`) and the control socket (`control:`);
-//! - a backend whose definition changed while a surviving namespace uses it;
+//! - a backend whose definition changed while a surviving namespace uses it, but for a
+//!   larger RAM size or a file's `size` (resized in place);
 //! - a subsystem's serial or model.
 //!
 //! A subsystem's listeners change live (step 15): one that names no listeners is on all
@@ -97,6 +104,13 @@ pub struct ConfigDiff {
     pub backends_added: Vec<BackendConfig>,
     /// Backend names.
     pub backends_removed: Vec<String>,
+    /// (backend name, its new definition) of backends in use whose size alone changed
+    /// and which grow in place ([`resized_in_place`]): a RAM namespace made larger, a
+    /// file's `size`. Their namespaces keep their data, identity, reservations and
+    /// hosts; hosts see the new size. (Every reload also re-reads the size of file and
+    /// block-device backends: one grown on disk grows its namespaces, with no change in
+    /// the file at all; that is the daemon's, not in this diff.)
+    pub backends_resized: Vec<BackendConfig>,
     /// Complete subsystem configs; their namespaces are also in `namespaces_added`.
     pub subsystems_added: Vec<SubsystemConfig>,
     /// Subsystem NQNs; their namespaces are also in `namespaces_removed`.
@@ -184,6 +198,14 @@ impl ConfigDiff {
         for b in &self.backends_added {
             out.push(format!(
                 "backend {}: add ({})",
+                b.name,
+                backend_text(&b.kind)
+            ));
+        }
+        for b in &self.backends_resized {
+            out.push(format!(
+                "backend {}: resize in place to {} (its namespaces keep their data; hosts \
+                 see the new size)",
                 b.name,
                 backend_text(&b.kind)
             ));
@@ -435,11 +457,25 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
         match new_b.get(name) {
             None => d.backends_removed.push(name.to_string()),
             Some(&nb) if nb != b => match in_use.get(name) {
-                Some((nqn, nsid)) => d.restart_required.push(format!(
-                    "backend {name} (used by subsystem {nqn} namespace {nsid}): {} -> {}",
-                    backend_text(&b.kind),
-                    backend_text(&nb.kind)
-                )),
+                Some(_) if resized_in_place(&b.kind, &nb.kind) => {
+                    d.backends_resized.push(nb.clone());
+                }
+                Some((nqn, nsid)) => {
+                    let shrinks = matches!(
+                        (&b.kind, &nb.kind),
+                        (BackendKind::Ram { size: a, .. }, BackendKind::Ram { size: c, .. }) if c < a
+                    );
+                    d.restart_required.push(format!(
+                        "backend {name} (used by subsystem {nqn} namespace {nsid}): {} -> {}{}",
+                        backend_text(&b.kind),
+                        backend_text(&nb.kind),
+                        if shrinks {
+                            " (a namespace cannot shrink while hosts use it)"
+                        } else {
+                            ""
+                        }
+                    ))
+                }
                 None => {
                     d.backends_removed.push(name.to_string());
                     d.backends_added.push(nb.clone());
@@ -503,6 +539,42 @@ pub fn diff(old: &Config, new: &Config) -> ConfigDiff {
     d
 }
 
+/// Whether a backend in use can go from `old` to `new` in place ([`Backend::grow`]): only
+/// its size changed, and it grows. A RAM backend made larger; a file's `size` changed
+/// (a file is extended to at least its `size` and never cut, so any new value is
+/// reached by growing or by nothing at all).
+///
+/// [`Backend::grow`]: backend::Backend::grow
+pub fn resized_in_place(old: &BackendKind, new: &BackendKind) -> bool {
+    match (old, new) {
+        (
+            BackendKind::Ram {
+                size: a,
+                block_size: x,
+            },
+            BackendKind::Ram {
+                size: b,
+                block_size: y,
+            },
+        ) => x == y && b > a,
+        (
+            BackendKind::File {
+                path,
+                size: _,
+                block_size,
+                direct,
+            },
+            BackendKind::File {
+                path: p,
+                size: _,
+                block_size: bs,
+                direct: dr,
+            },
+        ) => path == p && block_size == bs && direct == dr,
+        _ => false,
+    }
+}
+
 /// What the daemon runs once `d`, the change from `old` to `new` ([`diff`]), is applied in
 /// full: `new`, except that what [`ConfigDiff::restart_required`] lists keeps `old`'s value
 /// until a restart. Recorded as the running config, it keeps those items pending: a later
@@ -520,7 +592,9 @@ pub fn running_after(old: &Config, new: &Config, d: &ConfigDiff) -> Config {
     run.reservations = old.reservations.clone();
     // A changed backend that the diff neither removes nor adds is in use: it stays.
     for b in &mut run.backends {
-        if d.backends_removed.contains(&b.name) {
+        if d.backends_removed.contains(&b.name)
+            || d.backends_resized.iter().any(|r| r.name == b.name)
+        {
             continue;
         }
         if let Some(o) = old.backends.iter().find(|o| o.name == b.name) {

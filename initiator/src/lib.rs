@@ -655,6 +655,12 @@ impl TcpHost {
         }
     }
 
+    /// Completions received while waiting for other commands and not taken yet (an AER
+    /// that completed meanwhile, say).
+    pub fn queued_completions(&self) -> usize {
+        self.done.len()
+    }
+
     /// Waits for command `cid`, queueing other completions for `poll_completion`.
     pub fn wait(&mut self, cid: u16) -> Result<Completion> {
         if let Some(i) = self.done.iter().position(|c| c.cid == cid) {

@@ -367,7 +367,7 @@ fn duration_text(secs: u64) -> String {
     }
 }
 
-fn bytes_text(n: u64) -> String {
+pub(crate) fn bytes_text(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

@@ -28,6 +28,48 @@ impl std::fmt::Display for OpenError {
     }
 }
 
+/// Memory is taken as a RAM namespace's blocks are written: one larger than the machine
+/// could ever hold would end, once hosts filled it, with the daemon killed for everyone.
+/// Such a size is a typo (TiB for GiB), refused (at open, and when a reload grows one).
+fn ram_size_fits(size: u64) -> Result<(), backend::Error> {
+    match memory_and_swap().filter(|&m| size > m) {
+        Some(limit) => Err(backend::Error::Invalid(format!(
+            "{} is more than this machine's memory and swap together ({})",
+            gib(size),
+            gib(limit)
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Grows backend `name` in place ([`Backend::grow`]) to what `kind`, its definition in
+/// the file, asks for when `resize` (a reload changed its size), else to what its
+/// storage holds now (a file or device grown on disk). The capacity in blocks before
+/// and after.
+pub(super) fn grow_backend(
+    name: &str,
+    be: &dyn Backend,
+    kind: &BackendKind,
+    resize: bool,
+) -> Result<(u64, u64), OpenError> {
+    let err = |source| OpenError {
+        name: name.to_string(),
+        what: Some("cannot grow".into()),
+        source,
+    };
+    let to = match kind {
+        BackendKind::Ram { size, .. } if resize => {
+            ram_size_fits(*size).map_err(err)?;
+            Some(*size)
+        }
+        BackendKind::File { size, .. } if resize => *size,
+        _ => None,
+    };
+    let before = be.num_blocks();
+    let after = be.grow(to).map_err(err)?;
+    Ok((before, after))
+}
+
 pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenError> {
     let err = |what: Option<String>| {
         let name = b.name.clone();
@@ -35,16 +77,7 @@ pub(super) fn open_backend(b: &BackendConfig) -> Result<Arc<dyn Backend>, OpenEr
     };
     Ok(match &b.kind {
         BackendKind::Ram { size, block_size } => {
-            // Memory is taken as blocks are written: one larger than the machine could
-            // ever hold would end, once hosts filled it, with the daemon killed for
-            // everyone. Such a size is a typo (TiB for GiB), refused here.
-            if let Some(limit) = memory_and_swap().filter(|&m| *size > m) {
-                return Err(err(Some("RAM".into()))(backend::Error::Invalid(format!(
-                    "{} is more than this machine's memory and swap together ({})",
-                    gib(*size),
-                    gib(limit)
-                ))));
-            }
+            ram_size_fits(*size).map_err(err(Some("RAM".into())))?;
             backend::ram::RamBackend::new(*size, *block_size).map_err(err(Some("RAM".into())))?
         }
         BackendKind::File {

@@ -13,13 +13,14 @@ use nvmf::target::{
 };
 use sta::{Engine, EngineError, MainEvent, SubsysId};
 
-use super::backends::{open_backend, OpenError};
+use super::backends::{grow_backend, open_backend, OpenError};
 use super::health::{self, HealthPoller};
 use super::listeners::{listener_info, ListenerError, Listeners};
 use super::policy;
 use super::shared::Shared;
 use super::subsystems::RegisterError;
 use crate::config::{BackendKind, Config, ListenerConfig};
+use crate::control::client::bytes_text;
 use crate::reload::{diff, running_after, ConfigDiff, Undone};
 
 /// One part of a configuration change that could not be applied (the rest was).
@@ -47,6 +48,13 @@ pub(super) enum ApplyError {
     },
     #[error("subsystem {nqn} namespace {nsid}: {source}")]
     AddNamespace {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: TargetError,
+    },
+    #[error("subsystem {nqn} namespace {nsid}: new size: {source}")]
+    Resize {
         nqn: String,
         nsid: u32,
         #[source]
@@ -908,13 +916,21 @@ impl<E: Engine> Runtime<E> {
         for line in &changes {
             tracing::info!("reload: {line}");
         }
-        let (errors, undone) = if d.is_empty() {
+        let (mut errors, mut undone) = if d.is_empty() {
             (Vec::new(), Undone::default())
         } else {
             let applied = self.apply(&d, &new);
             let errors = applied.errors.iter().map(|e| e.to_string()).collect();
             (errors, applied.undone)
         };
+        // Sizes, on every reload: a file or device grown on disk needs no change in the
+        // config file, only a reload (nvmet's `revalidate_size`, SPDK's rescan).
+        let mut sizes = Errors::default();
+        let grown = self.grow_backends(&d, &new, &mut sizes);
+        undone
+            .backends_kept
+            .extend(sizes.undone.backends_kept.iter().cloned());
+        let mut changes = changes;
         if errors.is_empty() {
             if !d.is_empty() {
                 tracing::info!("reload applied");
@@ -925,12 +941,119 @@ impl<E: Engine> Runtime<E> {
         // What runs now: the file, but for what waits for a restart and what failed (a
         // reload of the same file tries that again).
         self.cfg = undone.remove_from(running_after(&self.cfg, &new, &d), &self.cfg);
+        changes.extend(self.resize_namespaces(&grown, &mut sizes));
+        if !sizes.list.is_empty() {
+            tracing::error!(
+                "reload: {} size change(s) failed; see above",
+                sizes.list.len()
+            );
+        }
+        errors.extend(sizes.list.iter().map(|e| e.to_string()));
         Ok(Reloaded {
             changes,
             errors,
             text,
             file: new,
         })
+    }
+
+    /// Grows every backend that can ([`grow_backend`]): those whose size the change
+    /// sets (`d.backends_resized`) to their new size, the others to what their storage
+    /// holds now. Returns (name, blocks before, blocks after) of those that grew. A
+    /// resize that fails keeps the backend's old definition running (the next reload
+    /// tries it again).
+    fn grow_backends(
+        &mut self,
+        d: &ConfigDiff,
+        new: &Config,
+        errors: &mut Errors,
+    ) -> Vec<(String, u64, u64)> {
+        let mut names: Vec<String> = self.backends.keys().cloned().collect();
+        names.sort();
+        let mut grown = Vec::new();
+        for name in names {
+            let resized = d.backends_resized.iter().find(|b| b.name == name);
+            let Some(def) = resized.or_else(|| new.backends.iter().find(|b| b.name == name)) else {
+                continue;
+            };
+            match grow_backend(&name, &*self.backends[&name], &def.kind, resized.is_some()) {
+                Ok((before, after)) if after > before => grown.push((name, before, after)),
+                Ok(_) => {}
+                Err(e) => {
+                    if resized.is_some() {
+                        errors.undone.backends_kept.insert(name);
+                    }
+                    errors.push(e.into());
+                }
+            }
+        }
+        grown
+    }
+
+    /// The namespaces on backends that grew (as the running config has them) take the
+    /// new size: the engine serves it first, then the target tells the hosts that see
+    /// them (Namespace Attribute Changed). One line per backend and per namespace.
+    fn resize_namespaces(
+        &mut self,
+        grown: &[(String, u64, u64)],
+        errors: &mut Errors,
+    ) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (name, before, after) in grown {
+            let bs = u64::from(self.backends[name].block_size());
+            lines.push(format!(
+                "backend {name}: grew from {} to {} ({after} blocks of {bs} bytes)",
+                bytes_text(before * bs),
+                bytes_text(after * bs)
+            ));
+            let on_it: Vec<(String, u32)> = self
+                .cfg
+                .subsystems
+                .iter()
+                .flat_map(|s| {
+                    s.namespaces
+                        .iter()
+                        .filter(|n| n.backend == *name)
+                        .map(|n| (s.nqn.clone(), n.nsid))
+                })
+                .collect();
+            for (nqn, nsid) in on_it {
+                let Some(id) = self.shared.subsystems.id(&nqn) else {
+                    continue;
+                };
+                match self.engine.ns_resize(id, nsid, *after) {
+                    Ok(()) => {}
+                    // Taken out (its storage went or hung): the target still gets the
+                    // size, for when a reload brings it back.
+                    Err(EngineError::NoNamespace(_)) => {}
+                    Err(source) => {
+                        errors.push(ApplyError::Engine {
+                            nqn: nqn.clone(),
+                            what: format!("resizing namespace {nsid}"),
+                            source,
+                        });
+                        continue;
+                    }
+                }
+                let r = self.shared.target().resize_namespace(&nqn, nsid, *after);
+                match r {
+                    Ok(actions) => {
+                        self.shared.route(actions);
+                        lines.push(format!(
+                            "subsystem {nqn} namespace {nsid}: now {} ({after} blocks); the \
+                             hosts that see it are told (Namespace Attribute Changed)",
+                            bytes_text(after * bs)
+                        ));
+                    }
+                    Err(source) => errors.push(ApplyError::Resize { nqn, nsid, source }),
+                }
+            }
+        }
+        for line in &lines {
+            tracing::info!("reload: {line}");
+        }
+        self.shared.sync_target_state();
+        lines
     }
 
     /// Drain the engine's main events: task completions (a retired subsystem's last

@@ -330,17 +330,60 @@ fn backend_added_removed_and_redefined_when_unused() {
     assert!(d.restart_required.is_empty(), "{d:#?}");
 }
 
+/// A RAM backend in use made larger grows in place (its namespace keeps its data and
+/// hosts); made smaller, or given another block size, it waits for a restart, and the
+/// line says why a smaller one cannot be applied.
 #[test]
-fn backend_redefined_while_in_use_needs_a_restart() {
-    let d = from_base(&edit(
+fn backend_redefined_while_in_use_needs_a_restart_unless_it_grows() {
+    let grown = edit(
         "  - {name: ram2, type: ram, size: 64MiB}",
         "  - {name: ram2, type: ram, size: 128MiB}",
+    );
+    let d = from_base(&grown);
+    assert_eq!(
+        d,
+        ConfigDiff {
+            backends_resized: vec![grown
+                .backends
+                .iter()
+                .find(|b| b.name == "ram2")
+                .unwrap()
+                .clone()],
+            ..ConfigDiff::default()
+        }
+    );
+    assert_eq!(
+        d.summary(),
+        [
+            "backend ram2: resize in place to ram, 134217728 bytes, 512-byte blocks (its \
+          namespaces keep their data; hosts see the new size)"
+        ]
+    );
+    // What runs afterwards is the new size: nothing left to do.
+    let run = running_after(&parse(BASE), &grown, &d);
+    assert!(diff(&run, &grown).is_empty());
+
+    let d = from_base(&edit(
+        "  - {name: ram2, type: ram, size: 64MiB}",
+        "  - {name: ram2, type: ram, size: 32MiB}",
     ));
     assert_only_restart(
         &d,
         &[&format!(
             "backend ram2 (used by subsystem {B} namespace 1): \
-                 ram, 67108864 bytes, 512-byte blocks -> ram, 134217728 bytes, 512-byte blocks"
+                 ram, 67108864 bytes, 512-byte blocks -> ram, 33554432 bytes, 512-byte blocks \
+                 (a namespace cannot shrink while hosts use it)"
+        )],
+    );
+    let d = from_base(&edit(
+        "  - {name: ram2, type: ram, size: 64MiB}",
+        "  - {name: ram2, type: ram, size: 128MiB, block_size: 4096}",
+    ));
+    assert_only_restart(
+        &d,
+        &[&format!(
+            "backend ram2 (used by subsystem {B} namespace 1): \
+                 ram, 67108864 bytes, 512-byte blocks -> ram, 134217728 bytes, 4096-byte blocks"
         )],
     );
 }
@@ -661,14 +704,30 @@ fn file_backends() {
     // SIGHUP re-reads the same path with Config::load: unchanged file, empty diff.
     assert!(diff(&running, &Config::load(&path).unwrap()).is_empty());
 
-    std::fs::write(&path, yaml("2MiB")).unwrap();
+    // A file's size is a minimum (the file is extended, never cut): any new value is
+    // applied in place by growing, or by nothing.
+    for size in ["2MiB", "512KiB"] {
+        std::fs::write(&path, yaml(size)).unwrap();
+        let new = Config::load(&path).unwrap();
+        let d = diff(&running, &new);
+        assert_eq!(
+            d,
+            ConfigDiff {
+                backends_resized: vec![new.backends[0].clone()],
+                ..ConfigDiff::default()
+            },
+            "{size}"
+        );
+    }
+    // Another block size is not a resize.
+    std::fs::write(&path, yaml("1MiB, block_size: 4096")).unwrap();
     let d = diff(&running, &Config::load(&path).unwrap());
     let img = dir.path().join("disk.img");
     assert_only_restart(
         &d,
         &[&format!(
             "backend f (used by subsystem {A} namespace 1): file {0}, size 1048576 -> \
-                 file {0}, size 2097152",
+                 file {0}, size 1048576, 4096-byte blocks",
             img.display()
         )],
     );
@@ -746,7 +805,7 @@ listeners:
   - {name: tcp1, transport: tcp, address: 127.0.0.1, port: 4421}
   - {name: tcp2, transport: tcp, address: 127.0.0.1, port: 4422}
 backends:
-  - {name: ram0, type: ram, size: 128MiB}
+  - {name: ram0, type: ram, size: 32MiB}
   - {name: ram1, type: ram, size: 64MiB}
   - {name: ram2, type: ram, size: 64MiB}
   - {name: ram3, type: ram, size: 64MiB}
@@ -775,7 +834,7 @@ fn what_runs_after_a_reload_keeps_restart_only_settings_pending() {
     let old = parse(BASE);
     let new = parse(EVERYTHING_CHANGED);
     let d = diff(&old, &new);
-    // ram0 is redefined while namespace 1 uses it: a restart item too.
+    // ram0 shrinks while namespace 1 uses it: a restart item too.
     assert!(d.restart_required.len() >= 8, "{:?}", d.restart_required);
     assert!(!d.listeners_added.is_empty() && !d.namespaces_added.is_empty());
 

@@ -2,7 +2,8 @@
 # OUR daemon run as a systemd service (systemd/nvmf-target.service) in a guest booted with
 # systemd as PID 1, driven by the real Linux initiator: start (READY), connect, fio, add a
 # namespace by reload (the host sees it without reconnecting), remove a namespace under
-# fio (errors for that namespace only, no hang), /metrics through promtool, watchdog
+# fio (errors for that namespace only, no hang), grow a file namespace on disk and a RAM
+# namespace by reload (the host sees the new sizes), /metrics through promtool, watchdog
 # restart, stop (clean exit) and restart (flushed file data survives). The control socket
 # with the kernel host connected: ctl status/controllers, --check-config --diff, ctl
 # reload, and ctl disconnect of the kernel's controller, which reconnects by itself.
@@ -228,6 +229,24 @@ check controller-live-after-remove ctrl_live "$CTRL"
 check ns1-still-there ns_dev "$NQN" 1
 check engine-detached-ns3 wait_until 20 journal_has 'namespace 3 of subsystem .* drained and detached'
 rm -rf "$tmp"
+
+# --- 5b. namespaces grow live: a file grown on disk (no change in the config) and a larger
+# RAM size. The kernel host re-reads the sizes on Namespace Attribute Changed ("detected
+# capacity change") on the same controller, and the data written before is still there.
+truncate -s 192M /var/lib/nvmf-target/f0.img
+sed 's/{name: ram0, type: ram, size: 128MiB/{name: ram0, type: ram, size: 160MiB/' "$BASE_CFG" >"$CFG.new" && mv "$CFG.new" "$CFG"
+check reload-grow reload_and_wait grow
+check reload-grow-logged journal_has 'backend f0: grew from 128.0 MiB to 192.0 MiB'
+if wait_until 20 sh -c "[ \$(blockdev --getsize64 $NS2) = $((192 << 20)) ] && [ \$(blockdev --getsize64 $NS1) = $((160 << 20)) ]"; then
+    pass host-sees-new-sizes
+else
+    fail host-sees-new-sizes "ns1 $(blockdev --getsize64 "$NS1") ns2 $(blockdev --getsize64 "$NS2") bytes"
+fi
+check kernel-detected-capacity-change sh -c "dmesg | grep 'detected capacity change' | tee /dev/stderr | grep -q ."
+check write-past-old-end dd if=/dev/urandom of="$NS2" bs=1M seek=160 count=16 oflag=direct conv=fsync status=none
+check write-past-old-ram-end dd if=/dev/urandom of="$NS1" bs=1M seek=140 count=16 oflag=direct status=none
+expect file-data-kept-after-grow "$(dd if="$NS2" bs=1M count=8 iflag=direct status=none | md5sum | cut -d' ' -f1)" "$SUM2"
+expect same-controller-after-grow "$(ctrl_dev)/$(cat "/sys/class/nvme/$CTRL/cntlid" 2>/dev/null)" "$CTRL/$CNTLID"
 
 # --- 6. /metrics -----------------------------------------------------------------------------
 if curl -sf --max-time 10 "$METRICS" >/var/tmp/metrics.txt; then
