@@ -24,7 +24,7 @@ mod tcp;
 
 use tcp::SoftTcp;
 
-/// The same eleven scenarios on the doca engine with the DOCA double, one at a time (the
+/// The same twelve scenarios on the doca engine with the DOCA double, one at a time (the
 /// double is one per process).
 #[cfg(feature = "doca")]
 mod doca_scenarios {
