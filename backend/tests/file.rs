@@ -285,3 +285,21 @@ fn grows_with_its_file_and_old_queues_serve_the_new_blocks() {
         }
     }
 }
+
+/// Huge sizes are errors, never a panic or a wrap-around; an odd size reaches the file,
+/// and the namespace gets the whole blocks of it.
+#[test]
+fn grow_rejects_huge_sizes_and_rounds_odd_ones_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f.img");
+    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+    let fb = FileBackend::open(&p, FileOptions::default()).unwrap();
+    let nb = fb.num_blocks();
+    for s in [u64::MAX, 1 << 63] {
+        assert!(fb.grow(Some(s)).is_err(), "{s}");
+        assert_eq!(fb.num_blocks(), nb);
+    }
+    let got = fb.grow(Some((2 << 20) + 100)).unwrap();
+    assert_eq!(got, (2 << 20) / u64::from(fb.block_size()));
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), (2 << 20) + 100);
+}

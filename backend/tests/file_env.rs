@@ -5,6 +5,8 @@
 mod common;
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use backend::{Backend, FileBackend, FileOptions, IoStatus};
 use common::*;
@@ -55,6 +57,16 @@ fn main() {
             "a_mapped_file_grows_and_stays_mapped",
             tmpfs_probe.clone(),
             mapped_file_grows,
+        ),
+        skip::trial(
+            "a_mapped_file_grows_while_its_gone_check_runs",
+            tmpfs_probe.clone(),
+            mapped_gone_check_races_grow,
+        ),
+        skip::trial(
+            "a_mapped_file_on_a_full_tmpfs_does_not_grow_and_stays_whole",
+            small_tmpfs.clone(),
+            mapped_grow_on_a_full_tmpfs,
         ),
         skip::trial(
             "block_device_grows_via_loop",
@@ -905,4 +917,141 @@ fn block_device_grows_via_loop() {
         "within the device: no change"
     );
     be.flush_sync().unwrap();
+}
+
+/// A mapped tmpfs file: the gone check runs on another thread (as an IO thread's does)
+/// while the main thread grows the file step by step; it must never fire.
+fn mapped_gone_check_races_grow() {
+    const BS: usize = 4096;
+    let dir = tempfile::tempdir_in(SHM).unwrap();
+    let p = dir.path().join("m.img");
+    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+    let fb = FileBackend::open(
+        &p,
+        FileOptions {
+            block_size: Some(BS as u32),
+            direct: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(fb.is_mapped());
+    let stop = Arc::new(AtomicBool::new(false));
+    let checker = {
+        let fb = fb.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut q = fb.clone().create_queue(4).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(!q.check_gone(), "gone check fired during a grow");
+                let nb = fb.num_blocks();
+                assert_eq!(
+                    write(&mut *q, BS, nb - 1, &pattern(nb - 1, 1, BS), false),
+                    IoStatus::Ok
+                );
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut size = 1u64 << 20;
+    for _ in 0..100 {
+        size += 64 << 10;
+        fb.grow(Some(size)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(checker.join().unwrap() > 0);
+    assert!(!fb.is_gone());
+}
+
+/// A 4 MiB tmpfs mounted under `dir` (root), unmounted when dropped.
+struct SmallTmpfs(std::path::PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: &std::path::Path) -> SmallTmpfs {
+        let p = dir.join("small");
+        std::fs::create_dir(&p).unwrap();
+        sh(
+            "mount",
+            &["-t", "tmpfs", "-o", "size=4m", "tmpfs", p.to_str().unwrap()],
+        )
+        .unwrap_or_else(|e| panic!("as root, mounting a tmpfs: {e}"));
+        SmallTmpfs(p)
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A mapped file on a full tmpfs: the grow fails with ENOSPC, and everything is as it was
+/// (size, allocation, capacity, no gone); freeing space lets the next grow succeed.
+fn mapped_grow_on_a_full_tmpfs() {
+    const BS: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = SmallTmpfs::mount(dir.path());
+    let p = fs.0.join("m.img");
+    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+    let fb = FileBackend::open(
+        &p,
+        FileOptions {
+            block_size: Some(BS as u32),
+            direct: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(fb.is_mapped());
+    let mut q = fb.clone().create_queue(4).unwrap();
+    let store = q.ram_store().unwrap();
+    let filler = fs.0.join("filler");
+    std::fs::write(&filler, vec![1u8; 2 << 20]).unwrap();
+    let blocks = |p: &std::path::Path| {
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap())
+    };
+    let (len0, blocks0, nb0) = (
+        std::fs::metadata(&p).unwrap().len(),
+        blocks(&p),
+        fb.num_blocks(),
+    );
+
+    // Asked by the config: 3 MiB does not fit (1 MiB free).
+    let e = fb.grow(Some(3 << 20)).unwrap_err().to_string();
+    assert!(e.contains("cannot allocate"), "{e}");
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().len(),
+        len0,
+        "file size changed"
+    );
+    assert_eq!(blocks(&p), blocks0, "allocation changed");
+    assert_eq!(fb.num_blocks(), nb0);
+    assert!(store.byte_range(nb0, 1).is_none());
+    assert!(!q.check_gone(), "a failed grow took the namespace out");
+
+    // Grown on disk (sparse) past what tmpfs can allocate: grow(None) fails too.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(3 << 20)
+        .unwrap();
+    assert!(fb.grow(None).is_err());
+    assert_eq!(fb.num_blocks(), nb0);
+    assert!(!q.check_gone());
+    // The IO path still works at the old end.
+    assert_eq!(
+        write(&mut *q, BS, nb0 - 1, &pattern(1, 1, BS), false),
+        IoStatus::Ok
+    );
+
+    // Space freed: the next reload's grow succeeds.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(fb.grow(None).unwrap(), (3 << 20) / BS as u64);
+    assert!(!q.check_gone());
+    let first = read(&mut *q, BS, 0, 1);
+    serves_grown_range(&mut *q, BS, nb0, fb.num_blocks(), &first);
+    drop((q, store, fb));
 }

@@ -1,7 +1,9 @@
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use backend::ram::LendSet;
 use backend::{Backend, IoStatus, Op, RamBackend};
 use common::*;
 
@@ -335,4 +337,72 @@ fn grow_reserve_policy_and_other_threads() {
     let big = RamBackend::new(256 << 30, 4096).unwrap();
     assert_eq!(big.reserved_bytes(), 1 << 40);
     assert!(big.resident_bytes() < 64 << 20);
+}
+
+/// Readers on other threads hammer the last block of whatever the size is now (through a
+/// queue made before every grow, and through lending) while the main thread grows the
+/// store in 64 KiB steps. A torn or mis-ordered publication would fault (PROT_NONE) or
+/// answer OutOfRange for a block below `num_blocks()`.
+#[test]
+fn readers_race_a_growing_store() {
+    const BS: usize = 4096;
+    let be = RamBackend::new(64 << 10, BS as u32).unwrap();
+    assert!(be.reserved_bytes() >= 512 << 10);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..4 {
+        let be = be.clone();
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut q = be.clone().create_queue(4).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let nb = be.num_blocks();
+                let lba = nb - 1;
+                if t % 2 == 0 {
+                    let data = pattern(lba, 1, BS);
+                    assert_eq!(
+                        write(&mut *q, BS, lba, &data, false),
+                        IoStatus::Ok,
+                        "lba {lba}"
+                    );
+                    let _ = read(&mut *q, BS, lba, 1);
+                } else {
+                    let (off, len) = be.byte_range(lba, 1).expect("below num_blocks");
+                    let mut set = LendSet::default();
+                    assert!(set.add(off, len));
+                    let sum: u64 = be.lend(&set, |l| {
+                        l.bytes(off, len)
+                            .unwrap()
+                            .iter()
+                            .map(|&b| u64::from(b))
+                            .sum()
+                    });
+                    std::hint::black_box(sum);
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut size = 64u64 << 10;
+    while size + (64 << 10) <= be.reserved_bytes() as u64 {
+        size += 64 << 10;
+        assert_eq!(be.grow(Some(size)).unwrap(), size / BS as u64);
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        assert!(t.join().unwrap() > 0);
+    }
+}
+
+/// Huge and odd sizes are errors, never a panic or a wrap-around, and the size stays.
+#[test]
+fn grow_rejects_huge_and_odd_sizes() {
+    let be = RamBackend::new(1 << 20, 512).unwrap();
+    for s in [u64::MAX, u64::MAX - 511, 1 << 63, (1 << 20) + 100] {
+        assert!(be.grow(Some(s)).is_err(), "{s}");
+        assert_eq!(be.num_blocks(), 2048);
+    }
 }
