@@ -167,6 +167,20 @@ impl ConfigDiff {
             .filter(|_| self.listeners_added.iter().any(|l| l.name == name))
     }
 
+    /// For a daemon whose engine cannot follow a resize: the backends this change would
+    /// resize in place wait for a restart instead, as any other redefinition of a
+    /// backend in use (`why` says why), so that no backend grows behind namespaces whose
+    /// hosts could never see it.
+    pub fn resizes_need_a_restart(&mut self, why: &str) {
+        for b in std::mem::take(&mut self.backends_resized) {
+            self.restart_required.push(format!(
+                "backend {}: {} ({why})",
+                b.name,
+                backend_text(&b.kind)
+            ));
+        }
+    }
+
     /// True when the configs are equivalent (nothing to apply, nothing needs a restart).
     pub fn is_empty(&self) -> bool {
         self == &ConfigDiff::default()
@@ -203,12 +217,23 @@ impl ConfigDiff {
             ));
         }
         for b in &self.backends_resized {
-            out.push(format!(
-                "backend {}: resize in place to {} (its namespaces keep their data; hosts \
-                 see the new size)",
-                b.name,
-                backend_text(&b.kind)
-            ));
+            let what = match &b.kind {
+                BackendKind::File {
+                    size: Some(size), ..
+                } => format!(
+                    "size {size} in place (a smaller file is extended to it, a larger one \
+                     keeps its size; hosts see any new size)"
+                ),
+                BackendKind::File { size: None, .. } => {
+                    "no size: the file keeps the size it has (nothing to do)".to_string()
+                }
+                kind => format!(
+                    "grow in place to {} (its namespaces keep their data; hosts see the new \
+                     size)",
+                    backend_text(kind)
+                ),
+            };
+            out.push(format!("backend {}: {what}", b.name));
         }
         if self.auth_changed {
             out.push("host credentials or require_auth: updated".to_string());

@@ -35,14 +35,15 @@ subsystems:
       - {nsid: 3, backend: shm0}
 ";
 
-fn ctl_reload(d: &Daemon) -> (bool, String) {
+/// `nvmf-target ctl --socket <d's socket> <what>`: (success, stdout + stderr).
+fn ctl(d: &Daemon, what: &str) -> (bool, String) {
     let o = Command::new(daemon_binary())
         .arg("ctl")
         .arg("--socket")
         .arg(d.dir().join("control.sock"))
-        .arg("reload")
+        .arg(what)
         .output()
-        .expect("run nvmf-target ctl reload");
+        .expect("run nvmf-target ctl");
     (
         o.status.success(),
         format!(
@@ -51,6 +52,10 @@ fn ctl_reload(d: &Daemon) -> (bool, String) {
             String::from_utf8_lossy(&o.stderr)
         ),
     )
+}
+
+fn ctl_reload(d: &Daemon) -> (bool, String) {
+    ctl(d, "reload")
 }
 
 fn submit_aer(admin: &mut TcpHost) -> u16 {
@@ -148,7 +153,7 @@ fn namespaces_grow_live_and_never_shrink() {
     let (ok, out) = ctl_reload(&d);
     assert!(ok, "{out}");
     for line in [
-        "backend ram0: resize in place",
+        "backend ram0: grow in place",
         "backend ram0: grew from 16.0 MiB to 24.0 MiB (49152 blocks of 512 bytes)",
         "backend f0: grew from 8.0 MiB to 12.0 MiB",
         "backend shm0: grew from 8.0 MiB to 12.0 MiB",
@@ -240,5 +245,85 @@ fn namespaces_grow_live_and_never_shrink() {
         0,
         "no notice for a size that did not change (AER {aer} completed)"
     );
+    d.stop();
+}
+
+const RAM_ONLY: &str = "\
+io_threads: 2
+listeners:
+  - {name: tcp0, transport: tcp, address: 127.0.0.1, port: {port}}
+backends:
+  - {name: ram0, type: ram, size: 16MiB, block_size: 512}
+subsystems:
+  - nqn: nqn.2026-11.dev.nvmf-target:e2e
+    allow_any_host: true
+    namespaces:
+      - {nsid: 1, backend: ram0}
+";
+
+/// (From the review of the feature.) A grow that cannot be done live (past the address
+/// space a RAM namespace reserved at start) fails, leaves the size alone, is listed as
+/// not running yet and is tried again by the next reload; one that fits reaches I/O
+/// queues on both IO threads; a size past memory and swap is refused as at start-up.
+#[test]
+fn a_failed_grow_stays_pending_and_a_good_one_reaches_every_io_thread() {
+    let _w = watchdog("resize pending", Duration::from_secs(90));
+    let mut d = Daemon::start(RAM_ONLY);
+    // Four I/O queues: spread over both IO threads.
+    let mut c = controller(&d, 4, &host_opts());
+    let nsze = |c: &mut Ctrl| size_of(&mut c.admin, 1).0;
+    assert_eq!(nsze(&mut c), 32768);
+    let write_config = |size: &str| {
+        std::fs::write(
+            d.dir().join("nvmf-target.yaml"),
+            d.fill(&RAM_ONLY.replace("size: 16MiB", size)),
+        )
+        .unwrap()
+    };
+
+    // 256 MiB: past the 128 MiB reserve of a 16 MiB store.
+    write_config("size: 256MiB");
+    let (ok, out) = ctl(&d, "reload");
+    assert!(!ok && out.contains("restart to grow past"), "{out}");
+    let (_, status) = ctl(&d, "status");
+    assert!(status.contains("grow in place"), "pending: {status}");
+    let (ok, out) = ctl(&d, "reload");
+    assert!(
+        !ok && out.contains("restart to grow past"),
+        "tried again: {out}"
+    );
+    assert_eq!(nsze(&mut c), 32768);
+
+    // 64 MiB fits: every queue serves the new end.
+    write_config("size: 64MiB");
+    let (ok, out) = ctl(&d, "reload");
+    assert!(ok, "{out}");
+    assert_eq!(nsze(&mut c), 131072);
+    let data = pattern(3, 4096);
+    for (i, q) in c.io.iter_mut().enumerate() {
+        let lba = 131072 - 8 * (i as u64 + 1);
+        assert_ok(
+            q.write(1, lba, &data, false).unwrap(),
+            "write at the new end",
+        );
+        let mut buf = vec![0u8; 4096];
+        assert_ok(q.read(1, lba, 8, &mut buf).unwrap(), "read at the new end");
+        assert!(buf == data, "queue {i}: read back other data");
+        let s = q.read(1, 131072, 8, &mut buf).unwrap();
+        assert_status(s, Status::LBA_OUT_OF_RANGE, "past the new end");
+    }
+    let (_, status) = ctl(&d, "status");
+    assert!(!status.contains("not running yet"), "{status}");
+    let threads = d.log();
+    assert!(
+        threads.contains("io0: controller") && threads.contains("io1: controller"),
+        "the queues are on both IO threads:\n{threads}"
+    );
+
+    // Beyond memory and swap: refused as at start-up.
+    write_config("size: 64TiB");
+    let (ok, out) = ctl(&d, "reload");
+    assert!(!ok && out.contains("memory and swap"), "{out}");
+    assert_eq!(nsze(&mut c), 131072);
     d.stop();
 }

@@ -4,7 +4,8 @@
 //! memory only where it is written; untouched pages read as zeroes.
 //!
 //! Growing ([`Backend::grow`]): the mapping reserves address space for more than the
-//! namespace (`grow_reserve`: 8 times it, at most 1 TiB), inaccessible (`PROT_NONE`, which
+//! namespace (`grow_reserve`: 8 times it, at most 1 TiB, and all stores together at
+//! most 16 TiB beyond their sizes), inaccessible (`PROT_NONE`, which
 //! strict overcommit does not charge) past the part in use. Growing makes the added pages
 //! readable and writable and then publishes the new size; nothing moves, so every address
 //! handed out stays valid. Past the reserve, a namespace grows only by a restart. A mapped
@@ -92,11 +93,19 @@ const GROW_RESERVE_FACTOR: usize = 8;
 /// itself to grow by a useful amount, and a 47-bit address space holds 128 of these.
 const GROW_RESERVE_MAX: u64 = 1 << 40;
 
-/// The address space a store of `map_len` bytes (page-rounded) reserves: `map_len` times
-/// [`GROW_RESERVE_FACTOR`], capped at [`GROW_RESERVE_MAX`], never less than `map_len`
-/// itself, rounded up to a page. Reserving costs no memory: an anonymous store's reserve is
-/// `PROT_NONE` until used (so strict overcommit does not charge it), and a file's mapping
-/// past its end is never touched until the file has grown there.
+/// All stores together reserve at most this much address space beyond what they use
+/// (16 TiB, an eighth of x86-64's 128 TiB for user space): with many large namespaces the
+/// last ones reserve less, or nothing, rather than leave the process too little address
+/// space for its thread stacks and allocations.
+const GROW_RESERVE_TOTAL: usize = 1 << 44;
+/// Address space reserved beyond their size by the stores alive now.
+static RESERVED_BEYOND: AtomicUsize = AtomicUsize::new(0);
+
+/// The address space a store of `map_len` bytes (page-rounded) would like to reserve:
+/// `map_len` times [`GROW_RESERVE_FACTOR`], capped at [`GROW_RESERVE_MAX`], never less
+/// than `map_len` itself, rounded up to a page. Reserving costs no memory: an anonymous
+/// store's reserve is `PROT_NONE` until used (so strict overcommit does not charge it),
+/// and a file's mapping past its end is never touched until the file has grown there.
 fn grow_reserve(map_len: usize, page: usize) -> usize {
     let cap = usize::try_from(GROW_RESERVE_MAX).unwrap_or(usize::MAX);
     map_len
@@ -105,6 +114,47 @@ fn grow_reserve(map_len: usize, page: usize) -> usize {
         .max(map_len)
         .checked_next_multiple_of(page)
         .unwrap_or(map_len)
+}
+
+/// Maps a store of `map_len` bytes with `map(len)` at the reserve [`grow_reserve`] asks
+/// for, as far as [`GROW_RESERVE_TOTAL`] has room left (page-rounded), else at `map_len`
+/// (also when the larger mapping fails: an address-space limit). Returns what `map`
+/// returned, the length mapped and the part of it beyond `map_len` taken from the total
+/// (given back by [`give_back_reserve`] when the store goes).
+fn map_reserved(
+    map_len: usize,
+    page: usize,
+    map: impl Fn(usize) -> *mut libc::c_void,
+) -> (*mut libc::c_void, usize, usize) {
+    map_reserved_in(&RESERVED_BEYOND, GROW_RESERVE_TOTAL, map_len, page, map)
+}
+
+/// [`map_reserved`] against the total `used` of at most `limit`.
+fn map_reserved_in(
+    used: &AtomicUsize,
+    limit: usize,
+    map_len: usize,
+    page: usize,
+    map: impl Fn(usize) -> *mut libc::c_void,
+) -> (*mut libc::c_void, usize, usize) {
+    let wanted = grow_reserve(map_len, page) - map_len;
+    let mut taken = 0;
+    let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+        taken = wanted.min(limit.saturating_sub(now)) / page * page;
+        Some(now + taken)
+    });
+    if taken > 0 {
+        let raw = map(map_len + taken);
+        if raw != libc::MAP_FAILED {
+            return (raw, map_len + taken, taken);
+        }
+        used.fetch_sub(taken, Ordering::AcqRel);
+    }
+    (map(map_len), map_len, 0)
+}
+
+fn give_back_reserve(taken: usize) {
+    RESERVED_BEYOND.fetch_sub(taken, Ordering::AcqRel);
 }
 
 #[repr(align(64))]
@@ -134,6 +184,9 @@ pub struct RamBackend {
     /// against it once stays inside it; published with `Release` after the added part is
     /// usable, read with `Acquire`.
     size: AtomicUsize,
+    /// The part of `reserve` beyond the size at creation, taken from
+    /// [`GROW_RESERVE_TOTAL`] and given back by `Drop`.
+    beyond: usize,
     /// Held by `grow_to`: one resize at a time.
     growing: Mutex<()>,
     block_size: u32,
@@ -185,14 +238,13 @@ impl RamBackend {
                 )
             }
         };
-        let mut reserve = grow_reserve(map_len, page);
-        let mut raw = map_anon(reserve);
-        if raw == libc::MAP_FAILED && reserve > map_len {
-            // No room for the reserve (an address-space limit): a store that cannot grow.
-            reserve = map_len;
-            raw = map_anon(reserve);
-        }
-        let mut ram = Self::adopt(raw, (size, page, reserve), block_size, Backing::Anon)?;
+        let (raw, reserve, beyond) = map_reserved(map_len, page, map_anon);
+        let mut ram = Self::adopt(
+            raw,
+            (size, page, reserve, beyond),
+            block_size,
+            Backing::Anon,
+        )?;
         // SAFETY: `raw..raw+map_len` lies in the reservation we just mapped and nothing
         // refers to it yet; mprotect changes only its access rights.
         if unsafe { libc::mprotect(raw, map_len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
@@ -214,18 +266,22 @@ impl RamBackend {
     /// it.
     fn adopt(
         raw: *mut libc::c_void,
-        (size, page, reserve): (usize, usize, usize),
+        (size, page, reserve, beyond): (usize, usize, usize, usize),
         block_size: u32,
         backing: Backing,
     ) -> Result<RamBackend, Error> {
         if raw == libc::MAP_FAILED {
+            give_back_reserve(beyond);
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
-        let base = NonNull::new(raw.cast::<u8>())
-            .ok_or_else(|| Error::Invalid("ram: mmap returned null".into()))?;
+        let Some(base) = NonNull::new(raw.cast::<u8>()) else {
+            give_back_reserve(beyond);
+            return Err(Error::Invalid("ram: mmap returned null".into()));
+        };
         Ok(RamBackend {
             base,
             reserve,
+            beyond,
             size: AtomicUsize::new(size),
             growing: Mutex::new(()),
             block_size,
@@ -281,13 +337,14 @@ impl RamBackend {
                 )
             }
         };
-        let mut reserve = grow_reserve(map_len, page);
-        let mut raw = map_shared(reserve);
-        if raw == libc::MAP_FAILED && reserve > map_len {
-            reserve = map_len;
-            raw = map_shared(reserve);
-        }
-        Self::adopt(raw, (size, page, reserve), block_size, Backing::File(file)).map(Arc::new)
+        let (raw, reserve, beyond) = map_reserved(map_len, page, map_shared);
+        Self::adopt(
+            raw,
+            (size, page, reserve, beyond),
+            block_size,
+            Backing::File(file),
+        )
+        .map(Arc::new)
     }
 
     /// The namespace's size in bytes now.
@@ -799,6 +856,7 @@ impl Drop for RamBackend {
         // SAFETY: `base`/`reserve` are exactly our mapping, reserve included; no queue can
         // outlive us (each holds an `Arc<RamBackend>`), so nothing refers to it any more.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.reserve) };
+        give_back_reserve(self.beyond);
     }
 }
 
@@ -955,6 +1013,56 @@ impl BackendQueue for RamQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stores take their reserve from one total: the first gets all it asks for, the
+    /// next what is left (page-rounded), the one after none and maps its size only; a
+    /// reserve the kernel refuses falls back to the size and gives its share back.
+    #[test]
+    fn reserves_come_out_of_one_total() {
+        let page = 4096;
+        let used = AtomicUsize::new(0);
+        let lens = std::cell::RefCell::new(Vec::new());
+        let fake = |fail_above: usize| {
+            let lens = &lens;
+            move |len: usize| {
+                lens.borrow_mut().push(len);
+                if len > fail_above {
+                    libc::MAP_FAILED
+                } else {
+                    std::ptr::NonNull::<u8>::dangling().as_ptr().cast()
+                }
+            }
+        };
+        let mib = 1 << 20;
+        // 1 MiB wants 7 MiB beyond it; the total has 10 MiB + 100 bytes.
+        let limit = 10 * mib + 100;
+        let (_, len, beyond) = map_reserved_in(&used, limit, mib, page, fake(usize::MAX));
+        assert_eq!((len, beyond), (8 * mib, 7 * mib));
+        let (_, len, beyond) = map_reserved_in(&used, limit, mib, page, fake(usize::MAX));
+        assert_eq!(
+            (len, beyond),
+            (4 * mib, 3 * mib),
+            "what is left, page-rounded"
+        );
+        let (_, len, beyond) = map_reserved_in(&used, limit, mib, page, fake(usize::MAX));
+        assert_eq!((len, beyond), (mib, 0), "nothing left: the size only");
+        assert_eq!(used.load(Ordering::Acquire), 10 * mib);
+        used.fetch_sub(10 * mib, Ordering::AcqRel);
+        lens.borrow_mut().clear();
+        let (raw, len, beyond) = map_reserved_in(&used, limit, mib, page, fake(mib));
+        assert!(raw != libc::MAP_FAILED);
+        assert_eq!((len, beyond), (mib, 0));
+        assert_eq!(
+            *lens.borrow(),
+            [8 * mib, mib],
+            "tried the reserve, then the size"
+        );
+        assert_eq!(
+            used.load(Ordering::Acquire),
+            0,
+            "the failed reserve's share came back"
+        );
+    }
 
     #[test]
     fn streaming_copy_matches_a_plain_copy_at_any_alignment_and_length() {

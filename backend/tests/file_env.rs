@@ -937,12 +937,12 @@ fn mapped_gone_check_races_grow() {
     .unwrap();
     assert!(fb.is_mapped());
     let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let checker = {
         let fb = fb.clone();
-        let stop = stop.clone();
+        let (stop, rounds) = (stop.clone(), rounds.clone());
         std::thread::spawn(move || {
             let mut q = fb.clone().create_queue(4).unwrap();
-            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 assert!(!q.check_gone(), "gone check fired during a grow");
                 let nb = fb.num_blocks();
@@ -950,18 +950,25 @@ fn mapped_gone_check_races_grow() {
                     write(&mut *q, BS, nb - 1, &pattern(nb - 1, 1, BS), false),
                     IoStatus::Ok
                 );
-                n += 1;
+                rounds.fetch_add(1, Ordering::AcqRel);
             }
-            n
         })
     };
+    // Each grow waits for the checker to have run once more (however loaded the
+    // machine), so checks and grows interleave.
     let mut size = 1u64 << 20;
     for _ in 0..100 {
+        let seen = rounds.load(Ordering::Acquire);
         size += 64 << 10;
         fb.grow(Some(size)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rounds.load(Ordering::Acquire) == seen && !checker.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "the checker stalled");
+            std::thread::yield_now();
+        }
     }
     stop.store(true, Ordering::Relaxed);
-    assert!(checker.join().unwrap() > 0);
+    checker.join().expect("the checker thread");
     assert!(!fb.is_gone());
 }
 

@@ -349,13 +349,13 @@ fn readers_race_a_growing_store() {
     let be = RamBackend::new(64 << 10, BS as u32).unwrap();
     assert!(be.reserved_bytes() >= 512 << 10);
     let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut threads = Vec::new();
     for t in 0..4 {
         let be = be.clone();
-        let stop = stop.clone();
+        let (stop, rounds) = (stop.clone(), rounds.clone());
         threads.push(std::thread::spawn(move || {
             let mut q = be.clone().create_queue(4).unwrap();
-            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let nb = be.num_blocks();
                 let lba = nb - 1;
@@ -380,20 +380,27 @@ fn readers_race_a_growing_store() {
                     });
                     std::hint::black_box(sum);
                 }
-                n += 1;
+                rounds.fetch_add(1, Ordering::AcqRel);
             }
-            n
         }));
     }
+    // Each grow waits for the readers to have made progress (however loaded the
+    // machine), so reads and grows interleave.
     let mut size = 64u64 << 10;
     while size + (64 << 10) <= be.reserved_bytes() as u64 {
+        let seen = rounds.load(Ordering::Acquire);
         size += 64 << 10;
         assert_eq!(be.grow(Some(size)).unwrap(), size / BS as u64);
-        std::thread::yield_now();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rounds.load(Ordering::Acquire) < seen + 4 && !threads.iter().any(|t| t.is_finished())
+        {
+            assert!(std::time::Instant::now() < deadline, "the readers stalled");
+            std::thread::yield_now();
+        }
     }
     stop.store(true, Ordering::Relaxed);
     for t in threads {
-        assert!(t.join().unwrap() > 0);
+        t.join().expect("a reader thread");
     }
 }
 

@@ -909,9 +909,12 @@ impl<E: Engine> Runtime<E> {
         }
         let mut d = diff(&self.cfg, &new);
         self.retry_lost(&mut d, &new);
+        if !self.engine.caps().resize {
+            d.resizes_need_a_restart("this engine cannot resize a namespace while it runs");
+        }
         let changes = d.summary();
         if d.is_empty() {
-            tracing::info!("reload: no changes");
+            tracing::info!("reload: no changes in the file");
         }
         for line in &changes {
             tracing::info!("reload: {line}");
@@ -941,7 +944,7 @@ impl<E: Engine> Runtime<E> {
         // What runs now: the file, but for what waits for a restart and what failed (a
         // reload of the same file tries that again).
         self.cfg = undone.remove_from(running_after(&self.cfg, &new, &d), &self.cfg);
-        changes.extend(self.resize_namespaces(&grown, &mut sizes));
+        changes.extend(self.reconcile_sizes(&grown, &mut sizes));
         if !sizes.list.is_empty() {
             tracing::error!(
                 "reload: {} size change(s) failed; see above",
@@ -968,11 +971,38 @@ impl<E: Engine> Runtime<E> {
         new: &Config,
         errors: &mut Errors,
     ) -> Vec<(String, u64, u64)> {
+        if !self.engine.caps().resize {
+            // No backend grows behind namespaces whose hosts could never see it (resizes
+            // asked for by the file wait for a restart: `resizes_need_a_restart`).
+            return Vec::new();
+        }
+        // Storage is looked at only where a namespace is served from it: a backend whose
+        // namespaces were all taken out (gone or hung) may not answer at all, and the
+        // main thread runs every host's keep-alive timers.
+        let lost = self.shared.target().lost_namespaces();
+        let live: std::collections::HashSet<&str> = self
+            .cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| s.namespaces.iter().map(move |n| (s, n)))
+            .filter(|(s, n)| {
+                !lost.iter().any(|(q, id)| *q == s.nqn && *id == n.nsid)
+                    && !self
+                        .shared
+                        .subsystems
+                        .id(&s.nqn)
+                        .is_some_and(|id| self.hung.contains(&(id, n.nsid)))
+            })
+            .map(|(_, n)| n.backend.as_str())
+            .collect();
         let mut names: Vec<String> = self.backends.keys().cloned().collect();
         names.sort();
         let mut grown = Vec::new();
         for name in names {
             let resized = d.backends_resized.iter().find(|b| b.name == name);
+            if resized.is_none() && !live.contains(name.as_str()) {
+                continue;
+            }
             let Some(def) = resized.or_else(|| new.backends.iter().find(|b| b.name == name)) else {
                 continue;
             };
@@ -990,10 +1020,12 @@ impl<E: Engine> Runtime<E> {
         grown
     }
 
-    /// The namespaces on backends that grew (as the running config has them) take the
-    /// new size: the engine serves it first, then the target tells the hosts that see
-    /// them (Namespace Attribute Changed). One line per backend and per namespace.
-    fn resize_namespaces(
+    /// Every namespace (as the running config has them) whose backend now holds more
+    /// blocks than its hosts are told takes the backend's size: the engine serves it
+    /// first, then the target tells the hosts that see it (Namespace Attribute Changed).
+    /// Looked at on every reload, so one that failed before is tried again. One line per
+    /// backend that grew (`grown`) and per namespace resized.
+    fn reconcile_sizes(
         &mut self,
         grown: &[(String, u64, u64)],
         errors: &mut Errors,
@@ -1006,47 +1038,56 @@ impl<E: Engine> Runtime<E> {
                 bytes_text(before * bs),
                 bytes_text(after * bs)
             ));
-            let on_it: Vec<(String, u32)> = self
-                .cfg
-                .subsystems
-                .iter()
-                .flat_map(|s| {
-                    s.namespaces
-                        .iter()
-                        .filter(|n| n.backend == *name)
-                        .map(|n| (s.nqn.clone(), n.nsid))
-                })
-                .collect();
-            for (nqn, nsid) in on_it {
-                let Some(id) = self.shared.subsystems.id(&nqn) else {
+        }
+        if !self.engine.caps().resize {
+            return lines;
+        }
+        let namespaces: Vec<(String, u32, String)> = self
+            .cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| {
+                s.namespaces
+                    .iter()
+                    .map(|n| (s.nqn.clone(), n.nsid, n.backend.clone()))
+            })
+            .collect();
+        for (nqn, nsid, backend) in namespaces {
+            let Some(be) = self.backends.get(&backend) else {
+                continue;
+            };
+            let (have, bs) = (be.num_blocks(), u64::from(be.block_size()));
+            let told = self.shared.target().namespace_blocks(&nqn, nsid);
+            let (Some(told), Some(id)) = (told, self.shared.subsystems.id(&nqn)) else {
+                continue;
+            };
+            if have <= told {
+                continue;
+            }
+            match self.engine.ns_resize(id, nsid, have) {
+                // Taken out (its storage went or hung): the target still takes the size,
+                // for when a reload brings it back.
+                Ok(()) | Err(EngineError::NoNamespace(_)) => {}
+                Err(source) => {
+                    errors.push(ApplyError::Engine {
+                        nqn: nqn.clone(),
+                        what: format!("resizing namespace {nsid}"),
+                        source,
+                    });
                     continue;
-                };
-                match self.engine.ns_resize(id, nsid, *after) {
-                    Ok(()) => {}
-                    // Taken out (its storage went or hung): the target still gets the
-                    // size, for when a reload brings it back.
-                    Err(EngineError::NoNamespace(_)) => {}
-                    Err(source) => {
-                        errors.push(ApplyError::Engine {
-                            nqn: nqn.clone(),
-                            what: format!("resizing namespace {nsid}"),
-                            source,
-                        });
-                        continue;
-                    }
                 }
-                let r = self.shared.target().resize_namespace(&nqn, nsid, *after);
-                match r {
-                    Ok(actions) => {
-                        self.shared.route(actions);
-                        lines.push(format!(
-                            "subsystem {nqn} namespace {nsid}: now {} ({after} blocks); the \
-                             hosts that see it are told (Namespace Attribute Changed)",
-                            bytes_text(after * bs)
-                        ));
-                    }
-                    Err(source) => errors.push(ApplyError::Resize { nqn, nsid, source }),
+            }
+            let r = self.shared.target().resize_namespace(&nqn, nsid, have);
+            match r {
+                Ok(actions) => {
+                    self.shared.route(actions);
+                    lines.push(format!(
+                        "subsystem {nqn} namespace {nsid}: now {} ({have} blocks); the hosts \
+                         that see it are told (Namespace Attribute Changed)",
+                        bytes_text(have * bs)
+                    ));
                 }
+                Err(source) => errors.push(ApplyError::Resize { nqn, nsid, source }),
             }
         }
         for line in &lines {

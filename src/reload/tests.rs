@@ -355,9 +355,16 @@ fn backend_redefined_while_in_use_needs_a_restart_unless_it_grows() {
     assert_eq!(
         d.summary(),
         [
-            "backend ram2: resize in place to ram, 134217728 bytes, 512-byte blocks (its \
+            "backend ram2: grow in place to ram, 134217728 bytes, 512-byte blocks (its \
           namespaces keep their data; hosts see the new size)"
         ]
+    );
+    // With an engine that cannot follow a resize, the same change waits for a restart.
+    let mut d2 = d.clone();
+    d2.resizes_need_a_restart("no resize here");
+    assert_only_restart(
+        &d2,
+        &["backend ram2: ram, 134217728 bytes, 512-byte blocks (no resize here)"],
     );
     // What runs afterwards is the new size: nothing left to do.
     let run = running_after(&parse(BASE), &grown, &d);
@@ -706,7 +713,7 @@ fn file_backends() {
 
     // A file's size is a minimum (the file is extended, never cut): any new value is
     // applied in place by growing, or by nothing.
-    for size in ["2MiB", "512KiB"] {
+    for (size, bytes) in [("2MiB", 2097152), ("512KiB", 524288)] {
         std::fs::write(&path, yaml(size)).unwrap();
         let new = Config::load(&path).unwrap();
         let d = diff(&running, &new);
@@ -717,6 +724,13 @@ fn file_backends() {
                 ..ConfigDiff::default()
             },
             "{size}"
+        );
+        assert_eq!(
+            d.summary(),
+            [format!(
+                "backend f: size {bytes} in place (a smaller file is extended to it, a larger \
+                 one keeps its size; hosts see any new size)"
+            )]
         );
     }
     // Another block size is not a resize.

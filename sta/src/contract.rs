@@ -450,6 +450,8 @@ pub struct Caps {
     pub copy: bool,
     /// The engine runs fused Compare and Write itself.
     pub fused_compare_write: bool,
+    /// The engine follows a namespace's new size ([`Engine::ns_resize`]).
+    pub resize: bool,
 }
 
 /// Why a main-context call failed.

@@ -1328,6 +1328,15 @@ impl Target {
         Ok(self.take_actions())
     }
 
+    /// The size in blocks hosts are told for namespace `nsid` (one taken out included).
+    pub fn namespace_blocks(&self, subnqn: &str, nsid: u32) -> Option<u64> {
+        let s = self.subsystems.get(subnqn)?;
+        s.namespaces
+            .get(&nsid)
+            .or_else(|| s.lost.get(&nsid))
+            .map(|ns| ns.num_blocks)
+    }
+
     /// The namespace now holds `num_blocks` blocks (its backend grew): Identify Namespace
     /// answers the new NSZE, NCAP and NUSE, and controllers that see it get it in their
     /// Changed Namespace List with a Namespace Attribute Changed event, on which a host

@@ -775,6 +775,8 @@ fn read_caps(sta: *mut doca_sta, cfg: &DocaConfig) -> Result<Caps, EngineError> 
         access_views: false,
         copy: false,
         fused_compare_write: false,
+        // DOCA STA takes no namespace size (`ns_resize`).
+        resize: false,
     })
 }
 

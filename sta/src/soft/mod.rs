@@ -535,6 +535,7 @@ impl crate::Engine for Sta {
             access_views: true,
             copy: true,
             fused_compare_write: true,
+            resize: true,
         }
     }
 

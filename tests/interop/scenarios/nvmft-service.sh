@@ -233,6 +233,12 @@ rm -rf "$tmp"
 # --- 5b. namespaces grow live: a file grown on disk (no change in the config) and a larger
 # RAM size. The kernel host re-reads the sizes on Namespace Attribute Changed ("detected
 # capacity change") on the same controller, and the data written before is still there.
+# 1 MiB at the old end of each, read back after the grow.
+dd if=/dev/urandom of=/var/tmp/end.pattern bs=1M count=1 status=none
+SUMEND=$(md5sum </var/tmp/end.pattern | cut -d' ' -f1)
+for ns in "$NS1" "$NS2"; do
+    check "write-old-end-$(basename "$ns")" dd if=/var/tmp/end.pattern of="$ns" bs=1M seek=127 count=1 oflag=direct conv=fsync status=none
+done
 truncate -s 192M /var/lib/nvmf-target/f0.img
 sed 's/{name: ram0, type: ram, size: 128MiB/{name: ram0, type: ram, size: 160MiB/' "$BASE_CFG" >"$CFG.new" && mv "$CFG.new" "$CFG"
 check reload-grow reload_and_wait grow
@@ -246,6 +252,8 @@ check kernel-detected-capacity-change sh -c "dmesg | grep 'detected capacity cha
 check write-past-old-end dd if=/dev/urandom of="$NS2" bs=1M seek=160 count=16 oflag=direct conv=fsync status=none
 check write-past-old-ram-end dd if=/dev/urandom of="$NS1" bs=1M seek=140 count=16 oflag=direct status=none
 expect file-data-kept-after-grow "$(dd if="$NS2" bs=1M count=8 iflag=direct status=none | md5sum | cut -d' ' -f1)" "$SUM2"
+expect file-old-end-kept-after-grow "$(dd if="$NS2" bs=1M skip=127 count=1 iflag=direct status=none | md5sum | cut -d' ' -f1)" "$SUMEND"
+expect ram-old-end-kept-after-grow "$(dd if="$NS1" bs=1M skip=127 count=1 iflag=direct status=none | md5sum | cut -d' ' -f1)" "$SUMEND"
 expect same-controller-after-grow "$(ctrl_dev)/$(cat "/sys/class/nvme/$CTRL/cntlid" 2>/dev/null)" "$CTRL/$CNTLID"
 
 # --- 6. /metrics -----------------------------------------------------------------------------
