@@ -919,23 +919,30 @@ fn block_device_grows_via_loop() {
     be.flush_sync().unwrap();
 }
 
-/// A mapped tmpfs file: the gone check runs on another thread (as an IO thread's does)
-/// while the main thread grows the file step by step; it must never fire.
-fn mapped_gone_check_races_grow() {
-    const BS: usize = 4096;
-    let dir = tempfile::tempdir_in(SHM).unwrap();
-    let p = dir.path().join("m.img");
-    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+/// A 1 MiB file at `p` (on a memory file system), written in full and opened buffered
+/// with `bs`-byte blocks: served from its pages.
+fn mapped_mib(p: &std::path::Path, bs: usize) -> std::sync::Arc<FileBackend> {
+    std::fs::write(p, vec![0u8; 1 << 20]).unwrap();
     let fb = FileBackend::open(
-        &p,
+        p,
         FileOptions {
-            block_size: Some(BS as u32),
+            block_size: Some(bs as u32),
             direct: Some(false),
             ..Default::default()
         },
     )
     .unwrap();
     assert!(fb.is_mapped());
+    fb
+}
+
+/// A mapped tmpfs file: the gone check runs on another thread (as an IO thread's does)
+/// while the main thread grows the file step by step; it must never fire.
+fn mapped_gone_check_races_grow() {
+    const BS: usize = 4096;
+    let dir = tempfile::tempdir_in(SHM).unwrap();
+    let p = dir.path().join("m.img");
+    let fb = mapped_mib(&p, BS);
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let checker = {
@@ -1001,17 +1008,7 @@ fn mapped_grow_on_a_full_tmpfs() {
     let dir = tempfile::tempdir().unwrap();
     let fs = SmallTmpfs::mount(dir.path());
     let p = fs.0.join("m.img");
-    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
-    let fb = FileBackend::open(
-        &p,
-        FileOptions {
-            block_size: Some(BS as u32),
-            direct: Some(false),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert!(fb.is_mapped());
+    let fb = mapped_mib(&p, BS);
     let mut q = fb.clone().create_queue(4).unwrap();
     let store = q.ram_store().unwrap();
     let filler = fs.0.join("filler");
