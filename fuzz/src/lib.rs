@@ -6,6 +6,8 @@
 //! - [`capsule`]: admin/fabrics/I/O capsules into a [`nvmf::target::Target`] with a
 //!   connected, enabled controller.
 //! - [`connect_data`]: Fabrics Connect SQE + Connect data into `Target::connect`.
+//! - [`engine`]: hostile NVMe/TCP byte streams into the soft engine's IO context over
+//!   loopback, with a `Target` as the application; checks everything is released.
 //! - [`auth`]: DH-HMAC-CHAP messages into both sides' state machines.
 //! - [`config`]: YAML text into the daemon's config parser (`src/config.rs`, compiled here
 //!   in place).
@@ -19,6 +21,7 @@ pub mod auth;
 pub mod capsule;
 pub mod config;
 pub mod connect_data;
+pub mod engine;
 pub mod runner;
 pub mod tcp_framer;
 pub mod tcp_queue;
