@@ -81,7 +81,7 @@ stage "fuzz smoke: each fuzz target, plain stable build, 15 s of mutated inputs"
     cargo fmt --check
     CARGO_TARGET_DIR=../target/fuzz cargo clippy --all-targets -- -D warnings
     CARGO_TARGET_DIR=../target/fuzz cargo build --release --bins
-    for t in tcp_framer tcp_queue capsule connect_data config auth; do
+    for t in tcp_framer tcp_queue capsule connect_data engine config auth; do
         ../target/fuzz/release/"$t" --secs 15
     done
 )

@@ -45,7 +45,7 @@ use nvmf::target::{
 };
 use nvmf::tcp::{self, Digests, IcReq};
 use sta::soft::{SoftConfig, Sta, StaIo};
-use sta::{CmdToken, Engine, Event, IoContext, QpHandle, SubsysId, TaskError};
+use sta::{CmdToken, Engine, Event, IoContext, Limit, QpHandle, SubsysId, TaskError};
 use zerocopy::IntoBytes;
 
 use crate::Input;
@@ -645,6 +645,17 @@ impl World {
         let stats = self.engine.stats();
         let t = stats.threads();
         assert_eq!(t[0].qps, others as u64, "the thread's QP gauge");
+        // Out of reach for a few connections of at most 4096 entries and 16 MiB each
+        // (16383 slots per peer address, 64 Ki slots and 256 MiB of buffers per IO
+        // context): hit only if slots or buffers leak across inputs.
+        for l in [
+            Limit::CommandSlots,
+            Limit::PeerCommandSlots,
+            Limit::BufferPool,
+        ] {
+            let hits = t[0].limit_hits[l.index()];
+            assert_eq!(hits, 0, "limit {} hit {hits} times", l.label());
+        }
         let ns = stats.namespace(self.subsys, 1);
         assert_eq!(ns.queue_depth, 0, "backend requests in flight");
         assert_eq!(self.engine.pending_tasks(), 0, "main-context tasks");
