@@ -20,6 +20,9 @@
 //!   H2CData's TTAG the one of the latest R2T for its CCCID (the engine's TTAGs are its
 //!   command slots, which a stream written ahead cannot know), waiting a few passes for
 //!   that R2T.
+//! - `at` 0xFF without `mode & 8`: the client lingers, connected, up to 400 ms after the
+//!   stream (the engine's deadlines are 100-250 ms here). In mode 3 `at` also sets the
+//!   I/O queue's SQSIZE (1 + `at` % 127; 127 for 0xFF).
 //! - `step`: chunk size minus one (0: the whole stream at once... unless `mode & 64`).
 //!
 //! After the stream the client closes, and the harness pumps until the QP is gone
@@ -59,6 +62,9 @@ const DEADLINE: Duration = Duration::from_secs(2);
 /// Longest one input may spend writing its stream (a peer the engine stops reading from
 /// while the client does not read either).
 const STREAM_BUDGET: Duration = Duration::from_millis(200);
+/// Longest an input lingers connected after its stream (`at` 0xFF without `mode & 8`):
+/// past every deadline of the engine's limits set in [`World::new`].
+const LINGER: Duration = Duration::from_millis(400);
 /// Bytes the client keeps of what it read (it only parses the preamble's answers).
 const RX_KEEP: usize = 1 << 20;
 
@@ -235,7 +241,20 @@ fn rw(opcode: u8, cid: u16, slba: u64, nlb: u32) -> Sqe {
 
 impl World {
     fn new() -> World {
-        let mut engine = Sta::new(SoftConfig::default());
+        // Deadlines short enough for an input that lingers to run into them (the clean
+        // hosts answer within microseconds), long enough for a loaded machine.
+        let mut engine = Sta::new(SoftConfig {
+            limits: sta::EngineLimits {
+                icreq_timeout: Duration::from_millis(250),
+                connect_timeout: Duration::from_millis(250),
+                host_data_timeout: Duration::from_millis(100),
+                drain_timeout: Duration::from_millis(100),
+                ..sta::EngineLimits::default()
+            },
+            // Deadlines are looked at every quarter of this.
+            backend_timeout: Duration::from_millis(200),
+            ..SoftConfig::default()
+        });
         let subsys = engine.subsystem_create(NQN).expect("subsystem_create");
         let ram = backend::RamBackend::new(NS_BYTES, BLOCK).expect("RAM backend");
         let (block_size, num_blocks) = {
@@ -727,7 +746,12 @@ impl World {
                 admin = Some(a);
                 self.handshake(&mut c);
                 let mut b = Vec::new();
-                connect(&mut b, 0xfff0, cntlid, 1, 127);
+                let sqsize = if at == 0xff {
+                    127
+                } else {
+                    1 + u16::from(at) % 127
+                };
+                connect(&mut b, 0xfff0, cntlid, 1, sqsize);
                 self.exec(&mut c, "I/O Connect", 0xfff0, &b);
             }
         }
@@ -811,6 +835,19 @@ impl World {
             }
             if !did && !self.io.busy() {
                 break;
+            }
+        }
+        if at == 0xff && mode & 8 == 0 {
+            // Linger: the peer stays connected and silent past the engine's deadlines
+            // (ICReq, Connect, host data, partial PDU, drain), bounded.
+            let end = Instant::now() + LINGER;
+            while Instant::now() < end && self.apps.contains_key(&c.qp) {
+                if !self.pass() {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                if reading {
+                    c.drain(false);
+                }
             }
         }
         clients.push(c);
@@ -942,6 +979,43 @@ pub fn seeds() -> Vec<Vec<u8>> {
         io_stream(&mut s);
         v.push(s);
     }
+    // Mode 3, SQSIZE 1: writes whose data never comes overrun the queue (a C2HTermReq
+    // for QueueDepth).
+    let mut s = vec![0x03u8, 0, 0];
+    for cid in 0..4 {
+        capsule(
+            &mut s,
+            &by_transport(rw(io_op::WRITE, cid, 0, 8), 4096),
+            &[],
+        );
+    }
+    v.push(s);
+    // Mode 3, a client that reads nothing: 100 reads of 1 MiB back up the output; then
+    // the same lingering (drain deadline).
+    for at in [126u8, 0xff] {
+        let mut s = vec![0x87u8, 0, at];
+        for cid in 0..100 {
+            capsule(
+                &mut s,
+                &by_transport(rw(io_op::READ, cid, 0, 2048), 1 << 20),
+                &[],
+            );
+        }
+        v.push(s);
+    }
+    // Lingering: an ICReq only (Connect deadline), half a capsule (partial PDU), a write
+    // whose data never comes (host data deadline).
+    let mut s = vec![0u8, 0, 0xff];
+    ic_req(&mut s);
+    v.push(s);
+    let mut s = vec![1u8, 0, 0xff];
+    let mut half = Vec::new();
+    connect(&mut half, 1, fabrics::CNTLID_DYNAMIC, 0, 31);
+    s.extend_from_slice(&half[..100]);
+    v.push(s);
+    let mut s = vec![0x83u8, 0, 0xff];
+    capsule(&mut s, &by_transport(rw(io_op::WRITE, 1, 0, 8), 4096), &[]);
+    v.push(s);
     // Mode 1: a broken capsule after a good ICReq (a TermReq follows).
     let mut s = vec![1u8, 0, 0];
     capsule(
