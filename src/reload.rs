@@ -104,9 +104,8 @@ pub struct ConfigDiff {
     pub backends_added: Vec<BackendConfig>,
     /// Backend names.
     pub backends_removed: Vec<String>,
-    /// (backend name, its new definition) of backends in use whose size alone changed
-    /// and which grow in place ([`resized_in_place`]): a RAM namespace made larger, a
-    /// file's `size`. Their namespaces keep their data, identity, reservations and
+    /// The new definitions of backends in use whose size alone changed and which grow in
+    /// place ([`resized_in_place`]): a RAM namespace made larger, a file's `size`. Their namespaces keep their data, identity, reservations and
     /// hosts; hosts see the new size. (Every reload also re-reads the size of file and
     /// block-device backends: one grown on disk grows its namespaces, with no change in
     /// the file at all; that is the daemon's, not in this diff.)

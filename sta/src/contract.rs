@@ -539,10 +539,11 @@ pub trait Engine {
         backend: Arc<dyn Backend>,
     ) -> Result<(), EngineError>;
     /// The namespace's backend grew ([`Backend::grow`]) to `num_blocks`: commands up to
-    /// the new end are served from now on. Like [`Engine::ns_add`], every IO context
-    /// takes the new size before any host can learn of it from the control path (the
-    /// application tells hosts after this returns). Never shrinks: a smaller count is
-    /// ignored. DOCA STA has no such call (`doca_sta_subsystem_add_ns` takes no size: the
+    /// the new end are served from now on. Like [`Engine::ns_add`] it does not wait:
+    /// every IO context takes the new size at the start of its next pass, before it reads
+    /// its sockets, so before a host can use it (the application tells hosts after this
+    /// returns, and a host needs an event and two admin commands to learn of it). Never
+    /// shrinks: a smaller count is ignored. DOCA STA has no such call (`doca_sta_subsystem_add_ns` takes no size: the
     /// drive's own namespace bounds its I/O), so an engine that cannot follow a resize
     /// says so with [`EngineError::Unsupported`].
     fn ns_resize(
