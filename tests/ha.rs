@@ -349,11 +349,7 @@ fn ana_states_per_listener_visibility_and_referrals_follow_reload() {
 
     // B asks for ANA and namespace events.
     b.set_features(0x0b, 0, 1 << 8 | 1 << 11, false).unwrap();
-    let aer = {
-        let mut sqe = Sqe::default();
-        sqe.set_opcode_cid(nvmf::spec::opcodes::admin::ASYNC_EVENT_REQUEST, 0);
-        b.submit(Request::new(sqe, Xfer::None, Vec::new())).unwrap()
-    };
+    let aer = submit_aer(&mut b);
     // Reload: tcp1 optimized, tcp0 non-optimized, namespace 2 for everyone.
     let reloaded = ANA_CONFIG
         .replace(

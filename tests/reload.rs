@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
-use nvmf::spec::{opcodes, Sqe, Status};
-use nvmf_initiator::{Request, TcpHost, Xfer};
+use nvmf::spec::Status;
+use nvmf_initiator::TcpHost;
 
 const ONE_NS: &str = "\
 io_threads: 2
@@ -27,14 +27,6 @@ subsystems:
 
 fn write_config(d: &Daemon, text: &str) {
     std::fs::write(d.dir().join("nvmf-target.yaml"), d.fill(text)).expect("rewrite config");
-}
-
-fn submit_aer(admin: &mut TcpHost) -> u16 {
-    let mut sqe = Sqe::default();
-    sqe.set_opcode_cid(opcodes::admin::ASYNC_EVENT_REQUEST, 0);
-    admin
-        .submit(Request::new(sqe, Xfer::None, Vec::new()))
-        .expect("submit AER")
 }
 
 /// Waits for the log to contain `what` (the daemon logs each reload step).

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use nvmf::spec::{opcodes, Sqe, Status};
-use nvmf_initiator::{Request, TcpHost, Xfer};
+use nvmf::spec::Status;
+use nvmf_initiator::TcpHost;
 
 /// Namespace 1 on RAM, 2 on a file in the test's directory (a disk file system: the
 /// io_uring path), 3 on a file in /dev/shm (a memory file system allocated in full: the
@@ -56,14 +56,6 @@ fn ctl(d: &Daemon, what: &str) -> (bool, String) {
 
 fn ctl_reload(d: &Daemon) -> (bool, String) {
     ctl(d, "reload")
-}
-
-fn submit_aer(admin: &mut TcpHost) -> u16 {
-    let mut sqe = Sqe::default();
-    sqe.set_opcode_cid(opcodes::admin::ASYNC_EVENT_REQUEST, 0);
-    admin
-        .submit(Request::new(sqe, Xfer::None, Vec::new()))
-        .expect("submit AER")
 }
 
 /// NSZE and NCAP from Identify Namespace.

@@ -611,3 +611,17 @@ pub fn doca_double_dir() -> PathBuf {
     );
     deps
 }
+
+/// Sends an Asynchronous Event Request on `admin` without waiting (it completes when the
+/// target raises an event); returns its CID.
+pub fn submit_aer(admin: &mut TcpHost) -> u16 {
+    let mut sqe = nvmf::spec::Sqe::default();
+    sqe.set_opcode_cid(nvmf::spec::opcodes::admin::ASYNC_EVENT_REQUEST, 0);
+    admin
+        .submit(nvmf_initiator::Request::new(
+            sqe,
+            nvmf_initiator::Xfer::None,
+            Vec::new(),
+        ))
+        .expect("submit AER")
+}
