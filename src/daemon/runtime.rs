@@ -912,7 +912,7 @@ impl<E: Engine> Runtime<E> {
         if !self.engine.caps().resize {
             d.resizes_need_a_restart("this engine cannot resize a namespace while it runs");
         }
-        let changes = d.summary();
+        let mut changes = d.summary();
         if d.is_empty() {
             tracing::info!("reload: no changes in the file");
         }
@@ -933,7 +933,6 @@ impl<E: Engine> Runtime<E> {
         undone
             .backends_kept
             .extend(sizes.undone.backends_kept.iter().cloned());
-        let mut changes = changes;
         if errors.is_empty() {
             if !d.is_empty() {
                 tracing::info!("reload applied");
@@ -1093,7 +1092,6 @@ impl<E: Engine> Runtime<E> {
         for line in &lines {
             tracing::info!("reload: {line}");
         }
-        self.shared.sync_target_state();
         lines
     }
 
