@@ -1397,6 +1397,44 @@ fn the_drive_is_shut_down_when_the_last_namespace_is_dropped_after_flush_sync() 
     );
 }
 
+/// A queue that outlives its namespace holds the last references to the controller and
+/// the device. Its drop hands them to the service thread with the pair, so the shutdown
+/// (CC.SHN, up to 2 s on a real drive) and the device's close run there, never on the IO
+/// thread that dropped the queue (the review of 2026-11-27, L2: the queue's own fields
+/// used to drop after it had handed over the pair, and were the last whenever the service
+/// thread had finished the delete first).
+#[test]
+fn the_last_queue_dropped_shuts_the_drive_down_on_the_service_thread() {
+    for round in 0..20 {
+        let e = emu(big(4096));
+        let be = open(&e, NvmeOptions::default());
+        let mut q = created(&be, 8);
+        write_read_check(&mut q, 512, 0, 1, 1);
+        drop(be);
+        assert_eq!(
+            e.shutdown_by(),
+            None,
+            "the queue still holds the controller"
+        );
+        drop(q);
+        let start = Instant::now();
+        let by = loop {
+            if let Some(by) = e.shutdown_by() {
+                break by;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "round {round}: the drive was never shut down after its last queue dropped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(
+            by.starts_with("nvme-svc"),
+            "round {round}: the drive was shut down by thread {by:?}, not the service thread"
+        );
+    }
+}
+
 /// A queue dropped (its namespace removed, or taken out) while the reset it asked for
 /// takes seconds returns at once: the drop hands its pair to the service thread, which
 /// deletes it after the reset (the review of 2026-11-27 measured 4.0 s here when the drop

@@ -209,6 +209,9 @@ pub(crate) enum Job {
     Delete {
         pair: Teardown,
         keep: Arc<Controller>,
+        /// The dropped queue's other references (its namespace and device), dropped with
+        /// `keep` after the delete.
+        owners: Owners,
     },
     /// Give up on the controller (see [`Controller::fail_soon`]).
     Fail,
@@ -224,6 +227,17 @@ pub(crate) struct Teardown {
     ring: Ring,
     /// Kept alive, never looked at.
     _rest: Box<dyn Send>,
+}
+
+/// What a dropped queue still held besides the controller (see [`Controller::retire`]).
+pub(crate) struct Owners {
+    _held: Box<dyn Send>,
+}
+
+impl std::fmt::Debug for Owners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Owners")
+    }
 }
 
 impl Teardown {
@@ -991,19 +1005,22 @@ impl Controller {
     }
 
     /// Hands a dropped queue's pair and memory to the service thread, which deletes the
-    /// pair and frees the memory after (`Job::Delete`); returns at once.
-    pub(crate) fn retire(self: &Arc<Self>, pair: Teardown) {
+    /// pair and frees the memory after (`Job::Delete`); returns at once. It takes the
+    /// queue's own reference to the controller (`keep`) and its other references
+    /// (`owners`), and keeps none here, so that whichever is the last drops on the service
+    /// thread, never on the IO thread that dropped the queue.
+    pub(crate) fn retire(keep: Arc<Self>, pair: Teardown, owners: Box<dyn Send>) {
+        let tx = keep.jobs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let job = Job::Delete {
             pair,
-            keep: Arc::clone(self),
+            keep,
+            owners: Owners { _held: owners },
         };
-        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(mpsc::SendError(job)) = tx.send(job) {
-            drop(tx);
             // The thread is gone, which happens only after a job panicked, and then the
             // controller was failed (the device released): freeing is safe. Should it not
             // be failed, the memory is leaked rather than freed under the device.
-            if !self.is_failed() {
+            if !matches!(&job, Job::Delete { keep, .. } if keep.is_failed()) {
                 std::mem::forget(job);
             }
         }
@@ -1098,7 +1115,7 @@ impl Controller {
                 }
                 to.send(Answer::Create { generation, result });
             }
-            Job::Delete { pair, keep } => {
+            Job::Delete { pair, keep, owners } => {
                 let mut a = self.lock_admin();
                 let generation = self.generation();
                 let orphans = a.orphans.len();
@@ -1115,7 +1132,9 @@ impl Controller {
                     }
                 }
                 drop(a);
-                // Maybe the last reference: the controller shuts down after the delete.
+                // Maybe the last references: the device closes, or the controller shuts
+                // down, after the delete.
+                drop(owners);
                 drop(keep);
             }
             Job::Fail => self.fail(),

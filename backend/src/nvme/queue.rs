@@ -244,9 +244,13 @@ pub struct QueueStats {
 /// A per-thread queue on an [`NvmeBackend`].
 #[derive(Debug)]
 pub struct NvmeQueue {
-    ns: Arc<NvmeBackend>,
-    ctrl: Arc<Controller>,
-    dev: Arc<dyn DeviceAccess>,
+    // `ns`, `ctrl`, `dev` and `maps` are moved out only in `Drop`, which hands them to the
+    // service thread with the pair: whichever reference to the controller or the device
+    // is the last, it never drops on the IO thread (a controller's shutdown waits up to
+    // 2 s for CC.SHN, and closing the device may reset it).
+    ns: Held<Arc<NvmeBackend>>,
+    ctrl: Held<Arc<Controller>>,
+    dev: Held<Arc<dyn DeviceAccess>>,
     ring: Option<Ring>,
     generation: u64,
     depth: usize,
@@ -263,7 +267,7 @@ pub struct NvmeQueue {
     lists: Option<DmaRegion>,
     zeroes: Option<DmaRegion>,
     ready: VecDeque<Completion>,
-    maps: MapCache,
+    maps: Held<MapCache>,
     max_part_blocks: u32,
     next_check: Instant,
     /// When this queue last reset the controller because a command timed out, and how
@@ -366,8 +370,8 @@ impl NvmeQueue {
         let queue = ring.spec();
         let q = NvmeQueue {
             generation: ctrl.generation(),
-            ctrl,
-            dev,
+            ctrl: Held::new(ctrl),
+            dev: Held::new(dev),
             ring: Some(ring),
             depth: depth as usize,
             slots: (0..depth).map(|_| None).collect(),
@@ -379,7 +383,7 @@ impl NvmeQueue {
             lists: Some(lists),
             zeroes: None,
             ready: VecDeque::new(),
-            maps,
+            maps: Held::new(maps),
             max_part_blocks: (part / bs).max(1) as u32,
             next_check: Instant::now(),
             last_timeout_reset: None,
@@ -391,7 +395,7 @@ impl NvmeQueue {
             mailbox,
             alive: Arc::new(()),
             stats: QueueStats::default(),
-            ns,
+            ns: Held::new(ns),
             _not_send: std::marker::PhantomData,
         };
         let job = Job::Create {
@@ -718,7 +722,7 @@ impl NvmeQueue {
         while let Some(cqe) = ring.pop() {
             done.push(cqe);
         }
-        ring.ring_cq(&*self.dev);
+        ring.ring_cq(&**self.dev);
         for cqe in done {
             let cid = usize::from(cqe.cid);
             let Some(cmd) = self.cmds.get_mut(cid).and_then(Option::take) else {
@@ -1181,19 +1185,19 @@ impl BackendQueue for NvmeQueue {
         if !self.failed && self.hold == Hold::No {
             self.issue_parts();
             if let Some(r) = self.ring.as_mut() {
-                r.ring_sq(&*self.dev);
+                r.ring_sq(&**self.dev);
             }
             self.reap();
             self.issue_parts();
             if let Some(r) = self.ring.as_mut() {
-                r.ring_sq(&*self.dev);
+                r.ring_sq(&**self.dev);
             }
             let now = Instant::now();
             if now >= self.next_check {
                 self.check_timeouts(now);
                 self.issue_parts();
                 if let Some(r) = self.ring.as_mut() {
-                    r.ring_sq(&*self.dev);
+                    r.ring_sq(&**self.dev);
                 }
             }
         }
@@ -1207,12 +1211,53 @@ impl BackendQueue for NvmeQueue {
     }
 }
 
+/// A field of [`NvmeQueue`] that its `Drop` moves out (to the service thread); there until
+/// then, so reading it never finds it gone.
+#[derive(Debug)]
+struct Held<T>(Option<T>);
+
+impl<T> Held<T> {
+    fn new(value: T) -> Held<T> {
+        Held(Some(value))
+    }
+
+    /// Only in `Drop`: nothing reads the field after.
+    fn take(&mut self) -> T {
+        self.0
+            .take()
+            .expect("a queue's field is taken once, when it drops")
+    }
+}
+
+impl<T> std::ops::Deref for Held<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0
+            .as_ref()
+            .expect("a queue's fields are there until it drops")
+    }
+}
+
+impl<T> std::ops::DerefMut for Held<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0
+            .as_mut()
+            .expect("a queue's fields are there until it drops")
+    }
+}
+
 impl Drop for NvmeQueue {
     fn drop(&mut self) {
         // Jobs still queued for this queue are skipped from now on (a create or
         // re-creation already under way finishes first: the token is checked under the
         // admin lock, and the delete below runs after it).
         self.alive = Arc::new(());
+        let (ns, ctrl, dev, maps) = (
+            self.ns.take(),
+            self.ctrl.take(),
+            self.dev.take(),
+            self.maps.take(),
+        );
         let Some(ring) = self.ring.take() else {
             // Failed with the controller: the device is released, nothing to delete.
             return;
@@ -1222,15 +1267,21 @@ impl Drop for NvmeQueue {
         // service thread, which deletes the pair (Delete I/O SQ completes only once every
         // command on it is done or aborted) and frees the memory only after that. The IO
         // thread does not wait for the drive's admin queue.
-        let dev = Arc::clone(&self.dev);
         // A tuple drops in field order: the data buffers' mappings go before the buffers.
         let rest = (
-            std::mem::replace(&mut self.maps, MapCache::new(dev, 1, 0)),
+            maps,
             std::mem::take(&mut self.slots),
             self.lists.take(),
             self.zeroes.take(),
         );
-        self.ctrl.retire(Teardown::new(ring, Box::new(rest)));
+        // The queue's own references go along and drop there too, after the delete:
+        // were they dropped here once the service thread had finished, the last one would
+        // shut the controller down, or close the device, on this IO thread.
+        Controller::retire(
+            ctrl,
+            Teardown::new(ring, Box::new(rest)),
+            Box::new((ns, dev)),
+        );
     }
 }
 

@@ -139,6 +139,8 @@ struct State {
     counters: EmuCounters,
     /// How long CSTS.RDY takes to follow CC.EN 0 -> 1.
     ready_delay: Duration,
+    /// The name of the thread that last asked for a shutdown (CC.SHN).
+    shutdown_by: Option<String>,
     /// When CSTS.RDY comes up (an enable in progress).
     ready_at: Option<Instant>,
 }
@@ -186,6 +188,7 @@ impl EmulatedController {
                 held: Vec::new(),
                 counters: EmuCounters::default(),
                 ready_delay: Duration::ZERO,
+                shutdown_by: None,
                 ready_at: None,
             }),
             maps: Arc::new(Mutex::new(BTreeMap::new())),
@@ -299,6 +302,11 @@ impl EmulatedController {
 
     pub fn counters(&self) -> EmuCounters {
         self.lock().counters
+    }
+
+    /// The name of the thread that last wrote CC.SHN, if one did.
+    pub fn shutdown_by(&self) -> Option<String> {
+        self.lock().shutdown_by.clone()
     }
 
     /// Whether the controller is enabled and ready.
@@ -812,6 +820,12 @@ impl EmulatedController {
                     s.disable();
                 }
                 if v & spec::CC_SHN_MASK != 0 {
+                    s.shutdown_by = Some(
+                        std::thread::current()
+                            .name()
+                            .unwrap_or("(unnamed)")
+                            .to_string(),
+                    );
                     s.csts = s.csts & !spec::CSTS_SHST_MASK | spec::CSTS_SHST_DONE;
                 }
             }
