@@ -171,12 +171,24 @@ impl ConfigDiff {
     /// backend in use (`why` says why), so that no backend grows behind namespaces whose
     /// hosts could never see it.
     pub fn resizes_need_a_restart(&mut self, why: &str) {
+        self.resizes_need_a_restart_where(|_| Some(why.to_string()));
+    }
+
+    /// As [`ConfigDiff::resizes_need_a_restart`], for the resizes `why` gives a reason
+    /// for (a size past what the backend can reach live); the others stay.
+    pub fn resizes_need_a_restart_where(
+        &mut self,
+        mut why: impl FnMut(&BackendConfig) -> Option<String>,
+    ) {
         for b in std::mem::take(&mut self.backends_resized) {
-            self.restart_required.push(format!(
-                "backend {}: {} ({why})",
-                b.name,
-                backend_text(&b.kind)
-            ));
+            match why(&b) {
+                Some(why) => self.restart_required.push(format!(
+                    "backend {}: {} ({why})",
+                    b.name,
+                    backend_text(&b.kind)
+                )),
+                None => self.backends_resized.push(b),
+            }
         }
     }
 

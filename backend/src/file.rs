@@ -592,6 +592,12 @@ impl Backend for FileBackend {
         r.map_err(Error::Io)
     }
 
+    /// A file served from memory grows only inside its mapping's reserve; a file read
+    /// and written through the kernel has no bound of ours.
+    fn grow_limit(&self) -> Option<u64> {
+        self.store.as_ref().map(|s| s.reserved_bytes() as u64)
+    }
+
     /// Re-reads the file's size (fstat) or the device's (`BLKGETSIZE64`); `Some(bytes)`
     /// first extends a smaller regular file to `bytes` (a device cannot be). The new
     /// capacity is whole blocks of what the store holds. A mapped file's added range is

@@ -178,6 +178,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
             _ => Ok(have),
         }
     }
+    /// The largest size in bytes that [`Backend::grow`] can reach without a restart, when
+    /// the backend has such a bound (a RAM store, or a file served from memory, grows only
+    /// inside the address space it reserved at start); `None`: no such bound (what the
+    /// storage allows, or nothing for a backend that cannot grow: `grow` says why). Lets
+    /// a reload list a size past it as waiting for a restart rather than try and fail.
+    fn grow_limit(&self) -> Option<u64> {
+        None
+    }
     /// The device's own SMART / Health Information log page (NVMe Log Page 02h, 512
     /// bytes), for backends that sit on a real drive (`nvme`); `None` otherwise or when
     /// the drive cannot answer. Blocking (an admin command); call it off the data path.

@@ -908,6 +908,10 @@ impl Backend for RamBackend {
         }
         Ok(self.num_blocks())
     }
+
+    fn grow_limit(&self) -> Option<u64> {
+        Some(self.reserve as u64)
+    }
 }
 
 /// Most bytes a queue zeroes per poll. Deallocate and Write Zeroes are done this much per

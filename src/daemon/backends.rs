@@ -31,7 +31,7 @@ impl std::fmt::Display for OpenError {
 /// Memory is taken as a RAM namespace's blocks are written: one larger than the machine
 /// could ever hold would end, once hosts filled it, with the daemon killed for everyone.
 /// Such a size is a typo (TiB for GiB), refused (at open, and when a reload grows one).
-fn ram_size_fits(size: u64) -> Result<(), backend::Error> {
+pub(super) fn ram_size_fits(size: u64) -> Result<(), backend::Error> {
     match memory_and_swap().filter(|&m| size > m) {
         Some(limit) => Err(backend::Error::Invalid(format!(
             "{} is more than this machine's memory and swap together ({})",

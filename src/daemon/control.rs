@@ -126,7 +126,9 @@ impl ControlHook {
     /// The change from what runs to the file last loaded: empty when the daemon runs it
     /// all.
     fn pending<E: Engine>(&self, rt: &Runtime<E>) -> Vec<String> {
-        crate::reload::diff(&rt.cfg, &self.file).summary()
+        let mut d = crate::reload::diff(&rt.cfg, &self.file);
+        rt.resizes_live_or_at_restart(&mut d);
+        d.summary()
     }
 
     fn status<E: Engine>(&self, rt: &Runtime<E>) -> Status {

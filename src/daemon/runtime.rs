@@ -13,7 +13,7 @@ use nvmf::target::{
 };
 use sta::{Engine, EngineError, MainEvent, SubsysId};
 
-use super::backends::{grow_backend, open_backend, OpenError};
+use super::backends::{grow_backend, open_backend, ram_size_fits, OpenError};
 use super::health::{self, HealthPoller};
 use super::listeners::{listener_info, ListenerError, Listeners};
 use super::policy;
@@ -909,9 +909,7 @@ impl<E: Engine> Runtime<E> {
         }
         let mut d = diff(&self.cfg, &new);
         self.retry_lost(&mut d, &new);
-        if !self.engine.caps().resize {
-            d.resizes_need_a_restart("this engine cannot resize a namespace while it runs");
-        }
+        self.resizes_live_or_at_restart(&mut d);
         let mut changes = d.summary();
         if d.is_empty() {
             tracing::info!("reload: no changes in the file");
@@ -957,6 +955,37 @@ impl<E: Engine> Runtime<E> {
             text,
             file: new,
         })
+    }
+
+    /// Moves the resizes of `d` that cannot be done live to `restart_required`, with the
+    /// reason: all of them when the engine cannot resize, and a size past the address
+    /// space its store reserved at start. The reload and `ctl status`'s pending list both
+    /// go through here, so they agree.
+    pub(super) fn resizes_live_or_at_restart(&self, d: &mut ConfigDiff) {
+        if !self.engine.caps().resize {
+            d.resizes_need_a_restart("this engine cannot resize a namespace while it runs");
+        }
+        let backends = &self.backends;
+        d.resizes_need_a_restart_where(|b| {
+            let size = match b.kind {
+                // A size the machine could never hold stays an error of the reload, as
+                // at start-up (`grow_backend` says so), not a wait for a restart that
+                // would fail.
+                BackendKind::Ram { size, .. } if ram_size_fits(size).is_err() => return None,
+                BackendKind::Ram { size, .. }
+                | BackendKind::File {
+                    size: Some(size), ..
+                } => size,
+                _ => return None,
+            };
+            let limit = backends.get(&b.name)?.grow_limit()?;
+            (size > limit).then(|| {
+                format!(
+                    "past the {} it reserved at start: only a restart grows it that far",
+                    bytes_text(limit)
+                )
+            })
+        });
     }
 
     /// Grows every backend that can ([`grow_backend`]): those whose size the change

@@ -366,6 +366,16 @@ fn backend_redefined_while_in_use_needs_a_restart_unless_it_grows() {
         &d2,
         &["backend ram2: ram, 134217728 bytes, 512-byte blocks (no resize here)"],
     );
+    // A resize the backend cannot reach live (past its reserve) waits alone; one it can
+    // stays a resize.
+    let mut d3 = d.clone();
+    d3.resizes_need_a_restart_where(|b| (b.name == "ram9").then(|| "never".into()));
+    assert_eq!(d3, d, "a resize nobody objects to stays");
+    d3.resizes_need_a_restart_where(|b| (b.name == "ram2").then(|| "past the reserve".into()));
+    assert_only_restart(
+        &d3,
+        &["backend ram2: ram, 134217728 bytes, 512-byte blocks (past the reserve)"],
+    );
     // What runs afterwards is the new size: nothing left to do.
     let run = running_after(&parse(BASE), &grown, &d);
     assert!(diff(&run, &grown).is_empty());
