@@ -621,12 +621,15 @@ impl Backend for FileBackend {
                 file.metadata().map(|m| m.len())
             }
         };
-        let mut len = holds(&self.file).map_err(|e| io_err("cannot read its size", e))?;
-        if len < have {
-            return Err(Error::Invalid(format!(
+        let shrunk = |len: u64| {
+            Error::Invalid(format!(
                 "{name} now holds {len} bytes, less than the namespace's {have}; a namespace \
                  cannot shrink while it runs (restore the size, or remove the namespace)"
-            )));
+            ))
+        };
+        let mut len = holds(&self.file).map_err(|e| io_err("cannot read its size", e))?;
+        if len < have {
+            return Err(shrunk(len));
         }
         let want = match to {
             Some(bytes) if bytes > len && self.block_device => {
@@ -680,10 +683,7 @@ impl Backend for FileBackend {
         let new_blocks = len / bs;
         if new_blocks < have_blocks {
             // Shrunk between the two looks: someone else truncates it.
-            return Err(Error::Invalid(format!(
-                "{name} now holds {len} bytes, less than the namespace's {have}; a namespace \
-                 cannot shrink while it runs"
-            )));
+            return Err(shrunk(len));
         }
         self.num_blocks.store(new_blocks, Ordering::Release);
         Ok(new_blocks)
