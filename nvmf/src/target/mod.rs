@@ -1506,16 +1506,29 @@ impl Target {
                 if !matches!(e.reason, RefusalReason::AlreadyConnected) {
                     self.queue_tls.remove(&key);
                 }
-                // What the host said, as far as it can be read, for the log.
+                // What the host said, as far as it can be read, for the log; for a queue
+                // connected already, who it is connected as (a second Connect's data may
+                // be anything).
                 let d = ConnectData::from_bytes(data);
                 let text = |f: fn(&ConnectData) -> Option<&str>| {
                     d.as_ref().and_then(f).map(|s| s.to_string())
                 };
+                let owner = match e.reason {
+                    RefusalReason::AlreadyConnected => e
+                        .cntlid
+                        .and_then(|id| self.controllers.get(&id))
+                        .map(|c| (c.hostnqn.clone(), c.subnqn.clone())),
+                    _ => None,
+                };
+                let (hostnqn, subnqn) = match owner {
+                    Some((h, s)) => (Some(h), Some(s)),
+                    None => (text(ConnectData::hostnqn), text(ConnectData::subnqn)),
+                };
                 self.notice(Notice::Refused(Refusal {
                     reason: e.reason,
                     key,
-                    hostnqn: text(ConnectData::hostnqn),
-                    subnqn: text(ConnectData::subnqn),
+                    hostnqn,
+                    subnqn,
                     cntlid: e.cntlid.or(d.map(|d| d.cntlid.get())),
                     qid: Some(cmd.qid),
                     status: Some(e.status),

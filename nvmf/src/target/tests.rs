@@ -1776,6 +1776,18 @@ fn a_second_connect_on_a_connected_queue_is_a_sequence_error() {
     assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
     let r = c.t.report();
     assert_eq!(r.controllers[0].io_queues, vec![(1, 201)]);
+    // A second Connect with no data at all (SPDK's nvme_fuzz sends such): the refusal
+    // names the host and subsystem the queue is connected as, not what the data says.
+    refusals(&mut c.t);
+    let (cqe, _) =
+        c.t.connect(c.now, 201, &origin(), &connect_sqe(7, 31, 0), &[]);
+    assert_eq!(cqe.status(), Status::COMMAND_SEQUENCE_ERROR);
+    let r = refusals(&mut c.t).remove(0);
+    assert_eq!(r.reason, RefusalReason::AlreadyConnected);
+    assert_eq!(
+        (r.hostnqn.as_deref(), r.subnqn.as_deref()),
+        (Some(HOST1), Some(SUB1))
+    );
 }
 
 #[test]
