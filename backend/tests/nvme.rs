@@ -1616,3 +1616,57 @@ fn several_deletes_on_a_hung_admin_queue_settle_before_the_shutdown() {
         "orphans: the device is released at the controller's drop"
     );
 }
+
+/// Queue IDs held by orphans (dropped queues whose delete the drive never confirmed) are
+/// won back when a queue needs one: with every granted ID taken by live queues and
+/// orphans, the create that finds none fails at once and asks for the controller reset
+/// that frees the orphans, so a later create succeeds (the review of 2026-11-27, L3:
+/// nothing asked for that reset while the I/O queues kept working, so the IDs stayed
+/// taken and every create failed). With every ID in use by live queues, a failed create
+/// resets nothing.
+#[test]
+fn queue_ids_held_by_orphans_are_won_back_by_a_reset_when_a_create_needs_one() {
+    let e = emu(EmuConfig {
+        max_queues: 2,
+        ..big(4096)
+    });
+    let be = open(&e, short_admin(300));
+    let mut keep = created(&be, 8);
+    let q = created(&be, 8);
+    let no_id = be.create_nvme_queue(8);
+    assert!(no_id.is_err(), "two IDs granted, both in use");
+    assert!(be.controller().settle(Duration::from_secs(5)));
+    assert_eq!(
+        be.controller().resets(),
+        0,
+        "no orphan: a create without an ID resets nothing"
+    );
+    // The admin queue goes silent, I/O keeps working: the dropped queue's delete times
+    // out, and its pair and ID are kept as an orphan.
+    e.hang_admin();
+    drop(q);
+    assert!(be.controller().settle(Duration::from_secs(5)));
+    write_read_check(&mut keep, 512, 0, 4, 1);
+    assert_eq!(e.io_queues(), 2, "the orphan's pair is still on the drive");
+    let t = Instant::now();
+    let first = be.create_nvme_queue(8);
+    assert!(t.elapsed() < POLL_BOUND, "create took {:?}", t.elapsed());
+    assert!(first.is_err(), "both IDs are taken (one by the orphan)");
+    let mut late = loop {
+        if let Ok(q) = be.create_nvme_queue(8) {
+            break q;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the orphan's queue ID never came back"
+        );
+        write_read_check(&mut keep, 512, 0, 1, 2);
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(be.controller().resets(), 1);
+    late.wait_created(Duration::from_secs(5))
+        .expect("queue pair created");
+    write_read_check(&mut late, 512, 16, 4, 3);
+    write_read_check(&mut keep, 512, 32, 4, 4);
+    assert_eq!(e.io_queues(), 2, "the orphan's pair is gone");
+}

@@ -24,7 +24,8 @@
 //! Queue memory is never freed while the device may still use it: the admin lock's
 //! holder tracks which queue IDs may have a pair on the device (`Admin::live`), and a
 //! dropped queue whose delete the drive did not confirm is kept (`Admin::orphans`) until a
-//! reset or the device's release takes every pair away.
+//! reset or the device's release takes every pair away. Orphans keep their queue IDs
+//! meanwhile: a new queue that finds no ID free asks for that reset (`Job::Reclaim`).
 
 #![forbid(unsafe_code)]
 
@@ -213,6 +214,12 @@ pub(crate) enum Job {
         /// `keep` after the delete.
         owners: Owners,
     },
+    /// Every queue ID was taken when a queue asked for one
+    /// ([`Controller::reserve_io_pair`]): if dropped queues whose delete the drive never
+    /// confirmed hold some of them (`Admin::orphans`), reset the controller, which takes
+    /// their pairs off the device and frees their IDs. Nothing else would: their queues
+    /// are gone, so no timeout of theirs asks for that reset.
+    Reclaim,
     /// Give up on the controller (see [`Controller::fail_soon`]).
     Fail,
     /// Answered once every job posted before it is done (see [`Controller::settle`]).
@@ -355,6 +362,8 @@ pub struct Controller {
     /// stop early, so the admin lock is free for [`Controller::fail`] soon.
     abandon: AtomicBool,
     resets: AtomicU64,
+    /// A `Job::Reclaim` is posted and not started yet (one at a time is enough).
+    reclaim_posted: AtomicBool,
     /// The service thread's job queue.
     jobs: Mutex<mpsc::Sender<Job>>,
 }
@@ -501,6 +510,7 @@ impl Controller {
             failed: AtomicBool::new(false),
             abandon,
             resets: AtomicU64::new(0),
+            reclaim_posted: AtomicBool::new(false),
             jobs: Mutex::new(tx),
         };
         let page = ctrl.identify(1, 0)?;
@@ -798,6 +808,10 @@ impl Controller {
 
     /// A free queue ID and the rings of a pair of `entries` entries, not yet on the
     /// device (no admin command; see `Job::Create` and [`Controller::create_io_pair`]).
+    ///
+    /// With every ID taken this fails at once, and asks the service thread to see whether
+    /// orphans hold some of them (`Job::Reclaim`): if so, it resets the controller, and a
+    /// later call finds their IDs free.
     pub fn reserve_io_pair(&self, entries: u16) -> Result<Ring, DriverError> {
         if self.is_failed() {
             return Err(DriverError::Failed);
@@ -805,9 +819,15 @@ impl Controller {
         let qid = {
             let mut q = self.qids.lock().unwrap_or_else(|e| e.into_inner());
             let Some(i) = q.iter().position(|used| !used) else {
+                let granted = q.len() - 1;
+                drop(q);
+                // Never waits: the admin lock (which the orphans are under) may be held
+                // for seconds, and this runs on an IO thread.
+                if !self.reclaim_posted.swap(true, Ordering::AcqRel) && !self.post(Job::Reclaim) {
+                    self.reclaim_posted.store(false, Ordering::Release);
+                }
                 return Err(DriverError::Invalid(format!(
-                    "no free I/O queue on the controller ({} granted)",
-                    q.len() - 1
+                    "no free I/O queue on the controller ({granted} granted)"
                 )));
             };
             q[i] = true;
@@ -1136,6 +1156,27 @@ impl Controller {
                 // down, after the delete.
                 drop(owners);
                 drop(keep);
+            }
+            Job::Reclaim => {
+                self.reclaim_posted.store(false, Ordering::Release);
+                let (seen, orphans) = {
+                    let a = self.lock_admin();
+                    (self.generation(), a.orphans.len())
+                };
+                if orphans == 0 || self.is_failed() {
+                    // The IDs are all in use by live queues (or on their way back).
+                    return;
+                }
+                tracing::warn!(
+                    "nvme {}: every I/O queue ID is taken, {orphans} by dropped queues whose \
+                     delete the drive never confirmed: resetting the controller to free them",
+                    self.dev.name()
+                );
+                // As for a queue's reset: one that fails fails the controller. A reset by
+                // someone else since `seen` freed the orphans already.
+                if self.reset(seen).is_err() {
+                    self.fail();
+                }
             }
             Job::Fail => self.fail(),
             Job::Barrier(done) => {
