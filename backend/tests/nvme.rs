@@ -1368,6 +1368,7 @@ fn an_unconfirmed_delete_keeps_the_memory_until_a_reset() {
     );
     let q = created(&be, 8);
     assert_eq!(q.qid(), qid, "the kept queue ID is free again");
+    assert_eq!(e.counters().freed_under_device, 0);
 }
 
 /// Daemon stop: the IO threads drop their queues (their pairs are deleted on the service
@@ -1541,6 +1542,7 @@ fn an_orphan_is_freed_only_after_the_device_is_released() {
         e.released(),
         "memory the drive may still write was freed with the device on the bus"
     );
+    assert_eq!(e.counters().freed_under_device, 0);
 }
 
 /// Queues created while the admin queue does not answer: once one create has timed out,
@@ -1669,4 +1671,44 @@ fn queue_ids_held_by_orphans_are_won_back_by_a_reset_when_a_create_needs_one() {
     write_read_check(&mut late, 512, 16, 4, 3);
     write_read_check(&mut keep, 512, 32, 4, 4);
     assert_eq!(e.io_queues(), 2, "the orphan's pair is gone");
+}
+
+/// A panic on the service thread while it deletes a dropped queue's pair (here the device
+/// layer panics as it submits Delete I/O SQ): the controller is failed, the device
+/// released, and only then is the pair's memory freed (the review of 2026-11-27, L4: the
+/// unwinding freed the rings while the drive still had the pair, before the panic guard
+/// failed the controller). The emulator counts memory freed with an I/O queue of the
+/// drive still in it.
+#[test]
+fn a_panic_while_deleting_a_pair_frees_its_memory_only_after_the_release() {
+    let e = emu(big(4096));
+    let be = open(&e, fast_opts());
+    let mut keep = created(&be, 8);
+    let mut q = created(&be, 8);
+    write_read_check(&mut q, 512, 0, 4, 1);
+    let with = e.mapped_ranges();
+    e.panic_on_next(spec::admin::DELETE_IO_SQ);
+    drop(q);
+    let t = Instant::now();
+    while !(e.released() && e.mapped_ranges() < with) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        be.controller().is_failed(),
+        "the panic failed the controller"
+    );
+    assert!(
+        e.mapped_ranges() < with,
+        "the pair's memory was never freed"
+    );
+    assert_eq!(
+        e.counters().freed_under_device,
+        0,
+        "the pair's memory was freed while the drive still had the pair"
+    );
+    // The other queue's pair went with the release: its memory is the queue's again.
+    let mut sink = Vec::new();
+    keep.poll(&mut sink);
+    drop(keep);
+    assert_eq!(e.counters().freed_under_device, 0);
 }

@@ -430,7 +430,10 @@ fn bring_up(
 fn serve(ctrl: Weak<Controller>, jobs: mpsc::Receiver<Job>) {
     // A job that panics would leave its queue holding its commands for an answer that
     // never comes: fail the controller instead, which every queue notices on its next
-    // poll whatever it waits for.
+    // poll whatever it waits for. Memory the device may still write is not in a job's
+    // frame when it panics (a dropped queue's pair waits among the orphans while its
+    // delete runs, see `discard_locked`), so the unwinding frees none of it before this
+    // releases the device.
     struct FailOnPanic(Weak<Controller>);
     impl Drop for FailOnPanic {
         fn drop(&mut self) {
@@ -764,20 +767,32 @@ impl Controller {
     }
 
     /// Deletes `pair` from the device, then frees its memory and queue ID; if the drive
-    /// does not confirm the delete, keeps both until a reset or the device's release.
-    fn discard_locked(&self, a: &mut Admin, pair: Teardown) {
+    /// does not confirm the delete, keeps both until a reset or the device's release
+    /// (false then).
+    ///
+    /// The pair waits among the orphans while the delete runs, not in this frame: should
+    /// anything on the way panic (the device layer, a log subscriber), unwinding leaves it
+    /// in the admin state, where it is freed only by a reset or after the device's release
+    /// (the service thread's panic guard fails the controller; `Controller`'s drop releases
+    /// the device before the admin state goes).
+    fn discard_locked(&self, a: &mut Admin, pair: Teardown) -> bool {
         let qid = pair.ring.qid;
-        if self.delete_on_device(a, qid) {
-            drop(pair);
-            self.free_qid(qid);
-        } else {
+        a.orphans.push(pair);
+        if !self.delete_on_device(a, qid) {
             tracing::warn!(
                 "nvme {}: I/O queue {qid} could not be deleted; its memory is kept until \
                  the controller is reset or released",
                 self.dev.name()
             );
-            a.orphans.push(pair);
+            return false;
         }
+        // Still there (it left only with a reset or release, which need this lock): the
+        // last one pushed with this ID.
+        if let Some(i) = a.orphans.iter().rposition(|o| o.ring.qid == qid) {
+            drop(a.orphans.remove(i));
+        }
+        self.free_qid(qid);
+        true
     }
 
     /// The pairs are off the device (reset or release): orphans' memory and queue IDs can
@@ -1138,18 +1153,14 @@ impl Controller {
             Job::Delete { pair, keep, owners } => {
                 let mut a = self.lock_admin();
                 let generation = self.generation();
-                let orphans = a.orphans.len();
                 if *stuck == Some(generation)
                     && a.live.contains(&pair.ring.qid)
                     && !self.is_failed()
                 {
                     // As for creates: kept until the reset or release, without waiting.
                     a.orphans.push(pair);
-                } else {
-                    self.discard_locked(&mut a, pair);
-                    if a.orphans.len() > orphans {
-                        *stuck = Some(generation);
-                    }
+                } else if !self.discard_locked(&mut a, pair) {
+                    *stuck = Some(generation);
                 }
                 drop(a);
                 // Maybe the last references: the device closes, or the controller shuts

@@ -77,6 +77,9 @@ pub struct EmuCounters {
     pub max_transfer: usize,
     /// Controller enables (CC.EN 0 -> 1).
     pub enables: u64,
+    /// DMA memory freed while an I/O queue the controller still has lies in it (the
+    /// device could write into freed memory): always 0 for a correct driver.
+    pub freed_under_device: u64,
 }
 
 #[derive(Debug)]
@@ -118,6 +121,8 @@ struct Faults {
     removal_requested: bool,
     /// Drop this many register writes (a function reset still in progress).
     drop_writes: u32,
+    /// Panic when an admin command with this opcode runs (once).
+    panic_on: Option<u8>,
 }
 
 #[derive(Debug)]
@@ -149,7 +154,9 @@ struct State {
 /// docs of `nvme`). Commands run synchronously when their SQ tail doorbell is written.
 #[derive(Debug)]
 pub struct EmulatedController {
-    state: Mutex<State>,
+    /// Shared with the release hooks of the DMA regions it hands out, which check that
+    /// no I/O queue is left in memory being freed.
+    state: Arc<Mutex<State>>,
     maps: Arc<Mutex<BTreeMap<u64, HostRange>>>,
     iova: Arc<IovaAllocator>,
     bus_master: AtomicBool,
@@ -172,7 +179,7 @@ impl EmulatedController {
             .map(|&n| vec![0u8; (n * u64::from(cfg.block_size)) as usize])
             .collect();
         Arc::new(EmulatedController {
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 cfg,
                 cap,
                 cc: 0,
@@ -190,7 +197,7 @@ impl EmulatedController {
                 ready_delay: Duration::ZERO,
                 shutdown_by: None,
                 ready_at: None,
-            }),
+            })),
             maps: Arc::new(Mutex::new(BTreeMap::new())),
             iova: Arc::new(IovaAllocator::new(1 << 32, 1 << 40)),
             bus_master: AtomicBool::new(false),
@@ -298,6 +305,13 @@ impl EmulatedController {
     /// in progress does.
     pub fn drop_writes(&self, n: u32) {
         self.lock().faults.drop_writes = n;
+    }
+
+    /// The next admin command with `opcode` panics inside the register write that
+    /// submits it, on the thread that writes the doorbell: a bug in the layer below the
+    /// driver, for tests of what the driver's unwinding frees.
+    pub fn panic_on_next(&self, opcode: u8) {
+        self.lock().faults.panic_on = Some(opcode);
     }
 
     pub fn counters(&self) -> EmuCounters {
@@ -442,6 +456,13 @@ impl EmulatedController {
     }
 
     fn admin(&self, s: &mut State, sqe: &Sqe) -> (Status, u32) {
+        if s.faults.panic_on == Some(sqe.opcode()) {
+            s.faults.panic_on = None;
+            panic!(
+                "emulated controller: injected panic on admin opcode {:#04x}",
+                sqe.opcode()
+            );
+        }
         match sqe.opcode() {
             admin::IDENTIFY => {
                 let mut page = [0u8; 4096];
@@ -982,7 +1003,17 @@ impl DeviceAccess for EmulatedController {
             .ok_or_else(|| DeviceError::Invalid("IOVA space exhausted".into()))?;
         let maps = Arc::clone(&self.maps);
         let alloc = Arc::clone(&self.iova);
+        let state = Arc::downgrade(&self.state);
         let release = Box::new(move || {
+            if let Some(state) = state.upgrade() {
+                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                let inside = |base: u64| (iova..iova + cap as u64).contains(&base);
+                if s.sqs.iter().any(|(&q, sq)| q != 0 && inside(sq.base))
+                    || s.cqs.iter().any(|(&q, cq)| q != 0 && inside(cq.base))
+                {
+                    s.counters.freed_under_device += 1;
+                }
+            }
             maps.lock().unwrap_or_else(|e| e.into_inner()).remove(&iova);
             alloc.free(iova, cap);
         });

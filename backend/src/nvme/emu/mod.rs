@@ -8,7 +8,9 @@
 //! for CQ space. Fault injection: held ("stuck") commands, a hung controller, an admin
 //! queue that stops answering, Abort that does nothing, a slow CSTS.RDY after enable,
 //! injected error statuses, a function reset behind the driver's back, surprise removal
-//! (all-ones reads) and orderly removal requests.
+//! (all-ones reads), orderly removal requests, and a panic in the doorbell write that
+//! submits a given admin command. It counts DMA memory freed while one of its I/O queues
+//! still lies in it (`EmuCounters::freed_under_device`).
 //!
 //! Not emulated: interrupts (the driver polls), metadata, namespaces management,
 //! fused commands, Compare, controller memory buffers, multiple SGL descriptors.
