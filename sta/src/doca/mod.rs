@@ -291,12 +291,11 @@ impl FailureBox {
 
 impl Core {
     fn note_failure(&self, qp: usize, f: CommandFailure) {
-        let b = lock(&self.failure_boxes).get(&qp).cloned();
-        let Some(b) = b else {
-            self.failures_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        if !b.push(qp, f) {
+        // Looked up and pushed under the map's lock: a destroy of the QP
+        // (`route_failures(qp, None)`) comes wholly before (the failure is dropped) or
+        // wholly after (its `forget` takes the failure out of the box again).
+        let m = lock(&self.failure_boxes);
+        if !m.get(&qp).is_some_and(|b| b.push(qp, f)) {
             self.failures_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -1863,5 +1862,71 @@ mod failure_box_tests {
             "the forgotten QP's are gone"
         );
         assert!(b.take().is_empty());
+    }
+
+    /// The DOCA double as this process's DOCA (it sits beside the test binary in deps/,
+    /// a dev-dependency), and a main context on it.
+    fn double_sta() -> Sta {
+        static ENV: std::sync::Once = std::sync::Once::new();
+        ENV.call_once(|| {
+            let deps = std::env::current_exe()
+                .expect("test binary")
+                .parent()
+                .expect("its dir")
+                .to_path_buf();
+            std::env::set_var("DOCA_DOUBLE_TEST_DEVICES", "tdev0");
+            std::env::set_var(doca_sys::LIB_DIR_ENV, deps);
+        });
+        Sta::new(DocaConfig::new("tdev0", &["tdev0"])).expect("doca engine on the double")
+    }
+
+    /// A failure noted (main PE) while its QP is destroyed (IO thread) is either dropped or
+    /// taken out by the destroy, never left in the IO context's box for a QP that is gone
+    /// (the review of 2026-11-27, L7: the box was looked up under the routes' lock and
+    /// pushed to after it, so a destroy could run in between). Each round uses a new
+    /// handle.
+    #[test]
+    fn a_failure_noted_while_its_qp_is_destroyed_never_outlives_it() {
+        use std::sync::Barrier;
+        const ROUNDS: usize = 10_000;
+        let sta = double_sta();
+        let core = sta.core.clone();
+        let b = Arc::new(FailureBox::default());
+        let (go, done) = (Arc::new(Barrier::new(3)), Arc::new(Barrier::new(3)));
+        let raw = |i: usize| 0x10_0000 + i;
+        let run = |destroy: bool| {
+            let (core, go, done) = (core.clone(), go.clone(), done.clone());
+            std::thread::spawn(move || {
+                for i in 0..ROUNDS {
+                    go.wait();
+                    if destroy {
+                        core.route_failures(raw(i), None);
+                    } else {
+                        core.note_failure(raw(i), failure(i as u16));
+                    }
+                    done.wait();
+                }
+            })
+        };
+        let (noter, destroyer) = (run(false), run(true));
+        let mut outlived = 0;
+        for i in 0..ROUNDS {
+            core.route_failures(raw(i), Some(&b));
+            // The box held for a moment, as an IO context taking its failures does: the
+            // note's push may have to wait for it, widening the window between lookup and
+            // push that the destroy must not slip into.
+            let taking = lock(&b.list);
+            go.wait();
+            let hold = std::time::Instant::now();
+            while hold.elapsed() < std::time::Duration::from_nanos((i % 16) as u64 * 500) {
+                std::hint::spin_loop();
+            }
+            drop(taking);
+            done.wait();
+            outlived += b.take().len();
+        }
+        noter.join().unwrap();
+        destroyer.join().unwrap();
+        assert_eq!(outlived, 0, "failures left in the box of QPs destroyed");
     }
 }
