@@ -26,6 +26,9 @@ doca_error_t doca_double_loop_disconnect(struct rdma_cm_id *id);
 int doca_double_loop_connected(struct rdma_cm_id *id);
 doca_error_t doca_double_null_drive_stall(struct doca_sta_be_handle *be, int stalled);
 doca_error_t doca_double_set_be_timeout_ms(struct doca_sta *sta, uint32_t ms);
+/* 1: new QPs get the handle of the QP destroyed last (as a library whose handles are
+ * addresses may); 0: handles are never reused (the default). */
+void doca_double_reuse_qp_handles(int on);
 /* A device BAR window mapped in this process (VFIO mmap) registered without a dma-buf:
  * for kernels that cannot export one; the double rings doorbells there by CPU stores. */
 doca_error_t doca_double_mmap_set_bar_memrange(struct doca_mmap *mmap, void *addr, size_t len);

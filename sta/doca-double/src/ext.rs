@@ -223,6 +223,15 @@ pub unsafe extern "C" fn doca_double_null_drive_stall(
     )
 }
 
+/// 1: a QP allocated from now on gets the handle of the QP destroyed last, if one was
+/// destroyed since (as NVIDIA's library may, its handles being addresses), so tests can
+/// show that nothing of the old QP reaches the new one; 0: handles are never reused again
+/// (the default, which catches a destroyed handle's use as `arg.destroyed`).
+#[no_mangle]
+pub extern "C" fn doca_double_reuse_qp_handles(on: c_int) {
+    world().reusable_qps = (on != 0).then(Vec::new);
+}
+
 /// Backend command timeout of a main context (default `DOCA_DOUBLE_BE_TIMEOUT_MS`, else
 /// 30 s).
 #[no_mangle]

@@ -331,7 +331,8 @@ fn alloc_qp(w: &mut World, io: u64, dev: *const doca_dev) -> Res<u64> {
     if w.stas[&sta].qp_count >= caps::MAX_QPS {
         return code(DOCA_ERROR_FULL);
     }
-    let id = w.new_id(Kind::Qp);
+    let reused = w.reusable_qps.as_mut().and_then(Vec::pop);
+    let id = reused.unwrap_or_else(|| w.new_id(Kind::Qp));
     let i = w.ios.get_mut(&io).expect("live");
     let index = i.qps.len() as u16;
     i.qps.push(id);
@@ -365,6 +366,9 @@ fn remove_qp(w: &mut World, id: u64) {
     let Some(mut q) = w.qps.remove(&id) else {
         return;
     };
+    if let Some(ids) = w.reusable_qps.as_mut() {
+        ids.push(id);
+    }
     if let Some(l) = q.link.take() {
         l.destroy(&mut w.loops);
     }

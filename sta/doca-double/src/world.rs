@@ -2,7 +2,9 @@
 //!
 //! Handles are not addresses: a handle is `0xD0CA << 48 | kind << 40 | id` (a
 //! non-canonical address, so a program that dereferences one faults at once), ids are
-//! never reused, and every id ever issued remembers its kind. So a handle of the wrong
+//! never reused (unless a test asks for QP handles to be, as NVIDIA's library may: its
+//! handles are addresses; `doca_double_reuse_qp_handles`), and every id ever issued
+//! remembers its kind. So a handle of the wrong
 //! type, a foreign pointer and a handle used after its object was destroyed are each told
 //! apart and named (rules `arg.handle`, `arg.destroyed`).
 
@@ -518,6 +520,9 @@ pub enum Event {
 /// Everything, under [`world`].
 pub struct World {
     pub next_id: u64,
+    /// Destroyed QPs' ids, handed out again for new QPs (most recent first) while set:
+    /// `doca_double_reuse_qp_handles`. `None`: ids are never reused (the default).
+    pub reusable_qps: Option<Vec<u64>>,
     pub kinds: HashMap<u64, Kind>,
     pub devinfos: HashMap<u64, DevInfo>,
     /// devinfo id by device name: one object per device for the process's life.
@@ -590,6 +595,7 @@ impl World {
     fn new() -> World {
         World {
             next_id: 1,
+            reusable_qps: None,
             kinds: HashMap::new(),
             devinfos: HashMap::new(),
             devinfo_by_name: HashMap::new(),

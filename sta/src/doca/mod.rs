@@ -242,11 +242,9 @@ pub(crate) struct Core {
     subs_raw: Mutex<BTreeMap<u32, usize>>,
     access: AccessPublisher,
     /// Where the commands the engine failed by itself (the CQE-notify event, on the main
-    /// PE) go: the failure box of the IO context that owns the QP, by raw QP handle
-    /// (registered at accept, gone at destroy: a failure of a QP already destroyed is
-    /// dropped, never given to a later QP).
-    failure_boxes: Mutex<HashMap<usize, Arc<FailureBox>>>,
-    /// Failures dropped: of QPs gone, or past a box's bound.
+    /// PE) go: the failure box of the IO context that owns the QP (see [`FailureRoutes`]).
+    failure_routes: Mutex<FailureRoutes>,
+    /// Failures dropped: of QPs gone, under a quarantined handle, or past a box's bound.
     failures_dropped: AtomicU64,
 }
 
@@ -289,31 +287,93 @@ impl FailureBox {
     }
 }
 
+/// Idle passes of the main PE (see [`FailureRoutes::drained`]) that a destroyed QP's raw
+/// handle waits in quarantine.
+const QUARANTINE_PASSES: u64 = 2;
+
+/// Bound of the quarantine: past it the handle destroyed first leaves early (QPs
+/// destroyed while the main PE never went idle, which a host churning connections could
+/// make many).
+const QUARANTINE_HELD: usize = 1024;
+
+/// The failure box of each QP's IO context, by raw QP handle (registered at accept, gone
+/// at destroy: a failure of a QP already destroyed is dropped, never given to a later QP),
+/// and the raw handles of QPs destroyed lately.
+///
+/// DOCA's handles are addresses, so a QP accepted after another was destroyed may get the
+/// same handle, on any IO context. A CQE-notify event of the destroyed QP that the main PE
+/// delivers only after that (the daemon runs the main context every 100 ms) would go to the
+/// new QP: another controller's, perhaps another host's. So a destroyed QP's handle stays
+/// in quarantine until the main PE has been found idle [`QUARANTINE_PASSES`] times. Every
+/// event of the destroyed QP was queued before its destroy (the disconnect task, which
+/// ends the QP's commands, completed first), so the first idle pass has delivered it; the
+/// second is margin. A failure reported under a quarantined handle is dropped and counted,
+/// also one of a new QP that got the handle meanwhile: that QP loses the reports of its
+/// first moments (about two main-loop ticks when the main PE is quiet) rather than another
+/// QP getting them.
+#[derive(Default)]
+pub(crate) struct FailureRoutes {
+    boxes: HashMap<usize, Arc<FailureBox>>,
+    /// (raw handle, `idle_passes` at its destroy), oldest first.
+    quarantine: VecDeque<(usize, u64)>,
+    idle_passes: u64,
+}
+
+impl FailureRoutes {
+    /// A failure of `qp` into its box; false when it was dropped (no box, quarantined, or
+    /// the oldest in the box went to make room).
+    fn note(&self, qp: usize, f: CommandFailure) -> bool {
+        if self.quarantine.iter().any(|&(q, _)| q == qp) {
+            return false;
+        }
+        self.boxes.get(&qp).is_some_and(|b| b.push(qp, f))
+    }
+
+    fn route(&mut self, qp: usize, b: Option<&Arc<FailureBox>>) {
+        match b {
+            Some(b) => {
+                self.boxes.insert(qp, b.clone());
+            }
+            None => {
+                if let Some(b) = self.boxes.remove(&qp) {
+                    b.forget(qp);
+                }
+                if self.quarantine.len() >= QUARANTINE_HELD {
+                    self.quarantine.pop_front();
+                }
+                self.quarantine.push_back((qp, self.idle_passes));
+            }
+        }
+    }
+
+    /// The main PE had nothing to deliver: handles destroyed [`QUARANTINE_PASSES`] such
+    /// passes ago leave the quarantine.
+    fn drained(&mut self) {
+        self.idle_passes += 1;
+        while let Some(&(_, at)) = self.quarantine.front() {
+            if self.idle_passes - at < QUARANTINE_PASSES {
+                break;
+            }
+            self.quarantine.pop_front();
+        }
+    }
+}
+
 impl Core {
     fn note_failure(&self, qp: usize, f: CommandFailure) {
-        // Looked up and pushed under the map's lock: a destroy of the QP
+        // Looked up and pushed under the routes' lock: a destroy of the QP
         // (`route_failures(qp, None)`) comes wholly before (the failure is dropped) or
         // wholly after (its `forget` takes the failure out of the box again).
-        let m = lock(&self.failure_boxes);
-        if !m.get(&qp).is_some_and(|b| b.push(qp, f)) {
+        if !lock(&self.failure_routes).note(qp, f) {
             self.failures_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// QP `qp` belongs to the IO context whose failures go to `b` (accept), or to none
-    /// any more (`None`: destroyed; its failures not taken yet go too).
+    /// any more (`None`: destroyed; its failures not taken yet go too, and its handle is
+    /// quarantined, see [`FailureRoutes`]).
     pub(crate) fn route_failures(&self, qp: usize, b: Option<&Arc<FailureBox>>) {
-        let mut m = lock(&self.failure_boxes);
-        match b {
-            Some(b) => {
-                m.insert(qp, b.clone());
-            }
-            None => {
-                if let Some(b) = m.remove(&qp) {
-                    b.forget(qp);
-                }
-            }
-        }
+        lock(&self.failure_routes).route(qp, b);
     }
 }
 
@@ -335,7 +395,8 @@ pub struct Sta {
 
 impl Sta {
     /// Engine-failed commands whose report was dropped: their QP was destroyed before the
-    /// main context heard of them, or their IO context had [`FAILURES_HELD`] waiting.
+    /// main context heard of them, their QP's handle was in quarantine (a destroyed QP's,
+    /// see `FailureRoutes`), or their IO context had [`FAILURES_HELD`] waiting.
     pub fn failures_dropped(&self) -> u64 {
         self.core.failures_dropped.load(Ordering::Relaxed)
     }
@@ -676,7 +737,7 @@ impl Sta {
             bound: Mutex::new(BTreeMap::new()),
             subs_raw: Mutex::new(BTreeMap::new()),
             access: AccessPublisher::default(),
-            failure_boxes: Mutex::new(HashMap::new()),
+            failure_routes: Mutex::new(FailureRoutes::default()),
             failures_dropped: AtomicU64::new(0),
         });
         let mut core = core;
@@ -892,6 +953,9 @@ impl Core {
         let d = lib();
         // SAFETY: our live PE, not from inside a callback.
         let did = unsafe { (d.doca_pe_progress)(self.pe) } != 0;
+        if !did {
+            lock(&self.failure_routes).drained();
+        }
         let raws = std::mem::take(&mut *lock(&self.inbox));
         let any = !raws.is_empty();
         for r in raws {
@@ -1862,6 +1926,46 @@ mod failure_box_tests {
             "the forgotten QP's are gone"
         );
         assert!(b.take().is_empty());
+    }
+
+    /// A destroyed QP's handle, accepted again for a new QP (DOCA's handles are
+    /// addresses): a failure reported under it before the main PE was idle twice is
+    /// dropped, not given to the new QP (the review of 2026-11-27, L7); afterwards the
+    /// new QP's failures reach it. The quarantine is bounded.
+    #[test]
+    fn a_reused_handle_gets_no_failure_until_its_quarantine_ends() {
+        let (old, new) = (
+            Arc::new(FailureBox::default()),
+            Arc::new(FailureBox::default()),
+        );
+        let mut r = FailureRoutes::default();
+        r.route(7, Some(&old));
+        assert!(r.note(7, failure(1)));
+        r.route(7, None);
+        assert!(old.take().is_empty(), "forgotten at the destroy");
+        r.route(7, Some(&new));
+        assert!(!r.note(7, failure(2)), "a late report of the destroyed QP");
+        r.drained();
+        assert!(!r.note(7, failure(3)), "one idle pass is not enough");
+        r.drained();
+        assert!(
+            new.take().is_empty(),
+            "nothing reached the new QP in quarantine"
+        );
+        assert!(r.note(7, failure(4)));
+        assert_eq!(new.take()[0].1.error.cid, 4);
+        // Other handles were never held up.
+        r.route(8, Some(&new));
+        r.route(9, None);
+        assert!(r.note(8, failure(5)));
+        for qp in 100..100 + QUARANTINE_HELD + 1 {
+            r.route(qp, None);
+        }
+        assert_eq!(r.quarantine.len(), QUARANTINE_HELD);
+        assert!(
+            r.quarantine.iter().all(|&(q, _)| q != 9),
+            "the oldest left first"
+        );
     }
 
     /// The DOCA double as this process's DOCA (it sits beside the test binary in deps/,

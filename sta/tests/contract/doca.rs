@@ -46,6 +46,7 @@ struct Ext {
     loop_recv: unsafe extern "C" fn(*mut c_void, *mut u8, *mut u32) -> c_int,
     loop_disconnect: unsafe extern "C" fn(*mut c_void) -> DocaError,
     loop_connected: unsafe extern "C" fn(*mut c_void) -> c_int,
+    reuse_qp_handles: unsafe extern "C" fn(c_int),
 }
 
 fn ext() -> &'static Ext {
@@ -79,6 +80,7 @@ fn ext() -> &'static Ext {
             loop_recv: sym!(b"doca_double_loop_recv\0"),
             loop_disconnect: sym!(b"doca_double_loop_disconnect\0"),
             loop_connected: sym!(b"doca_double_loop_connected\0"),
+            reuse_qp_handles: sym!(b"doca_double_reuse_qp_handles\0"),
         }
     })
 }
@@ -87,6 +89,26 @@ fn ext() -> &'static Ext {
 pub fn serial() -> MutexGuard<'static, ()> {
     static L: Mutex<()> = Mutex::new(());
     L.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// While held, a new QP gets the handle of the QP destroyed last, as with NVIDIA's
+/// library, whose handles are addresses (`doca_double_reuse_qp_handles`); the double never
+/// reuses one otherwise.
+pub struct ReuseQpHandles(());
+
+impl ReuseQpHandles {
+    pub fn on() -> ReuseQpHandles {
+        // SAFETY: the double's call, no arguments to get wrong.
+        unsafe { (ext().reuse_qp_handles)(1) };
+        ReuseQpHandles(())
+    }
+}
+
+impl Drop for ReuseQpHandles {
+    fn drop(&mut self) {
+        // SAFETY: as in `on`.
+        unsafe { (ext().reuse_qp_handles)(0) };
+    }
 }
 
 pub struct DocaLoop;

@@ -124,6 +124,71 @@ mod doca_scenarios {
         assert!(w.log.failed.is_empty(), "{:?}", w.log.failed);
     }
 
+    /// A command the engine failed on a QP destroyed before the main context delivered
+    /// its CQE-notify event, with the destroyed QP's handle already given to a new QP
+    /// (NVIDIA's handles are addresses; the double reuses them on request): the late
+    /// report is dropped and counted, never given to the new QP, which may be another
+    /// host's (the review of 2026-11-27, L7: it was routed to the new QP).
+    #[test]
+    fn a_late_failure_never_reaches_a_new_qp_with_the_destroyed_qps_handle() {
+        use super::doca::ReuseQpHandles;
+        use sta::{Engine, IoContext, TaskKind};
+        use std::time::{Duration, Instant};
+        let _one_at_a_time = serial();
+        let _reuse = ReuseQpHandles::on();
+        let mut w = suite::World::new(DocaLoop::new());
+        let (_, q) = w.controller();
+        while w.engine.progress().is_some() {}
+        let qp = w.qp(q);
+        // A read larger than its SGL: failed by the engine's own checks (CQE-notify).
+        let read = suite::rw(nvmf::spec::opcodes::io::READ, 1, 40, 16);
+        let cid = w.submit(q, read, suite::Dir::FromController(4096));
+        // The IO context and the host only: the main PE (where the event is delivered)
+        // does not run until the QP is gone and a new one has its handle.
+        let step = |w: &mut suite::World<DocaLoop>| {
+            w.io.progress(Duration::ZERO);
+            while let Some(ev) = w.io.poll_event() {
+                w.on_event(ev);
+            }
+            for (_, h) in w.hosts.iter_mut() {
+                suite::Host::pump(h);
+            }
+        };
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut got = None;
+        while got.is_none() && Instant::now() < end {
+            step(&mut w);
+            got = suite::Host::take(&mut w.hosts[q].1, cid);
+        }
+        let (cqe, _) = got.expect("the read's completion");
+        assert!(!cqe.status().is_success());
+        w.disconnect(qp);
+        let end = Instant::now() + Duration::from_secs(5);
+        let closed = |w: &suite::World<DocaLoop>| {
+            w.log
+                .task_done
+                .iter()
+                .any(|(k, h, _, _)| *k == TaskKind::QpDisconnect && *h == qp)
+        };
+        while !closed(&w) && Instant::now() < end {
+            step(&mut w);
+        }
+        assert!(closed(&w), "the QP was destroyed");
+        let before = w.engine.failures_dropped();
+        // The new connection's QP gets the destroyed one's handle; its handshake runs the
+        // main PE, which delivers the late event.
+        w.open();
+        for _ in 0..100 {
+            w.pass();
+        }
+        assert!(w.log.failed.is_empty(), "{:?}", w.log.failed);
+        assert_eq!(
+            w.engine.failures_dropped(),
+            before + 1,
+            "dropped and counted"
+        );
+    }
+
     /// Issue docafix: the interop crash sequence, many rounds.
     #[test]
     fn ns_removed_under_io_then_host_close() {
