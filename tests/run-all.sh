@@ -95,6 +95,16 @@ cargo build --release --example rdma_silent_host   # a host that takes no answer
 stage "systemd unit: systemd-analyze verify"
 systemd/verify.sh target/release/nvmf-target
 
+stage "SPDK's user-space host: spdk_nvme_identify, spdk_nvme_perf, bdevperf verify, resize, reconnect, nvme_fuzz beside a verifying host (SKIPPED without an SPDK build)"
+skipped_stages=()
+rc=0
+NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/spdk-host/run.sh || rc=$?
+case $rc in
+    0) ;;
+    77) skipped_stages+=("spdk-host (no SPDK v25.09 build at ${SPDK_OUT:-$HOME/.cache/nvmf-target/spdk-v25.09}: ../shared/spdk/build.sh makes one)") ;;
+    *) exit "$rc" ;;
+esac
+
 stage "interop: real Linux initiator in a QEMU guest"
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh
 
@@ -109,7 +119,6 @@ stage "interop: an NVMe drive over VFIO (QEMU NVMe behind intel-iommu; its own b
 NVMF_TARGET_BIN="$PWD/target/release/nvmf-target" tests/interop/run.sh nvmft-doca-vfio nvmft-vfio
 
 stage "interop: BAR dma-buf export on the patched 6.1 kernel (SKIPPED unless kernel-patches/build.sh ran)"
-skipped_stages=()
 rc=0
 tests/interop/run.sh kernel-dmabuf || rc=$?
 case $rc in
