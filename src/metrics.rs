@@ -56,6 +56,7 @@
 //! | `refusals_total` | counter | reason (`RefusalReason::LABELS` and icreq_rejected, c2h_term_req_sent, h2c_term_req_received, rdma_connect_rejected, tls_handshake_failed, refused_before_connect, rdma_transport_error) |
 //! | `limit_hits_total` | counter | limit (the engine's `sta::Limit` labels: icreq_timeout, connect_timeout, host_data_timeout, partial_pdu_timeout, drain_timeout, send_queue, queue_depth, connection_buffers, buffer_pool, command_slots, peer_buffers, peer_command_slots; the daemon's: connections, connections_per_peer, unconnected_connections, unconnected_connections_per_peer, accept_open_files) |
 //! | `rdma_late_completion_events_total` | counter | (completion events the kernel queued for a CQ already destroyed, discarded unread: `sta::verbs::CqChannel`) |
+//! | `rdma_completion_channels_closed_early_total` | counter | (channels of destroyed CQs closed before their grace period, at most `sta::verbs::MAX_BURIED` waiting) |
 //! | `peer_connections` | gauge | state=connected/unconnected (connections held under `limits:`, before and after their Fabrics Connect) |
 //! | `auth_dh_jobs_waiting` | gauge | (DH-HMAC-CHAP key pairs and shared secrets waiting for the DH threads) |
 //! | `auth_dh_jobs_total` | counter | state=run/skipped (skipped: the queue went or its transaction started over before its turn) |
@@ -677,6 +678,7 @@ struct Snapshot {
     dh_waiting: u64,
     dh_jobs: Vec<(Labels, u64)>,
     rdma_late_events: u64,
+    rdma_channels_closed_early: u64,
     metrics_cut: Vec<(Labels, u64)>,
     metrics_refused: Vec<(Labels, u64)>,
     start_time: f64,
@@ -833,6 +835,7 @@ impl Snapshot {
             .map(|(limit, n)| (vec![("limit", limit.to_string())], n))
             .collect();
         s.rdma_late_events = sta::verbs::late_cq_events();
+        s.rdma_channels_closed_early = sta::verbs::early_closed_channels();
         s.metrics_cut = vec![
             (
                 vec![("reason", "evicted".to_string())],
@@ -1088,6 +1091,13 @@ impl Collector for Snapshot {
             "RDMA completion events the kernel queued for a completion queue already destroyed (Soft-RoCE before Linux 6.4 does), discarded without being read.",
             None,
             &[(Vec::new(), self.rdma_late_events)],
+        )?;
+        counters(
+            e,
+            "rdma_completion_channels_closed_early",
+            "Completion channels of destroyed RDMA completion queues closed before their grace period for late events was over, because as many as sta::verbs::MAX_BURIED were waiting (connections opened and closed fast).",
+            None,
+            &[(Vec::new(), self.rdma_channels_closed_early)],
         )?;
         counters(
             e,

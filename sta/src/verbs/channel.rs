@@ -82,11 +82,20 @@ impl CqChannel {
 
     /// The CQ is destroyed: keep the channel open (and drained) for the grace period,
     /// then close it. It is never read through libibverbs again.
+    /// At most [`MAX_BURIED`] wait: past that the oldest is drained and closed early
+    /// (safe: the grace period is there to count late events, not to be safe from them),
+    /// so peers that open and close connections fast cannot make the graveyard hold an
+    /// unbounded number of descriptors.
     pub fn bury(self) {
         let until = Instant::now() + LATE_EVENT_GRACE;
         let mut g = GRAVE.lock().unwrap_or_else(|e| e.into_inner());
-        g.push((self, until));
+        let evicted = push_bounded(&mut g, (self, until), MAX_BURIED);
         BURIED.store(g.len(), Ordering::Relaxed);
+        drop(g);
+        if let Some((c, _)) = evicted {
+            LATE_EVENTS.fetch_add(c.drain_raw(), Ordering::Relaxed);
+            EARLY_CLOSED.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Read and discard queued events without interpreting them; how many there were.
@@ -114,6 +123,20 @@ impl Drop for CqChannel {
         }
     }
 }
+
+/// The most channels of destroyed CQs kept open at once (each is a descriptor): a
+/// connection churn of 512 a second over the 2 s grace period.
+pub const MAX_BURIED: usize = 1024;
+
+/// Appends `item` to `g`, oldest first; when `g` then holds more than `max`, takes the
+/// oldest out and returns it.
+fn push_bounded<T>(g: &mut Vec<T>, item: T, max: usize) -> Option<T> {
+    g.push(item);
+    (g.len() > max).then(|| g.remove(0))
+}
+
+/// Channels closed before their grace period was over, the graveyard being full.
+static EARLY_CLOSED: AtomicU64 = AtomicU64::new(0);
 
 /// Channels of destroyed CQs, with the time each may be closed.
 static GRAVE: Mutex<Vec<(CqChannel, Instant)>> = Mutex::new(Vec::new());
@@ -147,4 +170,31 @@ pub fn late_cq_events() -> u64 {
 /// Channels waiting out their grace period.
 pub fn buried_channels() -> usize {
     BURIED.load(Ordering::Relaxed)
+}
+
+/// Channels closed early because [`MAX_BURIED`] were waiting already, since start.
+pub fn early_closed_channels() -> u64 {
+    EARLY_CLOSED.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_bounded;
+
+    #[test]
+    fn the_graveyard_keeps_the_newest_and_gives_back_the_oldest_past_its_bound() {
+        let mut g = Vec::new();
+        for i in 0..3 {
+            assert_eq!(push_bounded(&mut g, i, 3), None);
+        }
+        assert_eq!(push_bounded(&mut g, 3, 3), Some(0));
+        assert_eq!(push_bounded(&mut g, 4, 3), Some(1));
+        assert_eq!(g, [2, 3, 4]);
+        // Churn: never more than the bound, whatever comes.
+        for i in 5..10_000 {
+            push_bounded(&mut g, i, 3);
+            assert!(g.len() <= 3);
+        }
+        assert_eq!(g, [9997, 9998, 9999]);
+    }
 }

@@ -27,7 +27,8 @@ mod channel;
 pub mod ffi;
 
 pub use channel::{
-    buried_channels, late_cq_events, reap_dead_channels, CqChannel, LATE_EVENT_GRACE,
+    buried_channels, early_closed_channels, late_cq_events, reap_dead_channels, CqChannel,
+    LATE_EVENT_GRACE, MAX_BURIED,
 };
 
 use std::ffi::c_void;
