@@ -62,38 +62,35 @@ mod doca_scenarios {
         suite::established_after_disconnect(DocaLoop::new());
     }
 
-    /// A command the engine failed on a QP destroyed before the main context delivered
-    /// its CQE-notify event: the report is dropped and counted, never given to another
-    /// QP, and nothing of it is left for the IO contexts to look through (the review of
-    /// 2026-11-27: it stayed in a shared list for good, which every IO context then
-    /// locked and copied on every pass).
-    #[test]
-    fn failures_of_a_destroyed_qp_are_dropped() {
-        use sta::{Engine, IoContext, TaskKind};
+    /// One pass of the IO context and the hosts only: the main PE, where a failure's
+    /// CQE-notify event is delivered, does not run.
+    fn step_without_main(w: &mut suite::World<DocaLoop>) {
+        use sta::IoContext;
+        w.io.progress(std::time::Duration::ZERO);
+        while let Some(ev) = w.io.poll_event() {
+            w.on_event(ev);
+        }
+        for (_, h) in w.hosts.iter_mut() {
+            suite::Host::pump(h);
+        }
+    }
+
+    /// A read the engine fails by its own checks (larger than its SGL: reported by
+    /// CQE-notify) on a new controller's I/O QP, which is then destroyed, all without the
+    /// main PE running: its failure report is still undelivered. Returns the engine's
+    /// count of dropped failures before the main PE runs again.
+    fn fail_a_read_and_destroy_its_qp(w: &mut suite::World<DocaLoop>) -> u64 {
+        use sta::{Engine, TaskKind};
         use std::time::{Duration, Instant};
-        let _one_at_a_time = serial();
-        let mut w = suite::World::new(DocaLoop::new());
         let (_, q) = w.controller();
         while w.engine.progress().is_some() {}
         let qp = w.qp(q);
-        // A read larger than its SGL: failed by the engine's own checks (CQE-notify).
         let read = suite::rw(nvmf::spec::opcodes::io::READ, 1, 40, 16);
         let cid = w.submit(q, read, suite::Dir::FromController(4096));
-        // The IO context and the host only: the main PE (where the event is delivered)
-        // does not run until the QP is gone.
-        let step = |w: &mut suite::World<DocaLoop>| {
-            w.io.progress(Duration::ZERO);
-            while let Some(ev) = w.io.poll_event() {
-                w.on_event(ev);
-            }
-            for (_, h) in w.hosts.iter_mut() {
-                suite::Host::pump(h);
-            }
-        };
         let end = Instant::now() + Duration::from_secs(5);
         let mut got = None;
         while got.is_none() && Instant::now() < end {
-            step(&mut w);
+            step_without_main(w);
             got = suite::Host::take(&mut w.hosts[q].1, cid);
         }
         let (cqe, _) = got.expect("the read's completion");
@@ -106,14 +103,27 @@ mod doca_scenarios {
                 .iter()
                 .any(|(k, h, _, _)| *k == TaskKind::QpDisconnect && *h == qp)
         };
-        while !closed(&w) && Instant::now() < end {
-            step(&mut w);
+        while !closed(w) && Instant::now() < end {
+            step_without_main(w);
         }
-        assert!(closed(&w), "the QP was destroyed");
-        let before = w.engine.failures_dropped();
+        assert!(closed(w), "the QP was destroyed");
+        w.engine.failures_dropped()
+    }
+
+    /// A command the engine failed on a QP destroyed before the main context delivered
+    /// its CQE-notify event: the report is dropped and counted, never given to another
+    /// QP, and nothing of it is left for the IO contexts to look through (the review of
+    /// 2026-11-27: it stayed in a shared list for good, which every IO context then
+    /// locked and copied on every pass).
+    #[test]
+    fn failures_of_a_destroyed_qp_are_dropped() {
+        use sta::Engine;
+        let _one_at_a_time = serial();
+        let mut w = suite::World::new(DocaLoop::new());
+        let before = fail_a_read_and_destroy_its_qp(&mut w);
         while w.engine.progress().is_some() {}
         for _ in 0..100 {
-            step(&mut w);
+            step_without_main(&mut w);
             while w.engine.progress().is_some() {}
         }
         assert_eq!(
@@ -132,49 +142,10 @@ mod doca_scenarios {
     #[test]
     fn a_late_failure_never_reaches_a_new_qp_with_the_destroyed_qps_handle() {
         use super::doca::ReuseQpHandles;
-        use sta::{Engine, IoContext, TaskKind};
-        use std::time::{Duration, Instant};
         let _one_at_a_time = serial();
         let _reuse = ReuseQpHandles::on();
         let mut w = suite::World::new(DocaLoop::new());
-        let (_, q) = w.controller();
-        while w.engine.progress().is_some() {}
-        let qp = w.qp(q);
-        // A read larger than its SGL: failed by the engine's own checks (CQE-notify).
-        let read = suite::rw(nvmf::spec::opcodes::io::READ, 1, 40, 16);
-        let cid = w.submit(q, read, suite::Dir::FromController(4096));
-        // The IO context and the host only: the main PE (where the event is delivered)
-        // does not run until the QP is gone and a new one has its handle.
-        let step = |w: &mut suite::World<DocaLoop>| {
-            w.io.progress(Duration::ZERO);
-            while let Some(ev) = w.io.poll_event() {
-                w.on_event(ev);
-            }
-            for (_, h) in w.hosts.iter_mut() {
-                suite::Host::pump(h);
-            }
-        };
-        let end = Instant::now() + Duration::from_secs(5);
-        let mut got = None;
-        while got.is_none() && Instant::now() < end {
-            step(&mut w);
-            got = suite::Host::take(&mut w.hosts[q].1, cid);
-        }
-        let (cqe, _) = got.expect("the read's completion");
-        assert!(!cqe.status().is_success());
-        w.disconnect(qp);
-        let end = Instant::now() + Duration::from_secs(5);
-        let closed = |w: &suite::World<DocaLoop>| {
-            w.log
-                .task_done
-                .iter()
-                .any(|(k, h, _, _)| *k == TaskKind::QpDisconnect && *h == qp)
-        };
-        while !closed(&w) && Instant::now() < end {
-            step(&mut w);
-        }
-        assert!(closed(&w), "the QP was destroyed");
-        let before = w.engine.failures_dropped();
+        let before = fail_a_read_and_destroy_its_qp(&mut w);
         // The new connection's QP gets the destroyed one's handle; its handshake runs the
         // main PE, which delivers the late event.
         w.open();
