@@ -25,9 +25,13 @@
 //! p99 19.02 us`
 //! (latency is from writing a request to reading the last byte of its response).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{pin, write_all};
 
 struct Opts {
     qd: usize,
@@ -76,12 +80,6 @@ fn parse_args() -> Result<Opts, String> {
     Ok(o)
 }
 
-fn pin(cpu: usize) -> std::io::Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).map_err(std::io::Error::from)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
-}
-
 /// Reads what is there (at least one byte), spinning on WouldBlock in poll mode.
 /// `Ok(0)` is end of stream.
 fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -94,21 +92,6 @@ fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Writes everything, spinning on WouldBlock in poll mode.
-fn write_all(s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        match s.write(buf) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                std::hint::spin_loop()
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn serve(mut s: TcpStream, o: &Opts) -> std::io::Result<()> {

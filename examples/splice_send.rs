@@ -28,7 +28,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
 
 use nix::fcntl::{splice, vmsplice, SpliceFFlags};
-use nix::sys::resource::{getrusage, UsageWho};
+
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{median, pin, thread_cpu};
 
 struct Opts {
     chunk: usize,
@@ -79,18 +82,6 @@ fn parse_args() -> Result<Opts, String> {
         return Err("--secs must be in (0, 600]".into());
     }
     Ok(o)
-}
-
-fn pin(cpu: usize) -> std::io::Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).map_err(std::io::Error::from)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
-}
-
-fn thread_cpu() -> f64 {
-    let u = getrusage(UsageWho::RUSAGE_THREAD).expect("getrusage of this thread");
-    let s = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
-    s(u.user_time()) + s(u.system_time())
 }
 
 /// Reads to end of stream; returns the byte count.
@@ -194,11 +185,6 @@ fn run_round(o: &Opts, region: &[u8], by_splice: bool, seed: &mut u64) -> std::i
         elapsed,
         cpu,
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -71,7 +71,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -79,7 +79,10 @@ use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, types, IoUring};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::resource::{getrusage, UsageWho};
+
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{median, pin, thread_cpu, write_all};
 
 /// A CapsuleCmd PDU: 8-byte common header + 64-byte SQE.
 const CMD: usize = 72;
@@ -239,18 +242,6 @@ fn parse_args() -> Result<Opts, String> {
         return Err("--secs must be in (0, 600], --client-batch at least 1".into());
     }
     Ok(o)
-}
-
-fn pin(cpu: usize) -> std::io::Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).map_err(std::io::Error::from)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(std::io::Error::from)
-}
-
-fn thread_cpu() -> f64 {
-    let u = getrusage(UsageWho::RUSAGE_THREAD).expect("getrusage of this thread");
-    let s = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
-    s(u.user_time()) + s(u.system_time())
 }
 
 /// The data the answers come from: anonymous memory, huge pages asked for, every byte
@@ -865,21 +856,6 @@ struct ClientConn {
     owed: usize,
 }
 
-/// Writes everything, spinning on WouldBlock (the server always drains its sockets).
-fn write_all(s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        match s.write(buf) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                std::hint::spin_loop()
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 fn client(addr: SocketAddr, case: Case, o: &Opts, seed: &mut u64) -> std::io::Result<ClientStats> {
     let answer = 2 * HDR + o.payload;
     let mut conns = Vec::with_capacity(case.conns);
@@ -1048,16 +1024,6 @@ fn run(o: &Opts, region: &Region, case: Case, mode: Mode, seed: u64) -> Result<R
     }
     println!();
     Ok(r)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn main() {
