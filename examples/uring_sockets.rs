@@ -251,22 +251,28 @@ struct Region {
     len: usize,
 }
 
+/// A fresh private anonymous read-write mapping of `len` bytes (page-aligned).
+fn anon_map(len: usize) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: a new mapping at an address the kernel picks; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p)
+}
+
 impl Region {
     fn new(len: usize) -> std::io::Result<Region> {
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let ptr = anon_map(len)?;
         // SAFETY: advice on the mapping just made; failure only means no huge pages.
         unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
         let r = Region {
@@ -551,20 +557,8 @@ impl BufRing {
     fn new(count: u16, size: usize) -> std::io::Result<BufRing> {
         let ring_bytes = (usize::from(count) * std::mem::size_of::<types::BufRingEntry>())
             .next_multiple_of(4096);
-        // SAFETY: a fresh private anonymous mapping (page-aligned, as the kernel requires).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ring_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        // Page-aligned, as the kernel requires of a buffer ring.
+        let p = anon_map(ring_bytes)?;
         let mut r = BufRing {
             ring: p.cast(),
             ring_bytes,
