@@ -48,14 +48,49 @@ if [[ -z ${NVMF_TARGET_BIN:-} ]]; then
     NVMF_TARGET_BIN=$PWD/target/release/nvmf-target
 fi
 
+if (($(nproc) < 2)); then
+    echo "SKIPPED: the SPDK tools run on CPU 1 beside the daemon; this machine has $(nproc) CPU"
+    exit 77
+fi
+
 work=$(mktemp -d /tmp/nvmft-spdk-host.XXXXXX)
 shm=/dev/shm/nvmft-spdk-host-$$.img
 daemon=
+all_passed=0
+# Every exit (a check's end, Ctrl-C, SIGTERM, an error) stops what this script started: the
+# background bdevperf runs and the daemon (in its own session, so that a Ctrl-C reaches this
+# script first and not the daemon behind its back), each within bounded waits.
 cleanup() {
-    [[ -n $daemon ]] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+    local j left
+    # Each job is a `timeout`, which leads its own process group: stop the tool with it.
+    left=$(jobs -p)
+    for j in $left; do kill -TERM -- "-$j" 2>/dev/null; done
+    for _ in $(seq 50); do
+        [[ -z $(jobs -pr) ]] && break
+        sleep 0.1
+    done
+    for j in $left; do kill -KILL -- "-$j" 2>/dev/null; done
+    if [[ -n $daemon ]]; then
+        kill "$daemon" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$daemon" 2>/dev/null
+    fi
     rm -f "$shm"
+    if ((all_passed)); then rm -rf "$work"; else echo "logs kept in $work"; fi
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# Every tool runs under `timeout` (its own process group; -k: killed 5 s after the TERM of
+# its deadline if it does not stop) in the background, and the script waits for it with
+# the `wait` builtin, which a Ctrl-C or SIGTERM interrupts at once: the trap then exits and
+# `cleanup` stops the tool. (A foreground tool would hold the trap back until it ended, and
+# one that handles SIGINT itself, as bdevperf does, would let the script go on.)
+run() {
+    timeout -k 5 "$@" &
+    wait $!
+}
+bg() { timeout -k 5 "$@"; }
 echo "SPDK host checks: SPDK $SPDK_OUT, daemon $NVMF_TARGET_BIN, logs in $work"
 
 # A free port on 127.0.0.1 (the kernel picks one; the daemon binds it right after).
@@ -83,13 +118,18 @@ subsystems:
 EOF
 }
 config 256MiB
-ctl() { timeout 20 "$NVMF_TARGET_BIN" ctl --socket "$work/control.sock" "$@"; }
-"$NVMF_TARGET_BIN" --config "$work/d.yaml" >"$work/daemon.log" 2>&1 &
+ctl() { run 20 "$NVMF_TARGET_BIN" ctl --socket "$work/control.sock" "$@"; }
+setsid "$NVMF_TARGET_BIN" --config "$work/d.yaml" >"$work/daemon.log" 2>&1 &
 daemon=$!
+up=0
 for _ in $(seq 100); do
-    ctl status >/dev/null 2>&1 && break
+    ctl status >/dev/null 2>&1 && up=1 && break
     sleep 0.1
 done
+if ((!up)); then
+    echo "FAIL daemon-start: the daemon did not answer ctl status within 10 s (see $work/daemon.log)"
+    exit 1
+fi
 
 passed=0
 failed=()
@@ -99,14 +139,14 @@ trid() { echo "trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$1";
 
 # identify
 out=$work/identify-discovery.txt
-if timeout 30 "$IDENTIFY" --no-huge -s 256 -r "$(trid nqn.2014-08.org.nvmexpress.discovery)" >"$out" 2>&1 &&
+if run 30 "$IDENTIFY" --no-huge -s 256 -r "$(trid nqn.2014-08.org.nvmexpress.discovery)" >"$out" 2>&1 &&
     grep -q "Qualified Name: *$V" "$out" && grep -q "Qualified Name: *$F" "$out"; then
     pass identify-discovery
 else
     fail identify-discovery "both subsystems not in the discovery log page (see $out)"
 fi
 out=$work/identify-subsystem.txt
-if timeout 30 "$IDENTIFY" --no-huge -s 256 -r "$(trid "$V")" >"$out" 2>&1 &&
+if run 30 "$IDENTIFY" --no-huge -s 256 -r "$(trid "$V")" >"$out" 2>&1 &&
     [[ $(grep -c "^Namespace ID: *[0-9]" "$out") == 2 ]]; then
     pass identify-subsystem
 else
@@ -117,7 +157,7 @@ fi
 perf_ok=1
 for w in randread randwrite; do
     out=$work/perf-$w.txt
-    if ! timeout 30 "$PERF" --no-huge -s 512 -c 0x2 -q 32 -o 4096 -w $w -t 2 -r "$(trid "$V")" \
+    if ! run 30 "$PERF" --no-huge -s 512 -c 0x2 -q 32 -o 4096 -w $w -t 2 -r "$(trid "$V")" \
         >"$out" 2>&1 || ! awk '/^Total/ { ok = $3 > 0 } END { exit !ok }' "$out"; then
         fail perf-defaults "$w: no I/O or an error (see $out)"
         perf_ok=0
@@ -156,7 +196,7 @@ run_bdevperf() { # $1 name, $2 digests, rest: bdevperf options
     local name=$1 dig=$2
     shift 2
     bdevperf_json "$name" "$dig"
-    timeout 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" "$@" \
+    run 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" "$@" \
         >"$work/$name.txt" 2>&1
 }
 for dig in false true; do
@@ -173,11 +213,11 @@ done
 # verifies the other. -U: no IOMMU check (TCP only here).
 name=fuzz-beside-verify
 bdevperf_json "$name" false
-timeout $((FUZZ_SECS + 40)) "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
+bg $((FUZZ_SECS + 40)) "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
     -q 16 -o 4096 -w verify -t $((FUZZ_SECS + 4)) >"$work/$name.txt" 2>&1 &
 bp=$!
 sleep 2
-timeout $((FUZZ_SECS + 30)) "$FUZZ" --no-huge -s 512 -m 0x1 -U -N -a -S 20261128 \
+run $((FUZZ_SECS + 30)) "$FUZZ" --no-huge -s 512 -m 0x1 -U -N -a -S 20261128 \
     -t "$FUZZ_SECS" -F "$(trid "$F")" >"$work/nvme_fuzz.txt" 2>&1
 frc=$?
 wait $bp
@@ -194,7 +234,7 @@ fi
 # resize: RAM namespace 1 grows from 256 MiB to 320 MiB by a reload, under verify.
 name=resize
 bdevperf_json "$name" false
-timeout 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
+bg 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
     -q 16 -o 4096 -w verify -t 6 >"$work/$name.txt" 2>&1 &
 bp=$!
 sleep 2
@@ -217,7 +257,7 @@ name=reconnect
 ATTACH=',"reconnect_delay_sec":1,"ctrlr_loss_timeout_sec":20' bdevperf_json "$name" false
 admin_connects() { grep -c "queue 0 connected to $V" "$work/daemon.log"; }
 connects_before=$(admin_connects)
-timeout 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
+bg 60 "$BDEVPERF" --no-huge -s 1024 -m 0x2 --json "$work/$name.json" \
     -q 16 -o 4096 -w verify -t 8 >"$work/$name.txt" 2>&1 &
 bp=$!
 sleep 2
@@ -241,4 +281,5 @@ else
 fi
 
 echo "SPDK host checks: ${passed} passed, ${#failed[@]} failed${failed:+: ${failed[*]}}"
-[[ ${#failed[@]} == 0 ]]
+[[ ${#failed[@]} == 0 ]] && all_passed=1
+((all_passed))
