@@ -1174,8 +1174,17 @@ impl Controller {
                     let a = self.lock_admin();
                     (self.generation(), a.orphans.len())
                 };
-                if orphans == 0 || self.is_failed() {
-                    // The IDs are all in use by live queues (or on their way back).
+                let some_free = self
+                    .qids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .skip(1)
+                    .any(|used| !used);
+                if orphans == 0 || some_free || self.is_failed() {
+                    // The IDs are all in use by live queues, or one came back since the
+                    // job was posted (a confirmed delete, another reset): no reset for
+                    // nothing.
                     return;
                 }
                 tracing::warn!(
