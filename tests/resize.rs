@@ -208,6 +208,28 @@ fn namespaces_grow_live_and_never_shrink() {
     .into_owned();
     assert!(out.contains("24.0 MiB"), "{out}");
 
+    // A file served from its pages grown on disk past the address space its mapping
+    // reserved at start (8 times its 8 MiB): the growth waits for a restart, and says
+    // so; the reload itself succeeds, and the namespace keeps its size (review 15, M2:
+    // it failed every reload).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shm.0)
+        .and_then(|h| h.set_len(80 << 20))
+        .unwrap();
+    let (ok, out) = ctl_reload(&d);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("restart required: backend shm0") && out.contains("restart to grow past"),
+        "{out}"
+    );
+    assert_eq!(sizes(&mut c), [49152, 24576, 24576]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shm.0)
+        .and_then(|h| h.set_len(12 << 20))
+        .unwrap();
+
     // Shrinking: a smaller RAM size waits for a restart; a file cut on disk is an error
     // of the reload. No notice, no size change.
     let aer = submit_aer(&mut c.admin);

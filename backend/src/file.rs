@@ -649,7 +649,7 @@ impl Backend for FileBackend {
             let new_size = want / bs * bs;
             let reserve = store.reserved_bytes() as u64;
             if new_size > reserve {
-                return Err(Error::Invalid(format!(
+                return Err(Error::NeedsRestart(format!(
                     "{name}: {new_size} bytes is past the {reserve} its mapping reserved when \
                      it was opened; restart to grow past {reserve} bytes"
                 )));

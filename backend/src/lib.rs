@@ -128,6 +128,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A size the backend reaches only after a restart ([`Backend::grow`] past what its
+    /// store reserved at start); nothing changed.
+    #[error("{0}")]
+    NeedsRestart(String),
     #[error("io_uring setup failed: {0}")]
     Uring(std::io::Error),
     #[error("{0}")]

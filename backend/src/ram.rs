@@ -380,7 +380,7 @@ impl RamBackend {
             )));
         }
         if new_size > self.reserve as u64 {
-            return Err(Error::Invalid(format!(
+            return Err(Error::NeedsRestart(format!(
                 "ram: {new_size} bytes is past the {} reserved when the namespace was \
                  created; restart to grow past {} bytes",
                 self.reserve, self.reserve

@@ -324,6 +324,12 @@ pub fn diff_against_running(
         for l in lines {
             out += &format!("  {l}\n");
         }
+        if !d.backends_resized.is_empty() {
+            // What the running store can reach is known only inside the daemon.
+            out += "  (a resize past the address space the running store reserved at start, \
+                    or under an engine that cannot resize, waits for a restart instead; the \
+                    reload says which)\n";
+        }
     }
     out += &render_pending(&running.pending);
     Ok(out)

@@ -18,6 +18,13 @@ pub(super) struct OpenError {
     source: backend::Error,
 }
 
+impl OpenError {
+    /// The backend's own error.
+    pub(super) fn cause(&self) -> &backend::Error {
+        &self.source
+    }
+}
+
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "backend {}: ", self.name)?;

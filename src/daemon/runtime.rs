@@ -21,7 +21,7 @@ use super::shared::Shared;
 use super::subsystems::RegisterError;
 use crate::config::{BackendKind, Config, ListenerConfig};
 use crate::control::client::bytes_text;
-use crate::reload::{diff, running_after, ConfigDiff, Undone};
+use crate::reload::{diff, running_after, ConfigDiff, Undone, RESTART_PREFIX};
 
 /// One part of a configuration change that could not be applied (the rest was).
 #[derive(Debug, thiserror::Error)]
@@ -927,7 +927,8 @@ impl<E: Engine> Runtime<E> {
         // Sizes, on every reload: a file or device grown on disk needs no change in the
         // config file, only a reload (nvmet's `revalidate_size`, SPDK's rescan).
         let mut sizes = Errors::default();
-        let grown = self.grow_backends(&d, &new, &mut sizes);
+        let mut at_restart = Vec::new();
+        let grown = self.grow_backends(&d, &new, &mut sizes, &mut at_restart);
         undone
             .backends_kept
             .extend(sizes.undone.backends_kept.iter().cloned());
@@ -942,6 +943,7 @@ impl<E: Engine> Runtime<E> {
         // reload of the same file tries that again).
         self.cfg = undone.remove_from(running_after(&self.cfg, &new, &d), &self.cfg);
         changes.extend(self.reconcile_sizes(&grown, &mut sizes));
+        changes.extend(at_restart.iter().map(|l| format!("{RESTART_PREFIX}{l}")));
         if !sizes.list.is_empty() {
             tracing::error!(
                 "reload: {} size change(s) failed; see above",
@@ -998,6 +1000,7 @@ impl<E: Engine> Runtime<E> {
         d: &ConfigDiff,
         new: &Config,
         errors: &mut Errors,
+        restart: &mut Vec<String>,
     ) -> Vec<(String, u64, u64)> {
         if !self.engine.caps().resize {
             // No backend grows behind namespaces whose hosts could never see it (resizes
@@ -1037,6 +1040,16 @@ impl<E: Engine> Runtime<E> {
             match grow_backend(&name, &*self.backends[&name], &def.kind, resized.is_some()) {
                 Ok((before, after)) if after > before => grown.push((name, before, after)),
                 Ok(_) => {}
+                // Past what its store reserved at start (a file grown on disk that far, or a
+                // size the classification above could not see coming): waits for a
+                // restart, as a reload's other such changes do, rather than failing every
+                // reload until then.
+                Err(e) if matches!(e.cause(), backend::Error::NeedsRestart(_)) => {
+                    if resized.is_some() {
+                        errors.undone.backends_kept.insert(name.clone());
+                    }
+                    restart.push(format!("backend {name}: {}", e.cause()));
+                }
                 Err(e) => {
                     if resized.is_some() {
                         errors.undone.backends_kept.insert(name);
