@@ -1259,7 +1259,11 @@ impl Drop for NvmeQueue {
             self.maps.take(),
         );
         let Some(ring) = self.ring.take() else {
-            // Failed with the controller: the device is released, nothing to delete.
+            // Failed with the controller: the device is released, nothing to delete. The
+            // references drop here, on the IO thread: a failed controller skips its
+            // shutdown, but if this was the last reference the device's descriptors close
+            // here too (the kernel may reset the function then).
+            drop((maps, ns, ctrl, dev));
             return;
         };
         // The device may still reach the rings, the PRP list pages and, through
