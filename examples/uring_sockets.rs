@@ -407,6 +407,22 @@ struct ServerStats {
     workers: usize,
 }
 
+impl ServerStats {
+    /// Counts a server pass that ended now, busy if it `did` work (its time since `last`
+    /// is busy time); moves `last` to now. Returns whether the pass was idle.
+    fn pass_done(&mut self, did: bool, last: &mut Instant) -> bool {
+        let now = Instant::now();
+        self.passes += 1;
+        if did {
+            self.busy += (now - *last).as_secs_f64();
+        } else {
+            self.idle_passes += 1;
+        }
+        *last = now;
+        !did
+    }
+}
+
 /// Threads of this process that are io_uring workers (`iou-wrk-*`).
 fn uring_workers() -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
@@ -527,15 +543,7 @@ fn serve_epoll(
                 }
             }
         }
-        let now = Instant::now();
-        st.passes += 1;
-        if did {
-            st.busy += (now - last).as_secs_f64();
-        } else {
-            st.idle_passes += 1;
-        }
-        idle_before = !did;
-        last = now;
+        idle_before = st.pass_done(did, &mut last);
     }
     st.cpu = thread_cpu() - cpu0;
     st.elapsed = start.elapsed().as_secs_f64();
@@ -811,15 +819,7 @@ fn serve_uring(
                 unsafe { sq.push(&sqe.user_data(SEND_TAG | i as u64)) }.map_err(|_| "SQ full")?;
                 c.sending = true;
             }
-            let now = Instant::now();
-            st.passes += 1;
-            if did {
-                st.busy += (now - last).as_secs_f64();
-            } else {
-                st.idle_passes += 1;
-            }
-            idle_before = !did;
-            last = now;
+            idle_before = st.pass_done(did, &mut last);
         }
         st.cpu = thread_cpu() - cpu0;
         st.elapsed = start.elapsed().as_secs_f64();
