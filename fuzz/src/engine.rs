@@ -43,8 +43,7 @@ use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::opcodes::{self, admin, io as io_op};
 use nvmf::spec::{sgl, Cqe, DataDirection, SglDescriptor, Sqe, Status};
 use nvmf::target::{
-    Action, NamespaceConfig, NoCounters, Outcome, QueueOrigin, QueueRef, SubsystemConfig, Target,
-    TargetOptions,
+    NamespaceConfig, NoCounters, Outcome, QueueOrigin, SubsystemConfig, Target, TargetOptions,
 };
 use nvmf::tcp::{self, Digests, IcReq};
 use sta::soft::{SoftConfig, Sta, StaIo};
@@ -68,10 +67,30 @@ const LINGER: Duration = Duration::from_millis(100);
 /// Bytes the client keeps of what it read (it only parses the preamble's answers).
 const RX_KEEP: usize = 1 << 20;
 
-#[derive(Default)]
-struct App {
-    queue: Option<QueueRef>,
-    closed: bool,
+/// The application's queue closing and target actions, shared with the contract suite.
+#[path = "../../sta/tests/contract/glue.rs"]
+mod glue;
+use glue::{Glue, Held, QpApp as App};
+
+impl Glue for World {
+    fn target(&mut self) -> &mut Target {
+        &mut self.target
+    }
+    fn apps(&mut self) -> &mut HashMap<QpHandle, App> {
+        &mut self.apps
+    }
+    fn held(&mut self) -> &mut Held {
+        &mut self.held
+    }
+    fn answer(&mut self, qp: QpHandle, token: CmdToken, cqe: &Cqe, data_len: u32) {
+        World::answer(self, qp, token, cqe, data_len)
+    }
+    fn disconnect(&mut self, qp: QpHandle) {
+        World::disconnect(self, qp)
+    }
+    fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
+        self.io.cmd_abort(qp, cid)
+    }
 }
 
 /// The engine, its application and the listener, kept for the whole process.
@@ -85,7 +104,7 @@ struct World {
     /// `rdma_read`s under way: user -> (qp, token, sqe).
     reads: HashMap<u64, (QpHandle, CmdToken, Sqe)>,
     /// Held completions (AERs): (cntlid, cid) -> (qp, token).
-    held: HashMap<(u16, u16), (QpHandle, CmdToken)>,
+    held: Held,
     user: u64,
     inputs: u64,
 }
@@ -421,51 +440,6 @@ impl World {
         match self.io.qp_disconnect(qp, user) {
             Ok(()) | Err(TaskError::QpClosing) | Err(TaskError::NoQp) => {}
             Err(e) => panic!("qp_disconnect: {e}"),
-        }
-    }
-
-    fn close_queue(&mut self, qp: QpHandle) {
-        let Some(app) = self.apps.get_mut(&qp) else {
-            return;
-        };
-        if app.closed {
-            return;
-        }
-        app.closed = true;
-        self.held.retain(|_, (h, _)| *h != qp);
-        if let Some(q) = app.queue {
-            let actions = self.target.queue_closed(q, qp.as_u64());
-            self.apply(actions);
-        }
-    }
-
-    fn apply(&mut self, actions: Vec<Action>) {
-        for a in actions {
-            match a {
-                Action::CompleteHeld { queue, cqe, .. } => {
-                    if let Some((qp, token)) = self.held.remove(&(queue.cntlid, cqe.cid)) {
-                        self.answer(qp, token, &cqe, 0);
-                    }
-                }
-                Action::Disconnect { key, .. } => {
-                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
-                    if let Some(qp) = qp {
-                        self.disconnect(qp);
-                    }
-                }
-                Action::Abort {
-                    key,
-                    cid,
-                    abort,
-                    abort_cid,
-                    ..
-                } => {
-                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
-                    let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
-                    let actions = self.target.abort_done(abort, abort_cid, aborted);
-                    self.apply(actions);
-                }
-            }
         }
     }
 

@@ -19,6 +19,7 @@
 mod doca;
 #[cfg(feature = "doca")]
 mod doca_drive;
+mod glue;
 mod suite;
 mod tcp;
 

@@ -13,14 +13,15 @@ use nvmf::spec::fabrics::{self, ConnectCommand, ConnectData, PropertyCommand};
 use nvmf::spec::opcodes::{admin, io};
 use nvmf::spec::{opcodes, Cqe, DataDirection, Sqe, Status};
 use nvmf::target::{
-    Action, NamespaceConfig, NoCounters, Outcome, QueueOrigin, QueueRef, SubsystemConfig, Target,
-    TargetOptions,
+    NamespaceConfig, NoCounters, Outcome, QueueOrigin, SubsystemConfig, Target, TargetOptions,
 };
 use sta::{
     CmdToken, CommandFailure, Engine, EngineError, Event, IoContext, IoSeed, MainEvent, QpHandle,
     SubsysId, TaskError, TaskKind, TransportErrorKind,
 };
 use zerocopy::IntoBytes;
+
+use crate::glue::{Glue, Held, QpApp};
 
 pub const NQN: &str = "nqn.2026-11.dev.nvmf-target:contract";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -118,13 +119,28 @@ pub struct Log {
     pub payload_after_read: Vec<Vec<u8>>,
 }
 
-#[derive(Default)]
-struct QpApp {
-    queue: Option<QueueRef>,
-    closed: bool,
-}
-
 type Io<F> = <<F as Fabric>::Engine as Engine>::Io;
+
+impl<F: Fabric> Glue for World<F> {
+    fn target(&mut self) -> &mut Target {
+        &mut self.target
+    }
+    fn apps(&mut self) -> &mut HashMap<QpHandle, QpApp> {
+        &mut self.apps
+    }
+    fn held(&mut self) -> &mut Held {
+        &mut self.held
+    }
+    fn answer(&mut self, qp: QpHandle, token: CmdToken, cqe: &Cqe, data_len: u32) {
+        World::answer(self, qp, token, cqe, data_len)
+    }
+    fn disconnect(&mut self, qp: QpHandle) {
+        World::disconnect(self, qp)
+    }
+    fn cmd_abort(&mut self, qp: QpHandle, cid: u16) -> bool {
+        self.io.cmd_abort(qp, cid)
+    }
+}
 
 /// An engine, its application and its hosts.
 pub struct World<F: Fabric> {
@@ -139,7 +155,7 @@ pub struct World<F: Fabric> {
     pub log: Log,
     apps: HashMap<QpHandle, QpApp>,
     waiting: HashMap<u64, (QpHandle, CmdToken, Sqe)>,
-    held: HashMap<(u16, u16), (QpHandle, CmdToken)>,
+    held: Held,
     next_user: u64,
     /// Answer non-offloaded commands (off: the test answers them itself).
     pub auto_answer: bool,
@@ -445,52 +461,6 @@ impl<F: Fabric> World<F> {
         }
     }
 
-    fn close_queue(&mut self, qp: QpHandle) {
-        let Some(app) = self.apps.get_mut(&qp) else {
-            return;
-        };
-        if app.closed {
-            return;
-        }
-        app.closed = true;
-        self.held.retain(|_, (h, _)| *h != qp);
-        if let Some(q) = app.queue {
-            let actions = self.target.queue_closed(q, qp.as_u64());
-            self.apply(actions);
-        }
-    }
-
-    fn apply(&mut self, actions: Vec<Action>) {
-        for a in actions {
-            match a {
-                Action::CompleteHeld { queue, cqe, .. } => {
-                    if let Some((qp, token)) = self.held.remove(&(queue.cntlid, cqe.cid)) {
-                        self.answer(qp, token, &cqe, 0);
-                    }
-                }
-                Action::Disconnect { key, .. } => {
-                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
-                    if let Some(qp) = qp {
-                        self.disconnect(qp);
-                    }
-                }
-                Action::Abort {
-                    key,
-                    cid,
-                    abort,
-                    abort_cid,
-                    ..
-                } => {
-                    let qp = self.apps.keys().copied().find(|q| q.as_u64() == key);
-                    let aborted = qp.is_some_and(|qp| self.io.cmd_abort(qp, cid));
-                    let actions = self.target.abort_done(abort, abort_cid, aborted);
-                    self.apply(actions);
-                }
-            }
-        }
-    }
-
-    /// Answer with `rdma_write_send` (data) or `rdma_send`, recording the task.
     pub fn answer(&mut self, qp: QpHandle, token: CmdToken, cqe: &Cqe, data_len: u32) {
         let user = self.user();
         let (kind, r) = if data_len > 0 {
